@@ -5,7 +5,13 @@ page (``Newest(limit).take(iter_actions(...))``, before) and from ``views.action
 ``readable``, ``actions_page`` with a caller's filter (``readable=``, every target readable
 here) and no summary, as MCP's list reads it -- streamed, like the first; and ``kept``, the
 same with the daemon's kept summary (``summary=``, folded once before the rounds), as the
-daemon's ``/v1/actions`` reads it -- the page alone while no invocation is hidden.
+daemon's ``/v1/actions`` (and MCP's list) reads it.
+
+Then the case of issue 15's list regression, "a caller's page with an invocation on a removed
+target": one invocation on a target the caller may not read appended to a copy of the journal
+(``--removed``, default on), and the caller's page over it streamed and filtered (``streamed``:
+what ``actions_page`` did as soon as such an invocation was there, before) beside the page from
+the kept summary (``kept``: its count per target and the page's rows), same bytes.
 
     .venv/bin/python tests/benchmarks/actions_page.py --journal PATH [--rounds R]
 
@@ -16,8 +22,12 @@ daemon's ``/v1/actions`` reads it -- the page alone while no invocation is hidde
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sqlite3
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,8 +35,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from affidavit.journal import JournalReader, SessionSummary  # noqa: E402
+import trio  # noqa: E402
+
+from affidavit.journal import Journal, JournalReader, SessionSummary  # noqa: E402
+from affidavit.statemachine import Event  # noqa: E402
 from affidavit.views import Newest, actions_page, record_json_encoder  # noqa: E402
+from tests.journal.helpers import happy  # noqa: E402
 
 QUERIES: tuple[tuple[int, dict[str, Any]], ...] = (
     (1000, {}),
@@ -36,8 +50,88 @@ QUERIES: tuple[tuple[int, dict[str, Any]], ...] = (
 )
 
 
+REMOVED_QUERIES: tuple[tuple[int, dict[str, Any]], ...] = (
+    (1000, {}),
+    (100, {}),
+    (1000, {"session": "s3"}),
+)
+
+
 def _every(_record: Any) -> bool:
     return True
+
+
+def _configured(target: str | None) -> bool:
+    """A caller's ``readable`` once the target ``removed`` left the configuration."""
+    return target != "removed"
+
+
+async def _append_removed(path: Path) -> None:
+    """One invocation on the target ``removed``, in session ``s3``, appended to ``path``."""
+    run = happy("act_bench_removed", "s3")
+    first = run[0]
+    op = {**first.attrs["operation"], "target": "removed"}
+    run[0] = Event(first.kind, first.invocation_id, {**first.attrs, "operation": op})
+    async with Journal.open(path) as j:
+        for ev in run:
+            await j.append(ev, barrier=True)
+
+
+def removed_target(journal: Path, rounds: int) -> None:
+    """The caller's page streamed (before) and from the kept summary (after), over a copy of
+    ``journal`` with one invocation on a removed target."""
+    mask = os.umask(0o077)  # (the copy as private as the journal must be)
+    try:
+        _removed_target(journal, rounds)
+    finally:
+        os.umask(mask)
+
+
+def _removed_target(journal: Path, rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "j.db"
+        src, dst = sqlite3.connect(journal), sqlite3.connect(copy)
+        try:
+            src.backup(dst)
+        finally:
+            src.close()
+            dst.close()
+        for key in (".key", ".signing.key"):  # (the journal records its keys: they go along)
+            mine = journal.with_name(journal.name + key)
+            if mine.exists():
+                shutil.copy2(mine, copy.with_name(copy.name + key))
+        trio.run(_append_removed, copy)
+        with JournalReader.open(copy) as j:
+            summary = SessionSummary()
+            t = time.perf_counter()
+            actions_page(j, 0, readable=_configured, summary=summary)
+            print(
+                "one invocation on a removed target; summary folded once in "
+                f"{(time.perf_counter() - t) * 1000:.0f} ms"
+            )
+            for limit, filters in REMOVED_QUERIES:
+                old_t: list[float] = []
+                new_t: list[float] = []
+                bodies: set[bytes] = set()
+                for _ in range(rounds):
+                    now = time.time()
+                    t = time.perf_counter()
+                    rows = (r for r in j.iter_actions(now=now, **filters) if _configured(r.target))
+                    old = body(Newest(limit).take(rows), limit)
+                    old_t.append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    page = actions_page(
+                        j, limit, now=now, readable=_configured, summary=summary, **filters
+                    )
+                    new = body(page, limit)
+                    new_t.append(time.perf_counter() - t)
+                    bodies |= {old, new}
+                o, n = statistics.median(old_t), statistics.median(new_t)
+                same = "same bytes" if len(bodies) == 1 else "DIFFER"
+                print(
+                    f"limit={limit:<5} {filters!s:24} streamed {o * 1000:9.1f} ms  "
+                    f"kept {n * 1000:8.1f} ms  x{o / n:7.1f}  {same}"
+                )
 
 
 def body(page: Newest, limit: int) -> bytes:
@@ -52,13 +146,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--journal", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--removed",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also the caller's page with an invocation on a removed target",
+    )
     args = parser.parse_args()
     with JournalReader.open(args.journal) as j:
         events = j.head()[0]
         print(f"journal: {events:,} events")
         summary = SessionSummary()
         t = time.perf_counter()
-        j.newest_readable(0, summary, _every)  # the daemon's kept summary, folded once
+        actions_page(j, 0, readable=_every, summary=summary)  # the kept summary, folded once
         print(f"summary folded once in {(time.perf_counter() - t) * 1000:.0f} ms")
         for limit, filters in QUERIES:
             old_t: list[float] = []
@@ -91,6 +191,9 @@ def main() -> None:
                 f"after {n * 1000:8.1f} ms  x{o / n:6.1f}  readable {k * 1000:9.1f} ms "
                 f"x{k / n:6.1f} of after  kept {m * 1000:8.1f} ms x{m / n:5.1f}  {same}"
             )
+
+    if args.removed:
+        removed_target(args.journal, args.rounds)
 
 
 if __name__ == "__main__":
