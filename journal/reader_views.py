@@ -202,34 +202,49 @@ class ViewingReader(ReaderBase):
         at = self._clock()
         return self._read(lambda t: _by_session(views.fold_each(t, None, at)), "the sessions view")
 
-    def summarized_sessions(self, summary: SessionSummary) -> tuple[list[dict[str, Any]], AsOf]:
+    def summarized_sessions(
+        self, summary: SessionSummary, readable: Callable[[str | None], bool] | None = None
+    ) -> tuple[list[dict[str, Any]], AsOf]:
         """``sessions()``, from ``summary`` brought up to this journal's head (reading only
         the invocations with an event since it last read): the same entries, and what they
-        are as of."""
+        are as of.  ``readable`` (a caller's: the daemon's ``/v1/sessions``): of the records on
+        a target it accepts only, as ``sessions()`` of the view filtered so would be."""
         at = self._clock()
 
         def run(t: Tables) -> tuple[list[dict[str, Any]], AsOf]:
             with self.snapshot():
-                return summary.sessions(t, at)
+                return summary.sessions(t, at, readable)
 
         return self._read(run, "the sessions view")
 
     def summarized_tallies(
-        self, summary: SessionSummary, since: float | None = None, session: str | None = None
+        self,
+        summary: SessionSummary,
+        since: float | None = None,
+        session: str | None = None,
+        readable: Callable[[str | None], bool] | None = None,
     ) -> tuple[dict[Hashable, int], AsOf | None]:
         """How many records have each of ``summary``'s tallies, brought up to this journal's
         head as ``summarized_sessions``: ``views.metrics_of`` makes the metrics of the whole
         view from it (``views.metrics_key``: the same as ``metrics(iter_actions())``, or
         ``metrics(iter_actions(session=session, since=since))`` given either).  A session's
         are folded now (what they are as of: None) while nothing is kept, and when the kept
-        fold meets an altered row (it may be another session's)."""
+        fold meets an altered row (it may be another session's).  ``readable`` (a caller's:
+        the daemon's ``/v1/metrics``): of the records on a target it accepts only."""
         at = self._clock()
+
+        def folded_now() -> dict[Hashable, int]:
+            records = self.iter_actions(session=session, since=since, now=at)
+            if readable is not None:
+                records = (r for r in records if readable(r.target))
+            return summary.tallies_of(records)
+
         if session is not None and not summary.kept:  # (not the whole journal for a session)
-            return summary.tallies_of(self.iter_actions(session=session, since=since, now=at)), None
+            return folded_now(), None
 
         def run(t: Tables) -> tuple[dict[Hashable, int], AsOf]:
             with self.snapshot():
-                return summary.tallies(t, at, since, session)
+                return summary.tallies(t, at, since, session, readable)
 
         try:
             return self._read(run, "the actions view")  # (as ``iter_actions`` names it)
@@ -238,7 +253,7 @@ class ViewingReader(ReaderBase):
                 raise
             # The row the kept fold met altered may be another session's: this session's
             # records folded now, as ``iter_actions`` folds them (which fails if it is theirs).
-            return summary.tallies_of(self.iter_actions(session=session, since=since, now=at)), None
+            return folded_now(), None
 
     def summarized_page(
         self, summary: SessionSummary, limit: int

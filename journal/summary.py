@@ -148,6 +148,26 @@ class _Session:
             if inv.last_at > self.last_seen:
                 self.last_seen = inv.last_at
 
+    def entry_of(self, ok: dict[str | None, bool]) -> tuple[int, dict[str, Any]] | None:
+        """``entry`` of its invocations on a target ``ok`` says yes only (``_by_session`` over
+        the view filtered so), and the pos of the first of them (the filtered view's order of
+        sessions); None when there are none.  The whole entry when every one is."""
+        if all(ok[t] for t in self.targets):
+            return self.members[0].pos, self.entry()
+        shown = [inv for inv in self.members if ok[inv.target]]
+        if not shown:
+            return None
+        outcomes: dict[str, int] = {}
+        for inv in shown:  # (in order of first event: outcomes in order of first appearance)
+            outcomes[inv.outcome] = outcomes.get(inv.outcome, 0) + 1
+        return shown[0].pos, {
+            "session": self.name,
+            "actions": len(shown),
+            "outcomes": outcomes,
+            "first_seen": min(inv.first_at for inv in shown),
+            "last_seen": max(inv.last_at for inv in shown),
+        }
+
     def entry(self) -> dict[str, Any]:
         """As ``reader_views._by_session`` builds it (outcomes in order of first appearance)."""
         order = sorted(self.counts, key=self.minpos.__getitem__)
@@ -161,7 +181,16 @@ class _Session:
 
 
 class _State:
-    __slots__ = ("hash", "invs", "keys", "sessions", "tallies", "targets", "through")
+    __slots__ = (
+        "by_target",
+        "hash",
+        "invs",
+        "keys",
+        "sessions",
+        "tallies",
+        "targets",
+        "through",
+    )
 
     def __init__(self) -> None:
         self.through = 0
@@ -174,19 +203,25 @@ class _State:
         self.sessions: dict[str | None, _Session] = {}
         self.tallies: dict[Hashable, int] = {}
         """How many invocations have each tally."""
+        self.by_target: dict[str | None, dict[Hashable, int]] = {}
+        """``tallies`` of each target's invocations (a caller's metrics: ``tallies``)."""
         self.keys: dict[Hashable, Hashable] = {}
         """Each distinct tally, once: an invocation holds that one, not a copy."""
 
     def retally(self, inv: _Inv, new: Hashable) -> None:
         """``inv`` (counted, or new: its ``tally`` None) has the tally ``new`` now."""
-        tallies, old = self.tallies, inv.tally
-        if old is not None:
-            tallies[old] -= 1
-            if tallies[old] == 0:
-                del tallies[old]
-        if new is not None:
-            new = self.keys.setdefault(new, new)
-            tallies[new] = tallies.get(new, 0) + 1
+        old = inv.tally
+        if old is None and new is None:
+            return
+        mine = self.by_target.setdefault(inv.target, {})
+        for tallies in (self.tallies, mine):
+            if old is not None:
+                tallies[old] -= 1
+                if tallies[old] == 0:
+                    del tallies[old]
+            if new is not None:
+                new = self.keys.setdefault(new, new)
+                tallies[new] = tallies.get(new, 0) + 1
         inv.tally = new
 
     def add(self, iid: str, inv: _Inv, first_at: float, tally: Hashable) -> None:
@@ -243,13 +278,24 @@ class SessionSummary:
         """The last whole verify told of (``verified``): when it started and completed,
         through, intact."""
 
-    def sessions(self, tables: Tables, now: float) -> tuple[list[dict[str, Any]], AsOf]:
+    def sessions(
+        self, tables: Tables, now: float, readable: Callable[[str | None], bool] | None = None
+    ) -> tuple[list[dict[str, Any]], AsOf]:
         """Brought up to the head, then its entries and what they are as of (taken under the
-        lock with them: another thread's answer is its own).  Call inside one read
-        transaction."""
+        lock with them: another thread's answer is its own).  ``readable`` (a caller's
+        sessions: the daemon's ``/v1/sessions``): the entries of the view filtered to the
+        invocations on a target it accepts (asked once per target) -- a session with none of
+        them left out, a session with some counted over those only (O(its invocations)).
+        Call inside one read transaction."""
         with self._lock:
             state = self._refresh(tables, now)
-            return [s.entry() for s in state.sessions.values()], self._as_of(state)
+            as_of = self._as_of(state)
+            ok = _asked(readable, state.targets)
+            if ok is None:
+                return [s.entry() for s in state.sessions.values()], as_of
+            shown = [e for s in state.sessions.values() if (e := s.entry_of(ok)) is not None]
+            shown.sort(key=lambda e: e[0])  # (the filtered view's order of first appearance)
+            return [entry for _, entry in shown], as_of
 
     def tallies(
         self,
@@ -257,25 +303,38 @@ class SessionSummary:
         now: float,
         since: float | None = None,
         session: str | None = None,
+        readable: Callable[[str | None], bool] | None = None,
     ) -> tuple[dict[Hashable, int], AsOf]:
         """Brought up to the head, then how many records have each tally -- of those whose
         first event is at ``since`` or later, if given (``JournalReader.iter_actions``'
         ``since``: O(invocations) in memory, no row read but the changed ones'), of
         ``session``'s records only, if given (``iter_actions``' ``session``: every event of an
-        invocation carries its session; O(the session's invocations)) -- and what they are
-        as of, as ``sessions``."""
+        invocation carries its session; O(the session's invocations)), of the records on a
+        target ``readable`` accepts only, if given (a caller's metrics: asked once per target;
+        without another filter a sum of the kept tallies per target) -- and what they are as
+        of, as ``sessions``."""
         with self._lock:
             state = self._refresh(tables, now)
             as_of = self._as_of(state)
+            ok = _asked(readable, state.targets)
             if since is None and session is None:
-                return dict(state.tallies), as_of
+                if ok is None:
+                    return dict(state.tallies), as_of
+                out: dict[Hashable, int] = {}
+                for target, tallies in state.by_target.items():
+                    if ok[target]:
+                        for key, n in tallies.items():
+                            out[key] = out.get(key, 0) + n
+                return out, as_of
             if session is None:
                 invs: Iterable[_Inv] = state.invs.values()
             else:
                 member = state.sessions.get(session)
                 invs = () if member is None else member.members
-            out: dict[Hashable, int] = {}
+            out = {}
             for inv in invs:
+                if ok is not None and not ok[inv.target]:
+                    continue
                 if (since is None or inv.first_at >= since) and inv.tally is not None:
                     out[inv.tally] = out.get(inv.tally, 0) + 1
             return out, as_of
@@ -369,7 +428,7 @@ class SessionSummary:
                 if member is None:
                     return Page((), 0, state.through)
                 counts, invs = member.targets, reversed(member.members)
-            ok = {target: bool(readable(target)) for target in counts}
+            ok = _ask(readable, counts)
             total = sum(n for target, n in counts.items() if ok[target])
             shown: list[tuple[str, int, str | None]] = []
             if limit:
@@ -445,6 +504,24 @@ class SessionSummary:
 
 class _Rebuild(Exception):
     pass
+
+
+def _asked(
+    readable: Callable[[str | None], bool] | None, targets: Iterable[str | None]
+) -> dict[str | None, bool] | None:
+    """What ``readable`` says of each of ``targets``, asked once each; None when there is no
+    ``readable`` or it accepts every one (the whole view's answer then)."""
+    if readable is None:
+        return None
+    ok = _ask(readable, targets)
+    return None if all(ok.values()) else ok
+
+
+def _ask(
+    readable: Callable[[str | None], bool], targets: Iterable[str | None]
+) -> dict[str | None, bool]:
+    """What ``readable`` says of each of ``targets``, asked once each."""
+    return {target: bool(readable(target)) for target in targets}
 
 
 def _through(rows: Iterable[Any], head: int) -> Iterator[Any]:

@@ -420,14 +420,15 @@ class Api:
         ``MAX_SESSIONS_LIMIT``) in the reader's order, with ``total`` and ``truncated``: a
         caller names its sessions, so the view is streamed (memory O(sessions), not
         O(records)) and the answer a page.  Read from ``self.summary``: only the invocations
-        with an event since the last request are folded (issue 15)."""
+        with an event since the last request are folded (issue 15).  A caller's: of the
+        invocations on a target the configuration names only (as ``actions``), counts too."""
         limit = _limit_param(req, SESSIONS_LIMIT, MAX_SESSIONS_LIMIT)
         summary = self.summary
 
         # Cut to the page in the reading thread too: sorting many sessions is the agents' to
         # make long, and the event loop is every client's.
         def view(j: JournalReader) -> dict[str, Any]:
-            sessions, as_of = j.summarized_sessions(summary)
+            sessions, as_of = j.summarized_sessions(summary, self.broker.callable_target)
             return {**newest_sessions(sessions, limit), "as_of": _as_of(as_of)}
 
         page = await self._read(view, "the sessions view", summarized=True)
@@ -441,7 +442,9 @@ class Api:
             # Every record, or a session's (since a time): kept counts (``summary``): O(what
             # was appended since + the session's invocations), not a fold of the session's
             # events per request (2.6-3.2 s for a session of 21k invocations).
-            tallies, as_of = j.summarized_tallies(summary, since, session)
+            tallies, as_of = j.summarized_tallies(
+                summary, since, session, self.broker.callable_target
+            )
             return {**metrics_of(tallies), "as_of": _as_of(as_of)}
 
         # (A session's while nothing is kept is its own fold: it does not take the kept

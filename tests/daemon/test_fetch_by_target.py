@@ -4,9 +4,9 @@ configuration -- its access withdrawn -- took its invocations with it for caller
 answer exactly as an unknown id does (404 NO_SUCH_INVOCATION, the same words) at the result
 (``fetch_result``) and at the record (``GET /v1/invocations/{id}``), and ``/v1/actions`` lists
 them not, nor counts them -- so through these routes a caller can neither read them nor tell
-that they exist.  (``/v1/sessions`` and ``/v1/metrics`` still count them, unfiltered by target:
-docs/deployment.md; nothing here asserts otherwise.)  An operator still reads them
-(``affidavit result`` embedded, the console)."""
+that they exist (``/v1/sessions`` and ``/v1/metrics`` do not count them either:
+tests/daemon/test_readable_page.py).  An operator still reads them (``affidavit result``
+embedded, the console)."""
 
 from __future__ import annotations
 

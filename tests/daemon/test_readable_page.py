@@ -2,8 +2,9 @@
 configuration no longer names is the filtered view's page and count -- read from the daemon's
 kept summary and the rows of the records shown, not streamed from the whole journal for every
 request (issue 15: 21 -> 368 ms at 35k events, ~10 s at 1M, as soon as one such invocation was
-there), a session's page too once the summary is kept.  The daemon runs in this process
-(``kit.in_process``) so that a stream of the journal fails the request."""
+there), a session's page too once the summary is kept; ``/v1/sessions`` and ``/v1/metrics``
+count what it lists.  The daemon runs in this process (``kit.in_process``) so that a stream of
+the journal fails the request."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from affidavit.views import Newest
 from tests.broker.helpers import TOKEN_ENV, http_target, open_broker, write_config
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .kit import HUNG, ask, in_process
+from .kit import HUNG, ask, embedded, in_process
 
 PLAN = [
     ("old", "s1"),
@@ -104,3 +105,44 @@ async def test_a_callers_page_with_invocations_on_a_removed_target_is_read_from_
                 }
                 assert all(a["target"] == "api" for a in page["actions"]), page
     assert answers == expected
+
+
+async def test_a_callers_sessions_and_metrics_leave_out_a_removed_targets_invocations(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/v1/sessions`` and ``/v1/metrics`` count what ``/v1/actions`` lists (a session
+    holding only such invocations is not named); the operator's CLI run embedded counts every
+    invocation of the journal, as before."""
+    monkeypatch.setenv(TOKEN_ENV, token)
+    journal = await made_on_a_removed_target(tmp_path)
+    with JournalReader.open(journal) as r:
+        records = list(r.iter_actions())
+    shown = [rec for rec in records if rec.target == "api"]
+    refuse_streams_in(monkeypatch, affidavit.daemon.app)
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        # ("only-old": a session of the removed target's alone)
+        both = {"api": http_target(srv.url), "old": http_target(srv.url)}
+        async with open_broker(write_config(tmp_path, both)) as broker:
+            action = {"target": "old", "method": "GET", "path": "/x", "session": "only-old"}
+            with trio.fail_after(HUNG):
+                assert (await broker.call(action)).get("error") is None
+    answers = {}
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_, socket):
+        with trio.fail_after(HUNG):
+            for query in (
+                "/v1/sessions",
+                "/v1/metrics?format=json",
+                "/v1/metrics?format=json&session=s1",
+            ):
+                status, _h, body = await ask(socket, "GET", query)
+                assert status == 200, body
+                answers[query] = json.loads(body)
+        cfg = tmp_path / "affidavit.toml"  # (the daemon's: "old" removed)
+        operator = await embedded("metrics", "--json", "--config", str(cfg), token=token)
+    sessions = {s["session"]: s["actions"] for s in answers["/v1/sessions"]["sessions"]}
+    assert sessions == {"s1": 2, "s2": 2}, answers
+    assert answers["/v1/sessions"]["total"] == 2
+    assert answers["/v1/metrics?format=json"]["invocations"] == len(shown) == 4
+    assert answers["/v1/metrics?format=json&session=s1"]["invocations"] == 2
+    assert operator.returncode == 0, operator.stderr
+    assert json.loads(operator.stdout)["invocations"] == len(records) + 1 == 9
