@@ -588,6 +588,23 @@ async def run(
     return await conclude(engine, attempt, result, failure, sink, deliver, reader(action, target))
 
 
+def _version_changed(bound_version: str) -> str:
+    """CONFIG_CHANGED's message for a credential whose version is not the one bound.  Every
+    version resolved now has a ':' (``credentials.resolve``); a bound one without is a vault
+    entry's bare counter, journaled before vault versions carried a value digest: it can never
+    match again, and the operator should learn it is the upgrade, not a rotation."""
+    if ":" not in bound_version:
+        return (
+            "The credential's bound version predates value digests (a vault entry's counter "
+            "alone, recorded before the upgrade): it cannot be matched; reconcile, then start "
+            "a new invocation."
+        )
+    return (
+        "The credential's version changed since this invocation was bound; reconcile, then "
+        "start a new invocation."
+    )
+
+
 async def _authorize(
     engine: Engine,
     iid: str,
@@ -648,8 +665,7 @@ async def _authorize_once(
                     {
                         "code": Code.CONFIG_CHANGED.value,
                         "field": f"targets.{target.name}.credential",
-                        "message": "The credential's version changed since this invocation "
-                        "was bound; reconcile, then start a new invocation.",
+                        "message": _version_changed(bound_version),
                         "generation": generation,
                     },
                 ),

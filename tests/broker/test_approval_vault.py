@@ -20,7 +20,10 @@ import pytest
 import trio
 
 from affidavit.api.broker import Broker
+from affidavit.engine import credential as credential_step
+from affidavit.secrets.credentials import Credential
 from affidavit.secrets.vault import PASSPHRASE_ENV, Vault
+from affidavit.statemachine import Code, Outcome, Retry
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .approvalkit import OPS, approval_config, verify_ok
@@ -127,6 +130,50 @@ async def test_a_same_key_retry_after_the_vault_is_recreated_is_config_changed(
             assert second["invocation_id"] == first["invocation_id"]
             err = second["error"]
             assert (err["code"], err["field"]) == ("CONFIG_CHANGED", "targets.api.credential")
+            # It went out once, unanswered: still unknown, for a reconciliation to settle --
+            # never "nothing sent" because the retry sent nothing.
+            assert (err["outcome"], err["retry"]) == ("unknown", "reconcile")
+            record = b.record(first["invocation_id"])
+            assert record is not None
+            assert (record.code, record.outcome, record.retry) == (
+                Code.CONFIG_CHANGED,
+                Outcome.UNKNOWN,
+                Retry.RECONCILE,
+            )
             _assert_clean(b, tmp_path, first["invocation_id"], first, second)
+            verify_ok(b)
+    assert [r.header("authorization") for r in srv.requests] == [f"Bearer {TOKEN_A.decode()}"]
+
+
+async def test_a_retry_bound_to_a_bare_vault_counter_says_it_predates_value_digests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upgrade: a journal written before vault versions carried a value digest binds the bare
+    counter ("1").  It never matches a version resolved now -- the safe side: the counter alone
+    cannot tell which value went out -- and the message says why, not "changed"."""
+    vault = tmp_path / "v.vault"
+    _vault(vault, "one", TOKEN_A)
+    key_contract = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
+    resolve = credential_step.resolve
+
+    def as_before(ref: str, **kw: Any) -> Credential:  # what the older release bound
+        got = resolve(ref, **kw)
+        return Credential(got.ref, got.value, got.version.split(":")[0])
+
+    async with HostileServer.running(scripts.apply_then_close()) as srv:
+        target = http_target(srv.url, credential="vault:deploy", idempotency=key_contract)
+        cfg = write_config(tmp_path, {"api": target}, vault=str(vault))
+        action = {**CHARGE, "idempotency_key": "vault-upgrade-1"}
+        async with open_broker(cfg) as b:
+            with trio.fail_after(LIMIT):
+                with monkeypatch.context() as m:
+                    m.setattr(credential_step, "resolve", as_before)
+                    first = await b.call(action)
+                assert first["error"]["retry"] == "same_idempotency_key"
+                second = await b.call(action)
+            err = second["error"]
+            assert (err["code"], err["field"]) == ("CONFIG_CHANGED", "targets.api.credential")
+            assert (err["outcome"], err["retry"]) == ("unknown", "reconcile")
+            assert "predates value digests" in err["message"]
             verify_ok(b)
     assert [r.header("authorization") for r in srv.requests] == [f"Bearer {TOKEN_A.decode()}"]
