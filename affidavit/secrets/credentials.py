@@ -15,8 +15,8 @@ stopped the call."  Hence:
   the secret itself into ``credential = "…"``.
 * ``Credential`` carries a non-secret ``version`` (file mtime+ctime+inode; for ``env:`` and
   ``systemd:`` a keyed digest of the value, ``Versioner``; for ``vault:`` the entry's counter
-  and that digest, ``N:vault:hmac-sha256:…``) for the engine
-  to journal, and its ``repr``/``str`` never show the value.
+  and a digest of the value keyed from the vault's own key, ``N:vault:hmac-sha256:…``) for the
+  engine to journal, and its ``repr``/``str`` never show the value.
 * ``redactor`` (``affidavit.secrets.redaction``, re-exported here) scrubs the injected values,
   in every form docs/redaction.md lists, out of anything the remote echoes back before it
   reaches a journal row, a log line or the caller.
@@ -242,7 +242,8 @@ def resolve(
     base_dir: Path | None = None,
     versioner: Versioner | None = None,
 ) -> Credential:
-    """Fetch the secret a reference names (an ``env:`` value's version by ``versioner``).
+    """Fetch the secret a reference names (an ``env:`` or ``systemd:`` value's version by
+    ``versioner``; a ``vault:`` one's by the vault's own key, ``Vault.entry``).
     Every failure is a ``CredentialError`` whose code says what the operator must fix:
     CREDENTIAL_MISSING (absent/empty), VAULT_LOCKED (unlock and retry), CREDENTIAL_INVALID
     (exists but unusable: unreadable, tampered vault, wrong key)."""
@@ -315,7 +316,7 @@ def resolve(
             f"`affidavit vault put {name}` as the broker's user",
         )
     try:
-        value, version = vault.get(name)
+        value, version, digester = vault.entry(name)
     except VaultLocked as exc:
         # The vault's errors name its file: for the operator only.
         raise CredentialError(
@@ -351,9 +352,11 @@ def resolve(
             detail=f"vault entry is empty (store the value: `affidavit vault put {name}`)",
         )
     # The entry's counter alone repeats with another value in a re-created or restored vault
-    # (an approval granted for token A would match token B): the keyed digest of the value,
-    # as for env:, says which value it is; the counter stays in front for `vault list`.
-    return Credential(ref, value, f"{version}:{_keyed_version(kind, ref, value, versioner)}")
+    # (an approval granted for token A would match token B): a keyed digest of the value says
+    # which value it is; the counter stays in front for `vault list`.  Keyed by the vault's own
+    # key, not ``versioner`` (the journal's): the journal key's holders need not hold the
+    # passphrase, and with it they could test guesses at the value at HMAC speed.
+    return Credential(ref, value, f"{version}:{_keyed_version(kind, ref, value, digester)}")
 
 
 # --- injection --------------------------------------------------------------------------------

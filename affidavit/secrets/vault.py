@@ -18,9 +18,13 @@ File layout (all integers big-endian)::
     ct     ..  AES-GCM(key, nonce, payload JSON, aad = every header byte before the nonce)
 
 The payload holds every entry (names too: a name can itself be sensitive) with a per-entry
-version that ``put`` bumps.  The engine binds that counter *and* a keyed digest of the value to an
+version that ``put`` bumps.  The engine binds that counter *and* a digest of the value to an
 invocation (``credentials.resolve``: a re-created or restored vault repeats the counter with
-another value; seed: "You may record the secret's identifier or its non-secret version").
+another value; seed: "You may record the secret's identifier or its non-secret version").  The
+digest is an HMAC keyed by a MAC key derived from the vault's own key (``Vault.entry``: HKDF,
+its own label), never by the journal's: the digest is journaled, and whoever holds the journal
+key but not the passphrase (every host of a shared journal, a key backup) must not test guesses
+of a vault value against it at HMAC speed -- scrypt stands between them and the value.
 
 Locking works across processes because the broker and ``affidavit vault unlock`` are separate
 processes: ``unlock`` derives the key and stores it in ``<vault>.unlock`` (mode 0600, atomic);
@@ -41,12 +45,14 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from affidavit.privatefile import FileMissing, FileRefused, read_small_file, write_private_file
@@ -137,6 +143,23 @@ def _derive(passphrase: str, salt: bytes, n_log2: int, r: int, p: int) -> bytes:
 
 def _check_value(key: bytes) -> bytes:
     return hmac.new(key, b"affidavit-vault-check", hashlib.sha256).digest()[:_CHECK_LEN]
+
+
+_DIGEST_INFO = b"affidavit-vault-value-digest-v1"
+"""HKDF's ``info`` for the MAC key of ``Vault.entry``'s digests: no other use of the vault key
+(the AES-GCM key itself, the ``check`` HMAC) shares it."""
+
+
+def _digester(key: bytes) -> Callable[[str, bytes], str]:
+    """``(label, value) -> hex HMAC-SHA256`` keyed by a MAC key derived from the vault key: the
+    same in every process that opens this vault (the key is the passphrase's scrypt with the
+    header's salt), another in a vault made again (a fresh salt)."""
+    mac_key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_DIGEST_INFO).derive(key)
+
+    def digest(label: str, value: bytes) -> str:
+        return hmac.new(mac_key, label.encode("utf-8") + b"\0" + value, hashlib.sha256).hexdigest()
+
+    return digest
 
 
 class _Header:
@@ -250,13 +273,20 @@ class Vault:
 
     def get(self, name: str) -> tuple[bytes, int]:
         """The entry's value and its version."""
+        value, version, _ = self.entry(name)
+        return value, version
+
+    def entry(self, name: str) -> tuple[bytes, int, Callable[[str, bytes], str]]:
+        """The entry's value, its version and a keyed digest function (``(label, value) ->
+        hex``) whose MAC key is derived from the key that opened it, in the same read: the
+        value's non-secret version, which only those who can open the vault can reproduce."""
         raw = self._read_raw()
         header = _Header(raw)
-        entries = self._decrypt(header, self._key(header), raw)
-        entry = entries.get(name)
+        key = self._key(header)
+        entry = self._decrypt(header, key, raw).get(name)
         if entry is None:
             raise EntryMissing(f"{self.path}: no entry with that name")
-        return base64.b64decode(entry["value"]), int(entry["version"])
+        return base64.b64decode(entry["value"]), int(entry["version"]), _digester(key)
 
     def list(self) -> list[tuple[str, int, float]]:
         """``(name, version, updated_at)`` for every entry, sorted by name.  Never values."""

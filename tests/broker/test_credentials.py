@@ -13,11 +13,15 @@ import base64
 import hashlib
 import logging
 import os
+import re
+import subprocess
+import sys
 import urllib.parse
 from pathlib import Path
 
 import pytest
 
+from affidavit.journal.sealing import BrokerKey
 from affidavit.secrets.credentials import (
     Credential,
     CredentialError,
@@ -209,22 +213,35 @@ def vault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Vault:
 
 
 def test_vault_ref_returns_value_and_entry_version(vault: Vault) -> None:
-    """The version is the entry's counter (what `vault list` shows), then the keyed digest of
-    the value (the journal's key in the engine), as for env:."""
+    """The version is the entry's counter (what `vault list` shows), then a keyed digest of
+    the value -- keyed from the vault's key: the journal's ``versioner`` is not asked."""
     seen: list[tuple[str, bytes]] = []
     cred = resolve("vault:api", vault=vault, versioner=lambda *a: seen.append(a) or "cd" * 32)
-    assert (cred.value, cred.version) == (CANARY_B + b"2", "2:vault:hmac-sha256:" + "cd" * 16)
-    assert seen == [("credential-version:vault:api", CANARY_B + b"2")]
+    assert cred.value == CANARY_B + b"2"
+    assert re.fullmatch(r"2:vault:hmac-sha256:[0-9a-f]{32}", cred.version), cred.version
+    assert seen == []
     no_leak(cred)
 
 
-def _recreated(path: Path, value: bytes) -> Vault:
+def test_a_vault_version_is_not_reproduced_by_the_journal_key(vault: Vault, tmp_path: Path) -> None:
+    """Whoever holds the journal key but not the passphrase (each host of a shared journal, a
+    key backup) must not test guesses at the value against the journaled version at HMAC
+    speed: the digest is not the journal key's over the value, under any label it uses."""
+    key = BrokerKey.create(tmp_path / "journal.key")
+    version = resolve("vault:api", vault=vault, versioner=key.digest).version
+    digest = version.split(":")[-1]
+    value = CANARY_B + b"2"
+    for label in ("credential-version:vault:api", "credential-version:env:api", "vault:api"):
+        assert key.digest(label, value)[:32] != digest
+
+
+def _recreated(path: Path, value: bytes, passphrase: str = "another") -> Vault:
     """The operator deletes the vault (a lost passphrase, a compromise) and makes a new one,
     storing ``value`` under the same name: the entry is back at version 1."""
     path.unlink()
     path.with_name(path.name + ".unlock").unlink(missing_ok=True)
-    v = Vault.init(path, "another", n_log2=10)
-    v.unlock("another")
+    v = Vault.init(path, passphrase, n_log2=10)
+    v.unlock(passphrase)
     v.put("api", value)
     return v
 
@@ -247,20 +264,54 @@ def test_a_recreated_vault_entry_with_another_value_is_another_version(
     assert after != before
 
 
-def test_a_recreated_vault_entry_with_the_same_value_is_the_same_version(
+def test_the_same_value_in_a_vault_made_again_is_another_version(
     vault: Vault, tmp_path: Path
 ) -> None:
-    """The design: the version names the value at that counter.  A backup restored (or a vault
-    re-created) with the very value the entry held at that counter is the same credential, so
-    an approval granted for it stays good; another counter is another version (every `put`
-    is a new one, even of the same bytes -- the conservative side: an approval goes stale)."""
+    """The digest changes with the vault's key: a vault made again (a fresh salt, hence another
+    key even with the same passphrase) holding the very value at the same counter is another
+    version -- the conservative side: an approval granted before goes stale."""
     path = tmp_path / "v.vault"
     before = resolve("vault:api", vault=vault).version  # version 2, CANARY_B + b"2"
-    again = _recreated(path, CANARY_B + b"1")
+    again = _recreated(path, CANARY_B + b"1", passphrase="pw")
     again.put("api", CANARY_B + b"2")
-    assert resolve("vault:api", vault=again).version == before
-    again.put("api", CANARY_B + b"2")
-    assert resolve("vault:api", vault=again).version != before
+    after = resolve("vault:api", vault=again).version
+    assert after.split(":")[0] == before.split(":")[0] == "2"
+    assert after != before
+
+
+def test_a_backup_restored_as_it_was_is_the_same_version(vault: Vault, tmp_path: Path) -> None:
+    """The same file (its key, the value at that counter) is the same credential, so an
+    approval granted for it stays good; another `put`, even of the same bytes, is another."""
+    path = tmp_path / "v.vault"
+    backup = path.read_bytes()
+    before = resolve("vault:api", vault=vault).version
+    vault.put("api", CANARY_B + b"2")
+    assert resolve("vault:api", vault=vault).version != before
+    path.write_bytes(backup)
+    assert resolve("vault:api", vault=Vault.open(path)).version == before
+
+
+def test_a_vault_version_is_the_same_in_another_process(vault: Vault, tmp_path: Path) -> None:
+    """Stable across processes and restarts (a same-key retry, an approval dispatched by the
+    daemon after a restart compare it): another process, opening the vault from the passphrase
+    variable rather than the unlock file, resolves the same version."""
+    here = resolve("vault:api", vault=vault).version
+    vault.lock()
+    code = (
+        "import sys\n"
+        "from affidavit.secrets.credentials import resolve\n"
+        "from affidavit.secrets.vault import Vault\n"
+        "print(resolve('vault:api', vault=Vault.open(sys.argv[1])).version)\n"
+    )
+    env = {**os.environ, "AFFIDAVIT_VAULT_PASSPHRASE": "pw"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(vault.path)],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.decode().strip() == here
 
 
 def test_a_vault_version_reveals_nothing_of_the_value(vault: Vault) -> None:
