@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from typing import Any, BinaryIO, NoReturn, TypeVar
 
     from affidavit.api.wire import Response
+    from affidavit.cli.stdin import InputReader
 
     T = TypeVar("T")
 
@@ -157,13 +158,22 @@ def error_json(message: str, code: str | None, field: str | None) -> dict[str, A
     return {"api_error": error}
 
 
-def stdin_bytes(message: str, code: str, field: str | None = None) -> BinaryIO:
-    """Binary stdin; with none -- fd 0 closed (``<&-``), when Python sets ``sys.stdin`` to
-    None -- the refusal ``message`` with ``code`` (and ``field``), never the AttributeError
-    traceback reading ``None.buffer`` was (rv45 finding 8)."""
+def stdin_bytes(message: str, code: str, field: str | None = None) -> InputReader | BinaryIO:
+    """Stdin, read to the end of input (or the limit) whether fd 0 blocks or not
+    (``affidavit.cli.stdin``); an in-memory ``sys.stdin`` (a program embedding ``main``, a
+    test) has no descriptor to be non-blocking and is read as it is.  With none -- fd 0
+    closed (``<&-``), when Python sets ``sys.stdin`` to None -- the refusal ``message`` with
+    ``code`` (and ``field``), never the AttributeError traceback reading ``None.buffer`` was
+    (rv45 finding 8)."""
+    from affidavit.cli.stdin import InputReader
+
     if sys.stdin is None:
         raise refusal(message, code, field)
-    return sys.stdin.buffer
+    try:
+        fd = sys.stdin.fileno()
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return sys.stdin.buffer
+    return InputReader(fd)
 
 
 def stdin_is_terminal() -> bool:
