@@ -33,6 +33,10 @@ MAX_PASSPHRASE = 4096
 """Bytes of a ``--passphrase-stdin`` line (its final newline aside); a longer one is
 PASSPHRASE_INVALID: cut, it would open the vault only from stdin, not from the variable or the
 prompt that give it whole (rv45 finding 7)."""
+TTY_LINE = 4095
+"""Bytes of a terminal line the Linux tty keeps (its 4096-byte buffer, less the newline): what is
+typed or pasted past them is dropped before ``getpass`` sees it.  A prompt entry this long may
+have been cut, so it is refused -- pipe it on stdin instead -- never stored or set as read."""
 PASSPHRASE_ENV_SHOWN = "AFFIDAVIT_VAULT_PASSPHRASE"
 """``affidavit.secrets.vault.PASSPHRASE_ENV`` for the help text: importing the vault (and
 cryptography) would cost every command's parser ~50 ms; a test checks the two agree."""
@@ -127,10 +131,9 @@ def _passphrase(args: argparse.Namespace, *, confirm: bool) -> str:
     elif os.environ.get(PASSPHRASE_ENV):
         passphrase = os.environ[PASSPHRASE_ENV]
     elif stdin_is_terminal():
-        import getpass
-
-        passphrase = getpass.getpass("Vault passphrase: ")
-        if confirm and getpass.getpass("Repeat passphrase: ") != passphrase:
+        use = f"use --passphrase-stdin or ${PASSPHRASE_ENV}"
+        passphrase = _prompt("Vault passphrase: ", use, "PASSPHRASE_INVALID")
+        if confirm and _prompt("Repeat passphrase: ", use, "PASSPHRASE_INVALID") != passphrase:
             raise UsageError("the passphrases differ", "PASSPHRASE_INVALID")
     else:
         raise UsageError(
@@ -140,6 +143,22 @@ def _passphrase(args: argparse.Namespace, *, confirm: bool) -> str:
     if not passphrase:
         raise UsageError("the passphrase must not be empty", "PASSPHRASE_INVALID")
     return passphrase
+
+
+def _prompt(text: str, instead: str, code: str, field: str | None = None) -> str:
+    """An entry typed at the terminal, refused with ``code`` (and ``field``), saying to use
+    ``instead``, when it is ``TTY_LINE`` bytes or more: the tty may have cut it."""
+    import getpass
+
+    entry = getpass.getpass(text)
+    if len(entry.encode("utf-8")) >= TTY_LINE:
+        raise refusal(
+            f"a terminal cuts a line at {TTY_LINE} bytes and this entry reached it (what "
+            f"followed was dropped): {instead}",
+            code,
+            field,
+        )
+    return entry
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -171,9 +190,9 @@ def _put(args: argparse.Namespace) -> int:
                 f"{path}: the vault is locked; run `affidavit vault unlock` first", "VAULT_LOCKED"
             )
         if stdin_is_terminal():
-            import getpass
-
-            raw = value = getpass.getpass(f"Value for {args.name}: ").encode("utf-8")
+            pipe = f"pipe it on stdin (`... | affidavit vault put {args.name}`)"
+            entry = _prompt(f"Value for {args.name}: ", pipe, "PAYLOAD_LIMIT", "value")
+            raw = value = entry.encode("utf-8")
         else:
             # Room for a final CRLF and a byte more: trimmed first, a value of MAX_VALUE and
             # its newline hid whatever followed them -- stored cut, exit 0 (rv45 finding 6).
