@@ -118,6 +118,8 @@ class Grant:
 
     fingerprint: str
     expires_at: float
+    version: str | None = None
+    """The credential version the approval was asked for (its fingerprint holds it too)."""
 
     def problem(self, dispatch_fingerprint: str, now: float) -> Code | None:
         if dispatch_fingerprint != self.fingerprint:
@@ -132,7 +134,12 @@ def grant_of(record: Record) -> Grant | None:
     approval = record.evidence.get("approval")
     if not isinstance(approval, Mapping) or approval.get("state") != "granted":
         return None
-    return Grant(str(approval["fingerprint"]), float(approval["expires_at"]))
+    version = approval.get("version")
+    return Grant(
+        str(approval["fingerprint"]),
+        float(approval["expires_at"]),
+        version if isinstance(version, str) else None,
+    )
 
 
 def needs_approval(action: Any, target: Any) -> Any:

@@ -30,6 +30,7 @@ from affidavit.journal import (
     LeaseLost,
 )
 from affidavit.protocols import Binding, Prepared
+from affidavit.secrets.credentials import predates_value_digests
 from affidavit.secrets.redaction import LEAVES
 from affidavit.statemachine import (
     CODES,
@@ -111,7 +112,18 @@ _APPROVAL_MESSAGES = {
 }
 
 
-def _approval_refusal(code: Code) -> dict[str, Any]:
+_PREDATES = (
+    "The approval was granted for a credential version recorded before value digests (a vault "
+    "entry's counter alone): it cannot be matched; nothing was sent under it."
+)
+
+
+def _approval_refusal(code: Code, grant: Grant | None = None) -> dict[str, Any]:
+    """The gate's refusal; an APPROVAL_STALE whose grant bound a bare vault counter says it is
+    the upgrade (``predates_value_digests``), not a change."""
+    version = grant.version if grant is not None else None
+    if code is Code.APPROVAL_STALE and version is not None and predates_value_digests(version):
+        return {"code": code.value, "field": "approval", "message": _PREDATES}
     return {"code": code.value, "field": "approval", "message": _APPROVAL_MESSAGES[code]}
 
 
@@ -605,7 +617,7 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
             grant, dispatch_fingerprint = attempt.grant
             problem = grant.problem(dispatch_fingerprint, await approval_now(engine.recorder))
             if problem is not None:
-                raise _Refused(_approval_refusal(problem))
+                raise _Refused(_approval_refusal(problem, grant))
         attrs: dict[str, Any] = {"generation": attempt.generation, "attempt": attempt.n}
         scrub = attempt.scrub
         for k in ("connection", "reused_connection", "peer", "hop", "origin", "via_proxy"):

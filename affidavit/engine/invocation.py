@@ -39,6 +39,7 @@ from affidavit.protocols.actions import (
     parse_action,
     request_fingerprint,
 )
+from affidavit.secrets.credentials import predates_value_digests
 from affidavit.statemachine import (
     Code,
     Decision,
@@ -589,11 +590,9 @@ async def run(
 
 
 def _version_changed(bound_version: str) -> str:
-    """CONFIG_CHANGED's message for a credential whose version is not the one bound.  Every
-    version resolved now has a ':' (``credentials.resolve``); a bound one without is a vault
-    entry's bare counter, journaled before vault versions carried a value digest: it can never
-    match again, and the operator should learn it is the upgrade, not a rotation."""
-    if ":" not in bound_version:
+    """CONFIG_CHANGED's message for a credential whose version is not the one bound (a bare
+    vault counter says it is the upgrade: ``predates_value_digests``)."""
+    if predates_value_digests(bound_version):
         return (
             "The credential's bound version predates value digests (a vault entry's counter "
             "alone, recorded before the upgrade): it cannot be matched; reconcile, then start "

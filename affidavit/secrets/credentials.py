@@ -55,6 +55,7 @@ __all__ = [
     "inject_http",
     "parse_inject",
     "parse_ref",
+    "predates_value_digests",
     "redactor",
     "resolve",
     "secret_forms",
@@ -140,6 +141,14 @@ def _keyed_version(kind: str, ref: str, value: bytes, versioner: Versioner | Non
     its own (``Versioner``)."""
     digest = (versioner or _process_versioner)("credential-version:" + ref, value)
     return f"{kind}:hmac-sha256:{digest[:32]}"
+
+
+def predates_value_digests(version: str) -> bool:
+    """Whether a bound ``version`` is a vault entry's bare counter, journaled before vault
+    versions carried a value digest: every version ``resolve`` gives now has a ':' in it, so
+    such a binding never matches again -- the safe side, since the counter alone cannot tell
+    which value was sent -- and the operator is told it is the upgrade, not a rotation."""
+    return ":" not in version
 
 
 def trim_final_newline(data: bytes) -> bytes:

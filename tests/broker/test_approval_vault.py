@@ -177,3 +177,50 @@ async def test_a_retry_bound_to_a_bare_vault_counter_says_it_predates_value_dige
             assert "predates value digests" in err["message"]
             verify_ok(b)
     assert [r.header("authorization") for r in srv.requests] == [f"Bearer {TOKEN_A.decode()}"]
+
+
+async def test_an_approval_bound_to_a_bare_vault_counter_is_stale_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upgrade: an approval asked for before vault versions carried a value digest bound the
+    bare counter; dispatched now it is APPROVAL_STALE, nothing sent, saying it is the upgrade."""
+    vault = tmp_path / "v.vault"
+    _vault(vault, "one", TOKEN_A)
+    resolve = credential_step.resolve
+
+    def as_before(ref: str, **kw: Any) -> Credential:  # what the older release bound
+        got = resolve(ref, **kw)
+        return Credential(got.ref, got.value, got.version.split(":")[0])
+
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"{}"))) as srv:
+        cfg = approval_config(
+            tmp_path,
+            srv.url,
+            approval={"methods": ["POST"], "wait": "20s"},
+            credential="vault:deploy",
+        )
+        async with open_broker(_with_vault(cfg, vault)) as b:
+            got: dict[str, Any] = {}
+
+            async def caller() -> None:
+                got["env"] = await b.call(CHARGE)
+
+            with trio.fail_after(LIMIT):
+                async with trio.open_nursery() as nursery:
+                    with monkeypatch.context() as m:
+                        m.setattr(credential_step, "resolve", as_before)
+                        nursery.start_soon(caller)
+                        while not b.approvals():
+                            await trio.sleep(0.02)
+                    [waiting] = b.approvals()
+                    assert waiting["version"] == "1"
+                    await b.approve(waiting["invocation_id"], note="ok", operator=OPS)
+            err = got["env"]["error"]
+            assert (err["code"], err["phase"], err["outcome"]) == (
+                "APPROVAL_STALE",
+                "validation",
+                "not_attempted",
+            )
+            assert "recorded before value digests" in err["message"], err
+            verify_ok(b)
+    assert srv.requests == []
