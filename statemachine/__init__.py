@@ -35,6 +35,7 @@ from .protocol import (
     registered,
     unregister,
 )
+from .record import FENCE_RULES
 from .retry import (
     Decision,
     Operation,
@@ -60,6 +61,7 @@ __all__ = [
     "CODES",
     "CURRENT_CODE_STATES",
     "DISPATCHED_STATES",
+    "FENCE_RULES",
     "HOLDER_WITHHELD",
     "INITIAL",
     "KEYED_PREFIX",

@@ -49,10 +49,14 @@ class EventKind(StrEnum):
     IDEMPOTENCY_MISMATCH (the same facts; the operation then names only the binder's target,
     bound with the key -- ``(unknown)``, which no caller reads, for a binding from before it
     was bound -- and the binding's key, scope and fingerprint): a binder that resumes is
-    refused its first event.  A fenced record is recognised by it (``Record.fenced``), from
-    this first write on: it takes no attempt of its own (PREFLIGHT_VALIDATED, a retry lease, and
-    an attempt's events naming a generation are refused), and its close is PREFLIGHT_FAILED
-    IDEMPOTENCY_MISMATCH with these facts as binder_gone, whoever writes it."""
+    refused its first event.  Its ``rules`` (2, ``FENCE_RULES``) say the record is fenced under
+    the rules below: a record so fenced is recognised by it (``Record.fenced``, the facts
+    without ``rules``), from this first write on: it takes no attempt of its own
+    (PREFLIGHT_VALIDATED, a retry lease, and an attempt's events naming a generation are
+    refused), and its close is PREFLIGHT_FAILED IDEMPOTENCY_MISMATCH with these facts as
+    binder_gone, whoever writes it.  A fence written before them (no ``rules``) is not
+    ``Record.fenced``: its binder's rows may follow it in an honest journal, and the record
+    shows what they prove (a dispatch among them: sent, outcome unknown)."""
     PREFLIGHT_VALIDATED = "PREFLIGHT_VALIDATED"
     """The action is valid against the bound config snapshot.  attrs: config_hash, and
     account_hash (the keyed hash of what decides the remote account reached: origin,

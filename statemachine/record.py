@@ -14,7 +14,14 @@ from .contract import Code, Outcome, Phase, Retry
 from .events import Event, unfrozen_twin
 from .lifecycle import STATES
 
-__all__ = ["Budget", "ImpossibleEvent", "Record"]
+__all__ = ["FENCE_RULES", "Budget", "ImpossibleEvent", "Record"]
+
+FENCE_RULES = 2
+"""The rules a fence writes its record under: ACTION_ACCEPTED's ``fenced.rules``.  Only a
+record whose first event carries it is ``Record.fenced`` and takes no attempt of its own
+(``rules_intake._on_accepted``).  A fence written before (no ``rules``) folds as it always did
+-- its binder's rows then landed in it, and a journal that holds them is honest -- so it is
+read for what its rows prove, never as tampered with."""
 
 
 class ImpossibleEvent(ValueError):
@@ -75,7 +82,9 @@ class Record:
     fenced: Mapping[str, Any] | None = None
     """Why its binder is gone, when a call with a different request under its idempotency key
     fenced the invocation (ACTION_ACCEPTED's ``fenced``, its first event: chained, never
-    changed): nothing was sent under the key, and no attempt of its own is ever taken in it."""
+    changed; ``rules`` left out): nothing was sent under the key, and no attempt of its own is
+    ever taken in it.  None for a fence written without ``rules`` (``FENCE_RULES``), which
+    proves neither: its record is read for what its rows prove."""
 
     @property
     def final(self) -> bool:

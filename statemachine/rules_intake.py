@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .batch import check_batch
 from .events import Event
+from .record import FENCE_RULES
 from .rules_common import (
     _APPROVAL_PENDING,
     _CONNECTION_SETUP,
@@ -69,11 +70,22 @@ def _on_accepted(p: Projector, event: Event) -> None:
     if batch is not None:
         batch = check_batch(p, event, batch)
     fenced = attrs.get("fenced")
-    if fenced is not None and not _is_mapping(fenced):
-        _refuse(p, event, "fenced must be an object")
+    if fenced is not None:
+        if not _is_mapping(fenced):
+            _refuse(p, event, "fenced must be an object")
+        if "rules" not in fenced:
+            # A fence written before its rules (``FENCE_RULES``): its binder's rows may have
+            # landed after it -- honestly -- and the record is read for what they prove.
+            fenced = None
+        elif type(fenced["rules"]) is not int or fenced["rules"] != FENCE_RULES:
+            _refuse(p, event, f"fenced.rules must be {FENCE_RULES}")
     # -- validated: apply --
     p._batch = batch
-    p._fenced = None if fenced is None else MappingProxyType(dict(fenced))
+    p._fenced = (
+        None
+        if fenced is None
+        else MappingProxyType({k: v for k, v in fenced.items() if k != "rules"})
+    )
     p._session = attrs.get("session")
     p._target = target
     p._protocol = protocol

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.journal import IdempotencyRecord
-from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
+from affidavit.statemachine import FENCE_RULES, Code, Event, EventKind, ImpossibleEvent, Record
 
 if TYPE_CHECKING:
     from .control import CallControl
@@ -230,7 +230,10 @@ async def fence(engine: Engine, bound: IdempotencyRecord, gone: BinderGone) -> R
         "idempotency": {"key": bound.key, "scope": bound.scope},
     }
     evidence = gone.evidence()
-    accepted = Event(EventKind.ACTION_ACCEPTED, iid, {"operation": operation, "fenced": evidence})
+    # ``rules``: the record is fenced under the rules that refuse its binder's attempt
+    # (``FENCE_RULES``); a fence written before them is read for what its rows prove.
+    fenced = {**evidence, "rules": FENCE_RULES}
+    accepted = Event(EventKind.ACTION_ACCEPTED, iid, {"operation": operation, "fenced": fenced})
     with trio.CancelScope(shield=True):
         try:
             await recorder.write(accepted, barrier=True)

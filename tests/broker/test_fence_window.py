@@ -28,7 +28,7 @@ import trio
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
 from affidavit.engine import EngineSettings
-from affidavit.statemachine import Event
+from affidavit.statemachine import FENCE_RULES, Event
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply
 
@@ -172,6 +172,14 @@ async def _window(
             yield w
 
 
+def _fenced_fact(accepted: Event) -> dict[str, Any]:
+    """The fence's facts, as its close and ``Record.fenced`` carry them: written under these
+    rules (``FENCE_RULES``), which only its first event names."""
+    fenced = dict(accepted.attrs["fenced"])
+    assert fenced.pop("rules") == FENCE_RULES, accepted
+    return fenced
+
+
 def _assert_fenced_once(w: Window) -> None:
     """X's record holds the fence's two events -- the close built from the fenced fact,
     whoever wrote it -- then at most X's LEASE_LOST; nothing was received; the chain holds."""
@@ -179,7 +187,7 @@ def _assert_fenced_once(w: Window) -> None:
     kinds = [e.kind for e in events]
     assert kinds[:2] == [E.ACTION_ACCEPTED, E.PREFLIGHT_FAILED], kinds
     assert kinds[2:] in ([], [E.LEASE_LOST]), kinds
-    fenced = events[0].attrs["fenced"]
+    fenced = _fenced_fact(events[0])
     assert events[1].attrs["binder_gone"] == fenced
     assert events[1].attrs["code"] == "IDEMPOTENCY_MISMATCH"
     assert UNSENT in events[1].attrs["message"]
@@ -266,7 +274,7 @@ async def test_a_second_different_request_in_the_window_is_answered_as_the_fenci
     async with _window(tmp_path, another_request) as w:
         async with Broker.open(config=load_config(w.cy)) as bz:
             answers.append(await bz.call(CHARGE))
-            fenced = w.bx.events(w.xid)[0].attrs["fenced"]
+            fenced = _fenced_fact(w.bx.events(w.xid)[0])
             for z in answers:
                 assert _error(z) == _error(w.out["y"]), (z, w.out["y"])
                 refused = bz.events(z["invocation_id"])[-1]

@@ -6,6 +6,10 @@ same queued write folded one by one -- or a later caller could act in it.
 Seed, "Idempotency is defined by the remote contract": a mismatch answered "nothing was sent
 under the key" must stay true; once, the binder's PREFLIGHT_VALIDATED and CREDENTIAL_AUTHORIZED
 landed in the fenced record between the fence's two writes, and it dispatched and sent.
+
+Only a fence written under these rules (``fenced.rules``, ``FENCE_RULES``) is held to them: a
+journal written before holds such rows honestly, and its record shows what they prove (seed:
+"never claim more than the records prove" -- a correctly chained record is not tampering).
 """
 
 from __future__ import annotations
@@ -14,7 +18,14 @@ from typing import Any
 
 import pytest
 
-from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Projector
+from affidavit.statemachine import (
+    FENCE_RULES,
+    Event,
+    EventKind,
+    EvidenceSource,
+    ImpossibleEvent,
+    Projector,
+)
 
 from .lifecycle_helpers import IID, operation
 
@@ -28,9 +39,13 @@ GONE = {
 }
 
 
-def _fenced() -> Projector:
+def _accepted(fenced: dict[str, Any]) -> Event:
     op = {**operation(key="charge-1"), "protocol": None, "target": "(unknown)"}
-    return Projector(IID).extend([Event(E.ACTION_ACCEPTED, IID, {"operation": op, "fenced": GONE})])
+    return Event(E.ACTION_ACCEPTED, IID, {"operation": op, "fenced": fenced})
+
+
+def _fenced() -> Projector:
+    return Projector(IID).extend([_accepted({**GONE, "rules": FENCE_RULES})])
 
 
 def _refused(p: Projector, event: Event) -> str:
@@ -88,3 +103,63 @@ def test_a_fenced_record_closed_by_recovery_takes_no_retry_lease() -> None:
 def test_a_fenced_fact_that_is_not_an_object_is_refused_with_its_field() -> None:
     event = Event(E.ACTION_ACCEPTED, IID, {"operation": operation(), "fenced": "gone"})
     assert _refused(Projector(IID), event) == "fenced must be an object"
+
+
+@pytest.mark.parametrize("rules", [3, "2", 2.0, True, None])
+def test_a_fence_s_rules_other_than_these_are_refused_with_their_field(rules: object) -> None:
+    """Present but null is not a fence from before them either."""
+    fenced = {**GONE, "rules": rules}
+    assert _refused(Projector(IID), _accepted(fenced)) == "fenced.rules must be 2"
+
+
+CLOSE = {
+    "code": "IDEMPOTENCY_MISMATCH",
+    "field": "idempotency_key",
+    "message": "nothing was sent under the key",
+    "binder_gone": GONE,
+}
+PREAMBLE = [
+    Event(E.PREFLIGHT_VALIDATED, IID, {"config_hash": "hmac-sha256:00"}),
+    Event(E.CREDENTIAL_AUTHORIZED, IID, {"version": 1, "inject": "bearer", "generation": 0}),
+]
+SENT = [
+    Event(E.DISPATCH_STARTED, IID, {"generation": 0, "connection": "c1"}),
+    Event(E.REQUEST_SENT, IID, {"generation": 0}),
+    Event(
+        E.REMOTE_RESPONSE_COMPLETE,
+        IID,
+        {"outcome": "committed", "code": None, "status": 201, "generation": 0},
+        source=EvidenceSource.REMOTE_RESPONSE,
+    ),
+]
+LOST = Event(E.LEASE_LOST, IID, {"generation": 0, "holder": "x"})
+
+
+@pytest.mark.parametrize(
+    ("rows", "state", "code"),
+    [
+        # Nothing sent: the binder's preamble, then the fence's close, then its LEASE_LOST.
+        (
+            [*PREAMBLE, Event(E.PREFLIGHT_FAILED, IID, CLOSE), LOST],
+            "validation_failed",
+            "IDEMPOTENCY_MISMATCH",
+        ),
+        # The bug fired: its binder dispatched and sent; the fence's close was refused then.
+        ([*PREAMBLE, *SENT], "completed_committed", None),
+        ([*PREAMBLE, SENT[0]], "dispatched", None),
+    ],
+)
+def test_a_fence_written_before_its_rules_shows_what_its_binder_s_rows_prove(
+    rows: list[Event], state: str, code: str | None
+) -> None:
+    """A fence from before ``fenced.rules``, in an honest journal: its binder's rows landed in
+    it and are folded as they were then -- never refused (which reads a correctly chained
+    journal as altered), and the record is not ``fenced`` (which answers "nothing was sent")."""
+    p = Projector(IID).extend([_accepted(GONE), *rows])
+    record = p.record()
+    assert (record.state, record.fenced) == (state, None)
+    assert (record.code.value if record.code is not None else None) == code
+    if SENT[0] in rows:
+        assert record.outcome is not None and record.outcome.value != "not_attempted"
+    # Under these rules, the same rows are refused from the binder's first one.
+    assert "fenced" in _refused(_fenced(), rows[0])
