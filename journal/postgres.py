@@ -58,11 +58,13 @@ __all__ = [
 
 log = logging.getLogger("affidavit.journal")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2: the table ``chunk_owners``; 3: the columns ``idempotency.send_by`` (``IdempotencyRecord``:
 when the binder's first attempt may send no more) and ``idempotency.target`` (its target, which
 a fence names) -- a broker of schema 2 refuses the journal, as it would bind without them and
-judge another's binding by its own window."""
+judge another's binding by its own window; 4: no table or column, the fence's rules
+(``statemachine.FENCE_RULES``) -- a broker of schema 3 refuses the journal, as it would write its
+binder's preamble into a record fenced under them and go on to send."""
 SESSION_INDEX = "events_session"
 SESSION_INDEX_DDL = (
     f"CREATE INDEX IF NOT EXISTS {SESSION_INDEX} ON events (session_id, seq, invocation_id)"
@@ -522,22 +524,21 @@ class PostgresBackend:
                 raise
             # An older schema, opened by a broker role that owns nothing: say what to do -- at
             # schema 2 chunk_owners exists (and was granted: ``grant_statements``); only the
-            # columns are missing, which the existing grants on idempotency cover.
-            before_2 = found is None or int(found) < 2
-            what, then = (
-                (
-                    "a table chunk_owners, filled once, and",
-                    ", then grant the broker role chunk_owners",
-                )
-                if before_2
-                else ("", "; the broker role then opens it with the grants it has")
-            )
+            # columns are missing, which the existing grants on idempotency cover; at schema 3
+            # only the number is, which the broker role may not change (``meta``: no UPDATE).
+            before = 1 if found is None else int(found)
+            what = "the fence's rules (schema 4: no new table or column)"
+            if before < 3:
+                what = f"the columns idempotency.send_by and idempotency.target, and {what}"
+            then = "; the broker role then opens it with the grants it has"
+            if before < 2:
+                what = f"a table chunk_owners, filled once, {what}"
+                then = ", then grant the broker role chunk_owners"
             raise JournalError(
                 f"journal {self.where} has schema {found or 1}; this affidavit upgrades it to "
-                f"schema {SCHEMA_VERSION} ({what} the columns idempotency.send_by and "
-                "idempotency.target), which only the tables' owner may do: open it once as the "
-                "owner (any writer does, e.g. `affidavit journal reclaim --journal OWNER_URL "
-                f"--config ...`){then} (docs/journal.md)"
+                f"schema {SCHEMA_VERSION} ({what}), which only the tables' owner may do: open it "
+                "once as the owner (any writer does, e.g. `affidavit journal reclaim --journal "
+                f"OWNER_URL --config ...`){then} (docs/journal.md)"
             ) from None
         # New, or from before schema 2: name the chunks no marker names (``chunk_owners``), once
         # -- inside the opening transaction, which holds the chain head: no chunk or marker of

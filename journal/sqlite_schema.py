@@ -54,6 +54,11 @@ target, which a fence names; a writer opening a journal from before adds the col
 (``_add_send_by``: its rows hold NULL, judged as before), a read-only reader reads
 its rows with NULL there (``SqliteTables.idempotency``), and a broker of schema 8 refuses it --
 it would bind without the column's deadline and judge another's binding by its own window.
+Schema 10 changes no table: it is the fence's rules (``statemachine.FENCE_RULES``: a fence's
+ACTION_ACCEPTED carries ``fenced.rules``, and its record refuses every attempt of its binder).
+A broker of schema 9 does not hold them -- sharing the journal, it would write its binder's
+preamble into a record fenced under them and go on to send -- so it refuses the journal; a
+writer opening one from before only records the new number.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ __all__ = ["EXTEND_CHAIN", "SCHEMA", "SCHEMA_VERSION", "SESSION_INDEX"]
 log = logging.getLogger("affidavit.journal")
 
 SESSION_INDEX = "events_session"
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 _CHAIN_REFUSED = "'journal rows must extend the hash chain by one'"
 _CHAIN_WHEN = f"""coalesce((SELECT NEW.seq IS NOT seq + 1 OR NEW.prev_hash IS NOT hash FROM events

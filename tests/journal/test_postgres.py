@@ -896,6 +896,37 @@ async def test_a_broker_role_opening_a_schema_2_journal_is_told_only_the_owner_s
     assert pg.sql("SELECT target FROM idempotency", database) == [("t",)]
 
 
+async def test_a_broker_role_opening_a_schema_3_journal_is_told_the_owner_records_the_rules(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """Schema 4 is the fence's rules (``FENCE_RULES``): no table or column, only the number --
+    which a broker role may not change (``meta``), and must not open without: a broker of schema
+    3 would then share the journal.  The message names no DDL it does not need."""
+    database = pg_url.rsplit("/", 1)[1]
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+        pass
+    pg.sql("UPDATE meta SET value = '3' WHERE name = 'schema'", database)
+    pg.sql("DROP ROLE IF EXISTS old_broker3")
+    pg.sql("CREATE ROLE old_broker3 LOGIN PASSWORD 'broker-pw'")
+    for statement in grant_statements("old_broker3"):
+        pg.sql(statement, database)
+    broker_url = pg.url(database, user="old_broker3", password="broker-pw")
+    with pytest.raises(JournalError) as refused:
+        async with Journal.open(broker_url, **_keys(tmp_path, "broker")):
+            pass
+    message = str(refused.value)
+    assert f"has schema 3; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
+    assert "the fence's rules" in message and "idempotency.send_by" not in message, message
+    assert "chunk_owners" not in message and "broker-pw" not in message, message
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+        pass  # the owner's open records the number
+    assert pg.sql("SELECT value FROM meta WHERE name = 'schema'", database) == [
+        (str(SCHEMA_VERSION),)
+    ]
+    async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:  # no new grant
+        await j.bind_idempotency("s", "k", "fp", "inv-2", None, send_by=time.time() + 9, target="t")
+
+
 async def test_a_broker_role_not_granted_chunk_owners_is_refused_at_open_not_after_a_dispatch(
     pg: Cluster, pg_url: str, tmp_path: Path
 ) -> None:
