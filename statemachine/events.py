@@ -54,7 +54,8 @@ class EventKind(StrEnum):
     without ``rules``), from this first write on: it takes no attempt of its own
     (PREFLIGHT_VALIDATED, a retry lease, and an attempt's events naming a generation are
     refused), and its close is PREFLIGHT_FAILED IDEMPOTENCY_MISMATCH with these facts as
-    binder_gone, whoever writes it.  A fence written before them (no ``rules``) is not
+    binder_gone, whoever writes it (any other close -- its binder's SETUP_FAILED, recovery's --
+    is refused).  A fence written before them (no ``rules``) is not
     ``Record.fenced``: its binder's rows may follow it in an honest journal, and the record
     shows what they prove (a dispatch among them: sent, outcome unknown)."""
     PREFLIGHT_VALIDATED = "PREFLIGHT_VALIDATED"

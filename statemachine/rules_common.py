@@ -38,6 +38,11 @@ _FENCED = (
     "and nothing is ever sent in it"
 )
 """Why a fenced record refuses PREFLIGHT_VALIDATED and a retry lease (``Record.fenced``)."""
+_FENCED_CLOSE = (
+    "the invocation is fenced (its ACTION_ACCEPTED's fenced): its close is the fence's, "
+    "PREFLIGHT_FAILED IDEMPOTENCY_MISMATCH with the fenced facts as binder_gone"
+)
+"""Why a fenced record refuses any other close (``binder.fenced_close``: whoever writes it)."""
 
 
 # Enum lookups by value through plain dicts: ``Code(raw)`` goes through EnumMeta.__call__ and an

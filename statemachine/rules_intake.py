@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from .batch import check_batch
+from .contract import Code
 from .events import Event
 from .record import FENCE_RULES
 from .rules_common import (
@@ -17,6 +18,7 @@ from .rules_common import (
     _CONNECTION_SETUP,
     _CREDENTIAL_INJECTION,
     _FENCED,
+    _FENCED_CLOSE,
     _NOT_ATTEMPTED,
     _VALIDATION,
     DEFAULT_BUDGET,
@@ -144,6 +146,10 @@ def _on_preflight_failed(p: Projector, event: Event) -> None:
         if p._fenced is not None:  # an attempt's gate: its binder's, its first event refused
             _refuse(p, event, _FENCED)
     code = _phase_code(p, event, _VALIDATION)  # validated before anything changes
+    if p._fenced is not None and (
+        code is not Code.IDEMPOTENCY_MISMATCH or event.attrs.get("binder_gone") != dict(p._fenced)
+    ):
+        _refuse(p, event, _FENCED_CLOSE)
     bound_to = event.attrs.get("bound_to")
     if bound_to is not None and type(bound_to) is not str:
         _refuse(p, event, "bound_to must be a string")
@@ -266,6 +272,11 @@ def _on_setup_attempt(p: Projector, event: Event) -> None:
 
 
 def _on_setup_failed(p: Projector, event: Event) -> None:
+    if p._fenced is not None:
+        # Its binder's, its preamble refused unawaited: it went on to connect, and its setup
+        # failure (CONNECTION_REFUSED, backoff) closed the record -- every same-key retry was
+        # answered so, never "use a new key".  Recovery closes it as the fence does.
+        _refuse(p, event, _FENCED_CLOSE)
     gen = event.attrs.get("generation")
     if gen is not None and (type(gen) is not int or gen != p._generation):
         _stale(p, event, gen)

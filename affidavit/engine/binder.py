@@ -33,7 +33,8 @@ the closed invocation is read and listed only where that target is configured) a
 IDEMPOTENCY_MISMATCH as usual.  A fenced record is recognised by its first event's ``fenced``
 (``Record.fenced``), not by its close: between the fence's two writes it is fenced already, the
 projection refuses every attempt in it, and whoever finds it open -- its late binder, recovery,
-the same request -- closes it with the fence's own close (``close_fenced``), while a different
+the same request -- closes it with the fence's own close (``close_fenced``; the projection
+refuses any other close, its binder's SETUP_FAILED among them), while a different
 request is answered as the fencing one was.  A mismatch
 once answered "nothing was sent under the key" while a binder whose window it misjudged could
 still send: the fence makes that answer true however the binder was judged gone.  While the

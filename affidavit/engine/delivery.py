@@ -143,13 +143,18 @@ async def _close(engine: Engine, iid: str, closing: Event) -> dict[str, Any]:
     the gate read the record before it landed, and judged it not sent) landing before this
     write took the head -- the ending is what the record now proves (``closing_event``:
     unknown once DISPATCH_STARTED is on record), never the gate's guess.  A record a newer
-    attempt took over, or already closed, is ``lease_refused``'s to answer (re-raised)."""
+    attempt took over, or already closed, is ``lease_refused``'s to answer (re-raised); so is a
+    fenced one (``Record.fenced``): no attempt was ever its, and its close is the fence's --
+    ``lease_lost`` closes it so if still open and records this worker's LEASE_LOST, whichever of
+    the attempt's writes the record refused first."""
     recorder = engine.recorder
     generation = closing.attrs.get("generation")
     try:
         return await recorder.finish(iid, closing)
     except ImpossibleEvent:
         record = await recorder.record(iid)
+        if record.fenced is not None:
+            raise
         proven = None if record.final else closing_event(record, "journal")
         if record.generation != generation or proven is None or proven.kind is closing.kind:
             raise

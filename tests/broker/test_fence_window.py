@@ -33,7 +33,7 @@ from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply
 
 from .approvalkit import approval_config, verify_ok
-from .helpers import http_target, write_config
+from .helpers import closed_port, http_target, write_config
 from .http_rows import IDEM, LIMIT
 
 CHARGE = {
@@ -117,11 +117,16 @@ def _hold_fence(broker: Broker, release: trio.Event) -> trio.Event:
 
 @contextlib.asynccontextmanager
 async def _window(
-    tmp_path: Path, meanwhile: Callable[[Window], Awaitable[None]], *, approval: bool = False
+    tmp_path: Path,
+    meanwhile: Callable[[Window], Awaitable[None]],
+    *,
+    approval: bool = False,
+    refusing: bool = False,
 ) -> AsyncIterator[Window]:
     """Run X and Y into the window, then ``meanwhile``, then release Y and let X go on; yield
     once both calls have answered (the brokers still open).  ``approval``: X's target asks an
-    operator first (its preamble is written with APPROVAL_REQUESTED)."""
+    operator first (its preamble is written with APPROVAL_REQUESTED); ``refusing``: X's target
+    is a loopback port nobody listens on (its connection is refused)."""
     received: list[bytes] = []
 
     async def script(peer: Peer) -> None:
@@ -129,15 +134,16 @@ async def _window(
 
     async with HostileServer.running(script) as srv:
 
-        def config(total: int, name: str) -> Path:
+        def config(total: int, name: str, url: str = srv.url) -> Path:
             timeout = {"connect": 1, "total": total}
             return write_config(
                 tmp_path,
-                {"api": http_target(srv.url, idempotency=IDEM, timeout=timeout)},
+                {"api": http_target(url, idempotency=IDEM, timeout=timeout)},
                 name=name,
             )
 
-        cx, cy = config(30, "x.toml"), config(1, "y.toml")
+        x_url = f"http://127.0.0.1:{closed_port()}" if refusing else srv.url
+        cx, cy = config(30, "x.toml", x_url), config(1, "y.toml")
         if approval:
             timeout = {"connect": 1, "total": 30}
             cx = approval_config(
@@ -237,6 +243,31 @@ async def test_a_binder_resuming_between_the_fence_s_writes_is_answered_nothing_
         await _closed_answers(w)
         _assert_fenced_once(w)
         assert [e.kind for e in w.bx.events(w.xid)][2:] == [E.LEASE_LOST]
+
+
+async def test_a_binder_whose_connection_is_refused_in_the_window_closes_it_as_the_fence(
+    tmp_path: Path, token: str
+) -> None:
+    """X resumes in the window, its preamble refused without X being told (posted, not
+    awaited), and connects to a port nobody listens on: its SETUP_FAILED CONNECTION_REFUSED is
+    refused too -- a fenced record's close is the fence's, whoever writes it.  X closes it so
+    and is answered from it, IDEMPOTENCY_MISMATCH after_correction (a new key), never
+    CONNECTION_REFUSED backoff -- which every same-key retry was then answered, for good."""
+
+    async def binder_resumes(w: Window) -> None:
+        w.go.set()
+        with trio.fail_after(LIMIT):
+            while "x" not in w.out:
+                await trio.sleep(0.01)
+
+    async with _window(tmp_path, binder_resumes, refusing=True) as w:
+        await _closed_answers(w)
+        _assert_fenced_once(w)
+        assert [e.kind for e in w.bx.events(w.xid)][2:] == [E.LEASE_LOST]
+        assert w.out["x"]["error"]["retry"] == "after_correction", w.out["x"]
+        with trio.fail_after(LIMIT):  # the same request again, same key: the same answer
+            again = await w.bx.call(CHARGE)
+        assert again["invocation_id"] == w.xid and _error(again) == _error(w.out["x"]), again
 
 
 async def test_a_binder_asking_an_operator_between_the_fence_s_writes_is_answered_nothing_sent(

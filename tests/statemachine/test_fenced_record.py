@@ -85,19 +85,25 @@ def test_a_fenced_record_refuses_its_binder_s_attempt(
     assert "fenced" in _refused(_fenced(), Event(kind, IID, attrs))
 
 
-def test_a_fenced_record_closed_by_recovery_takes_no_retry_lease() -> None:
-    """Closed SETUP_FAILED by recovery (as a broker before the fence's own close was recovery's
-    did), it reads as fenced still, and no retry lease is taken in it -- a same-request call
-    took one there and sent."""
-    p = _fenced()
-    p.apply(
-        Event(
-            E.SETUP_FAILED, IID, {"code": "SETUP_FAILED", "stage": "lease_lapsed", "generation": 0}
-        )
-    )
-    assert p.record().fenced == GONE
-    lease = {"generation": 1, "holder": "b", "expires_at": 9.0}
-    assert "fenced" in _refused(p, Event(E.RETRY_LEASE_ACQUIRED, IID, lease))
+@pytest.mark.parametrize(
+    ("kind", "attrs"),
+    [
+        # Its binder's, connecting after its refused preamble: a refused connection.
+        (E.SETUP_FAILED, {"code": "CONNECTION_REFUSED", "stage": "tcp_connect", "generation": 0}),
+        # Recovery's, as a broker before the fence's own close was recovery's wrote it.
+        (E.SETUP_FAILED, {"code": "SETUP_FAILED", "stage": "lease_lapsed", "generation": 0}),
+        (E.SETUP_FAILED, {"code": "CALLER_CANCELLED", "stage": "accepted"}),
+        (E.PREFLIGHT_FAILED, {"code": "CONFIG_CHANGED", "field": "targets.api"}),
+        (E.PREFLIGHT_FAILED, {"code": "IDEMPOTENCY_MISMATCH", "binder_gone": {"why": "other"}}),
+        (E.PREFLIGHT_FAILED, {"code": "IDEMPOTENCY_MISMATCH"}),
+    ],
+)
+def test_a_fenced_record_s_close_is_the_fence_s_whoever_writes_it(
+    kind: EventKind, attrs: dict[str, Any]
+) -> None:
+    """Any other close is refused: a SETUP_FAILED there was answered CONNECTION_REFUSED, retry
+    backoff -- to every same-key retry, for good -- where the truth is "use a new key"."""
+    assert "fenced" in _refused(_fenced(), Event(kind, IID, attrs))
 
 
 def test_a_fenced_fact_that_is_not_an_object_is_refused_with_its_field() -> None:
