@@ -17,7 +17,7 @@ would keep a record open for ever, and a process restored into another time name
 ``podman restore``: the boot id is not namespaced, ``CLOCK_BOOTTIME`` is) reads a clock running
 behind the host's.  One running ahead only makes a lease look lapsed by it, and the wall clock
 has already said so.  A host that sleeps counts the sleep as the lease's time, as the wall clock
-does (the stalled worker is fenced by its generation).
+does (the stalled worker is stopped by its generation).
 """
 
 from __future__ import annotations

@@ -65,17 +65,17 @@ __all__ = ["DEFAULT_BUDGET", "DEFAULT_MAX_RETRY_AFTER", "RULES", "SPLITTING", "R
 E = EventKind
 
 
-def _fenced(rule: Rule) -> Rule:
+def _generation_checked(rule: Rule) -> Rule:
     """``rule``, first refusing a stale generation (``_stale``): for the rarer kinds an attempt
     writes, whose rules live in ``batch.py`` and ``operation.py``."""
 
-    def fenced(p: Projector, event: Event) -> str | None:
+    def checked(p: Projector, event: Event) -> str | None:
         gen = event.attrs.get("generation")
         if gen is not None and (type(gen) is not int or gen != p._generation):
             _stale(p, event, gen)
         return rule(p, event)
 
-    return fenced
+    return checked
 
 
 RULES: Mapping[EventKind, Rule] = {
@@ -106,8 +106,8 @@ RULES: Mapping[EventKind, Rule] = {
     E.PROTOCOL_OBSERVED: _on_observed,
     E.LEASE_LOST: _on_lease_lost,
     **OPERATION_RULES,
-    E.BATCH_ITEMS_RECORDED: _fenced(on_items_recorded),
-    E.OPERATION_ACCEPTED: _fenced(OPERATION_RULES[E.OPERATION_ACCEPTED]),
+    E.BATCH_ITEMS_RECORDED: _generation_checked(on_items_recorded),
+    E.OPERATION_ACCEPTED: _generation_checked(OPERATION_RULES[E.OPERATION_ACCEPTED]),
 }
 """Each kind's rule: checks that refuse before any change, then the effect."""
 

@@ -84,10 +84,10 @@ def _stale(p: Projector, event: Event, generation: object) -> NoReturn:
 
     The kinds are ``events.ATTEMPT_KINDS``.  Each of their rules in rules_intake.py and
     rules_attempt.py checks inline, first thing (the two in batch.py and operation.py are
-    wrapped: ``rules._fenced``): one wrapper for all
+    wrapped: ``rules._generation_checked``): one wrapper for all
     of them cost a call per such event, ~5% of the whole-journal fold, and the fold then missed
     its 10x target (tests/benchmarks/projection.py).  tests/statemachine/test_model_check.py
-    proves every kind in the set is fenced wherever the lifecycle takes it."""
+    proves every kind in the set is checked wherever the lifecycle takes it."""
     _refuse(
         p,
         event,

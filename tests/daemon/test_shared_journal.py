@@ -225,7 +225,7 @@ async def test_four_daemons_share_one_journal_and_fence_a_killed_ones_calls(
         shown = (await other.events(retry["invocation_id"]))[0]["attrs"]["holder"]
         with JournalReader.open(pg_url) as r:
             dead = r.events(retry["invocation_id"])[0].attrs["holder"]
-        # The dead daemon's generation 0 is fenced: a DISPATCH_STARTED under it is refused in
+        # The dead daemon's generation 0 is stale: a DISPATCH_STARTED under it is refused in
         # the same transaction that checks the lease (as if it had only been paused).
         async with Journal.open(
             pg_url, key_file=tmp_path / "shared.key", signing_key=tmp_path / "x.key"

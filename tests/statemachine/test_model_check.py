@@ -144,9 +144,9 @@ def test_every_lifecycle_pair_with_valid_attrs_is_declared_or_refused(state: str
 def test_every_kind_an_attempt_writes_is_refused_unless_its_attempt_is_the_open_one(
     state: str,
 ) -> None:
-    # rules._fenced, applied to ATTEMPT_KINDS: wherever the lifecycle takes such an event, one
-    # naming another generation is refused, and one naming the current generation is refused
-    # once its attempt is closed (a final state), else taken as it would be without it.
+    # rules._generation_checked, applied to ATTEMPT_KINDS: wherever the lifecycle takes such an
+    # event, one naming another generation is refused, and one naming the current generation is
+    # refused once its attempt is closed (a final state), else taken as it would be without it.
     for kind in sorted(ATTEMPT_KINDS):
         for dest in lc.expand(state, kind):
             p = projector_in(state)
