@@ -25,6 +25,7 @@ from affidavit.api.broker import Broker
 from affidavit.config import load_config
 from affidavit.engine import EngineSettings
 from affidavit.engine.binder import UNKNOWN_TARGET
+from affidavit.statemachine import FENCE_RULES
 from affidavit.statemachine import EventKind as E
 from affidavit.views import actions_page
 from tests.http.hostile import HostileServer, Peer, Reply
@@ -194,6 +195,13 @@ async def test_a_fenced_invocation_names_its_binder_s_target_not_the_fencing_one
             assert x["error"]["outcome"] == "not_attempted", x
             events = bx.events(xid)
             assert events[0].attrs["fenced"]["why"] == "send_by_passed"
+            # Fenced under the strict rules whatever judged the binder gone: the record is
+            # Record.fenced (no attempt of its binder's is ever taken in it), closed with them.
+            fenced = dict(events[0].attrs["fenced"])
+            assert fenced.pop("rules") == FENCE_RULES
+            record = bx.record(xid)
+            assert record is not None and dict(record.fenced or {}) == fenced, record
+            assert events[1].attrs["binder_gone"] == fenced
             assert events[0].attrs["operation"]["target"] == "pay"
             assert not by.callable_by_caller(by.record(xid))
             assert xid not in await _listed(by)

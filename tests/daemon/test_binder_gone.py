@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import trio
 
+from affidavit.statemachine import FENCE_RULES
 from tests.broker.http_rows import IDEM, POST
 from tests.broker.server_process import REPO
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -103,6 +104,10 @@ async def test_a_key_whose_binder_was_killed_before_recording_is_taken_over_or_a
                 assert same["error"]["outcome"] == "not_attempted", same
                 fenced = events[0]["attrs"]["fenced"]
                 assert (fenced["why"], fenced["recorded"]) == ("only_writer", "nothing"), fenced
+                # Under the strict rules (``FENCE_RULES``), its close built from these facts.
+                assert fenced.pop("rules") == FENCE_RULES, fenced
+                assert events[1]["kind"] == "PREFLIGHT_FAILED", events
+                assert events[1]["attrs"]["binder_gone"] == fenced, events
             else:
                 assert "error" not in same and same["result"]["status"] == 201, same
                 took = events[0]["attrs"]["took_over"]
