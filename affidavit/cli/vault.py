@@ -145,17 +145,32 @@ def _passphrase(args: argparse.Namespace, *, confirm: bool) -> str:
     return passphrase
 
 
-def _prompt(text: str, instead: str, code: str, field: str | None = None) -> str:
+def _prompt(
+    text: str, instead: str, code: str, field: str | None = None, cut_code: str | None = None
+) -> str:
     """An entry typed at the terminal, refused with ``code`` (and ``field``), saying to use
-    ``instead``, when it is ``TTY_LINE`` bytes or more: the tty may have cut it."""
+    ``instead``, when it is not UTF-8 as read -- mistyped, or cut mid-character by the tty
+    ('é' * 2600) -- or none was given (Ctrl-D), and with ``cut_code`` (else ``code``) when it
+    reached ``TTY_LINE`` bytes: never a traceback, whose UnicodeDecodeError names a byte of
+    the entry."""
     import getpass
 
-    entry = getpass.getpass(text)
+    try:
+        entry = getpass.getpass(text)  # it restores the echo before anything propagates
+    except EOFError:
+        raise refusal("no entry was given (end of input at the prompt)", code, field) from None
+    except UnicodeDecodeError:
+        raise refusal(
+            f"the entry is not valid UTF-8 as the terminal gave it, and may be cut (a terminal "
+            f"keeps {TTY_LINE} bytes of a line, which can split a character): {instead}",
+            code,
+            field,
+        ) from None
     if len(entry.encode("utf-8")) >= TTY_LINE:
         raise refusal(
             f"a terminal cuts a line at {TTY_LINE} bytes and this entry reached it (what "
             f"followed was dropped): {instead}",
-            code,
+            cut_code or code,
             field,
         )
     return entry
@@ -191,7 +206,9 @@ def _put(args: argparse.Namespace) -> int:
             )
         if stdin_is_terminal():
             pipe = f"pipe it on stdin (`... | affidavit vault put {args.name}`)"
-            entry = _prompt(f"Value for {args.name}: ", pipe, "PAYLOAD_LIMIT", "value")
+            entry = _prompt(
+                f"Value for {args.name}: ", pipe, "INVALID_FIELD", "value", "PAYLOAD_LIMIT"
+            )
             raw = value = entry.encode("utf-8")
         else:
             # Room for a final CRLF and a byte more: trimmed first, a value of MAX_VALUE and
