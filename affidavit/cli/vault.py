@@ -60,8 +60,8 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument(
         "--passphrase-stdin",
         action="store_true",
-        help=f"read the passphrase from the first line of stdin, at most {MAX_PASSPHRASE} "
-        f"bytes (else ${PASSPHRASE_ENV_SHOWN} or a prompt)",
+        help=f"read the passphrase from the first line of stdin, a pipe, not a terminal: at most "
+        f"{MAX_PASSPHRASE} bytes (else ${PASSPHRASE_ENV_SHOWN} or a prompt)",
     )
     p.set_defaults(handler=_init, holds_secrets=SECRETS_ALWAYS)
 
@@ -90,7 +90,8 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument(
         "--passphrase-stdin",
         action="store_true",
-        help=f"read the passphrase from the first line of stdin, at most {MAX_PASSPHRASE} bytes",
+        help=f"read the passphrase from the first line of stdin, a pipe, not a terminal: at most "
+        f"{MAX_PASSPHRASE} bytes",
     )
     p.set_defaults(handler=_unlock, holds_secrets=SECRETS_ALWAYS)
 
@@ -117,6 +118,15 @@ def _passphrase(args: argparse.Namespace, *, confirm: bool) -> str:
     from affidavit.secrets.vault import PASSPHRASE_ENV
 
     if getattr(args, "passphrase_stdin", False):
+        if stdin_is_terminal():
+            # Read as a line, a terminal shows it as typed (on screen, in scrollback) and cuts
+            # it at TTY_LINE bytes; its prompt reads it unshown and refuses a cut one.
+            raise UsageError(
+                "--passphrase-stdin, but stdin is a terminal, which would show the passphrase "
+                f"and cut it at {TTY_LINE} bytes: leave --passphrase-stdin off to be asked for "
+                "it without echo, or pipe it",
+                "PASSPHRASE_INVALID",
+            )
         stdin = stdin_bytes("--passphrase-stdin, but stdin is closed", "PASSPHRASE_INVALID")
         # Room for a final CRLF, and a byte more tells a longer line.
         line = trim_final_newline(stdin.readline(MAX_PASSPHRASE + 2))

@@ -6,7 +6,8 @@ put``'s prompt was stored as 4095 bytes, exit 0, and a long passphrase at ``vaul
 cut.  An entry that reaches 4095 bytes is refused with a code and the way to give it whole (on
 stdin); one shorter is taken as typed.  An entry that is not UTF-8 as read (cut mid-character,
 or mistyped) and Ctrl-D at any prompt are refused too, never a traceback (re-review of 37dc4c4,
-finding 1).  Each test drives the command on a pseudo-terminal, bounded in time (the child is
+finding 1), and ``--passphrase-stdin`` from a terminal, which shows the line and cuts it
+(finding 2).  Each test drives the command on a pseudo-terminal, bounded in time (the child is
 killed past ``LIMIT``).
 """
 
@@ -170,3 +171,20 @@ def test_the_end_of_input_at_a_prompt_is_refused_not_a_traceback(
     assert not (tmp_path / "new.vault").exists()
     vault = Vault.open(unlocked)  # nothing stored, nothing unlocked
     assert vault.is_locked if command == "unlock" else vault.list() == []
+
+
+@pytest.mark.parametrize("command", ["init", "unlock"])
+def test_passphrase_stdin_from_a_terminal_is_refused(tmp_path: Path, command: str) -> None:
+    """A terminal shows the line as typed and cuts it at 4095 bytes: ``init --passphrase-stdin``
+    set a 5000-byte passphrase cut, echoed, exit 0.  Refused before a byte is read; the prompt
+    (no echo, the same cut refused) is the terminal's way in."""
+    path = tmp_path / "v.vault"
+    if command == "unlock":
+        Vault.init(path, "pw", n_log2=10)  # the line typed opens it: taken, it was unlocked
+    typed = b"pw" if command == "unlock" else b"P" * 5000
+    argv = ("vault", command, "--vault", str(path), "--passphrase-stdin")
+    code, seen = _typed(tmp_path, argv, [typed + ENTER], prompted=False)
+    assert code == 2, seen
+    assert b"affidavit: PASSPHRASE_INVALID: --passphrase-stdin, but stdin is a terminal" in seen
+    assert b"without echo" in seen and b"Traceback" not in seen
+    assert Vault.open(path).is_locked if command == "unlock" else not path.exists()
