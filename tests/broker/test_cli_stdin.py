@@ -3,20 +3,25 @@
 A parent such as node sets O_NONBLOCK on the pipe it shares as our fd 0; Python's buffered
 ``read(n)`` then returns what has arrived, or None.  ``vault put`` stored a cut value with exit
 0, ``vault init --passphrase-stdin`` set a cut passphrase, and with nothing arrived yet ``vault
-put`` and ``call -`` crashed with a traceback.  Each test feeds a non-blocking pipe in two chunks
-with a pause (nothing at all has arrived when the command starts reading), and checks that the
-whole input was taken and that the parent's flag is left as it set it.
+put`` and ``call -`` crashed with a traceback.  Each command test feeds a non-blocking pipe in
+two chunks, the second only once the command has taken the first (``_wait_taken``: a pause alone
+let ``call -``, slower to start, find both there -- re-review of d446f96, finding 3), and checks
+that the whole input was taken and that the parent's flag is left as it set it; the unit tests
+start ``InputReader`` with nothing arrived yet.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import termios
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -25,12 +30,24 @@ from affidavit.cli.stdin import InputReader
 from affidavit.secrets.vault import Vault
 
 PAUSE = 0.4
-"""Between the command's start and the first chunk, and between the chunks."""
+"""How long the unit tests' writer waits before its first chunk: the reader starts on nothing."""
+LIMIT = 60.0
+"""Seconds a test waits for the command (or the reader) to take a chunk or to finish."""
+
+
+def _wait_taken(r: int, gone: Callable[[], bool]) -> None:
+    """Wait until nothing written to the pipe ``r`` is left unread (FIONREAD 0: the reader took
+    it) or ``gone()`` (it will read no more), at most ``LIMIT`` seconds."""
+    deadline = time.monotonic() + LIMIT
+    while fcntl.ioctl(r, termios.FIONREAD, bytes(4)) != bytes(4) and not gone():
+        if time.monotonic() > deadline:
+            pytest.fail(f"a chunk written was still unread after {LIMIT}s")
+        time.sleep(0.01)
 
 
 def _fed(cwd: Path, argv: Sequence[str], chunks: Sequence[bytes]) -> tuple[int, str, str]:
-    """Run ``affidavit argv`` with a non-blocking pipe as stdin, written in ``chunks`` with a
-    pause before each; bounded: the command is killed after 60 s."""
+    """Run ``affidavit argv`` with a non-blocking pipe as stdin, written in ``chunks``, each
+    once the command has taken the one before; bounded: the command is killed after ``LIMIT``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AFFIDAVIT_")}
     r, w = os.pipe()
     os.set_blocking(r, False)
@@ -45,11 +62,12 @@ def _fed(cwd: Path, argv: Sequence[str], chunks: Sequence[bytes]) -> tuple[int, 
         )
         try:
             for chunk in chunks:
-                time.sleep(PAUSE)
-                os.write(w, chunk)  # a BrokenPipeError: it stopped reading before the end
+                # Our end of the pipe stays open: a command gone early cannot break the write.
+                os.write(w, chunk)
+                _wait_taken(r, lambda: proc.poll() is not None)
             os.close(w)
             w = -1
-            out, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=LIMIT)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -113,21 +131,43 @@ def test_readline_takes_nothing_past_the_line() -> None:
     r, w = os.pipe()
     os.set_blocking(r, False)
 
-    def writer() -> None:
-        try:
-            os.write(w, b"first")
-            time.sleep(0.2)
-            os.write(w, b" line\nsecond")
-        finally:
-            os.close(w)  # the reader then sees the end of input, never waits for ever
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    try:
+    with _writing(r, w, [b"first", b" line\nsecond"]):
         reader = InputReader(r)
         assert reader.readline(100) == b"first line\n"
         assert reader.read(100) == b"second"
         assert reader.read(100) == b""
+
+
+def test_read_waits_for_input_that_has_not_arrived_yet() -> None:
+    """Nothing there when ``read`` starts (a BlockingIOError, or None from Python's buffered
+    reader), then a part (what a cut read stops at): it waits on until the end of input."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    with _writing(r, w, [b"TOKEN-PART-ONE", b"-PART-TWO"]):
+        assert InputReader(r).read(100) == b"TOKEN-PART-ONE-PART-TWO"
+
+
+@contextlib.contextmanager
+def _writing(r: int, w: int, chunks: Sequence[bytes]) -> Iterator[None]:
+    """A thread writing ``chunks`` to the pipe ``w`` -- the first after ``PAUSE``, each next
+    once the reader of ``r`` has taken the one before -- then closing it; ``r`` is closed
+    after.  The reader never waits for ever: the end of input comes, however it reads."""
+    done = threading.Event()
+
+    def writer() -> None:
+        try:
+            time.sleep(PAUSE)
+            for chunk in chunks:
+                os.write(w, chunk)
+                _wait_taken(r, done.is_set)
+        finally:
+            os.close(w)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        yield
     finally:
-        thread.join(timeout=10)
+        done.set()
+        thread.join(timeout=LIMIT)
         os.close(r)
