@@ -144,11 +144,13 @@ def _keyed_version(kind: str, ref: str, value: bytes, versioner: Versioner | Non
 
 
 def predates_value_digests(version: str) -> bool:
-    """Whether a bound ``version`` is a vault entry's bare counter, journaled before vault
-    versions carried a value digest: every version ``resolve`` gives now has a ':' in it, so
-    such a binding never matches again -- the safe side, since the counter alone cannot tell
-    which value was sent -- and the operator is told it is the upgrade, not a rotation."""
-    return ":" not in version
+    """Whether a bound ``version`` is a vault entry's bare counter ("3"), journaled before
+    vault versions carried a value digest: no version ``resolve`` gives now is, so such a
+    binding never matches again -- the safe side, since the counter alone cannot tell which
+    value was sent -- and the operator is told it is the upgrade, not a rotation.  ASCII digits
+    only: the literal "env" an env: credential's version was before it was keyed has no ':'
+    either, and that upgrade is not this one."""
+    return version.isascii() and version.isdigit()
 
 
 def trim_final_newline(data: bytes) -> bytes:

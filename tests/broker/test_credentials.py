@@ -29,6 +29,7 @@ from affidavit.secrets.credentials import (
     apply_query,
     inject_http,
     parse_ref,
+    predates_value_digests,
     resolve,
     trim_final_newline,
 )
@@ -221,6 +222,24 @@ def test_vault_ref_returns_value_and_entry_version(vault: Vault) -> None:
     assert re.fullmatch(r"2:vault:hmac-sha256:[0-9a-f]{32}", cred.version), cred.version
     assert seen == []
     no_leak(cred)
+
+
+@pytest.mark.parametrize(
+    "version, bare",
+    [
+        ("1", True),
+        ("42", True),
+        # The literal version of an env: credential before it was keyed (a60a2ac): no ':'
+        # either, but not a vault counter -- its message must not say it was one.
+        ("env", False),
+        ("2:vault:hmac-sha256:" + "ab" * 16, False),
+        ("env:hmac-sha256:" + "ab" * 16, False),
+        ("", False),
+        ("\uff11", False),  # a fullwidth digit: str.isdigit, but never a counter written
+    ],
+)
+def test_only_a_bare_vault_counter_predates_value_digests(version: str, bare: bool) -> None:
+    assert predates_value_digests(version) is bare
 
 
 def test_a_vault_version_is_not_reproduced_by_the_journal_key(vault: Vault, tmp_path: Path) -> None:
