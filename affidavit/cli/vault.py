@@ -127,9 +127,11 @@ def _passphrase(args: argparse.Namespace, *, confirm: bool) -> str:
                 "it without echo, or pipe it",
                 "PASSPHRASE_INVALID",
             )
-        stdin = stdin_bytes("--passphrase-stdin, but stdin is closed", "PASSPHRASE_INVALID")
         # Room for a final CRLF, and a byte more tells a longer line.
-        line = trim_final_newline(stdin.readline(MAX_PASSPHRASE + 2))
+        first = _read_stdin(
+            MAX_PASSPHRASE + 2, "--passphrase-stdin reads", "PASSPHRASE_INVALID", line=True
+        )
+        line = trim_final_newline(first)
         if len(line) > MAX_PASSPHRASE:
             raise UsageError(
                 f"the passphrase is longer than {MAX_PASSPHRASE} bytes", "PASSPHRASE_INVALID"
@@ -153,6 +155,20 @@ def _passphrase(args: argparse.Namespace, *, confirm: bool) -> str:
     if not passphrase:
         raise UsageError("the passphrase must not be empty", "PASSPHRASE_INVALID")
     return passphrase
+
+
+def _read_stdin(
+    n: int, what: str, code: str, field: str | None = None, *, line: bool = False
+) -> bytes:
+    """Up to ``n`` bytes of stdin (to the end of its first line: ``line``), refused with the
+    command's ``code`` and ``field`` (``what`` reads it) when fd 0 is closed or cannot be read
+    (an unconnected socket: EINVAL) -- never the FILE_UNUSABLE naming nothing the OSError was."""
+    stdin = stdin_bytes(f"{what} stdin, which is closed", code, field)
+    try:
+        return stdin.readline(n) if line else stdin.read(n)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise refusal(f"{what} stdin, which cannot be read: {reason}", code, field) from None
 
 
 def _prompt(
@@ -223,8 +239,7 @@ def _put(args: argparse.Namespace) -> int:
         else:
             # Room for a final CRLF and a byte more: trimmed first, a value of MAX_VALUE and
             # its newline hid whatever followed them -- stored cut, exit 0 (rv45 finding 6).
-            stdin = stdin_bytes("is read from stdin, which is closed", "INVALID_FIELD", "value")
-            raw = stdin.read(MAX_VALUE + 3)
+            raw = _read_stdin(MAX_VALUE + 3, "is read from", "INVALID_FIELD", "value")
             value = trim_final_newline(raw)
         if len(value) > MAX_VALUE or len(raw) > MAX_VALUE + 2:
             raise refusal(f"is larger than {MAX_VALUE} bytes", "PAYLOAD_LIMIT", "value")

@@ -19,6 +19,7 @@ import io
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -205,6 +206,42 @@ def test_a_closed_stdin_is_a_coded_refusal(
     home: Path, open_vault: Path, argv: tuple[str, ...], code: str, field: str | None
 ) -> None:
     _assert_coded(_cli(home, *argv, stdin=None), argv, code, field)
+    assert not (home / "new.vault").exists()
+
+
+UNREADABLE_STDIN_CASES: list[tuple[tuple[str, ...], str, str | None]] = [
+    # (argv, code, field), run with an unconnected socket as stdin, which reading refuses
+    # (EINVAL): each was `FILE_UNUSABLE: Invalid argument`, naming no field (re-review of
+    # d446f96, finding 5).
+    (("vault", "put", "--vault", "open.vault", "x"), "INVALID_FIELD", "value"),
+    (("vault", "init", "--vault", "new.vault", "--passphrase-stdin"), "PASSPHRASE_INVALID",
+     None),
+    (("vault", "unlock", "--vault", "open.vault", "--passphrase-stdin"), "PASSPHRASE_INVALID",
+     None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv, code, field",
+    UNREADABLE_STDIN_CASES,
+    ids=[" ".join(c[0]) for c in UNREADABLE_STDIN_CASES],
+)
+def test_an_unreadable_stdin_is_the_commands_own_refusal(
+    home: Path, open_vault: Path, argv: tuple[str, ...], code: str, field: str | None
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AFFIDAVIT_")}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unconnected:
+        done = subprocess.run(
+            [sys.executable, "-m", "affidavit", *argv],
+            stdin=unconnected.fileno(),
+            capture_output=True,
+            cwd=home,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+    _assert_coded(done, argv, code, field)
+    assert b"stdin, which cannot be read: Invalid argument" in done.stderr, done.stderr
     assert not (home / "new.vault").exists()
 
 
