@@ -7,6 +7,9 @@ passphrase, and with nothing arrived yet ``vault put`` and ``call -`` crashed wi
 ``InputReader`` reads to the end of input (or the limit) either way: on EAGAIN it waits in
 ``poll`` for more, as a blocking read would, and it never changes the flag -- the description is
 the parent's too, and its other readers and writers rely on the mode it chose.
+
+Linux only, as written and tested: macOS's ``poll`` does not take a terminal (it answers
+POLLNVAL at once), so a non-blocking terminal as fd 0 would not be waited on there.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ prompt that give it whole (rv45 finding 7)."""
 TTY_LINE = 4095
 """Bytes of a terminal line the Linux tty keeps (its 4096-byte buffer, less the newline): what is
 typed or pasted past them is dropped before ``getpass`` sees it.  A prompt entry this long may
-have been cut, so it is refused -- pipe it on stdin instead -- never stored or set as read."""
+have been cut, so it is refused -- pipe it on stdin instead -- never stored or set as read.
+Linux only: macOS cuts a terminal line at 1024 bytes (MAX_CANON), which this does not catch."""
 PASSPHRASE_ENV_SHOWN = "AFFIDAVIT_VAULT_PASSPHRASE"
 """``affidavit.secrets.vault.PASSPHRASE_ENV`` for the help text: importing the vault (and
 cryptography) would cost every command's parser ~50 ms; a test checks the two agree."""
