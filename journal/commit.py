@@ -321,11 +321,18 @@ def _signal_meanwhile(w: Writer, batch: list[Req[Any]]) -> None:
 def _insert_each(
     insert: Callable[..., Any], r: Req[Any], errors: tuple[type[BaseException], ...]
 ) -> list[Any]:
-    """The rows of a ``many`` request, each as its own plain append would be: a row
-    refused (before it queued anything) does not stop the others; the request answers
-    with the first refusal, as the first of separate appends would have."""
+    """The rows of a ``many`` request, each validated, chained and written as its own plain
+    append would be -- but one submission's rows are one task's consecutive facts about an
+    invocation, each presupposing those before it: once a row is refused (before it queued
+    anything), the later rows for the same invocation are refused too, not written (a late
+    binder's PREFLIGHT_VALIDATED and CREDENTIAL_AUTHORIZED, after its refused ACTION_ACCEPTED,
+    landed in the record of the taker that won that first event).  Rows for another
+    invocation are not stopped.  The request answers with the first refusal."""
     out = []
+    refused: set[str] | None = None
     for args in r.args or ():
+        if refused is not None and args[0].invocation_id in refused:
+            continue
         try:
             out.append(insert(*args))
         except errors:
@@ -333,6 +340,9 @@ def _insert_each(
         except Exception as exc:
             if r.error is None:
                 r.error = exc
+            if refused is None:
+                refused = set()
+            refused.add(args[0].invocation_id)
     return out
 
 

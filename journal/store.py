@@ -469,10 +469,14 @@ class Journal(JournalReader):
         """``post`` of several diagnostic events (each with its payload or None) as one queued
         write: one request for the single writer instead of one per event (issue 15), the rows
         computed here, in the submitting task.  Each row is validated, chained and written as
-        its own ``post`` would be -- in queue order, in one transaction -- and one refused does
-        not stop the others; ``Posted.wait()`` raises the first refusal, else returns the
-        stored events.  ``shield``: not cancellable while it waits for room in a full queue
-        (``append``'s ``shield``)."""
+        its own ``post`` would be -- in queue order, in one transaction -- except that the
+        rows are one task's consecutive facts about an invocation, each presupposing those
+        before it: once a row is refused, the later rows for the same invocation are refused
+        too, not written (a late binder's preamble after its refused ACTION_ACCEPTED landed in
+        the record of the taker that won that first event).  Its rows for other invocations,
+        and every other write of the transaction, are not affected.  ``Posted.wait()`` raises
+        the first refusal, else returns the stored events.  ``shield``: not cancellable while
+        it waits for room in a full queue (``append``'s ``shield``)."""
         rows: list[tuple[Any, ...]] = []
         for event, payload in items:
             if event.kind in BARRIER_KINDS:

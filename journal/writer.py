@@ -10,6 +10,12 @@ batch with no barrier commits without waiting for its flush (``NORMAL``, ``off``
 process crash and becomes power-loss durable with the next barrier's flush, which covers every
 earlier log record -- recovery never depends on such events.
 
+A refused write is not written and answers with its refusal; the other writes of its
+transaction are unaffected (one refused submission never affects another's rows).  The rows of
+one submission (``Journal.post_many``) are one task's consecutive facts about an invocation,
+each presupposing those before it: once one is refused, its later rows for that invocation are
+refused too (``commit._insert_each``).
+
 This module is the loop's side: the queue, the hand-off of each batch to one long-lived writer
 thread, and waking each write's submitter with its answer.  What a queued write is and what it
 answers live in ``requests.py``; the transaction the thread runs over each batch -- the signed

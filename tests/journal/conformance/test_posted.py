@@ -51,16 +51,16 @@ async def test_posted_events_commit_with_the_barrier_that_follows_in_one_transac
 async def test_several_events_posted_as_one_write_are_each_validated_and_chained(
     place: Place,
 ) -> None:
-    """``post_many``: one queued write, the same rows as separate posts -- one refused (a
-    second ACTION_ACCEPTED) is not written and does not stop the others; the write answers
-    with that refusal, and every other row is stored and chained in order."""
+    """``post_many``: one queued write, the same rows as separate posts -- a row refused (a
+    second ACTION_ACCEPTED) is not written; the write answers with that refusal, and every
+    row before it, and the next write's, is stored and chained in order."""
     async with place.open() as j:
         writes: list[int] = []
         j.before_commit = lambda batch: writes.append(batch.writes)
         accepted, validated, authorized, dispatch = until_dispatch("inv-1")
         with trio.fail_after(LIMIT):
             posted = await j.post_many(
-                [(accepted, {"action": {"path": "/x"}}), (accepted, None), (validated, None)]
+                [(accepted, {"action": {"path": "/x"}}), (validated, None), (accepted, None)]
             )
             more = await j.post_many([(authorized, None)])
             stored = await j.append(dispatch, barrier=True)
@@ -74,6 +74,40 @@ async def test_several_events_posted_as_one_write_are_each_validated_and_chained
         assert j.verify().ok
         with pytest.raises(ValueError, match="barrier"):
             await j.post_many([(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}), None)])
+
+
+async def test_a_refused_row_stops_the_later_rows_of_its_write_for_that_invocation(
+    place: Place,
+) -> None:
+    """One write's rows are one task's consecutive facts, each presupposing those before it:
+    a late binder's ACTION_ACCEPTED, refused because a taker won the record's first event,
+    must not let its PREFLIGHT_VALIDATED and CREDENTIAL_AUTHORIZED land in the taker's record
+    (they did: each was validated alone against the taker's record).  Its rows for another
+    invocation, and another write in the same transaction, are written whole."""
+    async with place.open() as j:
+        writes: list[int] = []
+        j.before_commit = lambda batch: writes.append(batch.writes)
+        taker = await j.append(until_dispatch("inv-1")[0], barrier=True)
+        binder = until_dispatch("inv-1")[:3]
+        other = until_dispatch("inv-2")[:3]
+        with trio.fail_after(LIMIT):
+            late = await j.post_many(
+                [(ev, None) for ev in binder] + [(until_dispatch("inv-3")[0], None)]
+            )
+            whole = await j.post_many([(ev, None) for ev in other])
+            stored = await j.append(until_dispatch("inv-2")[3], barrier=True)
+            with pytest.raises(ImpossibleEvent):
+                await late.wait()
+            written = await whole.wait()
+        assert writes == [1, 3]  # the taker's first event, then one transaction for the rest
+        assert [e.seq for e in j.events("inv-1")] == [taker.seq]  # the taker's row alone
+        assert [e.kind for e in j.events("inv-3")] == [E.ACTION_ACCEPTED]
+        assert [e.kind for e in written] == [e.kind for e in other]
+        assert [e.kind for e in j.events("inv-2")] == [
+            *(e.kind for e in other),
+            stored.kind,
+        ]
+        assert j.verify().ok
 
 
 async def test_a_full_queue_makes_writers_wait_and_keeps_their_order(
