@@ -40,7 +40,7 @@ from .errors import (
     ResultStoreFailed,
     ResultStoreReplaced,
 )
-from .requests import Batch, Fail, Req, write_error
+from .requests import Batch, Fail, Req, refusal, write_error
 from .tables import Tables
 from .txn import Txn
 
@@ -244,6 +244,11 @@ def _transaction(
             # Ops raise their refusals (ImpossibleEvent, JournalError...) before they
             # write anything, so a refusal needs no savepoint; one that wrote first is a
             # bug, and the whole batch is rolled back rather than half-kept.
+            if r.after is not None:  # earlier writes of its task it presupposes
+                refused = _refused_before(r.after)
+                if refused is not None:
+                    r.error = refused
+                    continue
             op = r.op
             if op is None:  # a plain append: its row joins the pending executemany
                 if r.many:
@@ -316,6 +321,16 @@ def _signal_meanwhile(w: Writer, batch: list[Req[Any]]) -> None:
     # its submitter is woken.
     with contextlib.suppress(trio.RunFinishedError):
         w.token.run_sync_soon(_run_meanwhile, fns)
+
+
+def _refused_before(after: tuple[Req[Any], ...]) -> BaseException | None:
+    """The first refusal among ``after`` -- writes queued before the one that presupposes
+    them, so answered by now, in this transaction or an earlier one (``requests.presupposed``)."""
+    for a in after:
+        refused = refusal(a)
+        if refused is not None:
+            return refused
+    return None
 
 
 def _insert_each(

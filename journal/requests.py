@@ -8,7 +8,7 @@ handle of a write whose commit its author did not wait for.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -20,7 +20,18 @@ from .errors import CommitUnknown, JournalWriteError, ResultStoreFailed, ResultS
 if TYPE_CHECKING:
     from .txn import Txn
 
-__all__ = ["Around", "Batch", "Fail", "Hook", "Posted", "Req", "cannot_abort", "write_error"]
+__all__ = [
+    "Around",
+    "Batch",
+    "Fail",
+    "Hook",
+    "Posted",
+    "Req",
+    "cannot_abort",
+    "presupposed",
+    "refusal",
+    "write_error",
+]
 
 T = TypeVar("T")
 
@@ -54,9 +65,13 @@ class Req(Generic[T]):
     """One queued write: ``op`` runs in the writer's transaction, or, for a plain append
     (``op`` None), ``Txn.insert(*args)`` does without a closure -- or, with ``many``, one
     ``Txn.insert`` per tuple in ``args`` (several rows computed by their submitter, one
-    request: issue 15, "one journal submission per barrier carrying its rows precomputed")."""
+    request: issue 15, "one journal submission per barrier carrying its rows precomputed").
+    ``after``: earlier writes of the same task about the same invocation, queued before it and
+    not yet answered, that this one presupposes (``presupposed``): refused with the first's
+    refusal, not run, if one of them was refused."""
 
     __slots__ = (
+        "after",
         "args",
         "barrier",
         "error",
@@ -90,6 +105,14 @@ class Req(Generic[T]):
         self.result: T | None = None
         self.error: BaseException | None = None
         self.meanwhile: Callable[[], None] | None = None
+        self.after: tuple[Req[Any], ...] | None = None
+
+    def invocations(self) -> set[str]:
+        """The invocations a plain append's rows are about (none for an ``op``)."""
+        if self.op is not None or not self.args:
+            return set()
+        rows = self.args if self.many else (self.args,)
+        return {row[0].invocation_id for row in rows}
 
 
 class Posted(Generic[T]):
@@ -125,6 +148,31 @@ class Posted(Generic[T]):
         if req.error is not None:
             raise req.error
         return req.result  # type: ignore[return-value]
+
+
+def refusal(r: Req[Any]) -> BaseException | None:
+    """``r``'s refusal -- its error, unless that is a failure to write (``JournalWriteError``:
+    nothing of its transaction was written, so no record moved past it)."""
+    error = r.error
+    return None if error is None or isinstance(error, JournalWriteError) else error
+
+
+def presupposed(after: Sequence[Posted[Any]], iids: set[str]) -> tuple[Req[Any], ...] | None:
+    """The writes of ``after`` (a task's posted writes it has not read the answers of) about
+    one of ``iids`` that were refused or are not answered yet, for the writer to check once it
+    reaches the next write (``Req.after``): one of them refused refuses that write with the
+    same refusal, not run -- answered as any refusal is, by the writer (a post's ``wait``
+    raises it, never the post itself).  Why: a task's writes about an invocation are
+    consecutive facts, each presupposing those before it -- a binder whose posted
+    ACTION_ACCEPTED was refused (a taker won the record's first event) went on to write its
+    SETUP_FAILED, and could write its DISPATCH_STARTED, into the taker's record."""
+    pending: list[Req[Any]] = []
+    for p in after:
+        r = p._req
+        # Most of them answered, unrefused, by the time the next write comes: skipped.
+        if (not r.finished or refusal(r) is not None) and iids & r.invocations():
+            pending.append(r)
+    return tuple(pending) or None
 
 
 def cannot_abort(_: Any) -> trio.lowlevel.Abort:

@@ -39,7 +39,7 @@ from .errors import ApprovalLapsed, CommitUnknown, IdempotencyRecord, JournalErr
 from .names import refuse_left_beside
 from .reader import JournalReader, default_signing_key
 from .reader_base import default_key_file
-from .requests import Around, Batch, Fail, Hook, Posted
+from .requests import Around, Batch, Fail, Hook, Posted, presupposed
 from .rows import BARRIER_VALUES, attrs_json, decode_attrs
 from .sealing import AuditSealer, BrokerKey, UnsealedPayload, payload_aad
 from .segment_tables import SEGMENT_LOCKS, SEGMENT_REFS
@@ -378,6 +378,7 @@ class Journal(JournalReader):
         valid_until: float | None = None,
         cancellable: bool = False,
         first_gate: bool = False,
+        after: Sequence[Posted[Any]] = (),
     ) -> Event:
         """Append one event; return it with ``seq`` and ``at`` assigned.
 
@@ -402,7 +403,11 @@ class Journal(JournalReader):
         unread: only for a write recovery would make all the same (``internal_close``), so
         only a closing event (``CANCELLABLE_KINDS``) with no lease, ``lapsed``,
         ``valid_until`` or ``meanwhile`` -- anything else is a ``ValueError``, nothing queued:
-        a boundary whose answer was given up would leave unclear what the record proves."""
+        a boundary whose answer was given up would leave unclear what the record proves.
+        ``after``: the caller's earlier posted writes whose answers it has not read yet (the
+        call's unsettled posts): one about this invocation that was refused refuses this
+        event with the same refusal, nothing written -- a task's facts about an invocation
+        presuppose those it wrote before (``requests.presupposed``)."""
         if cancellable:
             _refuse_cancellable(event, lease, lapsed, valid_until, meanwhile, first_gate)
         if first_gate and lease is not None:
@@ -415,6 +420,7 @@ class Journal(JournalReader):
         else:
             args = (event, attrs_text, *self._seal_payload(event, payload), decoded)
         barrier = barrier or event.kind._value_ in BARRIER_VALUES
+        pre = presupposed(after, {event.invocation_id}) if after else None
         if lease is None and not lapsed and valid_until is None and not first_gate:
             return await self._writer.submit(
                 None,
@@ -423,6 +429,7 @@ class Journal(JournalReader):
                 shield=shield,
                 meanwhile=meanwhile,
                 cancellable=cancellable,
+                after=pre,
             )
         clock = self._clock
 
@@ -443,11 +450,20 @@ class Journal(JournalReader):
             return txn.insert(*args)
 
         return await self._writer.submit(
-            op, barrier=barrier, shield=shield, meanwhile=meanwhile, cancellable=cancellable
+            op,
+            barrier=barrier,
+            shield=shield,
+            meanwhile=meanwhile,
+            cancellable=cancellable,
+            after=pre,
         )
 
     async def post(
-        self, event: Event, *, payload: Mapping[str, Any] | None = None
+        self,
+        event: Event,
+        *,
+        payload: Mapping[str, Any] | None = None,
+        after: Sequence[Posted[Any]] = (),
     ) -> Posted[Event]:
         """Queue a diagnostic (non-barrier) event and return without waiting for its commit.
 
@@ -456,15 +472,20 @@ class Journal(JournalReader):
         queue order, so once any write queued later has returned, this event has been committed
         in that transaction or an earlier one -- or it failed, and ``Posted.wait()`` raises why
         (``ImpossibleEvent``, ``JournalWriteError``, as ``append`` would have).  Barrier kinds
-        (DISPATCH_STARTED, RESULT_COMMITTED) cannot be posted."""
+        (DISPATCH_STARTED, RESULT_COMMITTED) cannot be posted.  ``after``: as ``append``'s."""
         if event.kind in BARRIER_KINDS:
             raise ValueError(f"{event.kind.value} is a durability barrier: use append()")
         attrs_text = attrs_json(event)
         args = (event, attrs_text, *self._seal_payload(event, payload), decode_attrs(attrs_text))
-        return await self._writer.post(None, args)
+        pre = presupposed(after, {event.invocation_id}) if after else None
+        return await self._writer.post(None, args, after=pre)
 
     async def post_many(
-        self, items: Sequence[tuple[Event, Mapping[str, Any] | None]], *, shield: bool = False
+        self,
+        items: Sequence[tuple[Event, Mapping[str, Any] | None]],
+        *,
+        shield: bool = False,
+        after: Sequence[Posted[Any]] = (),
     ) -> Posted[list[Event]]:
         """``post`` of several diagnostic events (each with its payload or None) as one queued
         write: one request for the single writer instead of one per event (issue 15), the rows
@@ -476,7 +497,8 @@ class Journal(JournalReader):
         the record of the taker that won that first event).  Its rows for other invocations,
         and every other write of the transaction, are not affected.  ``Posted.wait()`` raises
         the first refusal, else returns the stored events.  ``shield``: not cancellable while
-        it waits for room in a full queue (``append``'s ``shield``)."""
+        it waits for room in a full queue (``append``'s ``shield``); ``after``: as
+        ``append``'s, refusing the whole write."""
         rows: list[tuple[Any, ...]] = []
         for event, payload in items:
             if event.kind in BARRIER_KINDS:
@@ -486,7 +508,8 @@ class Journal(JournalReader):
                 rows.append((event, text, None, None, decode_attrs(text)))
             else:
                 rows.append((event, text, *self._seal_payload(event, payload), decode_attrs(text)))
-        return await self._writer.post(None, tuple(rows), many=True, shield=shield)
+        pre = presupposed(after, {e.invocation_id for e, _ in items}) if after else None
+        return await self._writer.post(None, tuple(rows), many=True, shield=shield, after=pre)
 
     async def acquire_lease(
         self,

@@ -378,9 +378,11 @@ class Writer:
         result_store: bool = False,
         many: bool = False,
         shield: bool = False,
+        after: tuple[Req[Any], ...] | None = None,
     ) -> Posted[T]:
         """Queue a non-barrier write; return without waiting for its commit.  ``shield``: the
-        wait for room in a full queue, its one checkpoint, is not cancellable (``submit``)."""
+        wait for room in a full queue, its one checkpoint, is not cancellable (``submit``).
+        ``after``: earlier writes it presupposes (``Req.after``)."""
         if shield and (self._closed or len(self._pending) >= MAX_QUEUED):
             with trio.CancelScope(shield=True):
                 req = await self.enqueue(
@@ -388,6 +390,7 @@ class Writer:
                 )
         else:
             req = await self.enqueue(op, args, barrier=False, result_store=result_store, many=many)
+        req.after = after
         return Posted(req)
 
     async def submit(
@@ -400,6 +403,7 @@ class Writer:
         shield: bool = False,
         meanwhile: Callable[[], None] | None = None,
         cancellable: bool = False,
+        after: tuple[Req[Any], ...] | None = None,
     ) -> T:
         """Queue a write and wait for its transaction's answer.  ``shield``: a wait for room in
         a full queue is not cancellable either, so the whole call is -- a shielded cancel scope
@@ -410,7 +414,8 @@ class Writer:
         COMMIT is under way -- once its rows are written and none of them refused, before its
         answer (``_signal_meanwhile``); or not at all (refused, failed first).  It must not
         raise and must not depend on the write being durable: work the submitter would do
-        right after it (issue 15, c=1: the loop is idle during the fsync)."""
+        right after it (issue 15, c=1: the loop is idle during the fsync).  ``after``: earlier
+        writes it presupposes, refused with the first's refusal if one was (``Req.after``)."""
         if cancellable and (op is not None or meanwhile is not None or result_store):
             # A checked write (a lease's, an expiry's), a result or a callback during the
             # COMMIT: each is a boundary its caller acts on -- never answered unread.
@@ -429,6 +434,8 @@ class Writer:
             pending.append(req)
         if meanwhile is not None:
             req.meanwhile = meanwhile
+        if after is not None:
+            req.after = after
         if cancellable:
             return await Posted(req).wait(cancellable=True)
         # Once queued, the write will happen: wait for its answer without being cancellable,

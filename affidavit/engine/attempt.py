@@ -479,20 +479,41 @@ def stamped(event: Event, generation: int) -> Event:
     return replace(event, attrs={**event.attrs, "generation": generation})
 
 
-async def superseded(engine: Engine, iid: str, generation: int) -> Record | None:
-    """After a write of the attempt of ``generation`` was refused: the record, if it has moved
-    past that attempt -- a newer lease's generation, or (the attempt's lease having run out)
-    recovery closed it, or it is fenced (``Record.fenced``: no attempt is its) -- else None:
-    the refusal is not a lost lease, and the caller raises it.  The call's posted rows are
-    settled first, the refused among them dropped (a stale attempt's rows are refused with
-    it)."""
+async def superseded(
+    engine: Engine, iid: str, generation: int, refused: BaseException | None = None
+) -> Record | None:
+    """After a write of the attempt of ``generation`` was ``refused``: the record, if it has
+    moved past that attempt -- a newer lease's generation, or (the attempt's lease having run
+    out) recovery closed it, or it is fenced (``Record.fenced``: no attempt is its), or this
+    call's own ACTION_ACCEPTED was refused (another call won the record's first event: a
+    taker, a fence; every later write of this call was refused with it, ``Journal.append``'s
+    ``after``) -- else None: the refusal is not a lost lease, and the caller raises it.  The
+    call's posted rows are settled first, the refused among them dropped (a stale attempt's
+    rows are refused with it)."""
     recorder = engine.recorder
-    with contextlib.suppress(JournalError, ImpossibleEvent):
+    try:
         await recorder.settle()
+    except (JournalError, ImpossibleEvent) as exc:
+        refused = refused or exc
     record = await recorder.record(iid)
-    if record.fenced is not None or record.generation != generation or record.final:
+    if (
+        record.fenced is not None
+        or record.generation != generation
+        or record.final
+        or _first_event_lost(refused, iid)
+    ):
         return record
     return None
+
+
+def _first_event_lost(refused: BaseException | None, iid: str) -> bool:
+    """``refused`` is this call's ACTION_ACCEPTED of ``iid``, refused by the record: the record
+    is another call's, whatever its generation."""
+    return (
+        isinstance(refused, ImpossibleEvent)
+        and refused.event.kind is E.ACTION_ACCEPTED
+        and refused.event.invocation_id == iid
+    )
 
 
 async def lease_lost(
@@ -533,7 +554,7 @@ async def lost_or_raise(
     lost lease (``lease_lost``) if the record has moved past that attempt (``superseded``),
     else ``refused`` is raised again -- it is no lost lease."""
     with trio.CancelScope(shield=True):
-        if await superseded(engine, iid, generation) is None:
+        if await superseded(engine, iid, generation, refused) is None:
             raise refused
         lost = await lease_lost(engine, iid, generation, dispatched=dispatched)
     return lost
@@ -589,6 +610,7 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
                     first_gate=attempt.lease is None,
                     shield=True,
                     meanwhile=meanwhile,
+                    after=engine.recorder.unsettled(),
                 )
             except LeaseLost:
                 raise LeaseRefusal(recorded=True) from None
@@ -649,6 +671,10 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
                 shield=True,
                 meanwhile=meanwhile,
                 valid_until=attempt.grant[0].expires_at if attempt.grant is not None else None,
+                # This call's posted rows, its preamble among them: one refused (its
+                # ACTION_ACCEPTED, another call having won the record's first event) refuses
+                # the gate, nothing written into a record that is not this call's.
+                after=engine.recorder.unsettled(),
             )
         except ApprovalLapsed:
             _gate_left(attempt)

@@ -153,7 +153,8 @@ class Recorder:
         cancellable: bool = False,
     ) -> None:
         """A barrier whose condition the writing transaction checks (``Journal.append``)."""
-        self._writing[trio.lowlevel.current_task()] = event.invocation_id
+        task = trio.lowlevel.current_task()
+        self._writing[task] = event.invocation_id
         await self.journal.append(
             event,
             barrier=True,
@@ -161,6 +162,7 @@ class Recorder:
             deadline=deadline,
             valid_until=valid_until,
             cancellable=cancellable,
+            after=self._posted.get(task, ()),
         )
 
     async def write(
@@ -174,14 +176,19 @@ class Recorder:
         (broker copy, and an auditor copy when an auditor key is configured), never plaintext."""
         task = trio.lowlevel.current_task()  # looked up once per write (issue 15)
         self._writing[task] = event.invocation_id
+        # Each write presupposes this call's posted ones not yet settled: one of them refused
+        # (its ACTION_ACCEPTED, when another call won the record's first event) refuses it too
+        # (``Journal.append``'s ``after``) -- never a later fact written into a record whose
+        # earlier facts were not this call's.
+        mine = self._posted.get(task)
         if barrier or event.kind in BARRIER_KINDS:
-            await self.journal.append(event, barrier=True, payload=payload)
+            await self.journal.append(event, barrier=True, payload=payload, after=mine or ())
             return
         # A diagnostic event rides along with the next barrier's transaction instead of costing
         # a writer round trip of its own (DESIGN, "Durability barriers"; recovery never depends
         # on it).  Queue order puts it before every later write of this call; ``record``
         # settles it before the journal is read for the envelope.
-        posted = await self.journal.post(event, payload=payload)
+        posted = await self.journal.post(event, payload=payload, after=mine or ())
         mine = self._posted.get(task)
         if mine is None:
             self._posted[task] = [posted]
@@ -201,12 +208,18 @@ class Recorder:
             return
         task = trio.lowlevel.current_task()
         self._writing[task] = items[-1][0].invocation_id
-        posted = await self.journal.post_many(items, shield=shield)
+        mine = self._posted.get(task)
+        posted = await self.journal.post_many(items, shield=shield, after=mine or ())
         mine = self._posted.get(task)
         if mine is None:
             self._posted[task] = [posted]
         else:
             mine.append(posted)
+
+    def unsettled(self) -> Sequence[Posted[Any]]:
+        """This call's posted writes not yet settled: what a write it makes directly through
+        the journal presupposes (``Journal.append``'s ``after``), as ``write`` passes them."""
+        return self._posted.get(trio.lowlevel.current_task(), ())
 
     async def settle(self, *, cancellable: bool = False) -> None:
         """Wait for this call's posted events (committed by now, unless the write that follows

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from affidavit.api.broker import Broker
@@ -83,13 +84,18 @@ def _hold_taker(broker: Broker, release: trio.Event) -> trio.Event:
     return held
 
 
+@pytest.mark.parametrize("margin", [0.1, 1.0], ids=["lease_over", "lease_held"])
 async def test_a_binder_resuming_after_a_take_over_writes_nothing_into_the_taker_s_record(
-    tmp_path: Path, token: str
+    tmp_path: Path, token: str, margin: float
 ) -> None:
     """X resumes between Y's ACTION_ACCEPTED and Y's preamble: nothing of X lands in Y's
     record, X sends nothing and is answered LEASE_LOST from Y's record (binder.py: a late
     binder is refused its first event); Y then runs the invocation, sends it once, and is
-    answered what its own records prove."""
+    answered what its own records prove.  ``margin``: X's ``lease_margin`` -- at 0.1 X's own
+    lease is over when it resumes; at 1.0 it still holds, with no time left to try in, and X
+    closed the record it had lost (SETUP_FAILED, generation 0: Y's attempt too) -- its next
+    write after the refused preamble, accepted against Y's record -- and Y, its own
+    preamble then refused, sent nothing."""
     received: list[bytes] = []
 
     async def script(peer: Peer) -> None:
@@ -103,7 +109,9 @@ async def test_a_binder_resuming_after_a_take_over_writes_nothing_into_the_taker
         )
         quick = EngineSettings(lease_margin=0.1)
         async with (
-            Broker.open(config=load_config(cfg), settings=quick) as bx,
+            Broker.open(
+                config=load_config(cfg), settings=EngineSettings(lease_margin=margin)
+            ) as bx,
             Broker.open(config=load_config(cfg), settings=quick) as by,
         ):
             go, release = trio.Event(), trio.Event()

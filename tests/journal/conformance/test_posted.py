@@ -110,6 +110,38 @@ async def test_a_refused_row_stops_the_later_rows_of_its_write_for_that_invocati
         assert j.verify().ok
 
 
+async def test_a_write_presupposing_a_refused_write_of_its_invocation_is_refused_too(
+    place: Place,
+) -> None:
+    """``after``: a task's later write about an invocation presupposes its posted ones not
+    yet read -- one refused (a late binder's ACTION_ACCEPTED) refuses it with the same
+    refusal, nothing written, in the same transaction or once that refusal is answered (a
+    post's ``wait`` raises it, as any refusal); a write about another invocation is not
+    affected."""
+    async with place.open() as j:
+        writes: list[int] = []
+        j.before_commit = lambda batch: writes.append(batch.writes)
+        accepted, validated, authorized, _ = until_dispatch("inv-1")
+        taker = await j.append(accepted, barrier=True)
+        with trio.fail_after(LIMIT):
+            late = await j.post_many([(accepted, None)])
+            with pytest.raises(ImpossibleEvent) as same_txn:
+                await j.append(validated, barrier=True, after=[late])
+            assert late.finished
+            with pytest.raises(ImpossibleEvent) as first:
+                await late.wait()
+            assert same_txn.value is first.value
+            answered = await j.post(authorized, after=[late])  # once its refusal is answered
+            other = await j.append(until_dispatch("inv-2")[0], barrier=True, after=[late])
+            with pytest.raises(ImpossibleEvent) as refused:
+                await answered.wait()
+            assert refused.value is first.value
+        assert writes == [1, 2, 2]
+        assert [e.seq for e in j.events("inv-1")] == [taker.seq]
+        assert [e.seq for e in j.events("inv-2")] == [other.seq]
+        assert j.verify().ok
+
+
 async def test_a_full_queue_makes_writers_wait_and_keeps_their_order(
     place: Place, monkeypatch: pytest.MonkeyPatch
 ) -> None:
