@@ -92,12 +92,15 @@ def api_error(code: str, message: str, field: str | None = None) -> dict[str, An
 def act_refused(code: str, message: str, field: str | None, argument: str) -> dict[str, Any]:
     """A poll or a reconciliation query the broker refused before anything was sent, answered
     as the daemon's socket API answers it -- one mapping for both backends (embedded: the
-    ``OperatorError`` or ``OperationError``; through the daemon: its 4xx).  A refusal naming
+    ``OperatorError`` or ``OperationError``; through the daemon: its 4xx).  A refusal's
+    ``field`` is the part of the request to change, so a refusal where the id is right (wait,
+    check by hand: QUERY_PENDING, BATCH_NOT_ATOMIC, STILL_RUNNING) names none.  A refusal naming
     the tool's ``argument`` as the part to fix (the id names nothing: NO_SUCH_INVOCATION, an
     unknown operation) is ``INVALID_FIELD`` there, retry after_correction, as fetch_result
     answers an unknown id; any other keeps the daemon's code as an ``api_error`` --
     STILL_RUNNING (query again once the call ends), NOT_UNKNOWN, NO_QUERY, CONFIG_CHANGED (the
-    target now reaches another account than the dispatch did), OPERATION_ERROR
+    target now reaches another account than the dispatch did), BATCH_NOT_ATOMIC, QUERY_PENDING,
+    OPERATION_ERROR
     (a job with nothing to query) -- never dressed as a validation refusal whose
     after_correction would have the agent change an argument that is right."""
     if field == argument:
@@ -264,7 +267,12 @@ READ_TOOLS: dict[str, ReadTool] = {
             "never sent again. The answer is {reconciled, envelope, query}: `envelope` is the "
             "original's, settled (`evidence.source` remote_query) only when the query's own "
             "complete answer proves the effect present or absent; else it stays unknown. Only "
-            "an operator can attest an outcome; no tool does.",
+            "an operator can attest an outcome; no tool does. Refused before anything is sent "
+            "(an `api_error`, the id is right): STILL_RUNNING (query once the call ends), "
+            "NOT_UNKNOWN (already settled: fetch_result), NO_QUERY and CONFIG_CHANGED (check "
+            "by hand), BATCH_NOT_ATOMIC (a batch applied item by item: check each item by "
+            "hand), QUERY_PENDING (an earlier query awaits an operator: query again once it is "
+            "decided). Under the target's approval a query answers APPROVAL_PENDING in `query`.",
             (_ID,),
             read_only=False,
         ),

@@ -76,8 +76,7 @@ async def earlier(
             "QUERY_PENDING",
             f"the reconciliation query {query_id} of {iid} {doing}; nothing more was asked or "
             "sent. Query again once it is decided (or answered)",
-            409,
-            "invocation_id",
+            409,  # no field: the id is right -- wait, nothing to correct (``act_refused``)
         )
     if not query.evidence.get("dispatch_started"):
         return None  # denied, expired, cancelled: nothing was sent, nothing to read

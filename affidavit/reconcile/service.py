@@ -156,8 +156,7 @@ def _not_whole(engine: Engine, record: Record) -> OperatorError | None:
         "was sent): one observation cannot tell which of them applied, so it is not settled as "
         "a whole -- nothing was queried or recorded. Inspect each item on the remote before "
         "sending any again; the record stays unknown",
-        409,
-        "invocation_id",
+        409,  # no field: the id is right, nothing in the request is to change (``act_refused``)
     )
 
 

@@ -394,7 +394,7 @@ async def test_a_batch_applied_item_by_item_is_never_reconciled_as_a_whole(
             assert (refused.code, refused.status, refused.field) == (
                 "BATCH_NOT_ATOMIC",
                 409,
-                "invocation_id",
+                None,  # the id is right: no field to correct (MCP would say INVALID_FIELD)
             )
             assert "item" in refused.message and "nothing was queried" in refused.message
         _still_unknown(broker, iid)
