@@ -44,6 +44,7 @@ from .retry import (
     send_window,
     within_send_window,
 )
+from .rules_lease import open_query
 from .withheld import (
     HOLDER_WITHHELD,
     KEYED_PREFIX,
@@ -101,6 +102,7 @@ __all__ = [
     "in_progress_error",
     "invocation_of",
     "lease_lost_error",
+    "open_query",
     "operation_id",
     "operation_json",
     "operation_view",

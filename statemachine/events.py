@@ -175,7 +175,9 @@ class EventKind(StrEnum):
     finding within the target's ``settle`` window after the attempt ended): the invocation stays
     unknown; the query's evidence is on its own record.  attrs: query_invocation, code, reason,
     generation (as RECONCILED's); not_before (seconds since the epoch: when a query may settle
-    it) for a finding that came too soon."""
+    it) for a finding that came too soon; open (true: the query is asked, or waits for an
+    operator, and is the invocation's one open query until a row naming it without open reads
+    or gives it up -- refused while another query is open under the same generation)."""
     # --- what a complete result says beyond its outcome -------------------------------------
     BATCH_ITEMS_RECORDED = "BATCH_ITEMS_RECORDED"
     """A complete response gave the batch's items their own outcomes (seed: "Record the parent

@@ -6,7 +6,8 @@ added beside the original attempt, never over it (seed: "Reconciliation is an ob
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from .contract import CODES, EvidenceSource, Retry
 from .events import Event
@@ -108,6 +109,7 @@ def _on_reconciled(p: Projector, event: Event) -> str:
 
 def _on_reconcile_inconclusive(p: Projector, event: Event) -> None:
     _observed(p, event)
+    ev = p._evidence
     query = event.attrs.get("query_invocation")
     if type(query) is not str or not query:
         _refuse(p, event, "attrs.query_invocation must name the query's invocation")
@@ -117,13 +119,36 @@ def _on_reconcile_inconclusive(p: Projector, event: Event) -> None:
         "reason": event.attrs.get("reason"),
         "seq": event.seq,
     }
+    opened = event.attrs.get("open")
+    if opened is not None and type(opened) is not bool:
+        _refuse(p, event, "attrs.open must be true or false")
+    if opened:
+        # One query at a time (affidavit/reconcile/approved.py): a query asked, or still
+        # waiting for an operator, is open until a row naming it without ``open`` reads it or
+        # gives it up.  Checked here, in the writing transaction: one asker wins, in any process.
+        current = open_query(ev.get("reconcile_queries", ()), p._generation)
+        if current is not None and current != query:
+            _refuse(p, event, f"the reconciliation query {current} is still open")
+        item["open"] = True
+        item["generation"] = p._generation
     not_before = event.attrs.get("not_before")
     if not_before is not None:  # an absent finding too soon after the attempt (settle.py)
         if type(not_before) not in (int, float):
             _refuse(p, event, "attrs.not_before must be a time in seconds since the epoch")
         item["not_before"] = not_before
-    ev = p._evidence
     ev["reconcile_queries"] = [*ev.get("reconcile_queries", ()), item]
+
+
+def open_query(items: Iterable[Mapping[str, Any]], generation: int) -> str | None:
+    """The reconciliation query still open under ``generation``: the last one a row opened
+    (``open``, that generation) that no later row naming it closed; else None."""
+    current = None
+    for item in items:
+        if item.get("open") and item.get("generation") == generation:
+            current = item.get("query_invocation")
+        elif item.get("query_invocation") == current:
+            current = None
+    return current if isinstance(current, str) else None
 
 
 def _on_lease_lost(p: Projector, event: Event) -> None:

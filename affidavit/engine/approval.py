@@ -444,12 +444,17 @@ async def stale(recorder: Recorder, iid: str, field: str, message: str) -> dict[
 
 
 async def dispatch_approved(
-    engine: Engine, iid: str, deliver: Deliver, control: CallControl | None = None
+    engine: Engine,
+    iid: str,
+    deliver: Deliver,
+    control: CallControl | None = None,
+    timeout: float | None = None,
 ) -> dict[str, Any] | None:
     """Dispatch an approved invocation whose caller is gone (the daemon's dispatcher): claim it,
     read back the action it accepted (the broker's sealed copy), and run it as approved --
     through the same gate, which re-checks the grant.  None when there is nothing to do (not
-    approved, or another process holds its lease)."""
+    approved, or another process holds its lease).  ``timeout``: the caller's, as ``call``'s
+    (a reconciliation taking up its query: what is left of its own)."""
     from .invocation import run  # (invocation imports this module)
 
     board, recorder = engine.approvals, engine.recorder
@@ -494,7 +499,7 @@ async def dispatch_approved(
             target,
             binding,
             key,
-            None,
+            timeout,
             deliver,
             generation=lease.generation,
             lease=(engine.holder, lease.generation),

@@ -105,6 +105,7 @@ class Engine:
         link: Mapping[str, Any] | None = None,
         control: CallControl | None = None,
         requester: int | None = None,
+        invocation_id: str | None = None,
     ) -> dict[str, Any]:
         """Run one action; return its envelope.  Never raises for remote or preflight trouble:
         those are envelopes.  ``deliver`` (optional) sends the envelope to the caller; a failure
@@ -113,6 +114,8 @@ class Engine:
         withdraw or stop it, recorded with its cause at the boundary the evidence proves.
         ``requester``: the uid asking (the daemon's socket peer; default this process's), kept
         with an approval request -- it may not approve itself (``affidavit.approvals``).
+        ``invocation_id``: the new invocation's id, fresh from ``new_invocation_id`` -- one a
+        reconciliation named on the record it reconciles before asking (``reconcile.approved``).
 
         ``timeout`` must be ``None`` or seconds >= 0: NaN or a negative value is a caller bug,
         refused before anything is journaled (it used to fail mid-call, inside trio).
@@ -123,18 +126,26 @@ class Engine:
         if timeout is not None and not timeout >= 0:
             raise ValueError("timeout must be None or a number of seconds >= 0")
         return await self._answered(
-            invocation.start(self, action, timeout, deliver, link, control, requester), control
+            invocation.start(
+                self, action, timeout, deliver, link, control, requester, invocation_id
+            ),
+            control,
         )
 
     async def dispatch_approved(
-        self, invocation_id: str, deliver: Deliver, control: CallControl | None = None
+        self,
+        invocation_id: str,
+        deliver: Deliver,
+        control: CallControl | None = None,
+        timeout: float | None = None,
     ) -> dict[str, Any] | None:
         """Dispatch an approved invocation whose caller went away (``approval.dispatch_approved``:
         the daemon's dispatcher); None when there was nothing to do.  A call like any other, so
         a journal that failed it is answered as ``call`` answers: ``CallNotRecorded`` naming
-        ``invocation_id`` -- never the bare ``JournalUnavailable`` of whichever read failed."""
+        ``invocation_id`` -- never the bare ``JournalUnavailable`` of whichever read failed.
+        ``timeout``: as ``call``'s."""
         return await self._answered(
-            approval.dispatch_approved(self, invocation_id, deliver, control),
+            approval.dispatch_approved(self, invocation_id, deliver, control, timeout),
             control,
             invocation_id,
         )

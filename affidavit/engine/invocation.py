@@ -98,6 +98,7 @@ async def start(
     link: Mapping[str, Any] | None = None,
     control: CallControl | None = None,
     requester: int | None = None,
+    invocation_id: str | None = None,
 ) -> dict[str, Any]:
     """Accept ``action`` as a new invocation (or resume the one its idempotency key names) and
     run it; return its envelope.  ``link`` (secret-free) is recorded with ACTION_ACCEPTED: the
@@ -106,9 +107,10 @@ async def start(
     action (a reconciliation query or a poll sent with the credential, unapproved, was a way
     around ``approval = "always"``).  ``requester``: the uid that asked (the daemon's socket
     peer; embedded, this process's), recorded with an approval request so that it cannot
-    approve itself."""
+    approve itself.  ``invocation_id``: the new invocation's id when its caller chose it (fresh
+    from ``new_invocation_id``: ``Engine.call``)."""
     now, started = time.time(), trio.current_time()
-    iid = new_invocation_id()
+    iid = invocation_id or new_invocation_id()
     # Validated before anything is journaled: a refused session is recorded bounded, never
     # whole (a 5 MB one grew the journal by 15 MB; a lone surrogate crashed the insert).
     session, refused_session = accepted_session(action)

@@ -5,36 +5,48 @@ policy covers it, it waits for an operator, recorded APPROVAL_REQUESTED like any
 otherwise any caller could have the broker send it with the credential, as often as it liked,
 under ``approval = "always"``.  Its asker waits up to the policy's ``wait``; past it the query's
 answer is APPROVAL_PENDING and the reconciliation RECONCILE_INCONCLUSIVE with that code, while the
-query itself stays on the operator's list.  The next ``query`` of the same invocation then takes
-that query up again instead of asking for another (``earlier``):
+query itself stays on the operator's list.
 
-* still awaiting a decision, or approved and being sent by another (the daemon's dispatcher):
-  refused ``QUERY_PENDING`` -- nothing more is asked or sent, so a caller cannot fill the
-  operator's list with copies of one question;
-* approved and not yet sent (its asker, and nobody else, gone): sent now, through the same gate
-  that re-checks the grant (``dispatch_approved``), and its answer read;
-* sent after its asker stopped waiting (the daemon's dispatcher): its recorded answer is read --
-  an approved query is never sent for nothing, nor sent twice;
-* denied, expired, cancelled before it was sent: a new query is asked for.
+One question at a time, for any number of askers in any number of processes: before it asks,
+the asker names the query's id on the record it reconciles -- RECONCILE_INCONCLUSIVE with
+``open`` (``claim``), a barrier the projection refuses, in the writing transaction, while
+another query is open under the same generation (``statemachine.open_query``).  The query stays
+open until a row naming it without ``open`` reads its answer or gives it up.  The next ``query``
+of the invocation takes the open one up (``earlier``) instead of asking for another:
 
-Only a query asked under the record's current lease generation is taken up: one asked before a
-same-key retry took the invocation over observed nothing of that retry's attempt.
+* still awaiting a decision, being sent, or approved and held by another process (the daemon's
+  dispatcher): refused ``QUERY_PENDING`` -- nothing more is asked or sent;
+* approved and not yet sent (its asker gone): sent now, through the same gate that re-checks
+  the grant (``dispatch_approved``), within the caller's timeout, and its answer read;
+* sent after its asker stopped waiting (the dispatcher; or its asker was answered IN_PROGRESS):
+  its recorded answer is read -- an approved query is never sent for nothing, nor sent twice;
+* denied, expired, cancelled before it was sent, or never asked (its asker stopped between the
+  claim and the query's acceptance, past the target's lease): closed, and a new query asked.
+
+A query left mid-send by a process that stopped is closed first by what its evidence proves
+(``recover_stale``), then read like any other.  Only a query asked under the record's current
+lease generation is open: one asked before a same-key retry took the invocation over observed
+nothing of that retry's attempt.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from affidavit.approvals import OperatorError
-from affidavit.engine.approval import APPROVAL_STATES, expire_if_due
 from affidavit.engine.delivery import STORE_ONLY
-from affidavit.statemachine import Code, Event, EventKind, Record
+from affidavit.engine.recovery import recover_stale
+from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record, open_query
 
 if TYPE_CHECKING:
     from affidavit.engine import CallControl, Engine
 
-__all__ = ["WAITING", "earlier"]
+__all__ = ["ASKING", "UNSENT", "WAITING", "abandoned", "claim", "earlier", "still_open"]
 
 E = EventKind
 _PENDING = Code.APPROVAL_PENDING.value
@@ -43,57 +55,153 @@ WAITING = (
     "was sent: query again once it is decided -- this query is taken up, not asked for again"
 )
 """The reason a query answered APPROVAL_PENDING leaves the invocation unknown -- stable text."""
+ASKING = (
+    "the query is being asked (the target's approval policy covers it): until its answer is "
+    "read, a query of this invocation takes it up instead of asking again"
+)
+"""The reason of the row that names a query before it is asked (``claim``) -- stable text."""
+UNSENT = "the query was not sent (denied, expired, cancelled, or never asked): a new one is asked"
+"""The reason of the row that closes an open query nothing was sent for -- stable text."""
+
+
+def still_open(answer: Mapping[str, Any]) -> bool:
+    """Whether a query's answer leaves the query open: it awaits an operator, or its asker
+    stopped waiting while it was sent (its answer to be read by the next query)."""
+    error = answer.get("error")
+    return (error is not None and error.get("retry") == "fetch_result") or (
+        error is not None and error.get("code") == _PENDING
+    )
+
+
+async def claim(engine: Engine, record: Record, query_id: str) -> None:
+    """Name ``query_id`` as the invocation's one open query before it is asked; refused
+    ``QUERY_PENDING`` when another asker's query is open (it was first, in any process)."""
+    event = Event(
+        E.RECONCILE_INCONCLUSIVE,
+        record.invocation_id,
+        {
+            "query_invocation": query_id,
+            "code": None,
+            "reason": ASKING,
+            "open": True,
+            "generation": record.generation,
+        },
+    )
+    try:
+        await engine.recorder.append(event, barrier=True)
+    except ImpossibleEvent:
+        now = await engine.recorder.record(record.invocation_id)
+        current = open_query(now.evidence.get("reconcile_queries") or (), now.generation)
+        if current is None:
+            raise  # not another asker: the caller's refusal (a retry, a settlement) answers
+        raise _pending(current, record.invocation_id, "is being asked") from None
 
 
 async def earlier(
-    engine: Engine, record: Record, events: Iterable[Event], control: CallControl | None
+    engine: Engine,
+    record: Record,
+    control: CallControl | None,
+    timeout: float | None,
 ) -> dict[str, Any] | None:
-    """The answer (its envelope) of the query of ``record`` that last waited for an operator, as
-    the module docstring takes it up; None when there is none to take up (ask anew).
-    ``OperatorError`` ``QUERY_PENDING`` while it awaits a decision or another sends it."""
-    query_id = _waited(record, events)
+    """The answer (its envelope) of ``record``'s open query, taken up as the module docstring
+    says; None when none is open (one nothing was sent for is closed first: ask anew).
+    ``OperatorError`` ``QUERY_PENDING`` while it awaits a decision or is being sent."""
+    iid = record.invocation_id
+    query_id = open_query(record.evidence.get("reconcile_queries") or (), record.generation)
     if query_id is None:
         return None
     recorder = engine.recorder
     found = await recorder.read(lambda: engine.journal.record(query_id))
-    if found is None:
+    if found is None or not _linked(engine, query_id, iid):
+        if found is None and not _claim_lapsed(engine, record, query_id):
+            raise _pending(query_id, iid, "is being asked")
+        await _close(engine, record, query_id, None)  # never asked, or not this one's query
         return None
-    query = await expire_if_due(recorder, found)
-    iid = record.invocation_id
+    # A sender that stopped is closed first by what its evidence proves; an undecided request
+    # past its expiry is recorded expired (``recover_stale`` does both).
+    query = await recover_stale(recorder, found)
     if query.state == "approved":
-        answer = await engine.dispatch_approved(query_id, STORE_ONLY, control)
-        if answer is not None:
+        answer = await engine.dispatch_approved(query_id, STORE_ONLY, control, timeout)
+        if answer is not None and not still_open(answer):
             return answer
-        query = await recorder.record(query_id)  # another took it (its lease), or it moved on
-    if query.state in APPROVAL_STATES or not query.final:
-        if query.state == "awaiting_approval":
-            doing = "awaits an operator's decision"
-        elif query.state == "approved":
-            doing = "was approved and another process holds it to send"
-        else:
-            doing = "is being sent"
-        raise OperatorError(
-            "QUERY_PENDING",
-            f"the reconciliation query {query_id} of {iid} {doing}; nothing more was asked or "
-            "sent. Query again once it is decided (or answered)",
-            409,  # no field: the id is right -- wait, nothing to correct (``act_refused``)
+        query = await recorder.record(query_id)  # another holds it (its lease), or it moved on
+    if query.state == "awaiting_approval":
+        raise _pending(query_id, iid, "awaits an operator's decision")
+    if query.state == "approved":
+        raise _pending(
+            query_id,
+            iid,
+            "was approved and is not sent yet (another process, the daemon's dispatcher, may "
+            "hold it to send, or its request can be read back only by its asker)",
         )
+    if not query.final:
+        raise _pending(query_id, iid, "is being sent")
     if not query.evidence.get("dispatch_started"):
-        return None  # denied, expired, cancelled: nothing was sent, nothing to read
+        code = query.code.value if query.code is not None else None
+        await _close(engine, record, query_id, code)  # denied, expired, cancelled: nothing sent
+        return None
     return recorder.envelope(query)
 
 
-def _waited(record: Record, events: Iterable[Event]) -> str | None:
-    """The query whose APPROVAL_PENDING answer the record's last reconciliation event names,
-    under its current generation; else None."""
-    last = None
-    for event in events:
-        if event.kind in (E.RECONCILE_INCONCLUSIVE, E.RECONCILED):
-            last = event
-    if last is None or last.kind is not E.RECONCILE_INCONCLUSIVE:
-        return None
-    attrs: Mapping[str, Any] = last.attrs
-    if attrs.get("code") != _PENDING or attrs.get("generation") != record.generation:
-        return None
-    query_id = attrs.get("query_invocation")
-    return query_id if isinstance(query_id, str) else None
+def _pending(query_id: str, iid: str, doing: str) -> OperatorError:
+    # No field: the id is right -- wait; nothing in the request is to change (``act_refused``).
+    return OperatorError(
+        "QUERY_PENDING",
+        f"the reconciliation query {query_id} of {iid} {doing}; nothing more was asked or "
+        "sent. Query again once it is decided (or answered)",
+        409,
+    )
+
+
+def _linked(engine: Engine, query_id: str, iid: str) -> bool:
+    """Whether ``query_id``'s ACTION_ACCEPTED names ``iid`` as the invocation it reconciles."""
+    for event in engine.journal.events(query_id):
+        if event.kind is E.ACTION_ACCEPTED:
+            link = event.attrs.get("link")
+            return isinstance(link, Mapping) and link.get("reconciles") == iid
+    return False
+
+
+def _claim_lapsed(engine: Engine, record: Record, query_id: str) -> bool:
+    """Whether the claim naming ``query_id`` is older than its asker could have taken to
+    accept the query (the target's lease; on a shared journal, plus the brokers' clock skew):
+    its asker stopped between the two."""
+    at = None
+    for item in record.evidence.get("reconcile_queries") or ():
+        if item.get("query_invocation") == query_id and item.get("open"):
+            seq = item.get("seq")
+            at = next(
+                (e.at for e in engine.journal.events(record.invocation_id) if e.seq == seq), None
+            )
+            break
+    target = engine.config.targets.get(record.target or "")
+    ttl = engine.lease_ttl(target, None) if target is not None else 0.0
+    return at is None or time.time() - at > ttl + engine.settings.lease_margin
+
+
+async def _close(engine: Engine, record: Record, query_id: str, code: str | None) -> None:
+    """The row that closes an open query nothing was sent for; a concurrent closer (another
+    asker taking it up) may have closed it first: then nothing more is written."""
+    event = Event(
+        E.RECONCILE_INCONCLUSIVE,
+        record.invocation_id,
+        {
+            "query_invocation": query_id,
+            "code": code,
+            "reason": UNSENT,
+            "generation": record.generation,
+        },
+    )
+    now = await engine.recorder.record(record.invocation_id)
+    if open_query(now.evidence.get("reconcile_queries") or (), now.generation) != query_id:
+        return
+    await engine.recorder.append(event, barrier=True)
+
+
+async def abandoned(engine: Engine, record: Record, query_id: str) -> None:
+    """Its asker stopped (cancelled, or the call raised) after naming ``query_id``: closed
+    when the query was never accepted, left open (to be taken up) when it was.  Shielded, and
+    silent when the journal cannot tell: the claim then lapses with the target's lease."""
+    with trio.CancelScope(shield=True), contextlib.suppress(Exception):
+        if engine.journal.record(query_id) is None:
+            await _close(engine, record, query_id, None)

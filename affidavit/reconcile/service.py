@@ -50,9 +50,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy, check_note
+from affidavit.engine.approval import needs_approval
+from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.readable import OTHER_ORIGIN, PARTIAL_BODY, unreadable
 from affidavit.engine.recovery import act_failure, recover_stale
 from affidavit.protocols import get
+from affidavit.protocols.actions import ActionInvalid, parse_action
 from affidavit.statemachine import (
     TRANSITIONS,
     Code,
@@ -274,8 +277,9 @@ async def query(
             409,
             f"targets.{target.name}",
         )
-    # A query that waited for an operator is taken up, never asked for twice (``approved``).
-    answer = await approved.earlier(engine, record, events, control)
+    # A query still open is taken up, never asked for twice (``approved``).
+    answer = await approved.earlier(engine, record, control, timeout)
+    asked = answer is not None  # a taken-up query: open until this reads it
     if answer is None:
         values = {
             "invocation_id": invocation_id,
@@ -289,9 +293,24 @@ async def query(
         if record.session is not None:
             action["session"] = record.session
         link = {"reconciles": invocation_id}
-        answer = await engine.call(
-            action, timeout=timeout, link=link, control=control, requester=requester
-        )
+        query_id = None
+        if _covered(engine, action):  # one question at a time: named before it is asked
+            query_id = new_invocation_id()
+            await approved.claim(engine, record, query_id)
+            asked = True
+        try:
+            answer = await engine.call(
+                action,
+                timeout=timeout,
+                link=link,
+                control=control,
+                requester=requester,
+                invocation_id=query_id,
+            )
+        except BaseException:
+            if query_id is not None:
+                await approved.abandoned(engine, record, query_id)
+            raise
     query_id = answer["invocation_id"]
     settled, reason, seq = _settles(engine, query_id, target, spec.reconcile.verdict)
     not_before = None
@@ -322,6 +341,7 @@ async def query(
         error = answer.get("error")
         if error is not None and error.get("code") == Code.APPROVAL_PENDING.value:
             reason = approved.WAITING
+        still = asked and approved.still_open(answer)  # the next query takes it up
         event = Event(
             E.RECONCILE_INCONCLUSIVE,
             invocation_id,
@@ -329,6 +349,7 @@ async def query(
                 "query_invocation": query_id,
                 "code": error["code"] if error else None,
                 "reason": reason,
+                **({"open": True} if still else {}),
                 **({"not_before": not_before} if not_before is not None else {}),
                 **_observed(record),
             },
@@ -347,6 +368,15 @@ async def query(
         }
     envelope = engine.recorder.envelope(await engine.recorder.record(invocation_id))
     return {"reconciled": settled is not None, "envelope": envelope, "query": answer}
+
+
+def _covered(engine: Engine, action: Mapping[str, Any]) -> bool:
+    """Whether the target's approval policy covers the query (it may wait for an operator)."""
+    try:
+        parsed = parse_action(action, engine.config)
+    except ActionInvalid:
+        return False  # refused by the call itself, before anything is asked
+    return needs_approval(parsed, engine.config.targets[parsed.target]) is not None
 
 
 def _too_soon(

@@ -23,7 +23,7 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.approvals import OperatorError
-from affidavit.reconcile.approved import WAITING
+from affidavit.reconcile.approved import ASKING, WAITING
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, scripts
 
@@ -115,7 +115,10 @@ async def test_an_unapproved_query_is_never_sent_nor_asked_for_twice(
             assert first["reconciled"] is False
             assert first["query"]["error"]["code"] == "APPROVAL_PENDING"
             queries = first["envelope"]["evidence"]["reconcile_queries"]
-            assert [(q["code"], q["reason"]) for q in queries] == [("APPROVAL_PENDING", WAITING)]
+            assert [(q["code"], q["reason"], q.get("open")) for q in queries] == [
+                (None, ASKING, True),  # named before it was asked: the one open query
+                ("APPROVAL_PENDING", WAITING, True),
+            ]
             for _ in range(2):
                 with pytest.raises(OperatorError) as refused:
                     await broker.reconcile(iid, query=True)

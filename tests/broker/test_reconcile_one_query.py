@@ -1,0 +1,118 @@
+"""One reconciliation query at a time, however its askers come: concurrently, cancelled, or
+gone before the operator decided (rvC finding 2).  Before, the next query took up only the
+query named by the last RECONCILE_INCONCLUSIVE -- written after the asker's wait ended -- so
+three concurrent askers put three cards on the operator's list (three GETs once approved, one
+answer read), and a cancelled asker's query was never taken up.  Now the query is named on the
+record it reconciles before it is asked (``reconcile/approved.py``, ``claim``), a row the
+projection refuses while another query is open: what the server receives is the proof."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.approvals import OperatorError
+from affidavit.reconcile.approved import ASKING, UNSENT
+from affidavit.statemachine import EventKind
+
+from .approvalkit import OPS
+from .http_rows import LIMIT
+from .test_reconcile_approval import _gets, _payments, _pending_queries
+
+E = EventKind
+SLOW = {"methods": ["GET"], "wait": "2s"}
+
+
+async def test_concurrent_askers_put_one_question_on_the_list(tmp_path: Path, token: str) -> None:
+    async with _payments(tmp_path, SLOW) as (srv, broker, iid):
+        answers: list[Any] = []
+
+        async def ask() -> None:
+            try:
+                answers.append(await broker.reconcile(iid, query=True))
+            except OperatorError as exc:
+                answers.append(exc.code)
+
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(ask)
+        refused = [a for a in answers if isinstance(a, str)]
+        assert refused == ["QUERY_PENDING", "QUERY_PENDING"], answers
+        (query_id,) = _pending_queries(broker, iid)
+        with trio.fail_after(LIMIT):
+            await broker.approve(query_id, note="read it", operator=OPS)
+            assert await broker.dispatch_approved(query_id) is not None
+            answer = await broker.reconcile(iid, query=True)
+        assert answer["reconciled"] is True
+        assert answer["query"]["invocation_id"] == query_id
+    assert _gets(srv) == 1
+
+
+async def test_a_cancelled_asker_s_query_is_taken_up(tmp_path: Path, token: str) -> None:
+    async with _payments(tmp_path, {"methods": ["GET"], "wait": "20s"}) as (srv, broker, iid):
+        with trio.fail_after(LIMIT):
+            with trio.move_on_after(0.5):  # the asker gives up: no row after its wait
+                await broker.reconcile(iid, query=True)
+            (query_id,) = _pending_queries(broker, iid)
+            with pytest.raises(OperatorError) as refused:
+                await broker.reconcile(iid, query=True)
+        assert refused.value.code == "QUERY_PENDING"
+        assert query_id in refused.value.message
+        assert _pending_queries(broker, iid) == [query_id]
+        # Approved and sent after its asker left (the daemon's dispatcher): the next query
+        # reads that answer, never asks or sends again.
+        with trio.fail_after(LIMIT):
+            await broker.approve(query_id, note="read it", operator=OPS)
+            assert await broker.dispatch_approved(query_id) is not None
+            answer = await broker.reconcile(iid, query=True)
+        assert answer["reconciled"] is True
+        assert answer["query"]["invocation_id"] == query_id
+    assert _gets(srv) == 1
+
+
+async def test_an_asker_stopped_before_asking_leaves_nothing_open(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stopped between naming its query and the query's acceptance (here: the call raises
+    # before it records anything): the claim is closed, not left to refuse every later query.
+    async with _payments(tmp_path) as (srv, broker, iid):
+        engine = broker._engine
+
+        async def stopped(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            raise RuntimeError("stopped before the query was accepted")
+
+        with trio.fail_after(LIMIT):
+            with monkeypatch.context() as patch:
+                patch.setattr(engine, "call", stopped)
+                with pytest.raises(RuntimeError):
+                    await broker.reconcile(iid, query=True)
+            second = await broker.reconcile(iid, query=True)
+        assert second["query"]["error"]["code"] == "APPROVAL_PENDING"
+        rows = second["envelope"]["evidence"]["reconcile_queries"]
+        assert [r["reason"] for r in rows][:2] == [ASKING, UNSENT]  # claimed, then closed
+        assert rows[0]["query_invocation"] != second["query"]["invocation_id"]
+        assert _pending_queries(broker, iid) == [second["query"]["invocation_id"]]
+    assert _gets(srv) == 0
+
+
+async def test_a_second_open_query_is_refused_by_the_projection(tmp_path: Path, token: str) -> None:
+    # The exclusion holds in the writing transaction, whatever process asks: a row opening
+    # another query while one is open is refused, nothing written.
+    from affidavit.statemachine import Event, ImpossibleEvent
+
+    async with _payments(tmp_path) as (_srv, broker, iid):
+        with trio.fail_after(LIMIT):
+            first = await broker.reconcile(iid, query=True)
+        generation = broker.record(iid).generation  # type: ignore[union-attr]
+        other = Event(
+            E.RECONCILE_INCONCLUSIVE,
+            iid,
+            {"query_invocation": "act_other", "open": True, "generation": generation},
+        )
+        with pytest.raises(ImpossibleEvent):
+            await broker._engine.recorder.append(other, barrier=True)
+        assert first["query"]["invocation_id"] in str(_pending_queries(broker, iid))
