@@ -1,0 +1,121 @@
+"""Taking up a linked call that is still open -- a reconciliation query (``reconcile/approved``),
+an operation's poll (``operations``) -- instead of asking for another: one question at a time.
+
+Before a linked call the target's approval covers is asked, its id is named on the record it
+serves with ``open`` (a row the projection refuses while another call of that record is open:
+in the writing transaction, so in any process).  It stays open until a row naming it without
+``open`` reads its answer or gives it up.  ``take_up`` says what the open call is now:
+
+* still awaiting a decision, being sent, or approved and not sent here (another process, the
+  daemon's dispatcher, may hold it): ``pending(doing)`` is raised -- nothing asked or sent;
+* approved and not yet sent: sent now, through the gate that re-checks the grant
+  (``dispatch_approved``), within the caller's ``timeout``, and its answer returned;
+* sent after its asker stopped waiting: its recorded answer is returned -- an approved call is
+  never sent for nothing, nor twice;
+* left mid-send by a broker that stopped: closed first by what its evidence proves
+  (``recover_stale``), then read like any other;
+* denied, expired, cancelled before it was sent, or never accepted (its asker stopped between
+  naming it and asking, past the target's lease), or not linked to the record: ``close(code)``
+  and None -- ask anew.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from affidavit.statemachine import Code, EventKind
+
+from .delivery import STORE_ONLY
+from .recovery import recover_stale
+
+if TYPE_CHECKING:
+    from .control import CallControl
+    from .engine import Engine
+
+__all__ = ["abandoned", "still_open", "take_up"]
+
+E = EventKind
+Close = Callable[[str | None], Awaitable[None]]
+
+
+def still_open(answer: Mapping[str, Any]) -> bool:
+    """Whether a linked call's answer leaves it open: it awaits an operator, or its asker
+    stopped waiting while it was sent (its answer to be read by the next asker)."""
+    error = answer.get("error")
+    if error is None:
+        return False
+    return bool(
+        error.get("code") == Code.APPROVAL_PENDING.value or error.get("retry") == "fetch_result"
+    )
+
+
+async def take_up(
+    engine: Engine,
+    call_id: str,
+    *,
+    linked: Callable[[Mapping[str, Any]], bool],
+    claimed_at: float | None,
+    target: Any,
+    control: CallControl | None,
+    timeout: float | None,
+    pending: Callable[[str], Exception],
+    close: Close,
+) -> dict[str, Any] | None:
+    """The answer (envelope) of the open linked call ``call_id``, as the module says; None
+    when it was closed (ask anew).  ``linked(link)``: whether its ACTION_ACCEPTED's ``link``
+    is the record's; ``claimed_at``: when it was named (wall clock), None if unknown."""
+    recorder = engine.recorder
+    found = await recorder.read(lambda: engine.journal.record(call_id))
+    if found is None:
+        ttl = engine.lease_ttl(target, None) if target is not None else 0.0
+        young = claimed_at is not None and time.time() - claimed_at <= ttl + (
+            engine.settings.lease_margin
+        )
+        if young:
+            raise pending("is being asked")
+        await close(None)  # its asker stopped before asking
+        return None
+    if not linked(_link(engine, call_id)):
+        await close(None)  # not the record's: never read for it
+        return None
+    call = await recover_stale(recorder, found)
+    if call.state == "approved":
+        answer = await engine.dispatch_approved(call_id, STORE_ONLY, control, timeout)
+        if answer is not None and not still_open(answer):
+            return answer
+        call = await recorder.record(call_id)  # another holds it (its lease), or it moved on
+    if call.state == "awaiting_approval":
+        raise pending("awaits an operator's decision")
+    if call.state == "approved":
+        raise pending(
+            "was approved and is not sent yet (another process, the daemon's dispatcher, may "
+            "hold it to send, or its request can be read back only by its asker)"
+        )
+    if not call.final:
+        raise pending("is being sent")
+    if not call.evidence.get("dispatch_started"):
+        await close(call.code.value if call.code is not None else None)  # nothing was sent
+        return None
+    return recorder.envelope(call)
+
+
+def _link(engine: Engine, call_id: str) -> Mapping[str, Any]:
+    for event in engine.journal.events(call_id):
+        if event.kind is E.ACTION_ACCEPTED:
+            link = event.attrs.get("link")
+            return link if isinstance(link, Mapping) else {}
+    return {}
+
+
+async def abandoned(engine: Engine, call_id: str, close: Close) -> None:
+    """Its asker stopped (cancelled, or the call raised) after naming ``call_id``: closed when
+    the call was never accepted, left open (to be taken up) when it was.  Shielded, and silent
+    when the journal cannot tell: the claim then lapses with the target's lease."""
+    with trio.CancelScope(shield=True), contextlib.suppress(Exception):
+        if engine.journal.record(call_id) is None:
+            await close(None)
