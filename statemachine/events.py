@@ -196,7 +196,11 @@ class EventKind(StrEnum):
     OPERATION_POLL_FAILED = "OPERATION_POLL_FAILED"
     """A status query gave no readable state (no complete 2xx, a body withheld or truncated, an
     answer a redirect fetched from another origin -- ``engine/readable.py`` --, or no status in
-    it); the operation keeps its state.  attrs: operation_id, poll_invocation, code, reason."""
+    it); the operation keeps its state.  attrs: operation_id, poll_invocation, code, reason;
+    open (true: the poll is asked, or waits for an operator, and is the operation's one open
+    poll until a poll event naming it without open reads or gives it up -- refused while
+    another poll is open; with code null it only names the poll before it is asked, no poll
+    counted)."""
     # --- diagnostics ---------------------------------------------------------------------
     PROTOCOL_OBSERVED = "PROTOCOL_OBSERVED"
     """A protocol machine's fine-grained step (e.g. http.informational, ssh.exec_accepted).

@@ -202,6 +202,7 @@ def _on_accepted(p: Projector, event: Event) -> None:
             "accepted_seq": event.seq,
             "polls": 0,
             "last_poll": None,
+            "open_poll": None,
         }
     )
 
@@ -217,6 +218,20 @@ def _on_poll(p: Projector, event: Event) -> None:
     poll = attrs.get("poll_invocation")
     if not isinstance(poll, str) or not poll:
         _refuse(p, event, "attrs.poll_invocation must name the querying invocation")
+    opened = attrs.get("open")
+    if opened is not None and type(opened) is not bool:
+        _refuse(p, event, "attrs.open must be true or false")
+    current = op.get("open_poll")
+    if opened and event.kind is E.OPERATION_POLLED:
+        _refuse(p, event, "a poll that read a state is not open")
+    if opened and current is not None and current != poll:
+        # One poll at a time (engine/takeup.py), checked in the writing transaction.
+        _refuse(p, event, f"the poll {current} is still open")
+    open_poll = poll if opened else (None if current == poll else current)
+    if opened and attrs.get("code") is None:
+        # The poll named before it is asked: open, not yet a poll of the job.
+        p._operation = MappingProxyType({**op, "open_poll": open_poll})
+        return
     last: dict[str, Any] = {"invocation_id": poll, "seq": event.seq}
     if event.kind is E.OPERATION_POLLED:
         if event.source is not EvidenceSource.REMOTE_QUERY:
@@ -228,7 +243,13 @@ def _on_poll(p: Projector, event: Event) -> None:
         last["reason"] = attrs.get("reason")
     # A new view: records already handed out keep theirs (see Projector).
     p._operation = MappingProxyType(
-        {**op, "state": dest, "polls": int(op["polls"]) + 1, "last_poll": last}
+        {
+            **op,
+            "state": dest,
+            "polls": int(op["polls"]) + 1,
+            "last_poll": last,
+            "open_poll": open_poll,
+        }
     )
 
 

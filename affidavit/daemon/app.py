@@ -275,7 +275,7 @@ class Api:
                     requester=req.peer.uid,  # it may not approve its own poll
                 )
         except OperationError as exc:
-            raise ApiProblem(422, "OPERATION_ERROR", str(exc), exc.field) from None
+            raise ApiProblem(exc.status, exc.code, str(exc), exc.field) from None
         except JournalError as exc:
             raise operators.act_problem(exc, poll_failure(exc, operation_id)) from None
         except ApiProblem:

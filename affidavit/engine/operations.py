@@ -15,8 +15,10 @@ accepted) stays as recorded.  A poll never re-sends the submission.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from affidavit.protocols.actions import ActionInvalid, parse_action
 from affidavit.statemachine import (
     Event,
     EventKind,
@@ -28,9 +30,12 @@ from affidavit.statemachine import (
 )
 from affidavit.text import echoed
 
+from .approval import needs_approval
 from .contracts import contracts_of
+from .ids import new_invocation_id
 from .readable import unreadable
 from .recovery import act_failure
+from .takeup import Close, abandoned, still_open, take_up
 
 if TYPE_CHECKING:
     from .control import CallControl
@@ -47,10 +52,20 @@ class OperationError(Exception):
     caller should correct what it sent (the daemon's 422 names it, MCP answers INVALID_FIELD
     there); ``"targets.<name>"`` when the target now reaches another account than the
     submission did (the operator's setting to look at); None when the operation exists but
-    cannot be queried now."""
+    cannot be queried now.  ``code``/``status``: ``OPERATION_ERROR`` (422), or ``POLL_PENDING``
+    (409: an earlier poll of it awaits an operator or is being sent -- poll again later)."""
 
-    def __init__(self, message: str, field: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        field: str | None = None,
+        *,
+        code: str = "OPERATION_ERROR",
+        status: int = 422,
+    ) -> None:
         self.field = field
+        self.code = code
+        self.status = status
         super().__init__(message)
 
 
@@ -116,18 +131,143 @@ async def poll(
     if record.session is not None:
         action["session"] = record.session
     link = {"operation": op_id, "invocation": record.invocation_id}
-    envelope = await engine.call(
-        action, timeout=timeout, link=link, control=control, requester=requester
-    )
-    await _record_poll(engine, record.invocation_id, op_id, envelope, target, contracts)
+    # A poll still open is taken up, never asked for twice (``takeup``).
+    envelope = await _earlier(engine, record, op_id, target, control, timeout)
+    asked = envelope is not None
+    if envelope is None:
+        poll_id = None
+        if _covered(engine, action):  # one poll at a time: named before it is asked
+            poll_id = new_invocation_id()
+            await _claim(engine, record, op_id, poll_id)
+            asked = True
+        try:
+            envelope = await engine.call(
+                action,
+                timeout=timeout,
+                link=link,
+                control=control,
+                requester=requester,
+                invocation_id=poll_id,
+            )
+        except BaseException:
+            if poll_id is not None:
+                await abandoned(engine, poll_id, _closer(engine, record, op_id, poll_id))
+            raise
+    still = asked and still_open(envelope)  # the next poll takes it up
+    await _record_poll(engine, record.invocation_id, op_id, envelope, target, contracts, still)
     return {"operation": operation_json(find(engine, op_id)), "poll": envelope}
 
 
+ASKING = (
+    "the poll is being asked (the target's approval policy covers it): until its answer is "
+    "read, a poll of this operation takes it up instead of asking again"
+)
+"""The reason of the row that names a poll before it is asked -- stable text."""
+UNSENT = "the poll was not sent (denied, expired, cancelled, or never asked): a new one is asked"
+"""The reason of the row that closes an open poll nothing was sent for -- stable text."""
+
+
+def _covered(engine: Engine, action: Mapping[str, Any]) -> bool:
+    """Whether the target's approval policy covers the poll (it may wait for an operator)."""
+    try:
+        parsed = parse_action(action, engine.config)
+    except ActionInvalid:
+        return False  # refused by the call itself, before anything is asked
+    return needs_approval(parsed, engine.config.targets[parsed.target]) is not None
+
+
+def _pending(op_id: str, poll_id: str) -> Callable[[str], OperationError]:
+    def refusal(doing: str) -> OperationError:
+        return OperationError(
+            f"the poll {poll_id} of {op_id} {doing}; nothing more was asked or sent. Poll "
+            "again once it is decided (or answered)",
+            code="POLL_PENDING",
+            status=409,
+        )
+
+    return refusal
+
+
+async def _claim(engine: Engine, record: Record, op_id: str, poll_id: str) -> None:
+    """Name ``poll_id`` as the operation's one open poll before it is asked; POLL_PENDING
+    when another asker's poll is open (it was first, in any process)."""
+    iid = record.invocation_id
+    attrs = {"operation_id": op_id, "poll_invocation": poll_id, "code": None, "reason": ASKING}
+    try:
+        await engine.recorder.append(
+            Event(E.OPERATION_POLL_FAILED, iid, {**attrs, "open": True}), barrier=True
+        )
+    except ImpossibleEvent:
+        op = (await engine.recorder.record(iid)).operation or {}
+        current = op.get("open_poll")
+        if current is None:
+            raise OperationError(f"{op_id} is no longer pending; nothing was polled") from None
+        raise _pending(op_id, current)("is being asked") from None
+
+
+async def _earlier(
+    engine: Engine,
+    record: Record,
+    op_id: str,
+    target: Any,
+    control: CallControl | None,
+    timeout: float | None,
+) -> dict[str, Any] | None:
+    """The answer of the operation's open poll, taken up (``takeup``); None when none is open."""
+    op = record.operation or {}
+    poll_id = op.get("open_poll")
+    if not isinstance(poll_id, str):
+        return None
+    iid = record.invocation_id
+    claimed_at = None
+    for event in engine.journal.events(iid):
+        if event.attrs.get("poll_invocation") == poll_id and event.attrs.get("open"):
+            claimed_at = event.at
+            break
+    return await take_up(
+        engine,
+        poll_id,
+        linked=lambda link: link.get("operation") == op_id and link.get("invocation") == iid,
+        claimed_at=claimed_at,
+        target=target,
+        control=control,
+        timeout=timeout,
+        pending=_pending(op_id, poll_id),
+        close=_closer(engine, record, op_id, poll_id),
+    )
+
+
+def _closer(engine: Engine, record: Record, op_id: str, poll_id: str) -> Close:
+    async def close(code: str | None) -> None:
+        """The row that closes an open poll nothing was sent for (unless another closed it)."""
+        iid = record.invocation_id
+        op = (await engine.recorder.record(iid)).operation or {}
+        if op.get("open_poll") != poll_id:
+            return
+        attrs = {"operation_id": op_id, "poll_invocation": poll_id, "code": code}
+        event = Event(E.OPERATION_POLL_FAILED, iid, {**attrs, "reason": UNSENT})
+        with contextlib.suppress(ImpossibleEvent):  # no longer pending: nothing to close
+            await engine.recorder.append(event, barrier=True)
+
+    return close
+
+
 async def _record_poll(
-    engine: Engine, iid: str, op_id: str, envelope: dict[str, Any], target: Any, contracts: Any
+    engine: Engine,
+    iid: str,
+    op_id: str,
+    envelope: dict[str, Any],
+    target: Any,
+    contracts: Any,
+    still: bool = False,
 ) -> None:
+    """Fold the poll's answer into the operation -- only a complete, readable one moves it.
+    ``still``: the poll stays open (it awaits an operator, or is being sent): the next poll
+    takes it up."""
     poll_iid = envelope["invocation_id"]
     attrs: dict[str, Any] = {"operation_id": op_id, "poll_invocation": poll_iid}
+    if still:
+        attrs["open"] = True
     event: Event
     error = envelope.get("error")
     stored = engine.journal.read_result(poll_iid) if error is None else None

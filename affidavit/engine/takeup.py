@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .control import CallControl
     from .engine import Engine
 
-__all__ = ["abandoned", "still_open", "take_up"]
+__all__ = ["Close", "abandoned", "still_open", "take_up"]
 
 E = EventKind
 Close = Callable[[str | None], Awaitable[None]]

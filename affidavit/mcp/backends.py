@@ -244,7 +244,7 @@ class Embedded:
             with self._control() as control:
                 return await self.broker.poll_operation(operation_id, control=control)
         except OperationError as exc:  # the id sent, echoed as sent: no journal words to unplace
-            return act_refused("OPERATION_ERROR", str(exc), exc.field, "operation_id")
+            return act_refused(exc.code, str(exc), exc.field, "operation_id")
         except JournalError as exc:
             _status, code, message = poll_failure(exc, operation_id)
             return self._api_error(code, message, operation_id)

@@ -256,7 +256,10 @@ READ_TOOLS: dict[str, ReadTool] = {
             "Query the status resource of a job a 202 accepted (`operation.id` of an "
             "envelope) once, as an invocation of its own; the submission is never sent again. "
             "The answer is {operation, poll}: `poll` is that query's envelope (null when the "
-            "job had already ended and nothing was sent).",
+            "job had already ended and nothing was sent). Under the target's approval a poll "
+            "answers APPROVAL_PENDING in `poll`; until it is decided and read, polling again is "
+            "refused POLL_PENDING (an `api_error`: wait, nothing was sent) -- once approved the "
+            "next poll sends it or reads its answer. OPERATION_ERROR: check the job by hand.",
             (Param("operation_id", "the envelope's operation.id", required=True),),
             read_only=False,
         ),

@@ -2,7 +2,8 @@
 query awaits an operator) and ``BATCH_NOT_ATOMIC`` (a batch applied item by item) -- answers the
 refusal's own code, embedded and through the daemon alike (``tools.act_refused``).  Both used to
 carry ``field = "invocation_id"``, which ``act_refused`` turns into ``INVALID_FIELD``, retry
-``after_correction``: the agent never saw why, and was told to change an id that is right."""
+``after_correction``: the agent never saw why, and was told to change an id that is right.
+``poll_operation``'s ``POLL_PENDING`` (an earlier poll awaits an operator) likewise."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import pytest
 from tests.broker.approvalkit import OPS_UID, PaymentsApi, reconcile_target
 from tests.broker.helpers import http_target, write_config
 from tests.broker.test_batches import BATCH, BATCH_CALL, RECONCILE, _cut_then_absent
+from tests.broker.test_operations import JOBS, SUBMIT, job_api
 from tests.daemon.kit import running_daemon
-from tests.http.hostile import HostileServer
+from tests.http.hostile import HostileServer, scripts
 
 from .conftest import Remotes
 from .kit import Connected, connected, env_without_secrets, structured
@@ -88,3 +90,18 @@ async def test_batch_not_atomic_reaches_the_agent(
             answer = await mcp.call("reconcile_query", {"invocation_id": sent["invocation_id"]})
             _refused(answer, "BATCH_NOT_ATOMIC")
     assert seen == ["POST"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_poll_pending_reaches_the_agent(
+    tmp_path: Path, remotes: Remotes, token: str, mode: str
+) -> None:
+    async with HostileServer.running(scripts.serve(job_api(["done"]))) as srv:
+        approval = {"methods": ["GET"], "wait": "0s"}
+        targets = {"jobs": http_target(srv.url + "/v1", **JOBS, approval=approval)}
+        async with _session(mode, tmp_path, targets, remotes, token) as mcp:
+            op_id = structured(await mcp.call("http_request", SUBMIT))["operation"]["id"]
+            first = structured(await mcp.call("poll_operation", {"operation_id": op_id}))
+            assert first["poll"]["error"]["code"] == "APPROVAL_PENDING", first
+            _refused(await mcp.call("poll_operation", {"operation_id": op_id}), "POLL_PENDING")
+    assert [r.method for r in srv.requests] == ["POST"]  # the poll was never sent

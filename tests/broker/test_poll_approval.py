@@ -1,0 +1,106 @@
+"""An operation's poll the target's approval covers: one poll at a time, and an approved poll's
+answer folded once (rvC finding 3).  Before, every poll asked anew -- five polls put three cards
+on the operator's list and the fourth was refused APPROVAL_LIMIT, the per-uid limit that then
+refused the agent's real calls; after an approval the next poll asked again, and embedded an
+approved poll was never sent.  Now a poll is named on the submission's record before it is
+asked (``engine/takeup.py``): the next poll is refused POLL_PENDING while it is undecided, sends
+it once approved, or folds the answer the dispatcher got.  What the server receives is the proof.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.api.broker import Broker
+from affidavit.engine import OperationError
+from affidavit.statemachine import invocation_of
+from tests.http.hostile import HostileServer, scripts
+
+from .approvalkit import OPS, OPS_UID
+from .helpers import http_target, open_broker, write_config
+from .http_rows import LIMIT
+from .test_operations import JOBS, SUBMIT, job_api
+
+GETS = {"methods": ["GET"], "wait": "0s"}
+
+
+@contextlib.asynccontextmanager
+async def _jobs(tmp_path: Path) -> AsyncIterator[tuple[HostileServer, Broker, str]]:
+    """The jobs API (a 202, then ``done``), a broker whose target covers GET under approval
+    (at most 3 pending per uid), and the accepted operation's id."""
+    async with HostileServer.running(scripts.serve(job_api(["done"]))) as srv:
+        path = write_config(tmp_path, {"jobs": http_target(srv.url + "/v1", **JOBS, approval=GETS)})
+        with path.open("a") as f:
+            f.write(f"[service]\noperator_uids = [{OPS_UID}]\nmax_pending_approvals = 3\n")
+        async with open_broker(path) as broker:
+            with trio.fail_after(LIMIT):
+                env = await broker.call(SUBMIT)
+            yield srv, broker, env["operation"]["id"]
+
+
+def _gets(srv: HostileServer) -> int:
+    return sum(1 for r in srv.requests if r.method == "GET")
+
+
+async def test_repeated_polls_put_one_card_on_the_list(tmp_path: Path, token: str) -> None:
+    async with _jobs(tmp_path) as (srv, broker, op_id):
+        with trio.fail_after(LIMIT):
+            first = await broker.poll_operation(op_id)
+            assert first["poll"]["error"]["code"] == "APPROVAL_PENDING"
+            for _ in range(4):
+                with pytest.raises(OperationError) as refused:
+                    await broker.poll_operation(op_id)
+                assert (refused.value.code, refused.value.status) == ("POLL_PENDING", 409)
+                assert refused.value.field is None
+        (card,) = broker.approvals()
+        assert card["invocation_id"] == first["poll"]["invocation_id"]
+        submission = broker.record(_submission(op_id))
+        assert submission is not None and submission.operation is not None
+        assert submission.operation["state"] == "pending"
+    assert _gets(srv) == 0
+
+
+@pytest.mark.parametrize("sender", ["poller", "dispatcher"])
+async def test_an_approved_poll_is_sent_once_and_folded(
+    tmp_path: Path, token: str, sender: str
+) -> None:
+    # Approved after its asker left: the next poll sends it now ("poller": embedded, nobody
+    # else would) or folds the answer the daemon's dispatcher got -- never asks again.
+    async with _jobs(tmp_path) as (srv, broker, op_id):
+        with trio.fail_after(LIMIT):
+            first = await broker.poll_operation(op_id)
+            poll_id = first["poll"]["invocation_id"]
+            await broker.approve(poll_id, note="read it", operator=OPS)
+            if sender == "dispatcher":
+                assert await broker.dispatch_approved(poll_id) is not None
+            answer = await broker.poll_operation(op_id)
+        assert answer["poll"]["invocation_id"] == poll_id
+        assert answer["operation"]["state"] == "succeeded"
+        assert answer["operation"]["last_poll"]["invocation_id"] == poll_id
+        assert broker.approvals() == []
+    assert _gets(srv) == 1
+
+
+async def test_a_denied_poll_is_not_sent_and_the_next_one_asks_again(
+    tmp_path: Path, token: str
+) -> None:
+    async with _jobs(tmp_path) as (srv, broker, op_id):
+        with trio.fail_after(LIMIT):
+            first = await broker.poll_operation(op_id)
+            await broker.deny(first["poll"]["invocation_id"], note="not now", operator=OPS)
+            second = await broker.poll_operation(op_id)
+        assert second["poll"]["invocation_id"] != first["poll"]["invocation_id"]
+        assert second["poll"]["error"]["code"] == "APPROVAL_PENDING"
+        assert [c["invocation_id"] for c in broker.approvals()] == [second["poll"]["invocation_id"]]
+    assert _gets(srv) == 0
+
+
+def _submission(op_id: str) -> str:
+    iid = invocation_of(op_id)
+    assert iid is not None
+    return iid
