@@ -116,3 +116,53 @@ async def test_a_second_open_query_is_refused_by_the_projection(tmp_path: Path, 
         with pytest.raises(ImpossibleEvent):
             await broker._engine.recorder.append(other, barrier=True)
         assert first["query"]["invocation_id"] in str(_pending_queries(broker, iid))
+
+
+async def test_an_approved_query_whose_dispatcher_stopped_is_sent_once_its_lease_ran_out(
+    tmp_path: Path, token: str
+) -> None:
+    # A dispatcher took the approved query's lease and stopped (killed) before sending: once
+    # the lease ran out, the next query sends it and reads the answer -- never QUERY_PENDING
+    # for ever, never a second question.
+    from affidavit.engine.approval import claim
+
+    async with _payments(tmp_path) as (srv, broker, iid):
+        with trio.fail_after(LIMIT):
+            first = await broker.reconcile(iid, query=True)
+            query_id = first["query"]["invocation_id"]
+            await broker.approve(query_id, note="read it", operator=OPS)
+            assert await claim(broker._engine, query_id, 0.05) is not None  # the sender...
+            broker._engine.recorder.forget()
+            await trio.sleep(0.3)  # ...killed: its lease ran out
+            assert not broker.record(query_id).final  # type: ignore[union-attr]
+            answer = await broker.reconcile(iid, query=True)
+        # The stale attempt closed (nothing was sent under it), the approved query was sent
+        # once and read.
+        assert answer["reconciled"] is True
+        assert answer["query"]["invocation_id"] == query_id
+        kinds = [e.kind for e in broker.events(query_id)]
+        assert kinds.count(E.DISPATCH_STARTED) == 1
+    assert _gets(srv) == 1
+
+
+async def test_taking_up_an_approved_query_passes_the_caller_s_timeout(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with _payments(tmp_path) as (srv, broker, iid):
+        engine = broker._engine
+        seen: list[float | None] = []
+        real = engine.dispatch_approved
+
+        async def spy(*args: Any, **kwargs: Any) -> Any:
+            seen.append(args[3] if len(args) > 3 else kwargs.get("timeout"))
+            return await real(*args, **kwargs)
+
+        with trio.fail_after(LIMIT):
+            first = await broker.reconcile(iid, query=True)
+            await broker.approve(first["query"]["invocation_id"], note="ok", operator=OPS)
+            monkeypatch.setattr(engine, "dispatch_approved", spy)
+            answer = await broker.reconcile(iid, query=True, timeout=7.5)
+        assert answer["reconciled"] is True
+        (timeout,) = seen
+        assert timeout is not None and 0 < timeout <= 7.5
+    assert _gets(srv) == 1
