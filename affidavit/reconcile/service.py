@@ -75,6 +75,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTESTABLE",
+    "CONFIG_SINCE",
     "OTHER_ORIGIN",
     "PARTIAL_BODY",
     "PROXY_ANSWERED",
@@ -279,7 +280,7 @@ async def query(
         )
     # A query still open is taken up, never asked for twice (``approved``).
     answer = await approved.earlier(engine, record, control, timeout)
-    asked = answer is not None  # a taken-up query: open until this reads it
+    taken = asked = answer is not None  # a taken-up query: open until this reads it
     if answer is None:
         values = {
             "invocation_id": invocation_id,
@@ -312,7 +313,12 @@ async def query(
                 await approved.abandoned(engine, record, query_id)
             raise
     query_id = answer["invocation_id"]
-    settled, reason, seq = _settles(engine, query_id, target, spec.reconcile.verdict)
+    if taken and _asked_under(engine, query_id) != engine.snapshot.hash(target):
+        # Asked under another configuration of the target than today's: its answer is not
+        # judged by today's committed_if / rejected_if, nor the query by today's settings.
+        settled, reason, seq = None, CONFIG_SINCE, None
+    else:
+        settled, reason, seq = _settles(engine, query_id, target, spec.reconcile.verdict)
     not_before = None
     if settled is not None and settled[0] is Outcome.REJECTED:
         not_before, reason = _too_soon(
@@ -368,6 +374,21 @@ async def query(
         }
     envelope = engine.recorder.envelope(await engine.recorder.record(invocation_id))
     return {"reconciled": settled is not None, "envelope": envelope, "query": answer}
+
+
+CONFIG_SINCE = (
+    "the query taken up was asked under another configuration of the target than today's: its "
+    "answer settles nothing -- query again (a new query is asked under today's)"
+)
+"""The reason a taken-up query's answer is not judged (``_asked_under``) -- stable text."""
+
+
+def _asked_under(engine: Engine, query_id: str) -> Any:
+    """The target's config hash the query was validated under (its PREFLIGHT_VALIDATED)."""
+    for event in engine.journal.events(query_id):
+        if event.kind is E.PREFLIGHT_VALIDATED:
+            return event.attrs.get("config_hash")
+    return None
 
 
 def _covered(engine: Engine, action: Mapping[str, Any]) -> bool:

@@ -16,14 +16,25 @@ import trio
 
 from affidavit.approvals import OperatorError
 from affidavit.reconcile.approved import ASKING, UNSENT
+from affidavit.reconcile.service import CONFIG_SINCE
 from affidavit.statemachine import EventKind
+from tests.http.hostile import HostileServer
 
-from .approvalkit import OPS
+from .approvalkit import OPS, OPS_UID, PaymentsApi, reconcile_target
+from .helpers import open_broker, write_config
 from .http_rows import LIMIT
 from .test_reconcile_approval import _gets, _payments, _pending_queries
 
 E = EventKind
 SLOW = {"methods": ["GET"], "wait": "2s"}
+GETS = {"methods": ["GET"], "wait": "0s"}
+CHARGE = {
+    "target": "api",
+    "method": "POST",
+    "path": "/v1/charges",
+    "body": '{"drop": true}',
+    "idempotency_key": "k1",
+}
 
 
 async def test_concurrent_askers_put_one_question_on_the_list(tmp_path: Path, token: str) -> None:
@@ -166,3 +177,40 @@ async def test_taking_up_an_approved_query_passes_the_caller_s_timeout(
         (timeout,) = seen
         assert timeout is not None and 0 < timeout <= 7.5
     assert _gets(srv) == 1
+
+
+async def test_a_query_asked_under_another_configuration_settles_nothing(
+    tmp_path: Path, token: str
+) -> None:
+    # Approved and sent after its asker left; then the target's reconciliation settings
+    # changed (``rejected_if`` now reads 200 as absent).  The answer is not judged by today's
+    # rules: inconclusive, the query closed, and the next one asked under today's.
+    async with HostileServer.running(PaymentsApi().script) as srv:
+
+        def config(rejected_if: str) -> Path:
+            target = reconcile_target(srv.url, approval=GETS)
+            target["api"]["reconcile"]["rejected_if"] = rejected_if
+            path = write_config(tmp_path, target)
+            with path.open("a") as f:
+                f.write(f"[service]\noperator_uids = [{OPS_UID}]\n")
+            return path
+
+        async with open_broker(config("status:404")) as broker:
+            with trio.fail_after(LIMIT):
+                env = await broker.call(CHARGE)
+                iid = env["invocation_id"]
+                first = await broker.reconcile(iid, query=True)
+                query_id = first["query"]["invocation_id"]
+                await broker.approve(query_id, note="read it", operator=OPS)
+                assert await broker.dispatch_approved(query_id) is not None
+        async with open_broker(config("status:410")) as broker:
+            with trio.fail_after(LIMIT):
+                taken = await broker.reconcile(iid, query=True)
+                again = await broker.reconcile(iid, query=True)
+        assert taken["reconciled"] is False
+        assert taken["query"]["invocation_id"] == query_id
+        rows = taken["envelope"]["evidence"]["reconcile_queries"]
+        assert rows[-1]["reason"] == CONFIG_SINCE and "open" not in rows[-1]
+        assert again["query"]["error"]["code"] == "APPROVAL_PENDING"  # asked anew
+        assert again["query"]["invocation_id"] != query_id
+    assert [r.method for r in srv.requests] == ["POST", "GET"]
