@@ -8,6 +8,7 @@ projection refuses while another query is open: what the server receives is the 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -214,3 +215,43 @@ async def test_a_query_asked_under_another_configuration_settles_nothing(
         assert again["query"]["error"]["code"] == "APPROVAL_PENDING"  # asked anew
         assert again["query"]["invocation_id"] != query_id
     assert [r.method for r in srv.requests] == ["POST", "GET"]
+
+
+async def test_a_query_its_killed_sender_left_mid_send_is_closed_then_read(
+    tmp_path: Path, token: str
+) -> None:
+    # The open query's record is at DISPATCH_STARTED, its holder dead and its lease run out.
+    # The next query closes it by what it proves (recover_stale: unknown) and reads that --
+    # never QUERY_PENDING "is being sent" for ever -- and the one after asks anew.
+    from affidavit.engine.ids import new_invocation_id
+    from affidavit.reconcile.approved import claim
+    from affidavit.statemachine import Event
+
+    async with _payments(tmp_path) as (srv, broker, iid):
+        engine = broker._engine
+        record = broker.record(iid)
+        assert record is not None
+        query_id = new_invocation_id()
+        await claim(engine, record, query_id)
+        accepted = {
+            "operation": {"target": "api", "protocol": "http", "idempotent": False},
+            "holder": "dead-broker",
+            "lease_expires_at": time.time() - 1.0,
+            "link": {"reconciles": iid},
+        }
+        for kind, attrs in (
+            (E.ACTION_ACCEPTED, accepted),
+            (E.PREFLIGHT_VALIDATED, {}),
+            (E.CREDENTIAL_AUTHORIZED, {}),
+            (E.DISPATCH_STARTED, {"generation": 0}),
+        ):
+            await engine.journal.append(Event(kind, query_id, attrs), barrier=True)
+        with trio.fail_after(LIMIT):
+            taken = await broker.reconcile(iid, query=True)
+            again = await broker.reconcile(iid, query=True)
+        assert taken["reconciled"] is False
+        assert taken["query"]["invocation_id"] == query_id
+        assert taken["query"]["error"]["code"] == "REMOTE_OUTCOME_UNKNOWN"
+        assert again["query"]["invocation_id"] != query_id
+        assert again["query"]["error"]["code"] == "APPROVAL_PENDING"
+    assert _gets(srv) == 0
