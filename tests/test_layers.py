@@ -98,8 +98,16 @@ ALLOWED: Mapping[str, frozenset[str]] = {
             *SERVICE_BASE,
         }
     ),
+    # The configuration file is read bounded, never waiting on a FIFO (``privatefile``'s
+    # ``read_small_file``): the dispatch gate reads it again while the broker runs.
     "affidavit.config": frozenset(
-        {"affidavit.schema", "affidavit.protocols", "affidavit.secrets", "affidavit.statemachine"}
+        {
+            "affidavit.schema",
+            "affidavit.protocols",
+            "affidavit.secrets",
+            "affidavit.statemachine",
+            "affidavit.privatefile",
+        }
     ),
     "affidavit.engine": frozenset(
         {"affidavit.config", "affidavit.protocols", "affidavit.secrets", *SERVICE_BASE}
