@@ -244,6 +244,22 @@ def read_small_file(
     except OSError as exc:
         raise FileRefused(f"cannot open file ({exc.strerror})") from None
     try:
+        read = _read_open(fd, path, limit, private, subject, credential)
+    except BaseException:
+        with contextlib.suppress(OSError):  # the refusal in flight says more
+            os.close(fd)
+        raise
+    try:
+        os.close(fd)
+    except OSError as exc:  # EIO on a network file system: the read proves nothing
+        raise FileRefused(f"cannot close file ({exc.strerror})") from None
+    return read
+
+
+def _read_open(
+    fd: int, path: Path, limit: int, private: bool, subject: str, credential: bool
+) -> tuple[bytes, os.stat_result]:
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise FileRefused(f"is {_what(st.st_mode)}, not a regular file")
@@ -265,8 +281,6 @@ def read_small_file(
         return b"".join(chunks), st
     except OSError as exc:
         raise FileRefused(f"cannot read file ({exc.strerror})") from None
-    finally:
-        os.close(fd)
 
 
 def write_private_file(path: Path, data: bytes, *, replace: bool = True, mode: int = 0o600) -> None:

@@ -261,6 +261,8 @@ def parse_config(raw: bytes, path: Path) -> Config:
         raise ConfigError("", "config file is not UTF-8", path) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("", f"invalid TOML: {exc}", path) from None
+    except RecursionError:  # `a = [[[[...` a hundred thousand deep fits in MAX_CONFIG_BYTES
+        raise ConfigError("", "invalid TOML: nested too deeply", path) from None
     return config_from_dict(data, base_dir=path.parent, path=path)
 
 

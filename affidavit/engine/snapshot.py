@@ -35,7 +35,6 @@ import trio
 
 from affidavit.config import (
     Config,
-    ConfigError,
     account,
     canonical_json,
     parse_config,
@@ -185,11 +184,13 @@ def _key(st: os.stat_result) -> tuple[int, ...]:
 
 def _read(path: Path, previous: _Seen | None) -> _Seen:
     """Read and (when its bytes moved since ``previous``) parse the config at ``path``: in a
-    worker thread, so nothing here touches the snapshot."""
+    worker thread, so nothing here touches the snapshot.  Whatever keeps it from a valid config
+    (a refusal, a parse that fails in any way) is "no valid config": the target counts as
+    changed (CONFIG_CHANGED, nothing sent), never a failure of the call's set-up."""
     began = time.time_ns()
     try:
         raw, st = read_config(path)
-    except ConfigError:
+    except Exception:
         return _Seen(None, False, b"", None)
     settled = began - st.st_ctime_ns > SETTLED_NS
     digest = hashlib.sha256(raw).digest()
@@ -197,6 +198,6 @@ def _read(path: Path, previous: _Seen | None) -> _Seen:
         return _Seen(_key(st), settled, digest, previous.config, previous.hashes)
     try:
         fresh: Config | None = parse_config(raw, path)
-    except (ConfigError, OSError):
+    except Exception:
         fresh = None
     return _Seen(_key(st), settled, digest, fresh)

@@ -245,6 +245,15 @@ def test_an_unreadable_stdin_is_the_commands_own_refusal(
     assert not (home / "new.vault").exists()
 
 
+def test_a_config_nested_too_deeply_is_a_coded_refusal(home: Path) -> None:
+    """``zz = [[[[...`` 100,000 deep (under the 1 MiB cap) made tomllib raise RecursionError:
+    a traceback at start; now the loader's CONFIG_INVALID line."""
+    deep = home / "deep.toml"
+    deep.write_text((home / "affidavit.toml").read_text() + "\nzz = " + "[" * 100_000 + "\n")
+    done = _cli(home, "actions", "--config", str(deep))
+    _assert_coded(done, ("actions",), "CONFIG_INVALID", "invalid TOML: nested too deeply")
+
+
 def _assert_coded(
     done: subprocess.CompletedProcess[bytes], argv: tuple[str, ...], code: str, field: str | None
 ) -> None:

@@ -11,6 +11,7 @@ itself is bounded (``affidavit.config.read_config``).
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -171,3 +172,91 @@ async def test_a_call_after_a_same_size_same_mtime_replacement_is_config_changed
             )
             assert env["error"]["field"] == "targets.api"
     assert len(srv.requests) == 1
+
+
+def _nested_too_deeply(path: Path) -> None:
+    """``zz = [[[[...`` 100,000 deep: ~100 KB, well under ``MAX_CONFIG_BYTES``, and past
+    ``tomllib``'s recursion (a RecursionError, not a TOMLDecodeError)."""
+    path.write_text(path.read_text() + "\nzz = " + "[" * 100_000 + "\n")
+    assert path.stat().st_size < MAX_CONFIG_BYTES
+
+
+def test_a_config_nested_too_deeply_is_invalid_toml(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"api": http_target(URL)})
+    _nested_too_deeply(path)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert (caught.value.code, caught.value.field) == ("CONFIG_INVALID", "")
+    assert "invalid TOML: nested too deeply" in str(caught.value)
+
+
+def test_a_config_file_whose_close_fails_is_unreadable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``read_small_file`` closes what it read; a close that fails (EIO on a network file
+    system) is its coded refusal, not a bare OSError out of the loader."""
+    path = write_config(tmp_path, {"api": http_target(URL)})
+    real = os.close
+
+    def close(fd: int) -> None:
+        real(fd)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "close", close)
+    try:
+        with pytest.raises(ConfigError) as caught:
+            load_config(path)
+    finally:
+        monkeypatch.undo()
+    assert caught.value.code == "CONFIG_UNREADABLE"
+    assert "cannot close file (Input/output error)" in str(caught.value)
+
+
+async def test_a_call_after_the_config_nests_too_deeply_is_config_changed(
+    tmp_path: Path, token: str
+) -> None:
+    """The dispatch gate's reread meets the deep config: the call is CONFIG_CHANGED, fix the
+    config (after_correction), nothing sent -- it was SETUP_FAILED at connection_setup, to be
+    retried with backoff, as the RecursionError left the reread."""
+    call = {"target": "api", "method": "GET", "path": "/x"}
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url + "/aaaa/")})
+        async with open_broker(cfg) as b:
+            with trio.fail_after(LIMIT):
+                first = await b.call(call)
+            assert first.get("error") is None, first
+            _nested_too_deeply(cfg)
+            with trio.fail_after(LIMIT):
+                env = await b.call(call)
+            assert_error(
+                b,
+                env,
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="CONFIG_CHANGED",
+            )
+    assert len(srv.requests) == 1
+
+
+@pytest.mark.parametrize("step", ["read_config", "parse_config"])
+async def test_any_failure_to_get_a_valid_config_counts_as_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """Not only the loader's ConfigError: whatever else the reread or the parse raises (an
+    OSError, a RecursionError the loader did not foresee) is "no valid config", not an error
+    out of the dispatch gate."""
+    path, snap, bound = _snapshot(tmp_path)
+    assert not await snap.changed("api", bound)
+    path.write_text(_edited(path).replace("bbbb/", "aaaa/") + "\n")  # bytes moved: parsed again
+
+    def fails(*args: Any) -> Any:
+        raise (
+            RecursionError("maximum recursion depth exceeded")
+            if step == "parse_config"
+            else (OSError(errno.EIO, "Input/output error"))
+        )
+
+    monkeypatch.setattr(snapshot_module, step, fails)
+    with trio.fail_after(LIMIT):
+        assert await snap.changed("api", bound)
