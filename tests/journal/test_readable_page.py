@@ -203,3 +203,94 @@ def test_a_row_altered_under_the_summary_never_lists_an_unreadable_record(
         # Not answered from it again as it was: it is folded again, and agrees with the rows.
         again = actions_page(r, 2, readable=_payments, summary=summary)
         assert _ids(again) == expected
+
+
+def _alter(db: Path, *statements: str) -> None:
+    """Rows changed in place by someone with write access to the file."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("DROP TRIGGER IF EXISTS events_no_update")
+        for sql in statements:
+            conn.execute(sql)
+    finally:
+        conn.close()
+
+
+def test_an_invocation_moved_to_another_session_under_the_summary_is_not_on_its_old_page(
+    tmp_path: Path,
+) -> None:
+    """A kept summary lists ``a-1`` in alice's session; its rows, altered in place, now say
+    bob's.  Alice's page folds them (``newest_readable``), sees another session than the kept
+    one, forgets the summary and streams: ``a-1`` is not on alice's page."""
+    db = tmp_path / "j.db"
+    trio.run(_fill, db, [happy("a-0", "alice"), happy("a-1", "alice"), happy("b-0", "bob")])
+    summary = SessionSummary()
+    with JournalReader.open(db) as r:
+        actions_page(r, 10, readable=_payments, summary=summary)  # (kept from here)
+        page = actions_page(r, 10, session="alice", readable=_payments, summary=summary)
+        assert _ids(page) == (["a-0", "a-1"], 2, False)
+    _alter(
+        db,
+        "UPDATE events SET session_id = 'bob' WHERE invocation_id = 'a-1'",
+        "UPDATE events SET attrs = replace(attrs, '\"alice\"', '\"bob\"') "
+        "WHERE invocation_id = 'a-1'",
+    )
+    with JournalReader.open(db) as r:
+        rec = r.record("a-1")
+        assert rec is not None and rec.session == "bob"  # (the rows say so now)
+        expected = _streamed(r, 10, _payments, "alice")
+        page = actions_page(r, 10, session="alice", readable=_payments, summary=summary)
+    assert _ids(page) == expected == (["a-0"], 1, False)
+    assert not summary.kept  # forgotten: folded again at the next request
+
+
+def test_an_invocation_whose_first_seq_moved_under_the_summary_is_not_paged_as_kept(
+    tmp_path: Path,
+) -> None:
+    """``inv-1`` and ``inv-2`` were accepted one after the other (their first rows adjacent);
+    those two rows' seqs, swapped in place, put ``inv-2`` before ``inv-1`` in the view's order.
+    The kept summary's page (``inv-1``, ``inv-2``) is not answered -- the fold's first seqs are
+    not the kept ones -- and the page is the stream's, in the order the rows now say."""
+    db = tmp_path / "j.db"
+    one, two = happy("inv-1"), happy("inv-2")
+    trio.run(_fill, db, [happy("inv-0"), [one[0], two[0], *one[1:], *two[1:]]])
+    summary = SessionSummary()
+    with JournalReader.open(db) as r:
+        page = actions_page(r, 2, readable=_payments, summary=summary)
+        assert _ids(page) == (["inv-1", "inv-2"], 3, True)
+    first = "(SELECT min(seq) FROM events WHERE invocation_id = '{}')"
+    _alter(
+        db,
+        f"UPDATE events SET seq = 1000000 WHERE seq = {first.format('inv-1')}",
+        f"UPDATE events SET seq = seq - 1 WHERE seq = {first.format('inv-2')}",
+        "UPDATE events SET seq = 1 + (SELECT min(seq) FROM events WHERE invocation_id = "
+        "'inv-2') WHERE seq = 1000000",
+    )
+    with JournalReader.open(db) as r:
+        expected = _streamed(r, 2, _payments)
+        assert expected == (["inv-2", "inv-1"], 3, True)  # (inv-2 first now)
+        page = actions_page(r, 2, readable=_payments, summary=summary)
+    assert _ids(page) == expected
+    assert not summary.kept
+
+
+def test_a_target_refused_between_the_summary_step_and_the_fold_is_not_listed(
+    tmp_path: Path,
+) -> None:
+    """``readable`` is asked again once the page's records are folded: a target the
+    configuration stopped naming in between (a reload) is not answered from the page chosen
+    before -- the page is the stream's, under the answer as it is now."""
+    db = tmp_path / "j.db"
+    trio.run(_fill, db, _MIXED)
+    summary = SessionSummary()
+    with JournalReader.open(db) as r:
+        actions_page(r, 1, readable=lambda _t: True, summary=summary)  # (kept from here)
+        asked: list[str | None] = []
+
+        def flips(target: str | None) -> bool:
+            asked.append(target)
+            return target != "old" or asked.count("old") == 1  # "old": yes once, then no
+
+        expected = _streamed(r, 10, _payments)
+        page = actions_page(r, 10, readable=flips, summary=summary)
+    assert _ids(page) == expected == (["inv-0", "inv-1", "inv-2"], 3, False)
