@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import affidavit.engine.snapshot as snapshot_module
 from affidavit.config import ConfigError, load_config
 from affidavit.config.loader import MAX_CONFIG_BYTES
 from affidavit.engine.snapshot import ConfigSnapshot
+from affidavit.journal import JournalReader
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .helpers import assert_error, http_target, open_broker, write_config
@@ -260,3 +262,54 @@ async def test_any_failure_to_get_a_valid_config_counts_as_changed(
     monkeypatch.setattr(snapshot_module, step, fails)
     with trio.fail_after(LIMIT):
         assert await snap.changed("api", bound)
+
+
+async def test_a_reread_that_blocks_holds_neither_the_event_loop_nor_a_cancelled_call(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate's reread of the config runs in a thread (a hung mount stalls that call, not the
+    loop: another call goes out and is answered meanwhile), abandoned when the call is
+    cancelled: the cancelled call ends at once, not_attempted, nothing sent for it."""
+    real = snapshot_module._read
+    entered, release = threading.Event(), threading.Event()
+    armed = [True]
+
+    def blocking(path: Path, previous: Any) -> Any:
+        if armed.pop() if armed else False:  # the first read only
+            entered.set()
+            release.wait(LIMIT)  # (bounded: a hung test ends)
+        return real(path, previous)
+
+    monkeypatch.setattr(snapshot_module, "_read", blocking)
+    blocked = {"target": "api", "method": "GET", "path": "/x", "session": "blocked"}
+    other = {"target": "api", "method": "GET", "path": "/y", "session": "other"}
+    ended: list[Any] = []
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url + "/aaaa/")})
+        async with open_broker(cfg) as b, trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+            done = trio.Event()
+
+            async def call_blocked() -> None:
+                with scope:
+                    ended.append(await b.call(blocked))
+                done.set()
+
+            nursery.start_soon(call_blocked)
+            try:
+                with trio.fail_after(LIMIT):
+                    while not entered.is_set():
+                        await trio.sleep(0.01)
+                    env = await b.call(other)  # the loop runs on: this one is answered
+                assert env.get("error") is None, env
+                assert [r.target for r in srv.requests] == ["/aaaa/y"]
+                scope.cancel()
+                with trio.fail_after(LIMIT / 2):  # (not the thread's LIMIT: abandoned)
+                    await done.wait()
+            finally:
+                release.set()
+    assert ended == []  # cancelled, no envelope
+    assert len(srv.requests) == 1
+    with JournalReader.open(tmp_path / "journal.db") as r:
+        (rec,) = r.list_actions(session="blocked")
+    assert rec.outcome.value == "not_attempted" and rec.final
