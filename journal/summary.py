@@ -33,6 +33,8 @@ whole verify finds it.
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import sys
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator
@@ -78,8 +80,8 @@ class _Inv:
 
 class _Session:
     """One session's counts; ``members``: its invocations in order of their first event;
-    ``targets``: how many of them are on each target (an invocation's never changes: a fold
-    that says otherwise folds the whole journal again, ``_update``)."""
+    ``targets``: those on each target, in that order too (an invocation's target never
+    changes: a fold that says otherwise folds the whole journal again, ``_update``)."""
 
     __slots__ = (
         "actions",
@@ -100,13 +102,13 @@ class _Session:
         self.first_seen = first_at
         self.last_seen = last_at
         self.members: list[_Inv] = []
-        self.targets: dict[str | None, int] = {}
+        self.targets: dict[str | None, list[_Inv]] = {}
 
     def add(self, inv: _Inv, first_at: float) -> None:
         inv.session = self.name  # (one string per session, not one per invocation)
         self.members.append(inv)
         self.actions += 1
-        self.targets[inv.target] = self.targets.get(inv.target, 0) + 1
+        self.targets.setdefault(inv.target, []).append(inv)
         self._count(inv)
         if first_at < self.first_seen:
             self.first_seen = first_at
@@ -198,8 +200,10 @@ class _State:
         self.invs: dict[str, _Inv] = {}
         """Every invocation, in the view's order (``pos``): ``_update`` adds the new ones, in
         order, after every kept one (their first event is past ``through``)."""
-        self.targets: dict[str | None, int] = {}
-        """How many invocations are on each target."""
+        self.targets: dict[str | None, list[_Inv]] = {}
+        """The invocations on each target, in the view's order (a caller's page:
+        ``readable_page`` merges the readable targets' from the newest back, never scanning
+        the invocations it does not show)."""
         self.sessions: dict[str | None, _Session] = {}
         self.tallies: dict[Hashable, int] = {}
         """How many invocations have each tally."""
@@ -226,7 +230,7 @@ class _State:
 
     def add(self, iid: str, inv: _Inv, first_at: float, tally: Hashable) -> None:
         self.invs[iid] = inv
-        self.targets[inv.target] = self.targets.get(inv.target, 0) + 1
+        self.targets.setdefault(inv.target, []).append(inv)
         self.retally(inv, tally)
         s = self.sessions.get(inv.session)
         if s is None:
@@ -415,28 +419,25 @@ class SessionSummary:
         given) on a target ``readable`` accepts, in the view's order, and how many such
         invocations there are -- ``JournalReader.newest_readable`` folds those alone and
         checks them against what is kept here.  ``readable`` is asked once per distinct target
-        (the total is a sum over targets; the page is found scanning back from the newest
-        until ``limit`` are found).  Call inside one read transaction."""
+        (the total is a sum over targets; the page merges the readable targets' invocations
+        from the newest back until ``limit`` are found: O(limit x log targets), never the
+        invocations on a target it refuses).  Call inside one read transaction."""
         if limit < 0:
             raise ValueError("limit must be >= 0")
         with self._lock:
             state = self._refresh(tables, now)
             if session is None:
-                counts, invs = state.targets, reversed(state.invs.values())
+                by_target = state.targets
             else:
                 member = state.sessions.get(session)
                 if member is None:
                     return Page((), 0, state.through)
-                counts, invs = member.targets, reversed(member.members)
-            ok = _ask(readable, counts)
-            total = sum(n for target, n in counts.items() if ok[target])
-            shown: list[tuple[str, int, str | None]] = []
-            if limit:
-                for inv in invs:
-                    if ok[inv.target]:
-                        shown.append((inv.iid, inv.pos, inv.target))
-                        if len(shown) == limit:
-                            break
+                by_target = member.targets
+            ok = _ask(readable, by_target)
+            lists = [invs for target, invs in by_target.items() if ok[target]]
+            total = sum(map(len, lists))
+            newest = heapq.merge(*map(reversed, lists), key=_newest_first)
+            shown = [(inv.iid, inv.pos, inv.target) for inv in itertools.islice(newest, limit)]
             shown.reverse()
             return Page(tuple(shown), total, state.through)
 
@@ -504,6 +505,10 @@ class SessionSummary:
 
 class _Rebuild(Exception):
     pass
+
+
+def _newest_first(inv: _Inv) -> int:
+    return -inv.pos
 
 
 def _asked(

@@ -406,12 +406,16 @@ class Api:
         # The page is held until its last byte is written: counted in the answer budget
         # (``results.held``; past it 503 ``ANSWERS_IN_FLIGHT``), so clients that do not read
         # their pages cannot hold 10000 records each without bound.
-        # A page from the kept summary takes the kept views' turn (as ``metrics``): a thread
-        # waits on its fold, not one per request; a filtered page, or a session's while
-        # nothing is kept, is streamed and does not.
+        # The page that makes the summary's first fold takes the kept views' turn (as
+        # ``metrics``): one thread folds the journal, the others wait on the event loop.  Once
+        # something is kept a page does not: it is mostly the fold of its records and their
+        # encoding, outside the summary's lock (which covers the short step of bringing it up
+        # and choosing the page) -- a flood of pages held the turn for their whole job (62-135
+        # ms each at limit=1000) and pushed /v1/sessions and /v1/metrics past ``view_wait``.
+        # A filtered page, or a session's while nothing is kept, is streamed and does not.
         plain = outcome is None and phase is None and since is None and until is None
-        kept = plain and (session is None or summary.kept)
-        data = await self._read(body, "the actions view", summarized=kept)
+        first_fold = plain and session is None and not summary.kept
+        data = await self._read(body, "the actions view", summarized=first_fold)
         with results.held(req, len(data)):
             await req.respond(200, data)
 

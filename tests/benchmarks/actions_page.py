@@ -15,6 +15,13 @@ the kept summary (``kept``: its count per target and the page's rows), same byte
 
     .venv/bin/python tests/benchmarks/actions_page.py --journal PATH [--rounds R]
 
+Last, the case where a removed target holds most of the history (``--hidden``, default on):
+eleven invocations on a target ``fresh`` appended to another copy, and a caller that reads only
+``fresh`` -- the step ``SessionSummary.readable_page`` takes under the summary's lock, as it
+scanned back from the newest through every invocation until ``limit`` readable ones were found
+(``scan``: that loop, reproduced here over the same kept state) beside the page it makes now
+from each target's own list (``merged``), and the whole caller's page (``actions_page``).
+
 ``PATH``: a journal built by ``tests/benchmarks/actions_view.py --build-only --journal PATH
 --events 1000000``.  A script, not a test.
 """
@@ -68,38 +75,101 @@ def _configured(target: str | None) -> bool:
 
 async def _append_removed(path: Path) -> None:
     """One invocation on the target ``removed``, in session ``s3``, appended to ``path``."""
-    run = happy("act_bench_removed", "s3")
-    first = run[0]
-    op = {**first.attrs["operation"], "target": "removed"}
-    run[0] = Event(first.kind, first.invocation_id, {**first.attrs, "operation": op})
+    await _append_on(path, "removed", ["act_bench_removed"])
+
+
+async def _append_on(path: Path, target: str, iids: list[str]) -> None:
+    """An invocation on ``target`` for each of ``iids``, in session ``s3``, appended."""
     async with Journal.open(path) as j:
-        for ev in run:
-            await j.append(ev, barrier=True)
+        for iid in iids:
+            run = happy(iid, "s3")
+            first = run[0]
+            op = {**first.attrs["operation"], "target": target}
+            run[0] = Event(first.kind, first.invocation_id, {**first.attrs, "operation": op})
+            for ev in run:
+                await j.append(ev, barrier=True)
 
 
-def removed_target(journal: Path, rounds: int) -> None:
-    """The caller's page streamed (before) and from the kept summary (after), over a copy of
-    ``journal`` with one invocation on a removed target."""
-    mask = os.umask(0o077)  # (the copy as private as the journal must be)
+def _copy(journal: Path, copy: Path) -> None:
+    """``journal`` copied to ``copy`` with its keys (the journal records them)."""
+    src, dst = sqlite3.connect(journal), sqlite3.connect(copy)
     try:
-        _removed_target(journal, rounds)
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+    for key in (".key", ".signing.key"):
+        mine = journal.with_name(journal.name + key)
+        if mine.exists():
+            shutil.copy2(mine, copy.with_name(copy.name + key))
+
+
+def private(run: Any, journal: Path, rounds: int) -> None:
+    """``run(journal, rounds)`` with the copies it makes as private as the journal must be."""
+    mask = os.umask(0o077)
+    try:
+        run(journal, rounds)
     finally:
         os.umask(mask)
+
+
+def _fresh(target: str | None) -> bool:
+    """A caller's ``readable`` once every target but ``fresh`` left the configuration."""
+    return target == "fresh"
+
+
+def _scan(summary: SessionSummary, limit: int) -> list[str]:
+    """The page as ``readable_page`` found it before: back from the newest invocation until
+    ``limit`` readable ones were found (the kept state read as it was then)."""
+    shown = []
+    for inv in reversed(summary._state.invs.values()):
+        if _fresh(inv.target):
+            shown.append(inv.iid)
+            if len(shown) == limit:
+                break
+    shown.reverse()
+    return shown
+
+
+def hidden_history(journal: Path, rounds: int) -> None:
+    """The page step with most of the history on targets the caller may not read."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "j.db"
+        _copy(journal, copy)
+        trio.run(_append_on, copy, "fresh", [f"act_bench_fresh_{i:02d}" for i in range(11)])
+        with JournalReader.open(copy) as j:
+            summary = SessionSummary()
+            actions_page(j, 0, readable=_fresh, summary=summary)  # folded once
+            hidden = len(summary._state.invs) - 11
+            print(f"eleven invocations readable, {hidden:,} on a removed target")
+            for limit in (1000, 100, 10):
+                scan_t: list[float] = []
+                merged_t: list[float] = []
+                page_t: list[float] = []
+                for _ in range(rounds):
+                    t = time.perf_counter()
+                    old = _scan(summary, limit)
+                    scan_t.append(time.perf_counter() - t)
+                    with j.snapshot():
+                        t = time.perf_counter()
+                        page = summary.readable_page(j.tables, time.time(), _fresh, limit)
+                        merged_t.append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    actions_page(j, limit, readable=_fresh, summary=summary)
+                    page_t.append(time.perf_counter() - t)
+                same = "same ids" if old == [iid for iid, _, _ in page.shown] else "DIFFER"
+                o, n = statistics.median(scan_t), statistics.median(merged_t)
+                w = statistics.median(page_t)
+                print(
+                    f"limit={limit:<5} scan {o * 1000:9.2f} ms  merged {n * 1000:8.3f} ms  "
+                    f"x{o / n:8.1f}  whole page {w * 1000:7.2f} ms  {same}"
+                )
 
 
 def _removed_target(journal: Path, rounds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "j.db"
-        src, dst = sqlite3.connect(journal), sqlite3.connect(copy)
-        try:
-            src.backup(dst)
-        finally:
-            src.close()
-            dst.close()
-        for key in (".key", ".signing.key"):  # (the journal records its keys: they go along)
-            mine = journal.with_name(journal.name + key)
-            if mine.exists():
-                shutil.copy2(mine, copy.with_name(copy.name + key))
+        _copy(journal, copy)
         trio.run(_append_removed, copy)
         with JournalReader.open(copy) as j:
             summary = SessionSummary()
@@ -152,6 +222,12 @@ def main() -> None:
         default=True,
         help="also the caller's page with an invocation on a removed target",
     )
+    parser.add_argument(
+        "--hidden",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also the page step with most of the history on a removed target",
+    )
     args = parser.parse_args()
     with JournalReader.open(args.journal) as j:
         events = j.head()[0]
@@ -193,7 +269,9 @@ def main() -> None:
             )
 
     if args.removed:
-        removed_target(args.journal, args.rounds)
+        private(_removed_target, args.journal, args.rounds)
+    if args.hidden:
+        private(hidden_history, args.journal, args.rounds)
 
 
 if __name__ == "__main__":

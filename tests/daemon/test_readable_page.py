@@ -146,3 +146,45 @@ async def test_a_callers_sessions_and_metrics_leave_out_a_removed_targets_invoca
     assert answers["/v1/metrics?format=json&session=s1"]["invocations"] == 2
     assert operator.returncode == 0, operator.stderr
     assert json.loads(operator.stdout)["invocations"] == len(records) + 1 == 9
+
+
+async def test_only_the_page_that_makes_the_first_fold_takes_the_kept_views_turn(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first unfiltered page folds the whole journal: it takes ``summary_turn`` (one
+    thread folds, the rest wait on the event loop).  Once the summary is kept a page does not
+    take it -- it answers while another view holds the turn -- so a flood of pages cannot keep
+    ``/v1/sessions`` and ``/v1/metrics`` waiting past ``view_wait``."""
+    monkeypatch.setenv(TOKEN_ENV, token)
+    await made_on_a_removed_target(tmp_path)
+    apis: list[affidavit.daemon.app.Api] = []
+    turns: list[bool] = []  # the summary's ``kept`` as each turn was taken
+    Api = affidavit.daemon.app.Api
+    real_init, real_turn = Api.__init__, Api.read_summarized
+
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        real_init(self, *a, **k)
+        apis.append(self)
+
+    async def turn(self: Any, view: Any) -> Any:
+        turns.append(self.summary.kept)
+        return await real_turn(self, view)
+
+    monkeypatch.setattr(Api, "__init__", init)
+    monkeypatch.setattr(Api, "read_summarized", turn)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_, socket):
+        with trio.fail_after(HUNG):
+            status, _h, body = await ask(socket, "GET", "/v1/actions?limit=2")
+            assert status == 200, body
+            assert turns == [False]  # the first fold took the turn
+            (api,) = apis
+            assert api.summary.kept
+            await api.summary_turn.acquire()  # another view's turn, held throughout
+            try:
+                for query in ("", "?limit=1", "?session=s1&limit=1"):
+                    status, _h, body = await ask(socket, "GET", f"/v1/actions{query}")
+                    assert status == 200, body
+                    assert json.loads(body)["actions"], body
+            finally:
+                api.summary_turn.release()
+    assert turns == [False]
