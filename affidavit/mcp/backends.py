@@ -117,14 +117,7 @@ own, never trio's default ones -- which the calls' journal opens share."""
 
 class Embedded:
     def __init__(self, broker: Broker) -> None:
-        from affidavit.journal import SessionSummary
-
         self.broker = broker
-        self._summary = SessionSummary()
-        """The actions view kept (as the daemon keeps its own, ``Api.summary``): a caller's
-        list is read from its count per target and the page's rows, not streamed from the
-        whole journal when some invocation is on a target the configuration no longer names
-        (``views.actions_page``)."""
         self._controls: set[Any] = set()
         self._stopped = False
         self._view_threads = trio.CapacityLimiter(VIEW_THREADS)
@@ -216,14 +209,15 @@ class Embedded:
         tag = self.broker.journal.holder_tag  # (the broker's own reader holds the broker key)
 
         def page(j: JournalReader) -> dict[str, Any]:
-            # The newest ``limit``: memory O(limit), and without an outcome filter only the
-            # page's rows read, not O(journal), from the kept summary (``views.actions_page``).
+            # The newest ``limit``: memory O(limit).  No kept view (the daemon's
+            # ``Api.summary``): ``list_actions`` always names a session (the connection's by
+            # default), and a session's page streams that session -- work O(the session),
+            # never the whole journal's fold a kept view starts with (``views.actions_page``).
             found = actions_page(
                 j,
                 limit,
                 session=session,
                 outcome=outcome,
-                summary=self._summary,
                 readable=self.broker.callable_target,  # only what fetch_result reads
             )
             actions = [record_to_json(r, holder=tag) for r in found.records]

@@ -55,9 +55,9 @@ async def test_a_page_of_the_newest_actions_reads_no_other_record(
     alone, never the whole view folded (``fold_each``): the rows of the records shown and a
     count (``newest_actions``).  Filtered by outcome, the page is still cut from the stream,
     every match counted.  MCP ``list_actions`` holds only invocations on configured targets
-    (``readable``): a session's page while its backend keeps no summary yet streams the
-    session alone (not the whole journal folded for it); once one is kept, it is read from it
-    (tests/mcp/test_readable_page.py) -- never a page that lists another target's."""
+    (``readable``): embedded it keeps no summary, and a session's page streams the session
+    alone, never the whole journal folded for it (tests/mcp/test_readable_page.py) -- never a
+    page that lists another target's."""
     async with HostileServer.running(scripts.serve(OK)) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         async with open_broker(cfg) as b:
