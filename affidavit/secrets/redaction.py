@@ -12,8 +12,10 @@ One mechanism, two layers:
   padded or not), the base64 *cores* of the value at the two other alignments inside a longer
   base64 blob (the characters that depend on the value's bytes alone), and its hex in lower and
   upper case; a value whose letters are all hex digits (a hex token, a UUID) also lower- and
-  upper-cased itself (``_case_free``).  The binding lists the values: the secret and the
-  whole injected value (``Bearer <token>``, ``user:password``, the password alone).
+  upper-cased itself (``_case_free``).  The base64 forms and cores also with a line break
+  between any two characters (``BREAK``): a blob wrapped at 76 or 64 columns.  The binding
+  lists the values: the secret and the whole injected value (``Bearer <token>``,
+  ``user:password``, the password alone).
 * **Case**: a value of ``MIN_ANY_CASE`` bytes or more is matched in every form with each ASCII
   letter written in either case (``BEARER SK_LIVE_...`` from a page that upper-cases the
   request line); a shorter one in each form's own case, where a folded match could be chance.
@@ -30,8 +32,10 @@ whole body.  Every match of a form contains either a literal *needle* (a form wr
 escapes) or an escape sequence of one of the needles' characters; ``bytes.find`` locates those
 candidates, and the regex runs only in the windows around them, each as wide as the widest match
 on either side.  Matches found that way are exactly those one ``re.sub`` over the whole input
-would find (see ``_scan``), so a clean 50 MiB body costs a ``lower`` pass (case-changed needles
-are found in the lower-cased input) and a few ``find`` passes.
+would find (see ``_scan``) -- a wrapped base64 form's when its lines are ``MIN_LINE`` or longer,
+its needles then being pieces a line keeps whole (``line_pieces``) --, so a clean 50 MiB body
+costs a ``lower`` pass (case-changed needles are found in the lower-cased input) and a few
+``find`` passes.
 
 A remote's short text (header fields, the reason phrase, a redirect's origin: ``scrub_text``)
 and a redirect's Location (``holds``) are matched with ``pattern_any_case``: the same forms, ASCII

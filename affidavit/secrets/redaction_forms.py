@@ -18,6 +18,18 @@ LONG_VALUE = 128
 compiling the pattern of a 128-byte value with every encoding takes a few hundred ms."""
 MIN_CORE = 8
 """A shifted base64 core shorter than this would match unrelated base64 text."""
+MIN_LINE = 64
+"""Base64 wrapped into lines of at least this many characters (PEM's 64, MIME's and
+``base64(1)``'s 76) is found wherever its breaks cut a form: its needles are the form's pieces
+of half this length (``line_pieces``)."""
+BREAK = rb"(?:\r?\n|\\r\\n|\\n|%0[dD]%0[aA]|%0[aA])"
+"""A line break inside a wrapped base64 form, written as the unit encodings write one: raw
+(LF or CR LF), JSON-escaped (``\\n``, ``\\r\\n``), percent-encoded (``%0A``, ``%0D%0A``).  It
+and every way of writing a base64 character (literal, ``%2B``, ``\\/``, a ``\\u`` escape)
+differ by their third byte at the latest, so before a slot the break is taken or not at once:
+an optional break never leaves two ways to match the same text."""
+BREAK_WIDTH = 6
+"""The widest ``BREAK`` (``%0D%0A``)."""
 MIN_ANY_CASE = MIN_CORE
 """A value at least this long is matched in every form with its ASCII letters in either case,
 bodies included: a case-changed echo of it (an error page that upper-cases the request line)
@@ -98,6 +110,30 @@ def _case_free(value: bytes) -> bool:
     return bool(letters) and all(b in _HEX_LETTERS for b in letters)
 
 
+def base64_forms(value: bytes) -> set[bytes]:
+    """``value``'s base64 forms among ``secret_forms``: whole (both alphabets, padded or not)
+    and, for a value of at most ``LONG_VALUE`` bytes, its cores at the other two alignments --
+    the forms matched with a line break between any two characters (``BREAK``)."""
+    forms = _literal_forms(value) - {value}
+    if value and len(value) <= LONG_VALUE:
+        for shift in (1, 2):
+            forms |= {c for c in _cores(value, shift) if len(c) >= MIN_CORE}
+    return forms
+
+
+def line_pieces(form: bytes) -> set[bytes]:
+    """Substrings of ``form`` such that the form broken into lines of at least ``MIN_LINE``
+    characters (at any offset) keeps one of them whole: pieces of ``c = min(MIN_LINE // 2,
+    ceil(len / 2))`` characters at 0, c, 2c, ... and one ending the form.  Two breaks are
+    ``MIN_LINE >= 2c`` apart, so a line between them holds a whole aligned piece; a single
+    break cuts at most the one piece it falls in, or the last two where they overlap, and
+    there are at least three pieces then, or two that a single cut cannot both split."""
+    c = min(MIN_LINE // 2, (len(form) + 1) // 2)
+    if c == 0:
+        return set()
+    return {form[i : i + c] for i in range(0, len(form) - c, c)} | {form[len(form) - c :]}
+
+
 def secret_forms(value: bytes) -> set[bytes]:
     """The whole-value forms of ``value`` as concrete byte strings; each is matched in every
     unit encoding (and the base64 alphabets and hex cases may mix: see ``_value_slots``)."""
@@ -117,8 +153,9 @@ def secret_forms(value: bytes) -> set[bytes]:
 
 Char = tuple[bytes, int | None]
 """A character of a form: its bytes, and its code point (None: a byte of a non-UTF-8 value)."""
-Slot = tuple[tuple[Char, ...], bool]
-"""One position of a form: the characters it may be (base64 alphabets, hex cases), optional?"""
+Slot = tuple[tuple[Char, ...], bool, bool]
+"""One position of a form: the characters it may be (base64 alphabets, hex cases), optional?,
+and may a line break (``BREAK``) come before it (a wrapped base64 form)?"""
 
 
 def _chars(data: bytes) -> list[Char]:
@@ -129,16 +166,19 @@ def _chars(data: bytes) -> list[Char]:
     return [(ch.encode("utf-8"), ord(ch)) for ch in text]
 
 
-def _merge(variants: Sequence[bytes], optional_from: int | None = None) -> list[Slot]:
+def _merge(
+    variants: Sequence[bytes], optional_from: int | None = None, wrapped: bool = False
+) -> list[Slot]:
     """Equal-length variants of one form as slots of alternative characters; every position
     from ``optional_from`` on optional (``optional_from`` is only given for base64, where it
-    makes the padding optional as well)."""
+    makes the padding optional as well); ``wrapped``: a line break may come before any slot but
+    the first (base64)."""
     cols = zip(*(_chars(v) for v in variants), strict=True)
     slots: list[Slot] = []
     for i, col in enumerate(cols):
         chars = tuple(dict.fromkeys(col))
         optional = optional_from is not None and (i >= optional_from or chars == ((b"=", 0x3D),))
-        slots.append((chars, optional))
+        slots.append((chars, optional, wrapped and i > 0))
     return slots
 
 
@@ -150,12 +190,13 @@ def _value_slots(value: bytes) -> list[list[Slot]]:
     forms = [_merge([value, value.lower(), value.upper()] if case_free else [value])]
     plain = [enc(value) for enc in _B64]
     core0 = len(_cores(value, 0)[0])
-    forms.append(_merge(plain, optional_from=core0 if core0 >= MIN_CORE else len(plain[0])))
+    optional_from = core0 if core0 >= MIN_CORE else len(plain[0])
+    forms.append(_merge(plain, optional_from, wrapped=True))
     if len(value) <= LONG_VALUE:
         for shift in (1, 2):
             cores = _cores(value, shift)
             if len(cores[0]) >= MIN_CORE:
-                forms.append(_merge(cores))
+                forms.append(_merge(cores, wrapped=True))
         hexed = value.hex().encode("ascii")
         forms.append(_merge([hexed, hexed.upper()]))
     return forms
@@ -219,13 +260,15 @@ def _either_case(chars: tuple[Char, ...]) -> tuple[Char, ...]:
 
 
 def _slot_regex(slot: Slot, any_case: bool) -> tuple[bytes, int]:
-    """The slot's regex (each letter in either case if ``any_case``, literally or escaped),
-    and its widest match."""
-    chars, optional = slot
+    """The slot's regex (each letter in either case if ``any_case``, literally or escaped,
+    after an optional line break if the slot may have one), and its widest match."""
+    chars, optional, wrap = slot
     alts = {(-w, re.escape(bytes([f])) + rest) for c in chars for f, rest, w in _alts(c, any_case)}
     if any_case:
         alts |= {(-1, bytes([c[0][0] ^ 0x20])) for c in chars if c[0].isalpha()}
     body = b"(?:" + b"|".join(p for _, p in sorted(alts)) + (b")?" if optional else b")")
+    if wrap:
+        return BREAK + b"?" + body, BREAK_WIDTH - min(alts)[0]
     return body, -min(alts)[0]
 
 
@@ -248,7 +291,10 @@ def _any_case_literal(data: bytes) -> bytes:
 
 
 def _width(form: list[Slot]) -> int:
-    return sum(max(w for c in chars for *_, w in _alts(c)) for chars, _ in form)
+    return sum(
+        max(w for c in chars for *_, w in _alts(c)) + (BREAK_WIDTH if wrap else 0)
+        for chars, _, wrap in form
+    )
 
 
 def _minimal(forms: set[bytes]) -> tuple[bytes, ...]:
@@ -283,8 +329,10 @@ def _escapes(needles: Iterable[bytes]) -> tuple[set[bytes], tuple[Escape, ...]]:
             if len(raw) > 1 or raw in _UNRESERVED:
                 follower = b""
             elif i + 1 < len(chars):
-                # In either case (a superset for a short value: only more candidates).
-                follower = _slot_regex(((chars[i + 1],), False), True)[0]
+                # In either case (a superset for a short value: only more candidates).  (An
+                # escape right before a wrapped form's line break needs none: the line holds a
+                # whole piece, ``line_pieces``.)
+                follower = _slot_regex(((chars[i + 1],), False, False), True)[0]
             elif i == 0:
                 follower = b""
             else:

@@ -27,7 +27,9 @@ from .redaction_forms import (
     _slot_regex,
     _value_slots,
     _width,
+    base64_forms,
     compile_secret,
+    line_pieces,
     secret_forms,
 )
 
@@ -65,8 +67,16 @@ class _Plan:
         self.widest = max([widest, *(_width(slots) for slots, _ in self._encoded)])
         """The widest match: a window this wide on each side of a candidate holds every match."""
         needles, escapes = _escapes(_minimal(encoded_forms))
-        self.needles = _minimal(forms | needles)
-        """Byte strings to ``find``: every concrete form, written without escapes, holds one."""
+        # A wrapped base64 form (or the extra needle, a prefix of one, that stands for it when
+        # only its last character is escaped) is found by its pieces: a line break cuts it.
+        # Only needles that stay after ``_minimal`` are cut: a form holding one holds it
+        # wrapped as the form is, and so one of its pieces whole.
+        wrapped = set().union(*map(base64_forms, encoded))
+        whole = _minimal(forms | needles)
+        cut = {n for n in whole if any(f.startswith(n) for f in wrapped)}
+        self.needles = _minimal(set(whole) - cut | set().union(*map(line_pieces, cut)))
+        """Byte strings to ``find``: every concrete form, written without escapes, holds one --
+        a base64 form even when wrapped into lines of ``MIN_LINE`` or more (``line_pieces``)."""
         self.needles_lower = _minimal({n.lower() for n in self.needles})
         """``needles`` lower-cased: a match of ``pattern`` or ``pattern_any_case`` written
         without escapes holds one once lower-cased (``_candidates``, ``may_hold_any_case``)."""
@@ -127,8 +137,8 @@ class _Plan:
             rest = [_slot_regex(s, any_case) for s in form[1:]]
             rest_re = b"".join(r for r, _ in rest)
             rest_w = sum(w for _, w in rest)
-            chars, optional = form[0]
-            assert not optional
+            chars, optional, wrap = form[0]
+            assert not optional and not wrap
             for f, frag, w in (a for c in chars for a in _alts(c, any_case)):
                 # The branch of a letter takes either case; a short value's exact first letter
                 # is checked behind it.

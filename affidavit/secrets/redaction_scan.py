@@ -15,11 +15,12 @@ REDACTED = b"[REDACTED]"
 def _candidates(plan: _Plan, buf: bytes, limit: int) -> list[int] | None:
     """Positions every match holds one of: a lower-cased needle's start in the lower-cased
     input, or an escape of a needle's character.  (A match written without escapes is a
-    concrete form, its letters' case maybe changed, and every concrete form contains a needle;
-    a match with an escape holds the needle's span, and an escape of one of its characters,
-    followed by the next in either case, in it.)  None once there are more than ``limit``:
-    their windows would cover the buffer anyway.  Lower-casing costs a pass at about 1 GB/s
-    and keeps every position."""
+    concrete form, its letters' case maybe changed, and every concrete form contains a needle
+    -- a base64 form wrapped into lines of ``MIN_LINE`` or more one of its pieces, whole in a
+    line: ``line_pieces``; a match with an escape holds the needle's span, and an escape of
+    one of its characters, followed by the next in either case, in it.)  None once there are
+    more than ``limit``: their windows would cover the buffer anyway.  Lower-casing costs a
+    pass at about 1 GB/s and keeps every position."""
     out: list[int] = []
     find = buf.lower().find
     for needle in plan.needles_lower:

@@ -5,7 +5,10 @@ by side in one run, over 50 MiB bodies fed in the engine's 64 KiB chunks.
 
 Bodies: ``json`` (records with a URL, an escaped backslash path, a percent escape), ``random``
 (binary), ``php_json`` (every ``/`` escaped as ``\\/`` -- the case where escapes of a base64
-character are everywhere) and ``echo`` (``json`` with the token echoed JSON-escaped once per MiB).
+character are everywhere), ``echo`` (``json`` with the token echoed JSON-escaped once per MiB),
+``mime`` (random bytes as MIME base64: 76 columns, CRLF, the token's base64 inside once per MiB,
+across a line break) and ``pieces`` (the adversary of wrapped forms: nothing but the token's
+base64 needle pieces, each on its own line, so every line is a candidate and none a match).
 The credential is a bearer token whose base64 forms hold ``/`` and ``+`` (the worst case for
 escape candidates), and the redactor knows it and ``Bearer <token>``, as the HTTP binding lists
 them.  Also printed: building a redactor for a new credential (the pattern is compiled lazily, on
@@ -32,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from affidavit.secrets import redaction
 from affidavit.secrets.redaction import Redactor
+from affidavit.secrets.redaction_forms import line_pieces
 
 TOKEN = b"tok-6YgyY0Jc8EKXC0/JVUPImH2T+mksDrTk"
 CHUNK = 64 * 1024
@@ -92,7 +96,20 @@ def bodies(size: int) -> dict[str, bytes]:
     shown = json.dumps(TOKEN.decode()).replace("/", "\\/").encode()
     for at in range(0, len(echo) - 100, 1 << 20):
         echo[at : at + len(shown)] = shown
-    return {"json": js, "random": os.urandom(size), "php_json": php_b, "echo": bytes(echo)}
+    mime = bytearray(base64.encodebytes(os.urandom(size * 3 // 4)).replace(b"\n", b"\r\n"))
+    for at in range(0, len(mime) - 200, 1 << 20):
+        line = at - at % 78 + 60  # 16 characters before a CRLF
+        wrapped = base64.b64encode(b"xyz" + TOKEN)
+        mime[line : line + len(wrapped) + 2] = wrapped[:16] + b"\r\n" + wrapped[16:]
+    pieces = b"\n".join(sorted(line_pieces(base64.b64encode(TOKEN)))) + b"\n"
+    return {
+        "json": js,
+        "random": os.urandom(size),
+        "php_json": php_b,
+        "echo": bytes(echo),
+        "mime": bytes(mime),
+        "pieces": pieces * (size // len(pieces)),
+    }
 
 
 def run(make: Callable[[], object], body: bytes) -> float:
@@ -124,6 +141,11 @@ def main() -> None:
         f"new credential: plan {built * 1000:.0f} ms, pattern compiled on first use "
         f"{compiled * 1000:.0f} ms"
     )
+    if other:
+        other.clear_plans()
+        t = time.perf_counter()
+        other.Redactor(secrets)._plan.pattern  # noqa: B018 - compile now, to time it
+        print(f"  @ {args.ab.name}: plan and pattern {(time.perf_counter() - t) * 1000:.0f} ms")
     ab = f" {'Redactor @' + args.ab.name:>22}" if other else ""
     print(f"{'body':10} {'literal (old)':>14} {'Redactor':>10} {'time new/old':>13}{ab}")
     for name, body in bodies(args.mib << 20).items():

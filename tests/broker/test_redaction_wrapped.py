@@ -1,0 +1,126 @@
+"""Base64 wrapped into lines -- 76 columns (MIME, RFC 2045 §6.8; ``base64(1)``; Python's
+``encodebytes``) or 64 (PEM, RFC 7468) -- loses the secret wherever its encoding crosses a line
+break (docs/redaction.md, "The forms").  Each base64 form and core takes a line break (raw, JSON-
+or percent-escaped: ``BREAK``) between any two characters; its needles are pieces a line of
+``MIN_LINE`` or more keeps whole (``line_pieces``).  The optional break is never ambiguous with
+a character's ways of being written, so the pattern's work per start stays bounded.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import re
+import urllib.parse
+from collections.abc import Callable
+
+import pytest
+
+from affidavit.secrets.redaction import REDACTED, Redactor
+from affidavit.secrets.redaction_forms import (
+    BREAK,
+    MIN_LINE,
+    _alts,
+    _chars,
+    base64_forms,
+    line_pieces,
+)
+
+SECRETS = [b"sk_live_Ab3De9Fg9xHi7Qz", b"tok-6YgyY0Jc8EKXC0/JVUPImH2T+mksDrTk\xfe\xff"]
+ENCODINGS = {"standard": base64.b64encode, "urlsafe": base64.urlsafe_b64encode}
+
+
+def _wrap(text: bytes, width: int, eol: bytes) -> bytes:
+    return b"".join(text[i : i + width] + eol for i in range(0, len(text), width))
+
+
+def _decodes_to(piece: bytes, secret: bytes, altchars: bytes) -> bool:
+    """Whether the base64 characters of ``piece``, joined across its line breaks, decode at any
+    of the four alignments to bytes holding ``secret``."""
+    run = re.sub(rb"[^A-Za-z0-9" + re.escape(altchars) + rb"]", b"", piece)
+    for start in range(4):
+        part = run[start:]
+        if secret in base64.b64decode(part[: len(part) // 4 * 4], altchars=altchars):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("secret", SECRETS, ids=["23_bytes", "38_bytes"])
+@pytest.mark.parametrize("encoding", sorted(ENCODINGS))
+@pytest.mark.parametrize(("width", "eol"), [(76, b"\n"), (76, b"\r\n"), (64, b"\n")])
+def test_no_shift_of_wrapped_base64_leaves_the_secret_decodable(
+    secret: bytes, encoding: str, width: int, eol: bytes
+) -> None:
+    """The review's test: the secret at every byte offset 0..76 of a blob base64-wrapped at
+    76 (LF and CRLF) or 64 columns; no piece of the output decodes to it."""
+    encode = ENCODINGS[encoding]
+    altchars = encode(b"\xfb\xff")[:2]
+    redactor = Redactor([secret])
+    for pad in range(77):
+        blob = _wrap(encode(b"A" * pad + secret + b"B" * 40), width, eol)
+        out = redactor.fresh().sub(blob)
+        for piece in out.split(REDACTED):
+            assert not _decodes_to(piece, secret, altchars), (pad, out)
+
+
+ESCAPED: dict[str, Callable[[bytes], bytes]] = {
+    "json": lambda text: json.dumps(text.decode()).encode(),
+    "percent": lambda text: urllib.parse.quote_from_bytes(text, safe="").encode(),
+    "percent_lower": lambda text: urllib.parse.quote_from_bytes(text, safe="").lower().encode(),
+}
+
+
+@pytest.mark.parametrize("escape", sorted(ESCAPED))
+def test_wrapped_base64_inside_json_or_a_url_is_redacted(escape: str) -> None:
+    """A PEM or MIME blob echoed inside a JSON string (``\\n``, a PHP ``\\/``) or percent-
+    encoded (``%0A``, ``%2F``): the line breaks are written escaped too."""
+    secret = SECRETS[1]
+    redactor = Redactor([secret])
+    for pad in range(0, 77, 7):
+        blob = _wrap(base64.b64encode(b"A" * pad + secret + b"B" * 40), 64, b"\r\n")
+        shown = ESCAPED[escape](blob)
+        out = redactor.fresh().sub(shown)
+        assert REDACTED in out, pad
+        plain = urllib.parse.unquote_to_bytes(out.replace(b"\\r\\n", b"\n").replace(b"\\/", b"/"))
+        for piece in plain.split(REDACTED):
+            assert not _decodes_to(piece, secret, b"+/"), (pad, out)
+
+
+@pytest.mark.parametrize("secret", SECRETS, ids=["23_bytes", "38_bytes"])
+def test_every_line_cut_of_a_base64_form_keeps_one_needle_piece_whole(secret: bytes) -> None:
+    """``line_pieces``' claim, for every form and every wrap of ``MIN_LINE`` columns or more
+    (up to a form's length) at every offset: a needle piece lies wholly in one line."""
+    for form in base64_forms(secret) | base64_forms(b"Bearer " + secret):
+        pieces = line_pieces(form)
+        for width in range(MIN_LINE, max(MIN_LINE, len(form)) + 1):
+            for first in range(1, width + 1):
+                cuts = [0, *range(first, len(form), width), len(form)]
+                lines = [form[a:b] for a, b in itertools.pairwise(cuts)]
+                assert any(p in line for p in pieces for line in lines), (form, width, first)
+
+
+def _ways(char: bytes) -> list[bytes]:
+    """Every way of writing the base64 character ``char`` a slot matches: literal, ``%XX`` in
+    either hex case, JSON escapes."""
+    pattern = [re.compile(re.escape(bytes([f])) + rest) for f, rest, _ in _alts(_chars(char)[0])]
+    candidates = [char, b"%%%02X" % char[0], b"%%%02x" % char[0], b"\\/", b"\\u%04x" % char[0]]
+    candidates.append(b"\\u%04X" % char[0])
+    return [c for c in candidates if any(p.fullmatch(c) for p in pattern)]
+
+
+def test_an_optional_line_break_never_competes_with_a_character() -> None:
+    """The work bound: the only repetitions in a plan's pattern are ``?`` (no ``*``, ``+`` or
+    ``{m,n}`` to backtrack through), and an optional break before a slot is decided by the
+    text: no way of writing a base64 character starts like a break, no break like a character.
+    So a start position costs at most one pass over the form."""
+    for alphabet in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_":
+        for way in _ways(bytes([alphabet])):
+            assert re.match(BREAK, way) is None, way
+            for brk in (b"\n", b"\r\n", b"\\n", b"\\r\\n", b"%0A", b"%0a", b"%0D%0A", b"%0d%0a"):
+                assert re.fullmatch(BREAK, brk)
+                assert not brk.startswith(way) and not way.startswith(brk[:3]), (way, brk)
+    plan = Redactor(SECRETS)._plan
+    assert plan is not None
+    repeats = re.findall(rb"(?<!\\)(?:[*+]|\{\d*,?\d*\})", plan._source())
+    assert repeats == []
