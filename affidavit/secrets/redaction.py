@@ -32,9 +32,10 @@ whole body.  Every match of a form contains either a literal *needle* (a form wr
 escapes) or an escape sequence of one of the needles' characters; ``bytes.find`` locates those
 candidates, and the regex runs only in the windows around them, each as wide as the widest match
 on either side.  Matches found that way are exactly those one ``re.sub`` over the whole input
-would find (see ``_scan``) -- a wrapped base64 form's when its lines are ``MIN_LINE`` or longer,
-its needles then being pieces a line keeps whole (``line_pieces``) --, so a clean 50 MiB body
-costs a ``lower`` pass (case-changed needles are found in the lower-cased input) and a few
+would find (see ``_scan``; a wrapped base64 form's needle is looked for with the raw line
+breaks dropped, ``joined``, and an escaped break between base64 characters is an escape
+candidate), so a clean 50 MiB body costs a ``lower`` pass (case-changed needles are found in
+the lower-cased input), a copy without raw line breaks where there are any, and a few
 ``find`` passes.
 
 A remote's short text (header fields, the reason phrase, a redirect's origin: ``scrub_text``)

@@ -18,10 +18,6 @@ LONG_VALUE = 128
 compiling the pattern of a 128-byte value with every encoding takes a few hundred ms."""
 MIN_CORE = 8
 """A shifted base64 core shorter than this would match unrelated base64 text."""
-MIN_LINE = 64
-"""Base64 wrapped into lines of at least this many characters (PEM's 64, MIME's and
-``base64(1)``'s 76) is found wherever its breaks cut a form: its needles are the form's pieces
-of half this length (``line_pieces``)."""
 BREAK = rb"(?:\r?\n|\\r\\n|\\n|%0[dD]%0[aA]|%0[aA])"
 """A line break inside a wrapped base64 form, written as the unit encodings write one: raw
 (LF or CR LF), JSON-escaped (``\\n``, ``\\r\\n``), percent-encoded (``%0A``, ``%0D%0A``).  It
@@ -30,6 +26,14 @@ differ by their third byte at the latest, so before a slot the break is taken or
 an optional break never leaves two ways to match the same text."""
 BREAK_WIDTH = 6
 """The widest ``BREAK`` (``%0D%0A``)."""
+RAW_BREAK = b"\r\n"
+"""The bytes of a raw ``BREAK``: ``joined`` drops them, so a base64 form wrapped with raw
+breaks is whole again."""
+_B64_WRITTEN = rb"[A-Za-z0-9+/=_-]"
+"""The last byte of any way of writing a base64 character (literal; ``%XX`` and ``\\uXXXX``
+end in a hex digit, ``\\/`` in ``/``)."""
+_B64_NEXT = rb"(?=[A-Za-z0-9+/=_%\\-])"
+"""The first byte of any way of writing a base64 character (literal, ``%``, ``\\``)."""
 MIN_ANY_CASE = MIN_CORE
 """A value at least this long is matched in every form with its ASCII letters in either case,
 bodies included: a case-changed echo of it (an error page that upper-cases the request line)
@@ -121,17 +125,10 @@ def base64_forms(value: bytes) -> set[bytes]:
     return forms
 
 
-def line_pieces(form: bytes) -> set[bytes]:
-    """Substrings of ``form`` such that the form broken into lines of at least ``MIN_LINE``
-    characters (at any offset) keeps one of them whole: pieces of ``c = min(MIN_LINE // 2,
-    ceil(len / 2))`` characters at 0, c, 2c, ... and one ending the form.  Two breaks are
-    ``MIN_LINE >= 2c`` apart, so a line between them holds a whole aligned piece; a single
-    break cuts at most the one piece it falls in, or the last two where they overlap, and
-    there are at least three pieces then, or two that a single cut cannot both split."""
-    c = min(MIN_LINE // 2, (len(form) + 1) // 2)
-    if c == 0:
-        return set()
-    return {form[i : i + c] for i in range(0, len(form) - c, c)} | {form[len(form) - c :]}
+def joined(data: bytes) -> bytes:
+    """``data`` without its raw line breaks' bytes (``RAW_BREAK``): a base64 form wrapped with
+    raw breaks, at any width, is whole in it (a lone CR dropped too: only more candidates)."""
+    return data.replace(b"\r", b"").replace(b"\n", b"")  # each ``data`` itself if absent
 
 
 def secret_forms(value: bytes) -> set[bytes]:
@@ -306,7 +303,9 @@ Escape = tuple[bytes, re.Pattern[bytes]]
 """An escape pattern and the literal byte it starts with."""
 
 
-def _escapes(needles: Iterable[bytes]) -> tuple[set[bytes], tuple[Escape, ...]]:
+def _escapes(
+    needles: Iterable[bytes], wrapped: bool = False
+) -> tuple[set[bytes], tuple[Escape, ...]]:
     """(extra needles, escape patterns) such that every match of a needle written with at least
     one escape holds a candidate.  Take the needle's first character written escaped: if it is
     the last one, everything before it is literal, so the needle less its last character is an
@@ -314,7 +313,11 @@ def _escapes(needles: Iterable[bytes]) -> tuple[set[bytes], tuple[Escape, ...]]:
     an escape pattern matches it there (with that follower as a lookahead, so a run of escapes
     reports each one).  Requiring the follower keeps a body full of escaped slashes (PHP's
     ``\\/``) from making every slash a candidate.  Escapes inside a non-ASCII character are
-    candidates whatever follows them."""
+    candidates whatever follows them.  ``wrapped`` (the needles hold base64 forms, which
+    ``BREAK`` may cut): an escaped break (JSON ``\\n``, ``\\r\\n``; ``%0A``, ``%0D%0A``)
+    between two base64 characters, each written some way, is a candidate as well -- no
+    needle crosses it.  (A raw break needs none: the scan drops raw breaks before it looks for
+    the base64 needles and the escapes, ``joined``.)"""
     extra: set[bytes] = set()
     percent: dict[int, set[bytes]] = {}
     uescape: dict[int, set[bytes]] = {}
@@ -329,9 +332,7 @@ def _escapes(needles: Iterable[bytes]) -> tuple[set[bytes], tuple[Escape, ...]]:
             if len(raw) > 1 or raw in _UNRESERVED:
                 follower = b""
             elif i + 1 < len(chars):
-                # In either case (a superset for a short value: only more candidates).  (An
-                # escape right before a wrapped form's line break needs none: the line holds a
-                # whole piece, ``line_pieces``.)
+                # In either case (a superset for a short value: only more candidates).
                 follower = _slot_regex(((chars[i + 1],), False, False), True)[0]
             elif i == 0:
                 follower = b""
@@ -349,11 +350,18 @@ def _escapes(needles: Iterable[bytes]) -> tuple[set[bytes], tuple[Escape, ...]]:
                     unit = cp if cp < 0x10000 else _surrogates(cp)[0]
                     uescape.setdefault(unit, set()).add(follower)
     patterns = []
-    if percent:
-        patterns.append((b"%", _digits({b"%02x" % b: f for b, f in percent.items()})))
-    if uescape or short:
+    if percent or wrapped:
+        # ``%0A`` or ``%0D%0A``, among the codes' first digits (a literal: ``re`` passes it by
+        # at a glance)
+        brk = [b"0(?<=" + _B64_WRITTEN + b"%0)(?:[dD]%0[aA]|[aA])" + _B64_NEXT] if wrapped else []
+        patterns.append((b"%", _digits({b"%02x" % b: f for b, f in percent.items()}, brk)))
+    if uescape or short or wrapped:
         alts = [b"u" + _digits({b"%04x" % u: f for u, f in uescape.items()})] if uescape else []
         alts += [re.escape(bytes([c])) + _lookahead(f) for c, f in sorted(short.items())]
+        if wrapped:
+            # ``\\n`` or ``\\r\\n`` (each starting with a literal)
+            alts.append(b"n(?<=" + _B64_WRITTEN + rb"\\n)" + _B64_NEXT)
+            alts.append(b"r(?<=" + _B64_WRITTEN + rb"\\r)\\n" + _B64_NEXT)
         patterns.append((b"\\", _alternation(alts)))
     if plus:
         patterns.append((b"+", _lookahead(plus)))
@@ -364,7 +372,7 @@ def _lookahead(followers: set[bytes]) -> bytes:
     return b"" if b"" in followers else b"(?=" + _alternation(sorted(followers)) + b")"
 
 
-def _digits(codes: dict[bytes, set[bytes]]) -> bytes:
+def _digits(codes: dict[bytes, set[bytes]], more: Sequence[bytes] = ()) -> bytes:
     """A prefix tree over hex codes (either case), each leaf followed by its lookahead: a flat
     alternation of ``\\uXXXX`` codes made ``re`` try every one at every backslash."""
     heads: dict[int, dict[bytes, set[bytes]]] = {}
@@ -377,4 +385,4 @@ def _digits(codes: dict[bytes, set[bytes]]) -> bytes:
             alts.append(digit + _lookahead(rest[b""]))
         else:
             alts.append(digit + _digits(rest))
-    return _alternation(alts)
+    return _alternation([*alts, *more])

@@ -29,7 +29,7 @@ from .redaction_forms import (
     _width,
     base64_forms,
     compile_secret,
-    line_pieces,
+    joined,
     secret_forms,
 )
 
@@ -66,20 +66,24 @@ class _Plan:
         self._pattern_any_case: re.Pattern[bytes] | None = None
         self.widest = max([widest, *(_width(slots) for slots, _ in self._encoded)])
         """The widest match: a window this wide on each side of a candidate holds every match."""
-        needles, escapes = _escapes(_minimal(encoded_forms))
-        # A wrapped base64 form (or the extra needle, a prefix of one, that stands for it when
-        # only its last character is escaped) is found by its pieces: a line break cuts it.
-        # Only needles that stay after ``_minimal`` are cut: a form holding one holds it
-        # wrapped as the form is, and so one of its pieces whole.
         wrapped = set().union(*map(base64_forms, encoded))
+        needles, escapes = _escapes(_minimal(encoded_forms), bool(wrapped))
+        # A base64 form (or the extra needle, a prefix of one, that stands for it when only its
+        # last character is escaped) is looked for in the input without its raw line breaks
+        # (``joined``): a wrapped form is whole there.  Its escaped breaks are escape
+        # candidates.
         whole = _minimal(forms | needles)
         cut = {n for n in whole if any(f.startswith(n) for f in wrapped)}
-        self.needles = _minimal(set(whole) - cut | set().union(*map(line_pieces, cut)))
-        """Byte strings to ``find``: every concrete form, written without escapes, holds one --
-        a base64 form even when wrapped into lines of ``MIN_LINE`` or more (``line_pieces``)."""
+        self.needles = tuple(n for n in whole if n not in cut)
+        """Byte strings to ``find`` as written: every concrete form that is not base64 holds
+        one."""
         self.needles_lower = _minimal({n.lower() for n in self.needles})
         """``needles`` lower-cased: a match of ``pattern`` or ``pattern_any_case`` written
         without escapes holds one once lower-cased (``_candidates``, ``may_hold_any_case``)."""
+        self.joined_lower = _minimal({n.lower() for n in cut})
+        """The base64 forms' needles, lower-cased, to ``find`` in the lower-cased input without
+        its raw line breaks (``joined``): a base64 form written without escapes, wrapped with
+        raw breaks or not, holds one there."""
         self.escapes = escapes
         """(escape byte, pattern) per escape character: the escapes that may start a match's
         escaped part (each pattern starts with its byte; see ``_escape_hits``)."""
@@ -107,12 +111,16 @@ class _Plan:
 
     def may_hold_any_case(self, raw: bytes) -> bool:
         """False only if ``pattern_any_case`` cannot match ``raw``: a match holds an escape
-        (``%``, ``\\`` or ``+``) or, lower-cased, a lower-cased needle.  Most header text holds
+        (``%``, ``\\`` or ``+``; an escaped line break too) or, lower-cased, a lower-cased
+        needle (a base64 one once raw line breaks are dropped).  Most header text holds
         neither, and then the pattern is neither run nor compiled."""
         if b"%" in raw or b"\\" in raw or b"+" in raw:
             return True
         low = raw.lower()
-        return any(n in low for n in self.needles_lower)
+        if any(n in low for n in self.needles_lower):
+            return True
+        low = joined(low)
+        return any(n in low for n in self.joined_lower)
 
     @property
     def pattern_any_case(self) -> re.Pattern[bytes]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from .redaction_forms import RAW_BREAK, joined
 from .redaction_plan import _Plan
 
 REDACTED = b"[REDACTED]"
@@ -14,26 +15,61 @@ REDACTED = b"[REDACTED]"
 
 def _candidates(plan: _Plan, buf: bytes, limit: int) -> list[int] | None:
     """Positions every match holds one of: a lower-cased needle's start in the lower-cased
-    input, or an escape of a needle's character.  (A match written without escapes is a
-    concrete form, its letters' case maybe changed, and every concrete form contains a needle
-    -- a base64 form wrapped into lines of ``MIN_LINE`` or more one of its pieces, whole in a
-    line: ``line_pieces``; a match with an escape holds the needle's span, and an escape of
-    one of its characters, followed by the next in either case, in it.)  None once there are
-    more than ``limit``: their windows would cover the buffer anyway.  Lower-casing costs a
-    pass at about 1 GB/s and keeps every position."""
+    input, a base64 needle's in it without its raw line breaks (``joined``), or an escape (of
+    a needle's character, or an escaped line break between two base64 characters).  (A match
+    written without escapes is a concrete form, its letters' case maybe changed, wrapped with
+    raw breaks if it is base64, and every concrete form contains a needle; a match with an
+    escape holds the needle's span, and an escape of one of its characters followed by the
+    next in either case -- or by a raw break and the next --, or an escaped break, in it.)
+    None once there are more than ``limit``: their windows would cover the buffer anyway.
+    Lower-casing costs a pass at about 1 GB/s and keeps every position; dropping the raw
+    breaks a copy where there are any, two ``find`` passes where there are none."""
     out: list[int] = []
-    find = buf.lower().find
-    for needle in plan.needles_lower:
+    low = buf.lower()
+    if not _finds(low, plan.needles_lower, out, limit):
+        return None
+    flat = joined(low)
+    mark = len(out)
+    if not _finds(flat, plan.joined_lower, out, limit):
+        return None
+    for first, escape in plan.escapes:
+        if not _escape_hits(flat, first, escape, out, limit):
+            return None
+    if flat is not low and len(out) > mark:
+        out[mark:] = _unjoined(low, out[mark:])
+    out.sort()
+    return out
+
+
+def _finds(text: bytes, needles: tuple[bytes, ...], out: list[int], limit: int) -> bool:
+    """Append every start of each needle in ``text`` to ``out`` (False past ``limit``)."""
+    find = text.find
+    for needle in needles:
         i = find(needle)
         while i >= 0:
             out.append(i)
             if len(out) > limit:
-                return None
+                return False
             i = find(needle, i + 1)
-    for first, escape in plan.escapes:
-        if not _escape_hits(buf, first, escape, out, limit):
-            return None
-    out.sort()
+    return True
+
+
+def _unjoined(low: bytes, hits: list[int]) -> list[int]:
+    """Positions in ``joined(low)`` as positions in ``low`` (sorted): the one of the ``q``-th
+    kept byte is the least ``r`` with ``r = q + `` the dropped bytes in ``low[: r + 1]``,
+    reached from below by counting them (``count``: memchr speed) in each stretch once, hits
+    taken in order.  Run only for a chunk where a needle or an escape was found."""
+    out: list[int] = []
+    done = dropped = 0  # low[:done] holds ``dropped`` dropped bytes
+    for q in sorted(hits):
+        r = q + dropped
+        while True:
+            more = sum(low.count(b, done, r + 1) for b in RAW_BREAK)
+            done, dropped = r + 1, dropped + more
+            if not more:
+                break
+            r += more
+        out.append(r)
     return out
 
 

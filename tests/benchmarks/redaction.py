@@ -8,7 +8,7 @@ Bodies: ``json`` (records with a URL, an escaped backslash path, a percent escap
 character are everywhere), ``echo`` (``json`` with the token echoed JSON-escaped once per MiB),
 ``mime`` (random bytes as MIME base64: 76 columns, CRLF, the token's base64 inside once per MiB,
 across a line break) and ``pieces`` (the adversary of wrapped forms: nothing but the token's
-base64 needle pieces, each on its own line, so every line is a candidate and none a match).
+base64 in halves, each on its own line, so the whole body is a chain of wrapped matches).
 The credential is a bearer token whose base64 forms hold ``/`` and ``+`` (the worst case for
 escape candidates), and the redactor knows it and ``Bearer <token>``, as the HTTP binding lists
 them.  Also printed: building a redactor for a new credential (the pattern is compiled lazily, on
@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from affidavit.secrets import redaction
 from affidavit.secrets.redaction import Redactor
-from affidavit.secrets.redaction_forms import line_pieces
 
 TOKEN = b"tok-6YgyY0Jc8EKXC0/JVUPImH2T+mksDrTk"
 CHUNK = 64 * 1024
@@ -101,7 +100,8 @@ def bodies(size: int) -> dict[str, bytes]:
         line = at - at % 78 + 60  # 16 characters before a CRLF
         wrapped = base64.b64encode(b"xyz" + TOKEN)
         mime[line : line + len(wrapped) + 2] = wrapped[:16] + b"\r\n" + wrapped[16:]
-    pieces = b"\n".join(sorted(line_pieces(base64.b64encode(TOKEN)))) + b"\n"
+    form = base64.b64encode(TOKEN)
+    pieces = b"\n".join(form[i : i + 24] for i in range(0, len(form), 24)) + b"\n"
     return {
         "json": js,
         "random": os.urandom(size),

@@ -1,8 +1,9 @@
 """Base64 wrapped into lines -- 76 columns (MIME, RFC 2045 §6.8; ``base64(1)``; Python's
 ``encodebytes``) or 64 (PEM, RFC 7468) -- loses the secret wherever its encoding crosses a line
 break (docs/redaction.md, "The forms").  Each base64 form and core takes a line break (raw, JSON-
-or percent-escaped: ``BREAK``) between any two characters; its needles are pieces a line of
-``MIN_LINE`` or more keeps whole (``line_pieces``).  The optional break is never ambiguous with
+or percent-escaped: ``BREAK``) between any two characters; the scan finds it by its needles in
+the input without raw line breaks (``joined``) and by escaped breaks between base64 characters
+as escape candidates.  The optional break is never ambiguous with
 a character's ways of being written, so the pattern's work per start stays bounded.
 """
 
@@ -16,15 +17,15 @@ import urllib.parse
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from affidavit.secrets.redaction import REDACTED, Redactor
 from affidavit.secrets.redaction_forms import (
     BREAK,
-    MIN_LINE,
     _alts,
     _chars,
     base64_forms,
-    line_pieces,
 )
 
 SECRETS = [b"sk_live_Ab3De9Fg9xHi7Qz", b"tok-6YgyY0Jc8EKXC0/JVUPImH2T+mksDrTk\xfe\xff"]
@@ -87,17 +88,57 @@ def test_wrapped_base64_inside_json_or_a_url_is_redacted(escape: str) -> None:
             assert not _decodes_to(piece, secret, b"+/"), (pad, out)
 
 
-@pytest.mark.parametrize("secret", SECRETS, ids=["23_bytes", "38_bytes"])
-def test_every_line_cut_of_a_base64_form_keeps_one_needle_piece_whole(secret: bytes) -> None:
-    """``line_pieces``' claim, for every form and every wrap of ``MIN_LINE`` columns or more
-    (up to a form's length) at every offset: a needle piece lies wholly in one line."""
-    for form in base64_forms(secret) | base64_forms(b"Bearer " + secret):
-        pieces = line_pieces(form)
-        for width in range(MIN_LINE, max(MIN_LINE, len(form)) + 1):
-            for first in range(1, width + 1):
-                cuts = [0, *range(first, len(form), width), len(form)]
-                lines = [form[a:b] for a, b in itertools.pairwise(cuts)]
-                assert any(p in line for p in pieces for line in lines), (form, width, first)
+BREAKS = [b"\n", b"\r\n", b"\\n", b"\\r\\n", b"%0A", b"%0d%0a"]
+WRITE = [lambda c: c, lambda c: b"%%%02X" % c[0], lambda c: b"\\u%04x" % c[0]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_a_form_broken_anywhere_gives_exactly_one_substitution_over_the_whole_input(
+    data: st.DataObject,
+) -> None:
+    """The scan's candidates (raw breaks dropped before the base64 needles are looked for,
+    escaped breaks between base64 characters as escapes) find every wrapped match, at any
+    width: ``feed``/``sub`` equal one ``re.sub`` of the pattern over the whole input, whatever
+    breaks cut a form, however its characters are written, however the stream is chunked."""
+    secret = data.draw(st.sampled_from(SECRETS))
+    redactor = Redactor([secret, b"Bearer " + secret])
+    form = data.draw(st.sampled_from(sorted(base64_forms(secret))))
+    cuts = data.draw(st.lists(st.integers(1, len(form) - 1), max_size=4, unique=True))
+    parts = [form[a:b] for a, b in itertools.pairwise([0, *sorted(cuts), len(form)])]
+    writers = data.draw(st.sampled_from([WRITE[:1], WRITE]))  # all literal, or mixed
+    shown = b""
+    for part in parts:
+        chars = [data.draw(st.sampled_from(writers))(part[i : i + 1]) for i in range(len(part))]
+        shown += (data.draw(st.sampled_from(BREAKS)) if shown else b"") + b"".join(chars)
+    # Raw breaks before it, more than a window wide: the joined text's positions are not the
+    # input's.
+    before = data.draw(st.sampled_from([b"", b"x", b"A", b"\\n", b"%0A", b"a\r\n" * 400]))
+    stream = before + shown + data.draw(st.sampled_from([b"", b"=", b"\n", b"\r\n", b"}"]))
+    plan = redactor._plan
+    assert plan is not None
+    expected = plan.pattern.sub(REDACTED, stream)
+    assert REDACTED in expected
+    assert redactor.fresh().sub(stream) == expected
+    chunks = data.draw(st.lists(st.integers(0, len(stream)), max_size=4))
+    r = redactor.fresh()
+    bounds = [0, *sorted(chunks), len(stream)]
+    got = b"".join(r.feed(stream[a:b]) for a, b in itertools.pairwise(bounds)) + r.flush()
+    assert got == expected
+
+
+def test_the_any_case_prefilter_sees_a_form_wrapped_with_raw_breaks() -> None:
+    """``may_hold_any_case`` (a remote's short text: the any-case pattern runs only where it
+    says a match may be) looks for the base64 needles with the raw breaks dropped too."""
+    secret = SECRETS[1]
+    plan = Redactor([secret])._plan
+    assert plan is not None
+    form = base64.b64encode(secret)
+    for cut in range(1, len(form)):
+        for eol in (b"\n", b"\r\n"):
+            text = b"x " + (form[:cut] + eol + form[cut:]).swapcase() + b" y"
+            assert plan.pattern_any_case.search(text), (cut, eol)
+            assert plan.may_hold_any_case(text), (cut, eol)
 
 
 def _ways(char: bytes) -> list[bytes]:
