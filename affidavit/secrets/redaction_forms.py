@@ -18,12 +18,14 @@ LONG_VALUE = 128
 compiling the pattern of a 128-byte value with every encoding takes a few hundred ms."""
 MIN_CORE = 8
 """A shifted base64 core shorter than this would match unrelated base64 text."""
-BREAK = rb"(?:\r?\n|\\r\\n|\\n|%0[dD]%0[aA]|%0[aA])"
+BREAK = rb"(?:\n|\r\n|\\n|\\r\\n|%0[aA]|%0[dD]%0[aA])"
 """A line break inside a wrapped base64 form, written as the unit encodings write one: raw
 (LF or CR LF), JSON-escaped (``\\n``, ``\\r\\n``), percent-encoded (``%0A``, ``%0D%0A``).  It
 and every way of writing a base64 character (literal, ``%2B``, ``\\/``, a ``\\u`` escape)
 differ by their third byte at the latest, so before a slot the break is taken or not at once:
-an optional break never leaves two ways to match the same text."""
+an optional break never leaves two ways to match the same text.  Each alternative starts with
+a literal byte, which ``re`` tests before trying it (a ``\r?`` first would be tried at every
+slot of every attempt)."""
 BREAK_WIDTH = 6
 """The widest ``BREAK`` (``%0D%0A``)."""
 RAW_BREAK = b"\r\n"
