@@ -8,6 +8,8 @@ file, the field path to fix (``targets.billing.inject``) and why — never a tra
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import re
 import tomllib
@@ -100,6 +102,11 @@ class Config:
     descriptions: Mapping[str, str] = field(default_factory=dict)
     """Each target's ``description``: for its callers (``list_targets``), so never bound to an
     invocation -- it changes nothing that is sent, or to whom."""
+    source_digest: bytes | None = field(default=None, repr=False, compare=False)
+    """The SHA-256 of the file's bytes it was parsed from (``parse_config``; None when built
+    from a mapping): the dispatch gate's re-check (``engine.snapshot``) then knows the file
+    still says this without parsing it again -- a parse would also judge what the file names
+    (a CA file removed since), which is not an edit of the configuration."""
 
 
 def _path(r: Read) -> Path:
@@ -263,7 +270,8 @@ def parse_config(raw: bytes, path: Path) -> Config:
         raise ConfigError("", f"invalid TOML: {exc}", path) from None
     except RecursionError:  # `a = [[[[...` a hundred thousand deep fits in MAX_CONFIG_BYTES
         raise ConfigError("", "invalid TOML: nested too deeply", path) from None
-    return config_from_dict(data, base_dir=path.parent, path=path)
+    config = config_from_dict(data, base_dir=path.parent, path=path)
+    return dataclasses.replace(config, source_digest=hashlib.sha256(raw).digest())
 
 
 def load_config(path: str | Path | None = None) -> Config:

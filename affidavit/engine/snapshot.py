@@ -59,7 +59,11 @@ class ConfigSnapshot:
         self._hashes: dict[str, tuple[Any, str]] = {}
         self._accounts: dict[str, tuple[Any, str]] = {}
         self._seen: _Seen | None = None
-        """The file as ``changed`` last read it."""
+        """The file as ``changed`` last read it -- at first, the bytes ``config`` was parsed
+        from (``Config.source_digest``), with no stat: the first re-check reads the file and
+        parses it only if those bytes moved."""
+        if config.source_digest is not None:
+            self._seen = _Seen(None, False, config.source_digest, config)
 
     def hash(self, target: Any) -> str:
         """The keyed hash of one of ``self.config``'s (frozen) targets, computed once per target
@@ -121,7 +125,10 @@ class ConfigSnapshot:
         ``_stat_key`` moved since the last read, or that read could not vouch for it
         (``SETTLED_NS``); it is parsed and the target hashed once per content, not per
         dispatch.  The first call reads it too: the config in memory was read before this
-        snapshot existed, and an edit in between would otherwise be the stat it trusts."""
+        snapshot existed, and an edit in between would otherwise be the stat it trusts -- but
+        bytes the same as those the config was parsed from are that config, not parsed again
+        (a parse also judges the files the config names: a CA file removed since is not an
+        edit of the configuration, and must not make every target CONFIG_CHANGED)."""
         path = self.config.path
         if path is None:
             return False

@@ -7,6 +7,8 @@ import secrets
 
 import pytest
 
+from affidavit.engine import snapshot
+
 from .helpers import TOKEN_ENV
 
 
@@ -16,3 +18,12 @@ def token(monkeypatch: pytest.MonkeyPatch) -> str:
     value = "tok-" + secrets.token_urlsafe(24)
     monkeypatch.setenv(TOKEN_ENV, value)
     return value
+
+
+@pytest.fixture
+def settled_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config file trusted by its stat at once, as one older than ``SETTLED_NS`` is: a file
+    written just now is read again at every dispatch for that long (``engine.snapshot``), in a
+    thread -- the wait at the gate lets the writer commit the call's preamble on its own, so a
+    test counting a call's transactions in steady state asks for this."""
+    monkeypatch.setattr(snapshot, "SETTLED_NS", 0)

@@ -26,7 +26,7 @@ from affidavit.config import ConfigError, load_config
 from affidavit.config.loader import MAX_CONFIG_BYTES
 from affidavit.engine.snapshot import ConfigSnapshot
 from affidavit.journal import JournalReader
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import HostileServer, Reply, make_tls, scripts
 
 from .helpers import assert_error, http_target, open_broker, write_config
 
@@ -100,7 +100,8 @@ async def test_a_fresh_file_is_read_per_dispatch_but_parsed_once_and_a_settled_o
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What the re-check costs: while the file's last change is recent, every dispatch reads
-    and digests it, parsing it only once; once a read is settled, a stat per dispatch."""
+    and digests it -- parsing it never while its bytes are those the config was parsed from
+    (``Config.source_digest``); once a read is settled, a stat per dispatch."""
     reads: list[Path] = []
     parses: list[Path] = []
     real_read, real_parse = snapshot_module.read_config, snapshot_module.parse_config
@@ -115,12 +116,32 @@ async def test_a_fresh_file_is_read_per_dispatch_but_parsed_once_and_a_settled_o
 
     monkeypatch.setattr(snapshot_module, "read_config", counting_read)
     monkeypatch.setattr(snapshot_module, "parse_config", counting_parse)
-    _path, snap, bound = _snapshot(tmp_path)
+    path, snap, bound = _snapshot(tmp_path)
     assert [await snap.changed("api", bound) for _ in range(4)] == [False] * 4
-    assert (len(reads), len(parses)) == (4, 1)
+    assert (len(reads), len(parses)) == (4, 0)
     monkeypatch.setattr(snapshot_module, "SETTLED_NS", 0)
     assert [await snap.changed("api", bound) for _ in range(4)] == [False] * 4
-    assert (len(reads), len(parses)) == (5, 1)  # the one read that settled it
+    assert (len(reads), len(parses)) == (5, 0)  # the one read that settled it
+    path.write_text(_edited(path))  # another content: parsed once, then known by its digest
+    assert [await snap.changed("api", bound) for _ in range(2)] == [True] * 2
+    assert (len(reads), len(parses)) == (6, 1)
+
+
+async def test_a_file_the_config_names_removed_is_not_an_edit_of_the_config(
+    tmp_path: Path,
+) -> None:
+    """The first re-check reads the file the config was loaded from: the same bytes are that
+    config, not parsed again -- a parse judges the files the config names too, so a CA file of
+    another target removed since the start made every target CONFIG_CHANGED."""
+    ca = Path(make_tls(tmp_path).ca_file)
+    tls = {**http_target("https://127.0.0.1:9/"), "ca_file": str(ca)}
+    path = write_config(tmp_path, {"api": http_target(URL), "tls": tls})
+    snap = ConfigSnapshot(load_config(path), lambda purpose, data: f"{purpose}:{data.hex()}")
+    bound = snap.hash(snap.config.targets["api"])
+    ca.unlink()
+    with pytest.raises(ConfigError):
+        load_config(path)  # (the file as it is now does not load: the CA file is gone)
+    assert not await snap.changed("api", bound)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "oversize"])

@@ -28,6 +28,9 @@ E = EventKind
 LIMIT = 10
 GET = {"target": "api", "method": "GET", "path": "/thing"}
 
+# Steady-state transaction counts (the gate does not reread a just-written config file).
+pytestmark = pytest.mark.usefixtures("settled_config")
+
 
 def _transactions(broker: Broker) -> list[bool]:
     """Whether each writer transaction from now on is a barrier (``before_commit``)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from affidavit.journal import Batch, Journal
@@ -19,6 +20,9 @@ from .helpers import assert_ok, event_kinds, http_target, open_broker, raw_kinds
 E = EventKind
 LIMIT = 10
 GET = {"target": "api", "method": "GET", "path": "/thing"}
+
+# Steady-state transaction counts (the gate does not reread a just-written config file).
+pytestmark = pytest.mark.usefixtures("settled_config")
 
 
 def _count_transactions(journal: Journal) -> list[tuple[int, bool]]:
