@@ -260,15 +260,18 @@ def _either_case(chars: tuple[Char, ...]) -> tuple[Char, ...]:
 
 def _slot_regex(slot: Slot, any_case: bool) -> tuple[bytes, int]:
     """The slot's regex (each letter in either case if ``any_case``, literally or escaped,
-    after an optional line break if the slot may have one), and its widest match."""
+    after an optional line break if the slot may have one), and its widest match.  An optional
+    slot takes its break only with a character after it: a break after a form's last character
+    is the text's, not the secret's (two NDJSON records stay two), and two optional slots in a
+    row never both offer to take one break."""
     chars, optional, wrap = slot
     alts = {(-w, re.escape(bytes([f])) + rest) for c in chars for f, rest, w in _alts(c, any_case)}
     if any_case:
         alts |= {(-1, bytes([c[0][0] ^ 0x20])) for c in chars if c[0].isalpha()}
-    body = b"(?:" + b"|".join(p for _, p in sorted(alts)) + (b")?" if optional else b")")
+    body = b"(?:" + b"|".join(p for _, p in sorted(alts)) + b")"
     if wrap:
-        return BREAK + b"?" + body, BREAK_WIDTH - min(alts)[0]
-    return body, -min(alts)[0]
+        body = BREAK + b"?" + body
+    return (b"(?:" + body + b")?" if optional else body), -min(alts)[0] + wrap * BREAK_WIDTH
 
 
 def _alternation(items: Iterable[bytes]) -> bytes:

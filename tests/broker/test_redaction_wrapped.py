@@ -25,7 +25,10 @@ from affidavit.secrets.redaction_forms import (
     BREAK,
     _alts,
     _chars,
+    _slot_regex,
+    _value_slots,
     base64_forms,
+    secret_forms,
 )
 
 SECRETS = [b"sk_live_Ab3De9Fg9xHi7Qz", b"tok-6YgyY0Jc8EKXC0/JVUPImH2T+mksDrTk\xfe\xff"]
@@ -152,16 +155,44 @@ def _ways(char: bytes) -> list[bytes]:
 
 def test_an_optional_line_break_never_competes_with_a_character() -> None:
     """The work bound: the only repetitions in a plan's pattern are ``?`` (no ``*``, ``+`` or
-    ``{m,n}`` to backtrack through), and an optional break before a slot is decided by the
-    text: no way of writing a base64 character starts like a break, no break like a character.
-    So a start position costs at most one pass over the form."""
+    ``{m,n}`` to backtrack through), and a break before a slot is decided by the text: no way
+    of writing a base64 character starts like a break, no break like a character, and no slot
+    matches a break alone -- an optional slot takes its break only with a character after it,
+    so across an empty optional slot two breaks never compete for one.  So a start position
+    costs at most one pass over the form."""
     for alphabet in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_":
         for way in _ways(bytes([alphabet])):
             assert re.match(BREAK, way) is None, way
-            for brk in (b"\n", b"\r\n", b"\\n", b"\\r\\n", b"%0A", b"%0a", b"%0D%0A", b"%0d%0a"):
+            for brk in [*BREAKS, b"%0a", b"%0D%0A"]:
                 assert re.fullmatch(BREAK, brk)
                 assert not brk.startswith(way) and not way.startswith(brk[:3]), (way, brk)
+    for secret in [*SECRETS, b"secretvalue12", b"x"]:
+        for form in _value_slots(secret):
+            for slot in form:
+                for any_case in (False, True):
+                    slot_re = re.compile(_slot_regex(slot, any_case)[0])
+                    for brk in BREAKS:
+                        assert slot_re.fullmatch(brk) is None, (slot, brk)
     plan = Redactor(SECRETS)._plan
     assert plan is not None
     repeats = re.findall(rb"(?<!\\)(?:[*+]|\{\d*,?\d*\})", plan._source())
     assert repeats == []
+
+
+def test_a_line_break_after_a_form_is_the_texts() -> None:
+    """A break after a form's last character, with no base64 character after it, is not the
+    secret's: it stays (the review's ``c2VjcmV0dmFsdWUxMg\n{"b":1}`` had two NDJSON records
+    joined).  Every form of values of 1..20 bytes (so with each padding), every kind of break,
+    whole and streamed."""
+    base = b"Kq7zJ9W2mR5vY8sH3pL6"  # no letter of ``next`` in either case
+    for size in range(1, len(base) + 1):
+        value = base[:size]
+        redactor = Redactor([value])
+        for form in sorted(secret_forms(value)):
+            for brk in BREAKS:
+                body = b"<" + form + brk + b"next"
+                want = b"<" + REDACTED + brk + b"next"
+                assert redactor.fresh().sub(body) == want, (value, form, brk)
+                r = redactor.fresh()
+                got = b"".join(r.feed(body[i : i + 3]) for i in range(0, len(body), 3))
+                assert got + r.flush() == want, (value, form, brk)
