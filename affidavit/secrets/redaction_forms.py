@@ -322,7 +322,8 @@ def _escapes(
     ``BREAK`` may cut): an escaped break (JSON ``\\n``, ``\\r\\n``; ``%0A``, ``%0D%0A``)
     between two base64 characters, each written some way, is a candidate as well -- no
     needle crosses it.  (A raw break needs none: the scan drops raw breaks before it looks for
-    the base64 needles and the escapes, ``joined``.)"""
+    the base64 needles and the escapes, ``joined`` -- which is also why an escape followed by
+    the needle's own raw CR or LF takes no follower.)"""
     extra: set[bytes] = set()
     percent: dict[int, set[bytes]] = {}
     uescape: dict[int, set[bytes]] = {}
@@ -335,6 +336,10 @@ def _escapes(
         for i, char in enumerate(chars):
             raw, cp = char
             if len(raw) > 1 or raw in _UNRESERVED:
+                follower = b""
+            elif i + 1 < len(chars) and chars[i + 1][0] in (b"\r", b"\n"):
+                # The scan looks for escapes in ``joined`` text, where a raw CR or LF that
+                # follows is gone: any follower (only more candidates).
                 follower = b""
             elif i + 1 < len(chars):
                 # In either case (a superset for a short value: only more candidates).

@@ -196,3 +196,31 @@ def test_a_line_break_after_a_form_is_the_texts() -> None:
                 r = redactor.fresh()
                 got = b"".join(r.feed(body[i : i + 3]) for i in range(0, len(body), 3))
                 assert got + r.flush() == want, (value, form, brk)
+
+
+@pytest.mark.parametrize(
+    ("secret", "body"),
+    [
+        (b"ab/\ncdefghijkl", b"<ab%2F\ncdefghijkl>"),
+        (b"abcdefg/\nhij", b"<abcdefg\\/\nhij>"),
+        (b"abcdefg/\nhij", b"<abcdefg%2F\nhij>"),
+        (b"abcdefg/\r\nhij", b"<abcdefg%2F\r\nhij>"),
+        (b"abcdefg \nhij", b"<abcdefg+\nhij>"),
+    ],
+)
+def test_an_escape_before_the_values_own_raw_break_is_a_candidate(
+    secret: bytes, body: bytes
+) -> None:
+    """The scan looks for escapes in the input without raw breaks (``joined``), so an escape
+    whose next character is the value's own CR or LF needs no follower there: the match is
+    found as ``pattern.sub`` finds it, whole and streamed in chunks of every size."""
+    redactor = Redactor([secret])
+    plan = redactor._plan
+    assert plan is not None
+    want = b"<" + REDACTED + b">"
+    assert plan.pattern.sub(REDACTED, body) == want
+    assert redactor.fresh().sub(body) == want
+    for size in range(1, len(body) + 1):
+        r = redactor.fresh()
+        got = b"".join(r.feed(body[i : i + size]) for i in range(0, len(body), size))
+        assert got + r.flush() == want, size
