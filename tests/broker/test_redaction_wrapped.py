@@ -224,3 +224,23 @@ def test_an_escape_before_the_values_own_raw_break_is_a_candidate(
         r = redactor.fresh()
         got = b"".join(r.feed(body[i : i + size]) for i in range(0, len(body), size))
         assert got + r.flush() == want, size
+
+
+@pytest.mark.parametrize("brk", BREAKS)
+def test_wrapping_at_any_width_is_redacted(brk: bytes) -> None:
+    """One break between any two characters: the secret at offsets 0..5 of a blob (every
+    alignment, and the lines cut at every place) wrapped at every width from 1 column to the
+    blob's, in both alphabets; no piece of the output, its breaks dropped, decodes to it."""
+    secret = SECRETS[1]
+    redactor = Redactor([secret])
+    for encoding, encode in sorted(ENCODINGS.items()):
+        altchars = encode(b"\xfb\xff")[:2]
+        for pad in range(6):
+            blob = encode(b"A" * pad + secret + b"B" * 4)
+            for width in range(1, len(blob) + 1):
+                shown = brk.join(blob[i : i + width] for i in range(0, len(blob), width))
+                out = redactor.fresh().sub(b"<" + shown + b">")
+                assert REDACTED in out, (encoding, pad, width)
+                for piece in out.split(REDACTED):
+                    piece = piece.replace(brk, b"")
+                    assert not _decodes_to(piece, secret, altchars), (encoding, pad, width, out)
