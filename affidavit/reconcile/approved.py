@@ -22,12 +22,15 @@ nothing of that retry's attempt.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import OperatorError
 from affidavit.engine.takeup import abandoned as _abandoned
 from affidavit.engine.takeup import still_open, take_up
-from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Record, open_query
+from affidavit.statemachine import Event, EventKind, Record, open_query
+
+from .refusals import append, pending
 
 if TYPE_CHECKING:
     from affidavit.engine import CallControl, Engine
@@ -63,14 +66,9 @@ async def claim(engine: Engine, record: Record, query_id: str) -> None:
             "generation": record.generation,
         },
     )
-    try:
-        await engine.recorder.append(event, barrier=True)
-    except ImpossibleEvent:
-        now = await engine.recorder.record(record.invocation_id)
-        current = open_query(now.evidence.get("reconcile_queries") or (), now.generation)
-        if current is None:
-            raise  # not another asker: the caller's refusal (a retry, a settlement) answers
-        raise _pending(current, record.invocation_id)("is being asked") from None
+    # Refused when another asker's query is open (QUERY_PENDING), or when the record moved
+    # since it was read -- an operator attested, a retry took it over: ``refusals.append``.
+    await append(engine, event)
 
 
 async def earlier(
@@ -106,17 +104,8 @@ async def abandoned(engine: Engine, record: Record, query_id: str) -> None:
     await _abandoned(engine, query_id, lambda code: _close(engine, record, query_id, code))
 
 
-def _pending(query_id: str, iid: str) -> Any:
-    def refusal(doing: str) -> OperatorError:
-        # No field: the id is right -- wait; nothing in the request is to change.
-        return OperatorError(
-            "QUERY_PENDING",
-            f"the reconciliation query {query_id} of {iid} {doing}; nothing more was asked or "
-            "sent. Query again once it is decided (or answered)",
-            409,
-        )
-
-    return refusal
+def _pending(query_id: str, iid: str) -> Callable[[str], OperatorError]:
+    return lambda doing: pending(query_id, iid, doing)
 
 
 def _at(engine: Engine, iid: str, seq: Any) -> float | None:
@@ -140,4 +129,4 @@ async def _close(engine: Engine, record: Record, query_id: str, code: str | None
             "generation": record.generation,
         },
     )
-    await engine.recorder.append(event, barrier=True)
+    await append(engine, event)  # refused: what the record shows now (``refusals``)

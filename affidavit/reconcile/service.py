@@ -56,19 +56,11 @@ from affidavit.engine.readable import OTHER_ORIGIN, PARTIAL_BODY, unreadable
 from affidavit.engine.recovery import act_failure, recover_stale
 from affidavit.protocols import get
 from affidavit.protocols.actions import ActionInvalid, parse_action
-from affidavit.statemachine import (
-    TRANSITIONS,
-    Code,
-    Event,
-    EventKind,
-    EvidenceSource,
-    ImpossibleEvent,
-    Outcome,
-    Record,
-)
+from affidavit.statemachine import Code, Event, EventKind, EvidenceSource, Outcome, Record
 from affidavit.text import utc_time
 
 from . import approved
+from .refusals import append, not_at_rest
 
 if TYPE_CHECKING:
     from affidavit.engine import CallControl, Engine
@@ -128,7 +120,7 @@ async def _unknown_at_rest(engine: Engine, invocation_id: str) -> Record:
     if not record.final:
         # A holder whose lease ran out is gone: close its attempt with what it proves first.
         record = await recover_stale(engine.recorder, record)
-    refusal = _not_at_rest(record) or _not_whole(engine, record)
+    refusal = not_at_rest(record) or _not_whole(engine, record)
     if refusal is not None:
         raise refusal
     return record
@@ -162,47 +154,6 @@ def _not_whole(engine: Engine, record: Record) -> OperatorError | None:
         "sending any again; the record stays unknown",
         409,  # no field: the id is right, nothing in the request is to change (``act_refused``)
     )
-
-
-def _not_at_rest(record: Record) -> OperatorError | None:
-    """Why ``record`` cannot be reconciled now, or None: it is unknown and at rest."""
-    iid = record.invocation_id
-    if not record.final:
-        return OperatorError(
-            "STILL_RUNNING", f"{iid} is still running ({record.state}); reconcile it once it ends"
-        )
-    if record.outcome is not Outcome.UNKNOWN or E.RECONCILED not in TRANSITIONS[record.state]:
-        return OperatorError(
-            "NOT_UNKNOWN",
-            f"{iid} is {record.outcome.value} ({record.state}): only an unknown outcome is "
-            "reconciled",
-        )
-    return None
-
-
-async def _append(engine: Engine, event: Event) -> None:
-    """Append a reconciliation's event, which names the generation of the record it observed
-    (the projection refuses it once that is no longer the current one).  Refused -- a retry
-    took the invocation over, or another observer settled it, since the record was read --
-    the ``OperatorError`` the record now warrants is raised: the observation is not the
-    record's any more, and nothing is claimed beyond what the record shows."""
-    iid = event.invocation_id
-    try:
-        await engine.recorder.append(event, barrier=True)
-    except ImpossibleEvent:
-        record = await engine.recorder.record(iid)
-        refusal = _not_at_rest(record)
-        observed = event.attrs.get("generation")
-        if refusal is None and record.generation != observed:
-            # Unknown and at rest again, under a newer attempt than the one observed.
-            refusal = OperatorError(
-                "RETRIED_MEANWHILE",
-                f"{iid} was retried (generation {record.generation}) after generation "
-                f"{observed} was observed; observe it again",
-            )
-        if refusal is None:
-            raise  # not a race: the record as observed refuses the event
-        raise refusal from None
 
 
 def _observed(record: Record) -> dict[str, Any]:
@@ -239,7 +190,7 @@ async def attest(
         source=EvidenceSource.OPERATOR_ATTESTED,
         observer=operator.describe(),
     )
-    await _append(engine, event)
+    await append(engine, event)
     return engine.recorder.envelope(await engine.recorder.record(invocation_id))
 
 
@@ -255,7 +206,7 @@ async def query(
     the reconciled invocation's, "query": the query's own envelope}``.  What the query found
     is about the record as it was read before the query ran: if a retry took the invocation
     over meanwhile (or another observer settled it), nothing is reconciled and ``"refused"``
-    says what the record shows now (``{code, message}``, ``_append``'s) -- the query's own
+    says what the record shows now (``{code, message}``, ``refusals.append``'s) -- the query's own
     record stays, linked.  ``OperatorError`` is raised only before the query is sent."""
     record = await _unknown_at_rest(engine, invocation_id)
     target = engine.config.targets.get(record.target or "")
@@ -361,7 +312,7 @@ async def query(
             },
         )
     try:
-        await _append(engine, event)
+        await append(engine, event)
     except OperatorError as refused:
         # The query ran -- its record stays, linked -- but what it found is not the record's
         # to take any more.  Answered, not raised: an OperatorError says nothing was invoked.
