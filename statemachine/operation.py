@@ -227,10 +227,21 @@ def _on_poll(p: Projector, event: Event) -> None:
     if opened and current is not None and current != poll:
         # One poll at a time (engine/takeup.py), checked in the writing transaction.
         _refuse(p, event, f"the poll {current} is still open")
+    unsent = attrs.get("unsent")
+    if unsent is not None and (unsent is not True or opened or current != poll):
+        _refuse(p, event, "attrs.unsent must be true, and close the open poll it names")
     open_poll = poll if opened else (None if current == poll else current)
     if opened and attrs.get("code") is None:
         # The poll named before it is asked: open, not yet a poll of the job.
         p._operation = MappingProxyType({**op, "open_poll": open_poll})
+        return
+    if unsent:
+        # Closes an open poll nothing was sent for (denied, expired, never asked): the row
+        # that put it on the operator's list counted it; this one is no poll of the job.
+        last_unsent = {"invocation_id": poll, "seq": event.seq, "code": attrs.get("code")}
+        p._operation = MappingProxyType(
+            {**op, "last_poll": {**last_unsent, "reason": attrs.get("reason")}, "open_poll": None}
+        )
         return
     last: dict[str, Any] = {"invocation_id": poll, "seq": event.seq}
     if event.kind is E.OPERATION_POLLED:

@@ -138,7 +138,9 @@ async def poll(
         poll_id = None
         if _covered(engine, action):  # one poll at a time: named before it is asked
             poll_id = new_invocation_id()
-            await _claim(engine, record, op_id, poll_id)
+            if not await _claim(engine, record, op_id, poll_id):
+                # Ended since it was read: answered as a read a moment later would have been.
+                return {"operation": operation_json(find(engine, op_id)), "poll": None}
             asked = True
         try:
             envelope = await engine.call(
@@ -188,9 +190,10 @@ def _pending(op_id: str, poll_id: str) -> Callable[[str], OperationError]:
     return refusal
 
 
-async def _claim(engine: Engine, record: Record, op_id: str, poll_id: str) -> None:
+async def _claim(engine: Engine, record: Record, op_id: str, poll_id: str) -> bool:
     """Name ``poll_id`` as the operation's one open poll before it is asked; POLL_PENDING
-    when another asker's poll is open (it was first, in any process)."""
+    when another asker's poll is open (it was first, in any process); False, nothing named,
+    when the job ended since ``record`` was read."""
     iid = record.invocation_id
     attrs = {"operation_id": op_id, "poll_invocation": poll_id, "code": None, "reason": ASKING}
     try:
@@ -200,9 +203,12 @@ async def _claim(engine: Engine, record: Record, op_id: str, poll_id: str) -> No
     except ImpossibleEvent:
         op = (await engine.recorder.record(iid)).operation or {}
         current = op.get("open_poll")
+        if op.get("state") != "pending":
+            return False  # the job ended meanwhile (another poll read it): nothing to ask
         if current is None:
-            raise OperationError(f"{op_id} is no longer pending; nothing was polled") from None
+            raise OperationError(f"{op_id} refused the poll's row; nothing was polled") from None
         raise _pending(op_id, current)("is being asked") from None
+    return True
 
 
 async def _earlier(
@@ -245,7 +251,7 @@ def _closer(engine: Engine, record: Record, op_id: str, poll_id: str) -> Close:
         if op.get("open_poll") != poll_id:
             return
         attrs = {"operation_id": op_id, "poll_invocation": poll_id, "code": code}
-        event = Event(E.OPERATION_POLL_FAILED, iid, {**attrs, "reason": UNSENT})
+        event = Event(E.OPERATION_POLL_FAILED, iid, {**attrs, "reason": UNSENT, "unsent": True})
         with contextlib.suppress(ImpossibleEvent):  # no longer pending: nothing to close
             await engine.recorder.append(event, barrier=True)
 

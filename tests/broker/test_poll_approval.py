@@ -18,13 +18,15 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.engine import OperationError
-from affidavit.statemachine import invocation_of
+from affidavit.engine.operations import ASKING
+from affidavit.statemachine import Event, EventKind, EvidenceSource, invocation_of
 from tests.http.hostile import HostileServer, scripts
 
 from .approvalkit import OPS, OPS_UID
 from .helpers import http_target, open_broker, write_config
 from .http_rows import LIMIT
 from .test_operations import JOBS, SUBMIT, job_api
+from .test_reconcile_races import _held
 
 GETS = {"methods": ["GET"], "wait": "0s"}
 
@@ -97,6 +99,45 @@ async def test_a_denied_poll_is_not_sent_and_the_next_one_asks_again(
         assert second["poll"]["invocation_id"] != first["poll"]["invocation_id"]
         assert second["poll"]["error"]["code"] == "APPROVAL_PENDING"
         assert [c["invocation_id"] for c in broker.approvals()] == [second["poll"]["invocation_id"]]
+    assert _gets(srv) == 0
+
+
+async def test_a_poll_closed_unsent_is_no_poll_of_the_job(tmp_path: Path, token: str) -> None:
+    # The row closing a denied poll is not counted: before, deny-then-poll made polls == 3
+    # with no GET sent (the first poll's row, the closing row, the second poll's row).
+    async with _jobs(tmp_path) as (srv, broker, op_id):
+        with trio.fail_after(LIMIT):
+            first = await broker.poll_operation(op_id)
+            await broker.deny(first["poll"]["invocation_id"], note="not now", operator=OPS)
+            second = await broker.poll_operation(op_id)
+        op = second["operation"]
+        assert op["polls"] == 2, op  # the two polls asked, each on the operator's list once
+        assert op["last_poll"]["invocation_id"] == second["poll"]["invocation_id"]
+    assert _gets(srv) == 0
+
+
+async def test_a_poll_claimed_as_the_job_ends_answers_the_ended_operation(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another broker's poll read the job's end between this poll's read and its claim: the
+    # answer is what a read a moment later gives (before: 422 OPERATION_ERROR).
+    async with _jobs(tmp_path) as (srv, broker, op_id):
+        iid = _submission(op_id)
+
+        async def ended(b: Broker, iid: str) -> None:
+            attrs = {"operation_id": op_id, "poll_invocation": "poll-of-another-broker"}
+            read = {**attrs, "state": "succeeded", "remote_status": 200}
+            polled = Event(
+                EventKind.OPERATION_POLLED, iid, read, source=EvidenceSource.REMOTE_QUERY
+            )
+            await b.journal.append(polled, barrier=True)
+
+        async with _held(broker, monkeypatch, ASKING, ended, iid):
+            answer = await broker.poll_operation(op_id)
+        assert answer["poll"] is None
+        assert answer["operation"]["state"] == "succeeded"
+        assert answer["operation"]["last_poll"]["invocation_id"] == "poll-of-another-broker"
+        assert broker.approvals() == []
     assert _gets(srv) == 0
 
 

@@ -1,0 +1,68 @@
+"""The operation's one open poll, as the projection keeps it (statemachine/operation.py,
+``_on_poll``; engine/takeup.py): a second poll named open while one is open is refused in the
+writing transaction, and the row closing a poll nothing was sent for (``unsent``) is no poll of
+the job -- it clears the open poll without counting (rvG findings 5 and 7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Projector
+
+from .lifecycle_helpers import IID
+from .test_operation_and_batch import OP_ID, with_operation
+
+E = EventKind
+
+
+def _row(seq: int, poll: str, **attrs: Any) -> Event:
+    base = {"operation_id": OP_ID, "poll_invocation": poll, "code": None, "reason": "r"}
+    return Event(E.OPERATION_POLL_FAILED, IID, {**base, **attrs}, seq=seq)
+
+
+def _opened() -> tuple[Projector, int]:
+    p, seq = with_operation("pending")
+    p.apply(_row(seq, "act_p1", open=True))  # named before it is asked
+    p.apply(_row(seq + 1, "act_p1", open=True, code="APPROVAL_PENDING"))  # awaits an operator
+    return p, seq + 2
+
+
+def test_a_second_open_poll_is_refused_while_one_is_open() -> None:
+    p, seq = _opened()
+    before = p.record()
+    for second in (_row(seq, "act_p2", open=True), _row(seq, "act_p2", open=True, code="X")):
+        with pytest.raises(ImpossibleEvent, match="act_p1 is still open"):
+            p.apply(second)
+        assert p.record() == before
+    p.apply(_row(seq, "act_p1", code="DENIED", unsent=True))  # closed: another may open
+    p.apply(_row(seq + 1, "act_p2", open=True))
+    op = p.record().operation
+    assert op is not None and op["open_poll"] == "act_p2"
+
+
+def test_a_poll_closed_unsent_is_not_counted() -> None:
+    p, seq = _opened()
+    assert p.record().operation["polls"] == 1  # type: ignore[index]
+    p.apply(_row(seq, "act_p1", code="DENIED", unsent=True))
+    op = p.record().operation
+    assert op is not None and (op["polls"], op["open_poll"]) == (1, None)
+    assert op["last_poll"]["code"] == "DENIED"
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        _row(0, "act_p1", code="DENIED", unsent=1),  # not true
+        _row(0, "act_p1", code="DENIED", unsent=True, open=True),  # closes, so not open
+        _row(0, "act_other", code="DENIED", unsent=True),  # not the open poll
+    ],
+    ids=["not-true", "open", "not-the-open-poll"],
+)
+def test_an_unsent_row_must_close_the_open_poll(row: Event) -> None:
+    p, seq = _opened()
+    before = p.record()
+    with pytest.raises(ImpossibleEvent, match="unsent"):
+        p.apply(Event(row.kind, row.invocation_id, row.attrs, seq=seq))
+    assert p.record() == before
