@@ -47,6 +47,10 @@ _INT64 = 2**63
 _NAN = float("nan")
 _ACCEPTED = EventKind.ACTION_ACCEPTED  # a module global: the class attribute is an enum lookup
 _REQUESTED = EventKind.APPROVAL_REQUESTED
+_EXPIRING = frozenset(
+    {_REQUESTED, EventKind.RECONCILE_INCONCLUSIVE, EventKind.OPERATION_POLL_FAILED}
+)
+"""Rows whose ``expires_at`` is moved into the clock leases are judged by (``_expiry``)."""
 _KIND_JSON = {k._value_: _string(k._value_) for k in EventKind}
 _SOURCE_JSON = {s._value_: _string(s._value_) for s in EvidenceSource}
 """Each kind's and source's value as ``chain.compact_json`` writes it (``Txn.insert``)."""
@@ -187,14 +191,16 @@ class Txn:
             moved_attrs["operation"] = {**operation, "idempotency": moved_idem}
         return _with_attrs(event, moved_attrs)
 
-    def _approval_deadline(
+    def _expiry(
         self, event: Event, attrs_text: str, attrs: Mapping[str, Any] | None
     ) -> tuple[Event, str, Mapping[str, Any] | None]:
-        """APPROVAL_REQUESTED's ``expires_at``, written by its broker's clock, moved to the
-        clock leases are judged by, as ``_accepted_deadline`` moves ACTION_ACCEPTED's: every
-        broker judges the approval's expiry by that clock (``approval.approval_now``).  Kept
-        in the requester's clock, a broker running ahead requested an approval every other
-        broker saw expire an hour late.  An imported event is kept as imported."""
+        """APPROVAL_REQUESTED's ``expires_at`` -- and a linked call's claim's, the row naming
+        a query or poll before it is asked (``engine/takeup.py``) --, written by its broker's
+        clock, moved to the clock leases are judged by, as ``_accepted_deadline`` moves
+        ACTION_ACCEPTED's: every broker judges it by that clock (``approval.approval_now``).
+        Kept in the requester's clock, a broker running ahead requested an approval every
+        other broker saw expire an hour late, and one running behind had its live claim
+        closed by another broker.  An imported event is kept as imported."""
         expires = event.attrs.get("expires_at")
         if event.observer is not None or not _is_time(expires):
             return event, attrs_text, attrs
@@ -226,8 +232,8 @@ class Txn:
             raw = event.attrs.get("session")
             session = None if raw is None else str(raw)
         else:
-            if kind is _REQUESTED:
-                event, attrs_text, attrs = self._approval_deadline(event, attrs_text, attrs)
+            if kind in _EXPIRING:
+                event, attrs_text, attrs = self._expiry(event, attrs_text, attrs)
             session = w.sessions.get(iid)
         observer = event.observer
         if (

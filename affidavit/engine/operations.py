@@ -35,7 +35,7 @@ from .contracts import contracts_of
 from .ids import new_invocation_id
 from .readable import unreadable
 from .recovery import act_failure
-from .takeup import Close, abandoned, still_open, take_up
+from .takeup import Close, abandoned, claim_expiry, claimed_until, still_open, take_up
 
 if TYPE_CHECKING:
     from .control import CallControl
@@ -138,7 +138,7 @@ async def poll(
         poll_id = None
         if _covered(engine, action):  # one poll at a time: named before it is asked
             poll_id = new_invocation_id()
-            if not await _claim(engine, record, op_id, poll_id):
+            if not await _claim(engine, record, op_id, poll_id, target):
                 # Ended since it was read: answered as a read a moment later would have been.
                 return {"operation": operation_json(find(engine, op_id)), "poll": None}
             asked = True
@@ -190,15 +190,16 @@ def _pending(op_id: str, poll_id: str) -> Callable[[str], OperationError]:
     return refusal
 
 
-async def _claim(engine: Engine, record: Record, op_id: str, poll_id: str) -> bool:
+async def _claim(engine: Engine, record: Record, op_id: str, poll_id: str, target: Any) -> bool:
     """Name ``poll_id`` as the operation's one open poll before it is asked; POLL_PENDING
     when another asker's poll is open (it was first, in any process); False, nothing named,
     when the job ended since ``record`` was read."""
     iid = record.invocation_id
     attrs = {"operation_id": op_id, "poll_invocation": poll_id, "code": None, "reason": ASKING}
+    expiry = {"open": True, "expires_at": claim_expiry(engine, target)}  # ``takeup``
     try:
         await engine.recorder.append(
-            Event(E.OPERATION_POLL_FAILED, iid, {**attrs, "open": True}), barrier=True
+            Event(E.OPERATION_POLL_FAILED, iid, {**attrs, **expiry}), barrier=True
         )
     except ImpossibleEvent:
         op = (await engine.recorder.record(iid)).operation or {}
@@ -225,17 +226,16 @@ async def _earlier(
     if not isinstance(poll_id, str):
         return None
     iid = record.invocation_id
-    claimed_at = None
+    claim = None
     for event in engine.journal.events(iid):
         if event.attrs.get("poll_invocation") == poll_id and event.attrs.get("open"):
-            claimed_at = event.at
+            claim = event
             break
     return await take_up(
         engine,
         poll_id,
         linked=lambda link: link.get("operation") == op_id and link.get("invocation") == iid,
-        claimed_at=claimed_at,
-        target=target,
+        deadline=claimed_until(engine, target, claim),
         control=control,
         timeout=timeout,
         pending=_pending(op_id, poll_id),

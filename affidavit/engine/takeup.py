@@ -15,8 +15,13 @@ in the writing transaction, so in any process).  It stays open until a row namin
 * left mid-send by a broker that stopped: closed first by what its evidence proves
   (``recover_stale``), then read like any other;
 * denied, expired, cancelled before it was sent, or never accepted (its asker stopped between
-  naming it and asking, past the target's lease), or not linked to the record: ``close(code)``
+  naming it and asking, past the claim's deadline), or not linked to the record: ``close(code)``
   and None -- ask anew.
+
+A claim's deadline (``claim_expiry``: the target's lease from when it was named, plus
+``lease_margin``) is recorded in, and judged by, the clock leases are: the database's on a
+shared journal (the journal moves ``expires_at``, ``Txn._expiry``), so a broker whose clock
+runs ahead cannot close another's live claim.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from affidavit.statemachine import Code, EventKind
+from affidavit.statemachine import Code, Event, EventKind
 
+from .approval import approval_now
 from .delivery import STORE_ONLY
 from .recovery import recover_stale
 
@@ -37,7 +43,7 @@ if TYPE_CHECKING:
     from .control import CallControl
     from .engine import Engine
 
-__all__ = ["Close", "abandoned", "still_open", "take_up"]
+__all__ = ["Close", "abandoned", "claim_expiry", "claimed_until", "still_open", "take_up"]
 
 E = EventKind
 Close = Callable[[str | None], Awaitable[None]]
@@ -54,13 +60,34 @@ def still_open(answer: Mapping[str, Any]) -> bool:
     )
 
 
+def claim_expiry(engine: Engine, target: Any) -> float:
+    """When a claim named now lapses, its call not accepted: the target's lease plus
+    ``lease_margin`` from now, by this broker's clock -- the journal records it in the clock
+    leases are judged by (the module's last paragraph)."""
+    ttl = engine.lease_ttl(target, None) if target is not None else 0.0
+    return time.time() + ttl + engine.settings.lease_margin
+
+
+def claimed_until(engine: Engine, target: Any, claim: Event | None) -> float | None:
+    """The deadline of the claim row ``claim`` (``expires_at``); a row written before claims
+    recorded one: its writer's time label plus the lease, as it was judged then."""
+    if claim is None:
+        return None
+    expires = claim.attrs.get("expires_at")
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        return float(expires)
+    if claim.at is None:
+        return None
+    ttl = engine.lease_ttl(target, None) if target is not None else 0.0
+    return claim.at + ttl + engine.settings.lease_margin
+
+
 async def take_up(
     engine: Engine,
     call_id: str,
     *,
     linked: Callable[[Mapping[str, Any]], bool],
-    claimed_at: float | None,
-    target: Any,
+    deadline: float | None,
     control: CallControl | None,
     timeout: float | None,
     pending: Callable[[str], Exception],
@@ -68,15 +95,11 @@ async def take_up(
 ) -> dict[str, Any] | None:
     """The answer (envelope) of the open linked call ``call_id``, as the module says; None
     when it was closed (ask anew).  ``linked(link)``: whether its ACTION_ACCEPTED's ``link``
-    is the record's; ``claimed_at``: when it was named (wall clock), None if unknown."""
+    is the record's; ``deadline``: its claim's (``claimed_until``), None if unknown."""
     recorder = engine.recorder
     found = await recorder.read(lambda: engine.journal.record(call_id))
     if found is None:
-        ttl = engine.lease_ttl(target, None) if target is not None else 0.0
-        young = claimed_at is not None and time.time() - claimed_at <= ttl + (
-            engine.settings.lease_margin
-        )
-        if young:
+        if deadline is not None and await approval_now(recorder) < deadline:
             raise pending("is being asked")
         await close(None)  # its asker stopped before asking
         return None

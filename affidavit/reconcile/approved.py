@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import OperatorError
 from affidavit.engine.takeup import abandoned as _abandoned
-from affidavit.engine.takeup import still_open, take_up
+from affidavit.engine.takeup import claim_expiry, claimed_until, still_open, take_up
 from affidavit.statemachine import Event, EventKind, Record, open_query
 
 from .refusals import append, pending
@@ -64,6 +64,8 @@ async def claim(engine: Engine, record: Record, query_id: str) -> None:
             "reason": ASKING,
             "open": True,
             "generation": record.generation,
+            # Lapses, its query not accepted by then (``takeup``; in the lease clock).
+            "expires_at": claim_expiry(engine, _target(engine, record)),
         },
     )
     # Refused when another asker's query is open (QUERY_PENDING), or when the record moved
@@ -86,12 +88,12 @@ async def earlier(
     if query_id is None:
         return None
     opened = next(r for r in rows if r.get("query_invocation") == query_id and r.get("open"))
+    claim = next((e for e in engine.journal.events(iid) if e.seq == opened.get("seq")), None)
     return await take_up(
         engine,
         query_id,
         linked=lambda link: link.get("reconciles") == iid,
-        claimed_at=_at(engine, iid, opened.get("seq")),
-        target=engine.config.targets.get(record.target or ""),
+        deadline=claimed_until(engine, _target(engine, record), claim),
         control=control,
         timeout=timeout,
         pending=_pending(query_id, iid),
@@ -108,9 +110,8 @@ def _pending(query_id: str, iid: str) -> Callable[[str], OperatorError]:
     return lambda doing: pending(query_id, iid, doing)
 
 
-def _at(engine: Engine, iid: str, seq: Any) -> float | None:
-    """The wall-clock label of ``iid``'s event ``seq``."""
-    return next((e.at for e in engine.journal.events(iid) if e.seq == seq), None)
+def _target(engine: Engine, record: Record) -> Any:
+    return engine.config.targets.get(record.target or "")
 
 
 async def _close(engine: Engine, record: Record, query_id: str, code: str | None) -> None:
