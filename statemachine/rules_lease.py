@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .contract import CODES, EvidenceSource, Retry
+from .contract import CODES, Code, EvidenceSource, Retry
 from .events import Event
 from .rules_common import (
     _COMMITTED,
@@ -25,6 +25,7 @@ from .rules_common import (
 if TYPE_CHECKING:
     from .projection import Projector
 
+_APPROVAL_PENDING = Code.APPROVAL_PENDING.value
 _SECOND_OBSERVER = frozenset({EvidenceSource.REMOTE_QUERY, EvidenceSource.OPERATOR_ATTESTED})
 
 
@@ -129,6 +130,10 @@ def _on_reconcile_inconclusive(p: Projector, event: Event) -> None:
         current = open_query(ev.get("reconcile_queries", ()), p._generation)
         if current is not None and current != query:
             _refuse(p, event, f"the reconciliation query {current} is still open")
+    if opened or (opened is None and item["code"] == _APPROVAL_PENDING):
+        # A row written before rows named ``open`` left a query awaiting an operator with
+        # APPROVAL_PENDING and no ``open``: it was taken up then, so it is open now too (not
+        # a second card after an upgrade).  Never refused: a journal folds as it was written.
         item["open"] = True
         item["generation"] = p._generation
     not_before = event.attrs.get("not_before")
