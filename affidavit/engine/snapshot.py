@@ -47,6 +47,7 @@ __all__ = ["ConfigSnapshot"]
 
 _PURPOSE = "config-snapshot"
 _ACCOUNT = "config-account"
+_JUDGING = "config-reconcile"
 
 
 class ConfigSnapshot:
@@ -88,6 +89,13 @@ class ConfigSnapshot:
         value = KEYED_PREFIX + self._digest(_ACCOUNT, canonical_json(account(target)))
         self._accounts[target.name] = (target, value)
         return value
+
+    def judging_hash(self, target: Any) -> str:
+        """The keyed hash of what judges a reconciliation query's answer: the target's
+        ``reconcile`` section -- the request it sends (method, path), ``committed_if``,
+        ``rejected_if``, ``settle`` -- and nothing else (an approval's ``wait`` is not)."""
+        section = snapshot(target).get("reconcile")
+        return KEYED_PREFIX + self._digest(_JUDGING, canonical_json({"reconcile": section}))
 
     def moved(self, events: Iterable[Event], target: Any) -> str | None:
         """Why ``target`` as configured now may reach another account than the record of

@@ -55,6 +55,7 @@ UNSENT = "the query was not sent (denied, expired, cancelled, or never asked): a
 async def claim(engine: Engine, record: Record, query_id: str) -> None:
     """Name ``query_id`` as the invocation's one open query before it is asked; refused
     ``QUERY_PENDING`` when another asker's query is open (it was first, in any process)."""
+    target = _target(engine, record)
     event = Event(
         E.RECONCILE_INCONCLUSIVE,
         record.invocation_id,
@@ -65,7 +66,9 @@ async def claim(engine: Engine, record: Record, query_id: str) -> None:
             "open": True,
             "generation": record.generation,
             # Lapses, its query not accepted by then (``takeup``; in the lease clock).
-            "expires_at": claim_expiry(engine, _target(engine, record)),
+            "expires_at": claim_expiry(engine, target),
+            # What judges its answer: a query taken up under other rules settles nothing.
+            **({"judged_by": engine.snapshot.judging_hash(target)} if target else {}),
         },
     )
     # Refused when another asker's query is open (QUERY_PENDING), or when the record moved

@@ -264,9 +264,9 @@ async def query(
                 await approved.abandoned(engine, record, query_id)
             raise
     query_id = answer["invocation_id"]
-    if taken and _asked_under(engine, query_id) != engine.snapshot.hash(target):
-        # Asked under another configuration of the target than today's: its answer is not
-        # judged by today's committed_if / rejected_if, nor the query by today's settings.
+    if taken and not _judged_alike(engine, invocation_id, query_id, target):
+        # Asked under other reconciliation settings than today's: its answer is not judged by
+        # today's committed_if / rejected_if, nor the query by today's request or settle.
         settled, reason, seq = None, CONFIG_SINCE, None
     else:
         settled, reason, seq = _settles(engine, query_id, target, spec.reconcile.verdict)
@@ -331,15 +331,21 @@ CONFIG_SINCE = (
     "the query taken up was asked under another configuration of the target than today's: its "
     "answer settles nothing -- query again (a new query is asked under today's)"
 )
-"""The reason a taken-up query's answer is not judged (``_asked_under``) -- stable text."""
+"""The reason a taken-up query's answer is not judged (``_judged_alike``) -- stable text."""
 
 
-def _asked_under(engine: Engine, query_id: str) -> Any:
-    """The target's config hash the query was validated under (its PREFLIGHT_VALIDATED)."""
+def _judged_alike(engine: Engine, iid: str, query_id: str, target: Any) -> bool:
+    """Whether the query taken up was asked under today's reconciliation settings: its claim's
+    ``judged_by`` (``ConfigSnapshot.judging_hash``: the request, committed_if, rejected_if,
+    settle -- an approval's ``wait`` edited since changes nothing); for a query claimed
+    before claims recorded it, the target's whole snapshot its PREFLIGHT_VALIDATED bound."""
+    for event in engine.journal.events(iid):
+        if event.attrs.get("query_invocation") == query_id and "judged_by" in event.attrs:
+            return bool(event.attrs["judged_by"] == engine.snapshot.judging_hash(target))
     for event in engine.journal.events(query_id):
         if event.kind is E.PREFLIGHT_VALIDATED:
-            return event.attrs.get("config_hash")
-    return None
+            return bool(event.attrs.get("config_hash") == engine.snapshot.hash(target))
+    return False
 
 
 def _covered(engine: Engine, action: Mapping[str, Any]) -> bool:

@@ -8,13 +8,16 @@ projection refuses while another query is open: what the server receives is the 
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from affidavit.api.broker import Broker
 from affidavit.approvals import OperatorError
 from affidavit.reconcile.approved import ASKING, UNSENT
 from affidavit.reconcile.service import CONFIG_SINCE
@@ -187,24 +190,9 @@ async def test_a_query_asked_under_another_configuration_settles_nothing(
     # changed (``rejected_if`` now reads 200 as absent).  The answer is not judged by today's
     # rules: inconclusive, the query closed, and the next one asked under today's.
     async with HostileServer.running(PaymentsApi().script) as srv:
-
-        def config(rejected_if: str) -> Path:
-            target = reconcile_target(srv.url, approval=GETS)
-            target["api"]["reconcile"]["rejected_if"] = rejected_if
-            path = write_config(tmp_path, target)
-            with path.open("a") as f:
-                f.write(f"[service]\noperator_uids = [{OPS_UID}]\n")
-            return path
-
-        async with open_broker(config("status:404")) as broker:
-            with trio.fail_after(LIMIT):
-                env = await broker.call(CHARGE)
-                iid = env["invocation_id"]
-                first = await broker.reconcile(iid, query=True)
-                query_id = first["query"]["invocation_id"]
-                await broker.approve(query_id, note="read it", operator=OPS)
-                assert await broker.dispatch_approved(query_id) is not None
-        async with open_broker(config("status:410")) as broker:
+        async with _broker(tmp_path, srv, GETS, "status:404") as broker:
+            iid, query_id = await _approved_and_sent(broker)
+        async with _broker(tmp_path, srv, GETS, "status:410") as broker:
             with trio.fail_after(LIMIT):
                 taken = await broker.reconcile(iid, query=True)
                 again = await broker.reconcile(iid, query=True)
@@ -215,6 +203,50 @@ async def test_a_query_asked_under_another_configuration_settles_nothing(
         assert again["query"]["error"]["code"] == "APPROVAL_PENDING"  # asked anew
         assert again["query"]["invocation_id"] != query_id
     assert [r.method for r in srv.requests] == ["POST", "GET"]
+
+
+async def test_a_query_taken_up_after_its_approval_wait_changed_is_read(
+    tmp_path: Path, token: str
+) -> None:
+    # Only what judges the answer counts (``judging_hash``: the request, committed_if,
+    # rejected_if, settle): an approval's ``wait`` edited since does not discard an approved
+    # and sent answer -- before, it was CONFIG_SINCE, a second card and a second GET.
+    async with HostileServer.running(PaymentsApi().script) as srv:
+        async with _broker(tmp_path, srv, GETS, "status:404") as broker:
+            iid, query_id = await _approved_and_sent(broker)
+        longer = {**GETS, "wait": "5s"}
+        async with _broker(tmp_path, srv, longer, "status:404") as broker:
+            with trio.fail_after(LIMIT):
+                taken = await broker.reconcile(iid, query=True)
+            assert broker.approvals() == []
+        assert taken["reconciled"] is True, taken
+        assert taken["query"]["invocation_id"] == query_id
+    assert [r.method for r in srv.requests] == ["POST", "GET"]
+
+
+@contextlib.asynccontextmanager
+async def _broker(
+    tmp_path: Path, srv: HostileServer, approval: Any, rejected_if: str
+) -> AsyncIterator[Broker]:
+    target = reconcile_target(srv.url, approval=approval)
+    target["api"]["reconcile"]["rejected_if"] = rejected_if
+    path = write_config(tmp_path, target)
+    with path.open("a") as f:
+        f.write(f"[service]\noperator_uids = [{OPS_UID}]\n")
+    async with open_broker(path) as broker:
+        yield broker
+
+
+async def _approved_and_sent(broker: Broker) -> tuple[str, str]:
+    """A charge left unknown, its query approved and sent after its asker left."""
+    with trio.fail_after(LIMIT):
+        env = await broker.call(CHARGE)
+        iid = env["invocation_id"]
+        first = await broker.reconcile(iid, query=True)
+        query_id = first["query"]["invocation_id"]
+        await broker.approve(query_id, note="read it", operator=OPS)
+        assert await broker.dispatch_approved(query_id) is not None
+    return iid, query_id
 
 
 async def test_a_query_its_killed_sender_left_mid_send_is_closed_then_read(
