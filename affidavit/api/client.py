@@ -226,7 +226,9 @@ class Client:
     ) -> dict[str, Any]:
         """Query a job's status resource once, in the daemon (as ``Broker.poll_operation``):
         ``{"operation", "poll"}``.  ``ApiError`` (422 ``OPERATION_ERROR``) for an unknown id or
-        a job with nothing to query."""
+        a job with nothing to query; (409 ``POLL_PENDING``, no field) while the operation's
+        poll the target's approval covers awaits an operator or is being sent -- nothing more
+        was asked or sent: poll again once it is decided."""
         timeout = check_timeout(timeout)
         path = "/v1/operations/" + quote(operation_id, safe="") + "/poll"
         response = await self._request("POST", target(path, {"timeout": timeout}), b"", retry=False)

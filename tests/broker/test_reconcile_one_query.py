@@ -22,7 +22,7 @@ from affidavit.approvals import OperatorError
 from affidavit.reconcile.approved import ASKING, UNSENT
 from affidavit.reconcile.service import CONFIG_SINCE
 from affidavit.statemachine import EventKind
-from tests.http.hostile import HostileServer
+from tests.http.hostile import HostileServer, Peer
 
 from .approvalkit import OPS, OPS_UID, PaymentsApi, reconcile_target
 from .helpers import open_broker, write_config
@@ -32,6 +32,8 @@ from .test_reconcile_approval import _gets, _payments, _pending_queries
 E = EventKind
 SLOW = {"methods": ["GET"], "wait": "2s"}
 GETS = {"methods": ["GET"], "wait": "0s"}
+STALL = 8.0  # seconds the stalling remote holds a GET unanswered
+TAKER_TIMEOUT = 1.5  # the taker's timeout, well inside STALL
 CHARGE = {
     "target": "api",
     "method": "POST",
@@ -160,27 +162,35 @@ async def test_an_approved_query_whose_dispatcher_stopped_is_sent_once_its_lease
     assert _gets(srv) == 1
 
 
-async def test_taking_up_an_approved_query_passes_the_caller_s_timeout(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+async def test_taking_up_an_approved_query_ends_within_the_caller_s_timeout(
+    tmp_path: Path, token: str
 ) -> None:
-    async with _payments(tmp_path) as (srv, broker, iid):
-        engine = broker._engine
-        seen: list[float | None] = []
-        real = engine.dispatch_approved
+    # The approved query is sent by the taker, to a remote that never answers its GET: the
+    # taker's query ends within the timeout it was given (not the target's own, 30s), its
+    # query's outcome unknown and the invocation still unknown.
+    async def stalling(peer: Peer) -> None:
+        req = await peer.read_request()
+        if req is not None and req.method == "GET":
+            await trio.sleep(STALL)  # never answers within the taker's timeout
 
-        async def spy(*args: Any, **kwargs: Any) -> Any:
-            seen.append(args[3] if len(args) > 3 else kwargs.get("timeout"))
-            return await real(*args, **kwargs)
-
-        with trio.fail_after(LIMIT):
-            first = await broker.reconcile(iid, query=True)
-            await broker.approve(first["query"]["invocation_id"], note="ok", operator=OPS)
-            monkeypatch.setattr(engine, "dispatch_approved", spy)
-            answer = await broker.reconcile(iid, query=True, timeout=7.5)
-        assert answer["reconciled"] is True
-        (timeout,) = seen
-        assert timeout is not None and 0 < timeout <= 7.5
-    assert _gets(srv) == 1
+    async with HostileServer.running(stalling) as srv:
+        path = write_config(tmp_path, reconcile_target(srv.url, approval=GETS))
+        with path.open("a") as f:
+            f.write(f"[service]\noperator_uids = [{OPS_UID}]\n")
+        async with open_broker(path) as broker:
+            with trio.fail_after(LIMIT):
+                iid = (await broker.call(CHARGE))["invocation_id"]
+                first = await broker.reconcile(iid, query=True)
+                await broker.approve(first["query"]["invocation_id"], note="ok", operator=OPS)
+            with trio.fail_after(STALL - 1.0):  # bounded: the stall outlasts it
+                start = trio.current_time()
+                answer = await broker.reconcile(iid, query=True, timeout=TAKER_TIMEOUT)
+                took = trio.current_time() - start
+        assert took <= TAKER_TIMEOUT + 1.0, took  # the timeout, plus recording the answer
+        assert answer["reconciled"] is False
+        assert answer["query"]["invocation_id"] == first["query"]["invocation_id"]
+        assert answer["query"]["error"]["outcome"] == "unknown"
+    assert [r.method for r in srv.requests] == ["POST", "GET"]
 
 
 async def test_a_query_asked_under_another_configuration_settles_nothing(
@@ -284,6 +294,10 @@ async def test_a_query_its_killed_sender_left_mid_send_is_closed_then_read(
         assert taken["reconciled"] is False
         assert taken["query"]["invocation_id"] == query_id
         assert taken["query"]["error"]["code"] == "REMOTE_OUTCOME_UNKNOWN"
+        # Judged (``_settles``), not set aside as asked under another configuration:
+        row = taken["envelope"]["evidence"]["reconcile_queries"][-1]
+        assert row["query_invocation"] == query_id and "open" not in row
+        assert row["reason"] == "the query has no complete, authoritative result of its own"
         assert again["query"]["invocation_id"] != query_id
         assert again["query"]["error"]["code"] == "APPROVAL_PENDING"
     assert _gets(srv) == 0
