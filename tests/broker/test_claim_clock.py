@@ -6,7 +6,8 @@ reading broker's ``time.time()``: a writer running an hour behind (or a reader a
 had its live claim closed by the other broker, and the same question asked twice.
 
 Seed, "Never claim more than the records prove": a claim whose query has no record yet proves
-only that it is being asked -- QUERY_PENDING until its deadline, closed and asked anew after."""
+only that it is being asked -- QUERY_PENDING until its deadline, closed and asked anew after.
+An operation's poll is claimed, and lapses, the same way."""
 
 from __future__ import annotations
 
@@ -23,13 +24,16 @@ import affidavit.engine.takeup as takeup
 from affidavit.api.broker import Broker
 from affidavit.approvals import OperatorError
 from affidavit.config import load_config
+from affidavit.engine import OperationError
+from affidavit.engine.operations import ASKING as POLL_ASKING
 from affidavit.reconcile.approved import ASKING, UNSENT
-from affidavit.statemachine import Event, EventKind
+from affidavit.statemachine import Event, EventKind, invocation_of
 from tests.http.hostile import HostileServer
 
 from .approvalkit import OPS, PaymentsApi, reconcile_target
 from .helpers import write_config
 from .http_rows import LIMIT
+from .test_poll_approval import _jobs
 from .test_reconcile_approval import _gets, _payments, _pending_queries
 
 E = EventKind
@@ -140,4 +144,28 @@ async def test_a_broker_behind_keeps_its_live_claim_on_a_shared_journal(
         assert UNSENT not in [r["reason"] for r in rows], rows  # B closed nothing of A's
         assert answers[0]["query"]["error"]["code"] == "APPROVAL_PENDING"
         assert len(_pending_queries(b, iid)) == 1
+    assert _gets(srv) == 0
+
+
+async def test_a_poll_claim_with_no_record_is_pending_until_its_deadline_then_asked_anew(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with _jobs(tmp_path) as (srv, broker, op_id):
+        iid = invocation_of(op_id)
+        assert iid is not None
+        deadline = time.time() + 60.0
+        attrs = {"operation_id": op_id, "poll_invocation": "act_claimed", "code": None}
+        claim = {**attrs, "reason": POLL_ASKING, "open": True, "expires_at": deadline}
+        await broker.journal.append(Event(E.OPERATION_POLL_FAILED, iid, claim), barrier=True)
+        with trio.fail_after(LIMIT), pytest.raises(OperationError) as refused:
+            await broker.poll_operation(op_id)
+        assert refused.value.code == "POLL_PENDING"
+        assert "act_claimed" in str(refused.value) and "is being asked" in str(refused.value)
+        monkeypatch.setattr(broker.journal, "_clock", lambda: deadline + 1.0)
+        with trio.fail_after(LIMIT):
+            answer = await broker.poll_operation(op_id)
+        assert answer["poll"]["error"]["code"] == "APPROVAL_PENDING"
+        assert answer["poll"]["invocation_id"] != "act_claimed"
+        assert answer["operation"]["polls"] == 1  # the closed claim is no poll of the job
+        assert [c["invocation_id"] for c in broker.approvals()] == [answer["poll"]["invocation_id"]]
     assert _gets(srv) == 0
