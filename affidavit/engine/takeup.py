@@ -21,7 +21,11 @@ in the writing transaction, so in any process).  It stays open until a row namin
 A claim's deadline (``claim_expiry``: the target's lease from when it was named, plus
 ``lease_margin``) is recorded in, and judged by, the clock leases are: the database's on a
 shared journal (the journal moves ``expires_at``, ``Txn._expiry``), so a broker whose clock
-runs ahead cannot close another's live claim.
+runs ahead cannot close another's live claim.  What it does not bound: an asker whose own
+journal write stalls past the deadline between its claim and its call's ACTION_ACCEPTED still
+asks -- its claim closed and another asked meanwhile, two calls may wait for an operator (the
+late one's row is refused, answered QUERY_PENDING / POLL_PENDING).  Writing the claim in the
+ACTION_ACCEPTED's transaction would close that window; it is not done yet.
 """
 
 from __future__ import annotations
