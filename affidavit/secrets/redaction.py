@@ -13,7 +13,8 @@ One mechanism, two layers:
   base64 blob (the characters that depend on the value's bytes alone), and its hex in lower and
   upper case; a value whose letters are all hex digits (a hex token, a UUID) also lower- and
   upper-cased itself (``_case_free``).  The base64 forms and cores also with a line break
-  between any two characters (``BREAK``): a blob wrapped at 76 or 64 columns.  The binding
+  between any two characters (``BREAK``): a blob wrapped at any width, one break
+  between two characters.  The binding
   lists the values: the secret and the whole injected value (``Bearer <token>``,
   ``user:password``, the password alone).
 * **Case**: a value of ``MIN_ANY_CASE`` bytes or more is matched in every form with each ASCII

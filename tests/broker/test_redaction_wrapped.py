@@ -1,10 +1,10 @@
-"""Base64 wrapped into lines -- 76 columns (MIME, RFC 2045 §6.8; ``base64(1)``; Python's
-``encodebytes``) or 64 (PEM, RFC 7468) -- loses the secret wherever its encoding crosses a line
-break (docs/redaction.md, "The forms").  Each base64 form and core takes a line break (raw, JSON-
-or percent-escaped: ``BREAK``) between any two characters; the scan finds it by its needles in
-the input without raw line breaks (``joined``) and by escaped breaks between base64 characters
-as escape candidates.  The optional break is never ambiguous with
-a character's ways of being written, so the pattern's work per start stays bounded.
+"""Base64 wrapped into lines at any width -- 76 columns (MIME, RFC 2045 §6.8; ``base64(1)``;
+Python's ``encodebytes``), 64 (PEM, RFC 7468) or another -- loses the secret wherever its
+encoding crosses a line break (docs/redaction.md, "The forms").  Each base64 form and core
+takes a line break (raw, JSON- or percent-escaped: ``BREAK``) between any two characters; the
+scan finds it by its needles in the input without raw line breaks (``joined``) and by escaped
+breaks between base64 characters as escape candidates.  The optional break is never ambiguous
+with a character's ways of being written, so the pattern's work per start stays bounded.
 """
 
 from __future__ import annotations
@@ -196,6 +196,11 @@ def test_a_line_break_after_a_form_is_the_texts() -> None:
                 r = redactor.fresh()
                 got = b"".join(r.feed(body[i : i + 3]) for i in range(0, len(body), 3))
                 assert got + r.flush() == want, (value, form, brk)
+                whole = {base64.b64encode(value), base64.urlsafe_b64encode(value)}
+                if form in {w.rstrip(b"=") for w in whole} - whole:  # the form, unpadded
+                    padded = b"<" + form + brk + b"=" + brk + b"next"  # its padding, wrapped
+                    want = b"<" + REDACTED + brk + b"next"
+                    assert redactor.fresh().sub(padded) == want, (value, form, brk)
 
 
 @pytest.mark.parametrize(
