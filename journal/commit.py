@@ -40,7 +40,7 @@ from .errors import (
     ResultStoreFailed,
     ResultStoreReplaced,
 )
-from .requests import Batch, Fail, Req, refusal, write_error
+from .requests import Batch, Fail, Req, write_error
 from .tables import Tables
 from .txn import Txn
 
@@ -324,12 +324,12 @@ def _signal_meanwhile(w: Writer, batch: list[Req[Any]]) -> None:
 
 
 def _refused_before(after: tuple[Req[Any], ...]) -> BaseException | None:
-    """The first refusal among ``after`` -- writes queued before the one that presupposes
-    them, so answered by now, in this transaction or an earlier one (``requests.presupposed``)."""
+    """The first error among ``after`` -- writes queued before the one that presupposes
+    them, so answered by now, in this transaction or an earlier one (``requests.presupposed``):
+    a refusal, or a failure to store one (its rows are not on record either)."""
     for a in after:
-        refused = refusal(a)
-        if refused is not None:
-            return refused
+        if a.error is not None:
+            return a.error
     return None
 
 

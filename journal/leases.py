@@ -116,30 +116,38 @@ def check_lease(
     return Fail(LeaseLost(iid, holder, generation, current, seq))
 
 
-def check_first_deadline(txn: Txn, iid: str, clock: Callable[[], float]) -> Fail | None:
-    """The first attempt's dispatch gate (generation 0, no lease row): None while its lease
-    runs -- the ``lease_expires_at`` its broker wrote into ACTION_ACCEPTED, recorded in the
-    clock leases are judged by -- by that clock in this transaction (``gate_now``: the
-    database's on a shared journal), as a retry's gate judges its lease row (``check_lease``);
-    else LEASE_LOST written (when the lifecycle allows it) and ``LeaseLost``.  Its broker
-    checked its own clock before the gate, but the write may wait (for the chain head, a busy
-    writer) past the lease's end, when another worker may take the holder for gone and close
-    the attempt: a request sent then overlaps a same-key retry.  The same for each redirect
-    hop's barrier after it (``Journal.append(first_gate=True)``).  A record at another generation
-    (a retry's gate checks its row) or with no recorded deadline is not judged here."""
+def check_first_deadline(
+    txn: Txn, iid: str, holder: str, clock: Callable[[], float]
+) -> Fail | None:
+    """The first attempt's dispatch gate (generation 0, no lease row), written by ``holder``:
+    None while its lease is ``holder``'s and runs -- the holder and ``lease_expires_at`` its
+    broker wrote into ACTION_ACCEPTED, the deadline recorded in the clock leases are judged by
+    -- by that clock in this transaction (``gate_now``: the database's on a shared journal), as
+    a retry's gate judges its lease row (``check_lease``); else LEASE_LOST written (when the
+    lifecycle allows it) and ``LeaseLost``.  Its broker checked its own clock before the gate,
+    but the write may wait (for the chain head, a busy writer) past the lease's end, when
+    another worker may take the holder for gone and close the attempt, or take the invocation
+    over by winning its first event -- at generation 0 too, under a later deadline: a request
+    sent then overlaps the taker's.  The same for each redirect hop's barrier after it
+    (``Journal.append(first_gate=holder)``).  A record at another generation (a retry's gate
+    checks its row) or with no recorded deadline is not judged here."""
     proj = txn.projector(iid)
     if proj.generation != 0:
         return None
     lease = proj.lease  # not a whole record: this runs at every first dispatch
-    expires = None if lease is None else lease.get("expires_at")
-    if not isinstance(expires, (int, float)) or gate_now(txn, clock) < expires:
+    if lease is None:
         return None
-    assert lease is not None
-    holder = lease.get("holder")
-    holder = holder if isinstance(holder, str) else ""
+    expires = lease.get("expires_at")
+    if not isinstance(expires, (int, float)):
+        return None
+    ours = lease.get("holder") == holder
+    if ours and gate_now(txn, clock) < expires:
+        return None
     attrs: dict[str, object] = {"generation": 0, "holder": holder}
-    if _dispatched(txn, iid, 0):
-        attrs["after_dispatch"] = True  # a redirect's next hop: its first hop was sent
+    if ours and _dispatched(txn, iid, 0):
+        # A redirect's next hop: its first hop was sent.  Another holder's record holds none
+        # of this worker's dispatches (its first event was refused).
+        attrs["after_dispatch"] = True
     lost = Event(EventKind.LEASE_LOST, iid, attrs=attrs)
     try:
         seq = txn.insert(*row_args(lost)).seq

@@ -29,7 +29,6 @@ __all__ = [
     "Req",
     "cannot_abort",
     "presupposed",
-    "refusal",
     "write_error",
 ]
 
@@ -67,8 +66,8 @@ class Req(Generic[T]):
     ``Txn.insert`` per tuple in ``args`` (several rows computed by their submitter, one
     request: issue 15, "one journal submission per barrier carrying its rows precomputed").
     ``after``: earlier writes of the same task about the same invocation, queued before it and
-    not yet answered, that this one presupposes (``presupposed``): refused with the first's
-    refusal, not run, if one of them was refused."""
+    not yet answered, that this one presupposes (``presupposed``): failed with the first's
+    error, not run, if one of them was refused or failed to be stored."""
 
     __slots__ = (
         "after",
@@ -150,27 +149,23 @@ class Posted(Generic[T]):
         return req.result  # type: ignore[return-value]
 
 
-def refusal(r: Req[Any]) -> BaseException | None:
-    """``r``'s refusal -- its error, unless that is a failure to write (``JournalWriteError``:
-    nothing of its transaction was written, so no record moved past it)."""
-    error = r.error
-    return None if error is None or isinstance(error, JournalWriteError) else error
-
-
 def presupposed(after: Sequence[Posted[Any]], iids: set[str]) -> tuple[Req[Any], ...] | None:
     """The writes of ``after`` (a task's posted writes it has not read the answers of) about
-    one of ``iids`` that were refused or are not answered yet, for the writer to check once it
-    reaches the next write (``Req.after``): one of them refused refuses that write with the
-    same refusal, not run -- answered as any refusal is, by the writer (a post's ``wait``
-    raises it, never the post itself).  Why: a task's writes about an invocation are
-    consecutive facts, each presupposing those before it -- a binder whose posted
-    ACTION_ACCEPTED was refused (a taker won the record's first event) went on to write its
-    SETUP_FAILED, and could write its DISPATCH_STARTED, into the taker's record."""
+    one of ``iids`` that failed or are not answered yet, for the writer to check once it
+    reaches the next write (``Req.after``): one of them failed fails that write with the same
+    error, not run -- answered as any refusal is, by the writer (a post's ``wait`` raises it,
+    never the post itself).  Why: a task's writes about an invocation are consecutive facts,
+    each presupposing those before it -- a binder whose posted ACTION_ACCEPTED was refused (a
+    taker won the record's first event) went on to write its SETUP_FAILED, and could write its
+    DISPATCH_STARTED, into the taker's record.  A write that failed to be stored
+    (``JournalWriteError``, ``CommitUnknown`` among them) counts too: the later write's
+    premises are not on record either way (a binder whose preamble hit a locked database went
+    on to its gate in the record a taker then won)."""
     pending: list[Req[Any]] = []
     for p in after:
         r = p._req
         # Most of them answered, unrefused, by the time the next write comes: skipped.
-        if (not r.finished or refusal(r) is not None) and iids & r.invocations():
+        if (not r.finished or r.error is not None) and iids & r.invocations():
             pending.append(r)
     return tuple(pending) or None
 

@@ -97,7 +97,7 @@ def _refuse_cancellable(
     lapsed: bool,
     valid_until: float | None,
     meanwhile: Callable[[], None] | None,
-    first_gate: bool,
+    first_gate: str | None,
 ) -> None:
     """``Journal.append(cancellable=True)`` of anything but a plain closing event: a
     ``ValueError`` naming what was refused (the caller's bug, never the journal's)."""
@@ -106,7 +106,7 @@ def _refuse_cancellable(
     for name, given in (
         ("lease", lease is not None),
         ("lapsed", lapsed),
-        ("first_gate", first_gate),
+        ("first_gate", first_gate is not None),
         ("valid_until", valid_until is not None),
         ("meanwhile", meanwhile is not None),
     ):
@@ -377,7 +377,7 @@ class Journal(JournalReader):
         meanwhile: Callable[[], None] | None = None,
         valid_until: float | None = None,
         cancellable: bool = False,
-        first_gate: bool = False,
+        first_gate: str | None = None,
         after: Sequence[Posted[Any]] = (),
     ) -> Event:
         """Append one event; return it with ``seq`` and ``at`` assigned.
@@ -385,8 +385,9 @@ class Journal(JournalReader):
         Raises ``ImpossibleEvent`` (nothing written) if the lifecycle refuses it, ``LeaseLost``
         if ``lease=(holder, generation)`` is stale or expired (checked in the same transaction)
         -- or, with ``first_gate`` (the first attempt's dispatch gate, which holds no lease: its
-        DISPATCH_STARTED and every redirect hop's barrier after it), if ACTION_ACCEPTED's
-        ``lease_expires_at`` has passed (``leases.check_first_deadline``),
+        DISPATCH_STARTED and every redirect hop's barrier after it; the gate writer's holder),
+        if ACTION_ACCEPTED's holder is another or its ``lease_expires_at`` has passed
+        (``leases.check_first_deadline``),
         ``JournalWriteError`` on a storage fault.  DISPATCH_STARTED and RESULT_COMMITTED are
         always barriers.  Once queued, the write is waited for uncancellably; ``shield``: so is
         a wait for room in a full queue before it (``Writer.submit``) -- the whole append is
@@ -405,12 +406,12 @@ class Journal(JournalReader):
         ``valid_until`` or ``meanwhile`` -- anything else is a ``ValueError``, nothing queued:
         a boundary whose answer was given up would leave unclear what the record proves.
         ``after``: the caller's earlier posted writes whose answers it has not read yet (the
-        call's unsettled posts): one about this invocation that was refused refuses this
-        event with the same refusal, nothing written -- a task's facts about an invocation
-        presuppose those it wrote before (``requests.presupposed``)."""
+        call's unsettled posts): one about this invocation that was refused, or failed to be
+        stored, fails this event with the same error, nothing written -- a task's facts about
+        an invocation presuppose those it wrote before (``requests.presupposed``)."""
         if cancellable:
             _refuse_cancellable(event, lease, lapsed, valid_until, meanwhile, first_gate)
-        if first_gate and lease is not None:
+        if first_gate is not None and lease is not None:
             raise ValueError("first_gate append with a lease: a retry's gate checks its lease")
         attrs_text = attrs_json(event)
         # Encoded and decoded here, in the submitting task, not in the single writer.
@@ -421,7 +422,7 @@ class Journal(JournalReader):
             args = (event, attrs_text, *self._seal_payload(event, payload), decoded)
         barrier = barrier or event.kind._value_ in BARRIER_VALUES
         pre = presupposed(after, {event.invocation_id}) if after else None
-        if lease is None and not lapsed and valid_until is None and not first_gate:
+        if lease is None and not lapsed and valid_until is None and first_gate is None:
             return await self._writer.submit(
                 None,
                 args,
@@ -437,8 +438,8 @@ class Journal(JournalReader):
             iid = event.invocation_id
             if lease is not None:
                 refused = leases.check_lease(txn, iid, lease, clock)
-            elif first_gate:  # no lease row: its deadline is in ACTION_ACCEPTED
-                refused = leases.check_first_deadline(txn, iid, clock)
+            elif first_gate is not None:  # no lease row: ACTION_ACCEPTED holds holder, deadline
+                refused = leases.check_first_deadline(txn, iid, first_gate, clock)
             elif lapsed:
                 refused = leases.check_lapsed(txn, iid, deadline)
             else:

@@ -415,7 +415,7 @@ class Writer:
         answer (``_signal_meanwhile``); or not at all (refused, failed first).  It must not
         raise and must not depend on the write being durable: work the submitter would do
         right after it (issue 15, c=1: the loop is idle during the fsync).  ``after``: earlier
-        writes it presupposes, refused with the first's refusal if one was (``Req.after``)."""
+        writes it presupposes, failed with the first's error if one failed (``Req.after``)."""
         if cancellable and (op is not None or meanwhile is not None or result_store):
             # A checked write (a lease's, an expiry's), a result or a callback during the
             # COMMIT: each is a boundary its caller acts on -- never answered unread.

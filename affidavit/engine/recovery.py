@@ -241,7 +241,7 @@ async def journal_refused(
     mine = _open_attempt(durable, record, iid, attempt, holder)
     closing = None if mine is None else closing_event(record, "journal")
     if closing is None:
-        return _answer(recorder, record, iid, attempt)
+        return _answer(recorder, durable, record, iid, attempt, holder)
     try:
         await recorder.append(closing, barrier=True)
     except JournalWriteError:
@@ -256,14 +256,15 @@ async def journal_refused(
             raise CallNotRecorded(iid) from error
         record = recorder.projected(durable, now)
         if _open_attempt(durable, record, iid, attempt, holder) is None:
-            return _answer(recorder, record, iid, attempt)  # taken over meanwhile
+            return _answer(recorder, durable, record, iid, attempt, holder)  # taken over
         return recorder.envelope(recorder.projected([*durable, closing], now))
     except ImpossibleEvent:
         # Someone else closed the attempt first, or took the invocation over: the record, as
         # it stands, is the answer (folding the refused event in would be refused again).
         recorder.forget()
-        record = recorder.projected(await recorder.read(lambda: events(iid)), now)
-        return _answer(recorder, record, iid, attempt)
+        durable = await recorder.read(lambda: events(iid))
+        record = recorder.projected(durable, now)
+        return _answer(recorder, durable, record, iid, attempt, holder)
     return recorder.envelope(await recorder.record(iid))
 
 
@@ -283,20 +284,35 @@ def _open_attempt(
 
 
 def _answer(
-    recorder: Recorder, record: Record, iid: str, attempt: tuple[str, int] | None
+    recorder: Recorder,
+    events: list[Event],
+    record: Record,
+    iid: str,
+    attempt: tuple[str, int] | None,
+    holder: str,
 ) -> dict[str, Any]:
     """A failed call's envelope when its attempt is not the record's to close: LEASE_LOST from
     the record when another attempt took the invocation over from the call's own
     (``lease_lost_error``: the record's phase and outcome, no result of another attempt's as
     if it were this call's); the record as it stands when the call ran no attempt of it, or
-    its attempt is the record's last (closed already)."""
-    if attempt is None or attempt[0] != iid or attempt[1] == record.generation:
+    its attempt is the record's last (closed already).  The record's attempt is the call's
+    only under ``holder`` as well (``_open_attempt``): a take-over of generation 0 wins the
+    record's first event at the call's own generation, and that record holds nothing of the
+    call's -- its first event was refused, and so was every later write (its gate included)."""
+    if attempt is None or attempt[0] != iid:
         return recorder.envelope(record)
     generation = attempt[1]
-    dispatched = any(
-        a["generation"] == generation and a["stage"] == "dispatch" for a in record.attempts
-    )
+    if _holder(events) != holder:
+        dispatched = generation != record.generation and _dispatched(record, generation)
+    elif generation == record.generation:
+        return recorder.envelope(record)
+    else:
+        dispatched = _dispatched(record, generation)
     return recorder.envelope(record, lost=generation, dispatched=dispatched)
+
+
+def _dispatched(record: Record, generation: int) -> bool:
+    return any(a["generation"] == generation and a["stage"] == "dispatch" for a in record.attempts)
 
 
 INTERNAL_CLOSE_WAIT: Final = 5.0

@@ -123,7 +123,7 @@ def _first_attempt(iid: str, deadline: float) -> list[Event]:
     """Generation 0 up to its dispatch, its deadline (``lease_expires_at``) as the engine
     writes it: by its own broker's clock."""
     first, *rest = until_dispatch(iid)
-    accepted = Event(first.kind, iid, {**first.attrs, "lease_expires_at": deadline})
+    accepted = Event(first.kind, iid, {**first.attrs, "holder": "w1", "lease_expires_at": deadline})
     return [accepted, *rest]
 
 
@@ -189,7 +189,7 @@ async def test_a_group_commit_of_first_dispatches_reads_the_database_clock_once(
         async with trio.open_nursery() as nursery:
             for i in range(n):
                 ev = Event(E.DISPATCH_STARTED, f"inv-{i}", {"attempt": 1})
-                nursery.start_soon(functools.partial(j.append, ev, first_gate=True))
+                nursery.start_soon(functools.partial(j.append, ev, first_gate="w1"))
         monkeypatch.undo()
         assert 0 < len(txns) < n, txns  # the writer committed them together (else: no proof)
         assert len(reads) == len(txns), (len(reads), len(txns))

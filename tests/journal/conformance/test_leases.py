@@ -13,8 +13,10 @@ import pytest
 import trio
 
 from affidavit.journal import (
+    Batch,
     IdempotencyMismatch,
     Journal,
+    JournalWriteError,
     LeaseBusy,
     LeaseLost,
 )
@@ -22,7 +24,7 @@ from affidavit.statemachine import Event, ImpossibleEvent, Outcome
 from affidavit.statemachine import EventKind as E
 
 from ..helpers import accepted, interrupted, until_dispatch
-from .conftest import Place
+from .conftest import Place, storage_fault
 
 CHILD = Path(__file__).parent.parent / "child.py"
 
@@ -180,15 +182,15 @@ async def test_the_first_attempt_s_gate_is_refused_once_its_deadline_passed(plac
     async with place.open(clock=clock) as j:
         await _first_attempts(j, clock, {"inv-1": -1.0, "inv-2": 60.0})
         with pytest.raises(LeaseLost) as info:
-            await j.append(Event(E.DISPATCH_STARTED, "inv-1"), first_gate=True)
+            await j.append(Event(E.DISPATCH_STARTED, "inv-1"), first_gate="w1")
         assert (info.value.generation, info.value.holder) == (0, "w1")
         kinds = [e.kind for e in j.events("inv-1")]
         assert E.DISPATCH_STARTED not in kinds and kinds[-1] is E.LEASE_LOST, kinds
         assert info.value.seq == j.events("inv-1")[-1].seq
-        ev = await j.append(Event(E.DISPATCH_STARTED, "inv-2"), first_gate=True)  # in time
+        ev = await j.append(Event(E.DISPATCH_STARTED, "inv-2"), first_gate="w1")  # in time
         assert ev.kind is E.DISPATCH_STARTED
         with pytest.raises(ValueError, match="first_gate"):  # a retry's gate checks its row
-            await j.append(Event(E.REQUEST_SENT, "inv-2"), lease=("w1", 1), first_gate=True)
+            await j.append(Event(E.REQUEST_SENT, "inv-2"), lease=("w1", 1), first_gate="w1")
 
 
 def _hop(iid: str, hop: int) -> Event:
@@ -210,13 +212,57 @@ async def test_the_first_attempt_s_redirect_hop_is_gated_by_its_deadline(place: 
             await j.append(Event(E.DISPATCH_STARTED, iid, {"generation": 0}))
             await j.append(Event(E.REQUEST_SENT, iid))
         with pytest.raises(LeaseLost) as info:
-            await j.append(_hop("inv-1", 2), barrier=True, first_gate=True)
+            await j.append(_hop("inv-1", 2), barrier=True, first_gate="w1")
         assert (info.value.generation, info.value.holder) == (0, "w1")
         last = j.events("inv-1")[-1]
         assert last.kind is E.LEASE_LOST and last.attrs["after_dispatch"] is True, last
         assert E.PROTOCOL_OBSERVED not in [e.kind for e in j.events("inv-1")]
-        ev = await j.append(_hop("inv-2", 2), barrier=True, first_gate=True)  # in time
+        ev = await j.append(_hop("inv-2", 2), barrier=True, first_gate="w1")  # in time
         assert ev.kind is E.PROTOCOL_OBSERVED
+
+
+async def test_a_binder_s_gate_in_a_taker_s_record_is_refused(place: Place) -> None:
+    """A take-over at generation 0: the binder B's preamble failed to be stored (a locked
+    database), the taker T won the record's first event under a later deadline and wrote its
+    preamble.  B's gate (generation 0, as T's) is refused, nothing of B written: with its
+    failed preamble among its unread posts (``after``) by that failure -- its premises are not
+    on record -- and without them because the record's lease is T's, not B's, whose own
+    deadline has passed (LEASE_LOST recorded for B).  T's gate passes."""
+    clock = Clock()
+    async with place.open(clock=clock) as j:
+        first, validated, authorized, dispatch = until_dispatch("inv-1")
+        binder = {"holder": "B", "lease_expires_at": clock.now - 5}
+        taker = {"holder": "T", "lease_expires_at": clock.now + 60}
+
+        def fault(_: Batch) -> None:
+            raise storage_fault(place)
+
+        with trio.fail_after(10):
+            j.before_commit = fault
+            preamble = [Event(first.kind, "inv-1", {**first.attrs, **binder}), validated]
+            late = await j.post_many([(ev, None) for ev in (*preamble, authorized)])
+            with pytest.raises(JournalWriteError):  # the barrier its posts ride with
+                await j.append(until_dispatch("inv-2")[0], barrier=True)
+            j.before_commit = None
+            for ev in (Event(first.kind, "inv-1", {**first.attrs, **taker}), validated):
+                await j.append(ev)
+            await j.append(authorized)
+            rows = j.events("inv-1")
+            with pytest.raises(JournalWriteError) as failed:
+                await j.append(dispatch, first_gate="B", after=[late])
+            with pytest.raises(JournalWriteError) as first_failure:
+                await late.wait()
+            assert failed.value is first_failure.value
+            assert j.events("inv-1") == rows
+            with pytest.raises(LeaseLost) as info:
+                await j.append(dispatch, first_gate="B")
+            assert (info.value.holder, info.value.generation) == ("B", 0)
+            lost = j.events("inv-1")[-1]
+            assert lost.kind is E.LEASE_LOST and lost.attrs == {"generation": 0, "holder": "B"}
+            assert info.value.seq == lost.seq
+            ev = await j.append(dispatch, first_gate="T")
+        assert ev.kind is E.DISPATCH_STARTED
+        assert j.verify().ok
 
 
 async def _first_attempts(j: Journal, clock: Clock, left: dict[str, float]) -> None:
