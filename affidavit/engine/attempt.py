@@ -495,24 +495,31 @@ async def superseded(
         await recorder.settle()
     except (JournalError, ImpossibleEvent) as exc:
         refused = refused or exc
+    if isinstance(refused, ImpossibleEvent) and _own_first_event(refused, iid):
+        # Lost only to another call's first event.  No record at all: the refusal is
+        # something else, raised by the caller; a first event of this call's: judged below.
+        journal = recorder.journal
+        first = await recorder.read(lambda: journal.events(iid)[:1])
+        if not first:
+            return None
+        if not _same_first(first[0], refused.event):
+            return await recorder.record(iid)
     record = await recorder.record(iid)
-    if (
-        record.fenced is not None
-        or record.generation != generation
-        or record.final
-        or _first_event_lost(refused, iid)
-    ):
+    if record.fenced is not None or record.generation != generation or record.final:
         return record
     return None
 
 
-def _first_event_lost(refused: BaseException | None, iid: str) -> bool:
-    """``refused`` is this call's ACTION_ACCEPTED of ``iid``, refused by the record: the record
-    is another call's, whatever its generation."""
-    return (
-        isinstance(refused, ImpossibleEvent)
-        and refused.event.kind is E.ACTION_ACCEPTED
-        and refused.event.invocation_id == iid
+def _own_first_event(refused: ImpossibleEvent, iid: str) -> bool:
+    """``refused`` is this call's ACTION_ACCEPTED of ``iid``."""
+    return refused.event.kind is E.ACTION_ACCEPTED and refused.event.invocation_id == iid
+
+
+def _same_first(stored: Event, mine: Event) -> bool:
+    """``stored``, a record's first event, is ``mine`` (this call's ACTION_ACCEPTED): the same
+    holder's, under the same deadline -- a taker's or a fence's is another's."""
+    return stored.kind is mine.kind and all(
+        stored.attrs.get(k) == mine.attrs.get(k) for k in ("holder", "lease_expires_at", "fenced")
     )
 
 

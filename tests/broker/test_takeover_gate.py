@@ -13,6 +13,7 @@ among its unread posts (``Journal.append(after=...)``), and by the record's leas
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,13 @@ import trio
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
 from affidavit.engine import EngineSettings
+from affidavit.engine.attempt import superseded
 from affidavit.engine.recovery import journal_refused
 from affidavit.journal import JournalWriteError
 from affidavit.statemachine import Event, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer
+from tests.journal.helpers import accepted, until_dispatch
 
 from .approvalkit import verify_ok
 from .helpers import http_target, write_config
@@ -173,3 +176,30 @@ async def test_a_failed_call_in_a_taker_s_record_is_answered_lease_lost(
             )
             assert "result" not in env, env
             assert received == [b'{"amount": 5}']
+
+
+async def test_a_refused_first_event_is_a_lost_record_only_when_another_call_s_is_first(
+    tmp_path: Path,
+) -> None:
+    """``superseded`` after this call's own ACTION_ACCEPTED was refused: the record is lost to
+    another call only when it exists and its first event is another's (a taker's); with no
+    record, or this call's own first event first, the refusal is something else and the caller
+    raises it -- never an assertion on a missing record."""
+    cfg = load_config(write_config(tmp_path, {"api": http_target("http://127.0.0.1:9")}))
+    async with Broker.open(config=cfg, holder="binder") as b:
+        engine = b._engine
+        deadline = {"lease_expires_at": time.time() + 60}
+        mine = {**accepted("inv-1").attrs, "holder": "binder", **deadline}
+        for iid, first in (("inv-mine", mine), ("inv-taken", {**mine, "holder": "taker"})):
+            for ev in until_dispatch(iid)[:2]:
+                await b.journal.append(
+                    ev if ev.kind is not E.ACTION_ACCEPTED else Event(ev.kind, iid, first)
+                )
+
+        def refusal(iid: str) -> ImpossibleEvent:
+            return ImpossibleEvent(Event(E.ACTION_ACCEPTED, iid, mine), "accepted", "refused")
+
+        assert await superseded(engine, "inv-none", 0, refusal("inv-none")) is None
+        assert await superseded(engine, "inv-mine", 0, refusal("inv-mine")) is None
+        taken = await superseded(engine, "inv-taken", 0, refusal("inv-taken"))
+        assert taken is not None and taken.invocation_id == "inv-taken"
