@@ -156,9 +156,10 @@ class EventKind(StrEnum):
     """A worker whose lease is no longer the invocation's was stopped: at a dispatch gate (its
     first hop's or a redirect's next hop's), or -- after its dispatch -- when what it received
     or how it ended was refused (not recorded: the attempt that took over, or the closing by
-    recovery or a reconciliation, stands).  attrs: generation, holder, after_dispatch.  Every
-    event an attempt writes names its generation, refused unless it is the record's current
-    one and its attempt is still open."""
+    recovery or a reconciliation, stands).  attrs: generation, holder, after_dispatch; the
+    record lists each in ``evidence.stale_workers`` (generation, seq, holder: after a take-over
+    two workers ran generation 0).  Every event an attempt writes names its generation, refused
+    unless it is the record's current one and its attempt is still open."""
     RETRY_BUDGET_EXHAUSTED = "RETRY_BUDGET_EXHAUSTED"
     """No retry attempts remain; the latest evidence stands."""
     RECONCILED = "RECONCILED"

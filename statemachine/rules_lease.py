@@ -161,4 +161,10 @@ def _on_lease_lost(p: Projector, event: Event) -> None:
     if not _is_int(gen) or gen > p._generation:
         _refuse(p, event, "LEASE_LOST must name a generation not newer than the current one")
     ev = p._evidence
-    ev["stale_workers"] = [*ev.get("stale_workers", ()), {"generation": gen, "seq": event.seq}]
+    # Its holder too: after a take-over two workers ran generation 0 (the binder's and the
+    # taker's), and only the holder tells an auditor which one was stopped.
+    worker: dict[str, Any] = {"generation": gen, "seq": event.seq}
+    holder = event.attrs.get("holder")
+    if isinstance(holder, str):
+        worker["holder"] = holder
+    ev["stale_workers"] = [*ev.get("stale_workers", ()), worker]

@@ -90,14 +90,25 @@ def _shown_holder(iid: str, holder: object, tag: HolderTag | None) -> object:
 def caller_evidence(
     iid: str, evidence: Mapping[str, Any], holder: HolderTag | None
 ) -> Mapping[str, Any]:
-    """``evidence`` (of invocation ``iid``) with its lease's holder as ``holder`` tags it;
-    itself when it names no lease holder."""
+    """``evidence`` (of invocation ``iid``) with every holder it names -- its lease's, its
+    stale workers' -- as ``holder`` tags it; itself when it names none."""
     lease = evidence.get("lease")
     # A dict (as every record's evidence holds it) is told by its type: no ABC check.
-    if not (type(lease) is dict or isinstance(lease, Mapping)) or "holder" not in lease:
-        return evidence
-    shown = _shown_holder(iid, lease["holder"], holder)
-    return {**evidence, "lease": {**lease, "holder": shown}}
+    if (type(lease) is dict or isinstance(lease, Mapping)) and "holder" in lease:
+        shown = _shown_holder(iid, lease["holder"], holder)
+        evidence = {**evidence, "lease": {**lease, "holder": shown}}
+    stale = evidence.get("stale_workers")
+    if isinstance(stale, (list, tuple)) and any(_names_holder(w) for w in stale):
+        workers = [
+            {**w, "holder": _shown_holder(iid, w["holder"], holder)} if _names_holder(w) else w
+            for w in stale
+        ]
+        evidence = {**evidence, "stale_workers": workers}
+    return evidence
+
+
+def _names_holder(worker: object) -> bool:
+    return isinstance(worker, Mapping) and "holder" in worker
 
 
 def caller_record(record: Record, holder: HolderTag | None = None) -> Record:

@@ -130,6 +130,9 @@ async def test_a_binder_s_gate_after_a_take_over_is_refused_and_sends_nothing(
             lost = [e for e in events if e.kind is E.LEASE_LOST]
             assert [e.attrs for e in lost] == [{"generation": 0, "holder": bx._engine.holder}]
             assert kinds.index(E.LEASE_LOST) < kinds.index(E.DISPATCH_STARTED), kinds
+            # The record tells the stopped generation-0 worker (X) from the one that ran (Y).
+            (stale,) = bx.journal.record(xid).evidence["stale_workers"]  # type: ignore[union-attr]
+            assert (stale["generation"], stale["holder"]) == (0, bx._engine.holder), stale
             # Exactly one request at the server: Y's.
             assert received == [b'{"amount": 5}']
             x, y = out["x"], out["y"]

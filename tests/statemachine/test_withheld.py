@@ -84,22 +84,32 @@ def test_a_caller_is_shown_the_holder_as_tagged_and_withheld_without_a_tag() -> 
         {"operation": op, "holder": recorded, "lease_expires_at": 2e9},
         seq=1,
     )
+    stopped = "other-host:7:5a6b"  # a stale worker of generation 0 (a take-over's binder)
+    lost = Event(EventKind.LEASE_LOST, IID, {"generation": 0, "holder": stopped}, seq=2)
     p = Projector(IID)
     p.apply(accepted)
+    p.apply(lost)
     rec = p.record()
     assert rec.evidence["lease"]["holder"] == recorded  # the record, as the operator reads it
+    assert rec.evidence["stale_workers"] == [{"generation": 0, "seq": 2, "holder": stopped}]
 
     def tag(iid: str, holder: str) -> str:
         return f"tag({iid},{len(holder)})"
 
     shown = tag(IID, recorded)
     assert render_envelope(rec, holder=tag)["evidence"]["lease"]["holder"] == shown
+    (worker,) = render_envelope(rec, holder=tag)["evidence"]["stale_workers"]
+    assert worker == {"generation": 0, "seq": 2, "holder": tag(IID, stopped)}
+    (worker,) = render_envelope(rec)["evidence"]["stale_workers"]
+    assert worker["holder"] == HOLDER_WITHHELD
+    assert caller_record(rec).evidence["stale_workers"][0]["holder"] == HOLDER_WITHHELD
     assert caller_record(rec, tag).evidence["lease"]["holder"] == shown
     assert caller_event(accepted, False, tag).attrs["holder"] == shown
     assert render_envelope(rec)["evidence"]["lease"]["holder"] == HOLDER_WITHHELD
     assert caller_record(rec).evidence["lease"]["holder"] == HOLDER_WITHHELD
     assert caller_event(accepted, False).attrs["holder"] == HOLDER_WITHHELD
     assert accepted.attrs["holder"] == recorded and rec.evidence["lease"]["holder"] == recorded
+    assert rec.evidence["stale_workers"][0]["holder"] == stopped
 
 
 def _variants() -> list[Record]:
