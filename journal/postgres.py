@@ -527,12 +527,15 @@ class PostgresBackend:
             # columns are missing, which the existing grants on idempotency cover; at schema 3
             # only the number is, which the broker role may not change (``meta``: no UPDATE).
             before = 1 if found is None else int(found)
-            what = "the fence's rules (schema 4: no new table or column)"
+            what = "the fence's rules (schema 4)"
+            if before == 3:
+                what = "the fence's rules (schema 4: its number only, no new table or column)"
             if before < 3:
-                what = f"the columns idempotency.send_by and idempotency.target, and {what}"
+                cols = "the columns idempotency.send_by and idempotency.target (schema 3)"
+                what = f"{cols} and {what}"
             then = "; the broker role then opens it with the grants it has"
             if before < 2:
-                what = f"a table chunk_owners, filled once, {what}"
+                what = f"a table chunk_owners, filled once (schema 2), {what}"
                 then = ", then grant the broker role chunk_owners"
             raise JournalError(
                 f"journal {self.where} has schema {found or 1}; this affidavit upgrades it to "

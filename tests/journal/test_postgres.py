@@ -852,6 +852,7 @@ async def test_a_broker_role_opening_a_schema_1_journal_is_told_to_have_the_owne
     assert f"has schema 1; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
     assert "only the tables' owner may do" in message and "broker-pw" not in message
     assert "grant the broker role chunk_owners" in message, message
+    assert "no new table" not in message, message  # it names a new table and columns
     assert pg.sql("SELECT value FROM meta WHERE name = 'schema'", database) == [("1",)]
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass  # the owner's open upgrades it
@@ -889,6 +890,7 @@ async def test_a_broker_role_opening_a_schema_2_journal_is_told_only_the_owner_s
     assert f"has schema 2; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
     assert "idempotency.send_by and idempotency.target" in message, message
     assert "chunk_owners" not in message and "broker-pw" not in message, message
+    assert "no new table or column" not in message, message
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass  # the owner's open upgrades it
     async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:  # no new grant
@@ -917,6 +919,7 @@ async def test_a_broker_role_opening_a_schema_3_journal_is_told_the_owner_record
     message = str(refused.value)
     assert f"has schema 3; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
     assert "the fence's rules" in message and "idempotency.send_by" not in message, message
+    assert "no new table or column" in message, message
     assert "chunk_owners" not in message and "broker-pw" not in message, message
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass  # the owner's open records the number
