@@ -133,8 +133,6 @@ async def test_a_binder_resuming_after_a_take_over_writes_nothing_into_the_taker
                         await trio.sleep(0.01)
                     assert "y" not in out  # Y is still held after its first event
                     (xid,) = ids
-                    kinds = [e.kind for e in bx.events(xid)]
-                    (xid,) = ids
                     window = bx.events(xid)
                     release.set()
             # In the window: Y's ACTION_ACCEPTED, then X's LEASE_LOST alone (a stale worker of
