@@ -104,9 +104,11 @@ async def test_the_recorder_looks_its_task_up_once_per_write(tmp_path: Path, tok
     # (RESULT_COMMITTED's record), the call's end, and the attempt the call takes (``attempting``:
     # what closes a call's attempt from inside closes only its own).  The RESULT_DELIVERED queued
     # after the hand-over (``deliver_later``) looks no task up: it is the engine's, kept by
-    # invocation.
+    # invocation.  The dispatch gate's DISPATCH_STARTED presupposes the call's unsettled posts
+    # (``unsettled``: ``Journal.append``'s ``after``, one lookup).
     assert by_recorder == {
         "affidavit/engine/recorder.py:attempting": 1,
+        "affidavit/engine/recorder.py:unsettled": 1,
         "affidavit/engine/recorder.py:write_many": 2,
         "affidavit/engine/recorder.py:settle": 1,
         "affidavit/engine/recorder.py:done": 1,
