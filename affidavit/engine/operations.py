@@ -35,7 +35,7 @@ from .contracts import contracts_of
 from .ids import new_invocation_id
 from .readable import unreadable
 from .recovery import act_failure
-from .takeup import Close, abandoned, claim_expiry, claimed_until, still_open, take_up
+from .takeup import Close, call_named, claim_expiry, claimed_until, still_open, take_up
 
 if TYPE_CHECKING:
     from .control import CallControl
@@ -142,19 +142,16 @@ async def poll(
                 # Ended since it was read: answered as a read a moment later would have been.
                 return {"operation": operation_json(find(engine, op_id)), "poll": None}
             asked = True
-        try:
-            envelope = await engine.call(
-                action,
-                timeout=timeout,
-                link=link,
-                control=control,
-                requester=requester,
-                invocation_id=poll_id,
-            )
-        except BaseException:
-            if poll_id is not None:
-                await abandoned(engine, poll_id, _closer(engine, record, op_id, poll_id))
-            raise
+        envelope = await call_named(
+            engine,
+            action,
+            poll_id,
+            _closer(engine, record, op_id, poll_id or ""),
+            timeout=timeout,
+            link=link,
+            control=control,
+            requester=requester,
+        )
     still = asked and still_open(envelope)  # the next poll takes it up
     await _record_poll(engine, record.invocation_id, op_id, envelope, target, contracts, still)
     return {"operation": operation_json(find(engine, op_id)), "poll": envelope}

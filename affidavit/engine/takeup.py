@@ -146,3 +146,17 @@ async def abandoned(engine: Engine, call_id: str, close: Close) -> None:
     with trio.CancelScope(shield=True), contextlib.suppress(Exception):
         if engine.journal.record(call_id) is None:
             await close(None)
+
+
+async def call_named(
+    engine: Engine, action: Mapping[str, Any], call_id: str | None, close: Close, **how: Any
+) -> dict[str, Any]:
+    """``engine.call(action, **how)`` as ``call_id`` -- named by a claim before it is asked, or
+    None (not covered by an approval policy: a fresh id, nothing named) -- and, when its asker
+    stops before an answer, the claim closed through ``close`` (``abandoned``)."""
+    try:
+        return await engine.call(action, invocation_id=call_id, **how)
+    except BaseException:
+        if call_id is not None:
+            await abandoned(engine, call_id, close)
+        raise

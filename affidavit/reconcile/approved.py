@@ -26,8 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import OperatorError
-from affidavit.engine.takeup import abandoned as _abandoned
-from affidavit.engine.takeup import claim_expiry, claimed_until, still_open, take_up
+from affidavit.engine.takeup import Close, claim_expiry, claimed_until, still_open, take_up
 from affidavit.statemachine import Event, EventKind, Record, open_query
 
 from .refusals import append, pending
@@ -35,7 +34,7 @@ from .refusals import append, pending
 if TYPE_CHECKING:
     from affidavit.engine import CallControl, Engine
 
-__all__ = ["ASKING", "UNSENT", "WAITING", "abandoned", "claim", "earlier", "still_open"]
+__all__ = ["ASKING", "UNSENT", "WAITING", "claim", "closer", "earlier", "still_open"]
 
 E = EventKind
 WAITING = (
@@ -104,9 +103,10 @@ async def earlier(
     )
 
 
-async def abandoned(engine: Engine, record: Record, query_id: str) -> None:
-    """Its asker stopped after naming ``query_id`` (``takeup.abandoned``)."""
-    await _abandoned(engine, query_id, lambda code: _close(engine, record, query_id, code))
+def closer(engine: Engine, record: Record, query_id: str) -> Close:
+    """What closes ``query_id``'s claim when its asker stopped before it was accepted
+    (``takeup.call_named``)."""
+    return lambda code: _close(engine, record, query_id, code)
 
 
 def _pending(query_id: str, iid: str) -> Callable[[str], OperatorError]:

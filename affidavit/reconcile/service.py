@@ -54,6 +54,7 @@ from affidavit.engine.approval import needs_approval
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.readable import OTHER_ORIGIN, PARTIAL_BODY, unreadable
 from affidavit.engine.recovery import act_failure, recover_stale
+from affidavit.engine.takeup import call_named
 from affidavit.protocols import get
 from affidavit.protocols.actions import ActionInvalid, parse_action
 from affidavit.statemachine import Code, Event, EventKind, EvidenceSource, Outcome, Record
@@ -250,19 +251,17 @@ async def query(
             query_id = new_invocation_id()
             await approved.claim(engine, record, query_id)
             asked = True
-        try:
-            answer = await engine.call(
-                action,
-                timeout=timeout,
-                link=link,
-                control=control,
-                requester=requester,
-                invocation_id=query_id,
-            )
-        except BaseException:
-            if query_id is not None:
-                await approved.abandoned(engine, record, query_id)
-            raise
+        close = approved.closer(engine, record, query_id or "")
+        answer = await call_named(
+            engine,
+            action,
+            query_id,
+            close,
+            timeout=timeout,
+            link=link,
+            control=control,
+            requester=requester,
+        )
     query_id = answer["invocation_id"]
     if taken and not _judged_alike(engine, invocation_id, query_id, target):
         # Asked under other reconciliation settings than today's: its answer is not judged by
