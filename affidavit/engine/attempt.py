@@ -517,9 +517,12 @@ def _own_first_event(refused: ImpossibleEvent, iid: str) -> bool:
 
 def _same_first(stored: Event, mine: Event) -> bool:
     """``stored``, a record's first event, is ``mine`` (this call's ACTION_ACCEPTED): the same
-    holder's, under the same deadline -- a taker's or a fence's is another's."""
+    holder's and not a fence -- a taker's or a fence's is another's.  Not by its deadline: a
+    shared journal stores ``lease_expires_at`` moved into the database's clock, never equal to
+    the writer's own copy.  A holder names one broker, which never takes over its own binding
+    (``Recorder.running``)."""
     return stored.kind is mine.kind and all(
-        stored.attrs.get(k) == mine.attrs.get(k) for k in ("holder", "lease_expires_at", "fenced")
+        stored.attrs.get(k) == mine.attrs.get(k) for k in ("holder", "fenced")
     )
 
 

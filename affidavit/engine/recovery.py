@@ -303,7 +303,13 @@ def _answer(
         return recorder.envelope(record)
     generation = attempt[1]
     if _holder(events) != holder:
-        dispatched = generation != record.generation and _dispatched(record, generation)
+        # What the record says of the call's generation is the call's only if the call held
+        # it: a taker of generation 0 dispatched in its own name, not the binder's.
+        dispatched = (
+            generation != record.generation
+            and _holder_at(events, generation) == holder
+            and _dispatched(record, generation)
+        )
     elif generation == record.generation:
         return recorder.envelope(record)
     else:
@@ -375,6 +381,17 @@ def _holder(events: list[Event]) -> str | None:
         if ev.kind is E.ACTION_ACCEPTED or ev.kind in _LEASES:
             holder = ev.attrs.get("holder")
     return holder
+
+
+def _holder_at(events: list[Event], generation: int) -> str | None:
+    """Who held ``generation``: the first event's holder for 0, else the lease event's that
+    took it (None: no one did)."""
+    for ev in events:
+        if generation == 0 and ev.kind is E.ACTION_ACCEPTED:
+            return ev.attrs.get("holder")
+        if ev.kind in _LEASES and ev.attrs.get("generation") == generation:
+            return ev.attrs.get("holder")
+    return None
 
 
 def unrecorded(invocation_id: str | None) -> str:

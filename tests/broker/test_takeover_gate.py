@@ -28,7 +28,7 @@ from affidavit.journal import JournalWriteError
 from affidavit.statemachine import Event, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer
-from tests.journal.helpers import accepted, until_dispatch
+from tests.journal.helpers import accepted, interrupted, until_dispatch
 
 from .approvalkit import verify_ok
 from .helpers import http_target, write_config
@@ -206,3 +206,31 @@ async def test_a_refused_first_event_is_a_lost_record_only_when_another_call_s_i
         assert await superseded(engine, "inv-mine", 0, refusal("inv-mine")) is None
         taken = await superseded(engine, "inv-taken", 0, refusal("inv-taken"))
         assert taken is not None and taken.invocation_id == "inv-taken"
+
+
+async def test_a_binder_whose_generation_the_taker_dispatched_is_told_it_sent_nothing(
+    tmp_path: Path, token: str
+) -> None:
+    """The taker won generation 0, dispatched and was interrupted; a retry took generation 1.
+    A binder stopped by the journal (``journal_refused``) at its generation 0 is answered
+    LEASE_LOST -- and generation 0's dispatch is the taker's, so the binder is told it sent
+    nothing, never "it had dispatched" (the record's generation alone matched)."""
+    cfg = load_config(write_config(tmp_path, {"api": http_target("http://127.0.0.1:9/")}))
+    async with Broker.open(config=cfg, holder="taker") as b:
+        journal, iid = b.journal, "act_0TAKENOVERDISPATCHED000000"
+        first, *rest = interrupted(iid)
+        taken = Event(first.kind, iid, {**first.attrs, "holder": "taker"})
+        for event in (taken, *rest):
+            await journal.append(event)
+        await journal.acquire_lease(iid, "taker", 30.0)
+        recorder = b._engine.recorder
+        with trio.fail_after(LIMIT):
+            recorder.attempting(iid, 0)
+            try:
+                failed = JournalWriteError("journal: disk I/O error (injected)")
+                env = await journal_refused(recorder, iid, failed, "binder")
+            finally:
+                recorder.done()
+        message = env["error"]["message"]
+        assert env["error"]["code"] == "LEASE_LOST", env
+        assert "it sent nothing" in message and "had dispatched" not in message, message
