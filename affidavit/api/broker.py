@@ -180,6 +180,10 @@ class Broker:
         exposed: Sequence[Exposure] | None = None,
     ) -> AsyncIterator[Broker]:
         """Open the journal named by the config and the protocol bindings; close both after.
+        ``holder``: the name this broker's first events and leases carry -- it must be unique
+        among the brokers of a journal, as a take-over, a fence and the first-dispatch gate
+        tell one worker from another by it (generation 0 is the binder's and a taker's alike);
+        None, the default: host, pid and a random part.
         ``settings`` overrides the engine's own numbers (lease margin, inline result limit).
         ``owner`` (the daemon's description, naming its socket) opens the journal as its only
         writer; without it, a journal a daemon owns raises ``JournalLocked`` naming it.
