@@ -98,15 +98,16 @@ def _stall_binder(broker: Broker, go: trio.Event) -> tuple[trio.Event, list[str]
     return bound, ids
 
 
-def _hold_fence(broker: Broker, release: trio.Event) -> trio.Event:
-    """Y's recorder holds after it wrote a fence's ACTION_ACCEPTED until ``release``."""
+def _hold_first(broker: Broker, release: trio.Event, mark: str = "fenced") -> trio.Event:
+    """Y's recorder holds after it wrote a first event carrying ``mark`` (a fence's ACTION_
+    ACCEPTED; ``took_over``: a take-over's) until ``release``."""
     held = trio.Event()
     recorder = broker._engine.recorder
     write = recorder.write
 
     async def holding(event: Event, **kwargs: Any) -> None:
         await write(event, **kwargs)
-        if event.kind is E.ACTION_ACCEPTED and "fenced" in event.attrs and not held.is_set():
+        if event.kind is E.ACTION_ACCEPTED and mark in event.attrs and not held.is_set():
             held.set()
             with trio.fail_after(LIMIT):  # inside the fence's shield: bounded all the same
                 await release.wait()
@@ -156,7 +157,7 @@ async def _window(
         ):
             w = Window(bx, by, cx, cy, received)
             bound, ids = _stall_binder(bx, w.go)
-            held = _hold_fence(by, w.release)
+            held = _hold_first(by, w.release)
 
             async def call(name: str, b: Broker) -> None:
                 w.out[name] = await b.call(CHARGE)

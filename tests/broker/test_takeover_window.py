@@ -22,13 +22,13 @@ import trio
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
 from affidavit.engine import EngineSettings
-from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply
 
 from .approvalkit import verify_ok
 from .helpers import http_target, write_config
 from .http_rows import IDEM, LIMIT
+from .test_fence_window import _hold_first, _stall_binder
 
 CHARGE = {
     "target": "api",
@@ -46,42 +46,6 @@ async def _serve(peer: Peer, received: list[bytes]) -> None:
             return
         received.append(req.body or b"")
         await peer.respond(Reply(201, body=b'{"id": "ch_1"}'))
-
-
-def _stall_binder(broker: Broker, go: trio.Event) -> tuple[trio.Event, list[str]]:
-    """X binds with no send deadline (judged by the taker's window), then waits for ``go``."""
-    bound, ids = trio.Event(), []
-    bind = broker.journal.bind_idempotency
-
-    async def stalled(*args: Any, **kwargs: Any) -> Any:
-        kwargs.pop("send_by", None)
-        kwargs.pop("target", None)
-        done = await bind(*args, **kwargs)
-        ids.append(done.invocation_id)
-        bound.set()
-        with trio.fail_after(LIMIT):
-            await go.wait()
-        return done
-
-    broker.journal.bind_idempotency = stalled  # type: ignore[method-assign]
-    return bound, ids
-
-
-def _hold_taker(broker: Broker, release: trio.Event) -> trio.Event:
-    """Y's recorder holds after it wrote a take-over's ACTION_ACCEPTED until ``release``."""
-    held = trio.Event()
-    recorder = broker._engine.recorder
-    write = recorder.write
-
-    async def holding(event: Event, **kwargs: Any) -> None:
-        await write(event, **kwargs)
-        if event.kind is E.ACTION_ACCEPTED and "took_over" in event.attrs and not held.is_set():
-            held.set()
-            with trio.fail_after(LIMIT):
-                await release.wait()
-
-    recorder.write = holding  # type: ignore[method-assign]
-    return held
 
 
 @pytest.mark.parametrize("margin", [0.1, 1.0], ids=["lease_over", "lease_held"])
@@ -116,7 +80,7 @@ async def test_a_binder_resuming_after_a_take_over_writes_nothing_into_the_taker
         ):
             go, release = trio.Event(), trio.Event()
             bound, ids = _stall_binder(bx, go)
-            held = _hold_taker(by, release)
+            held = _hold_first(by, release, "took_over")
 
             async def call(name: str, b: Broker) -> None:
                 out[name] = await b.call(CHARGE)
