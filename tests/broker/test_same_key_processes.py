@@ -13,9 +13,11 @@ its own process (no thread is alive in this one when it forks).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -34,6 +36,8 @@ from .server_process import server_process, stop_and_read
 PROCESSES = 3
 ROUNDS = 50
 DEADLINE = 120.0
+ROUND_LIMIT = 60.0
+"""Seconds a round's children have to answer."""
 SERVER = r"""
 import json, sys, trio
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -65,6 +69,8 @@ def _fork_call(cfg: Path, action: bytes) -> tuple[int, int, int]:
             sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
             sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
             sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+            # Where a child that overruns its round waits: its stacks, on the parent's signal.
+            faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
             status = affidavit.cli.main(["call", "-", "--config", str(cfg)])
         except BaseException:
             traceback.print_exc()
@@ -78,13 +84,10 @@ def _fork_call(cfg: Path, action: bytes) -> tuple[int, int, int]:
     return pid, out_r, err_r
 
 
-def _collect(children: list[tuple[int, int, int]]) -> list[tuple[int, bytes, bytes]]:
-    """Read every child's output to EOF (concurrently: no pipe may fill up), then reap it."""
-    bufs = {fd: b"" for _, out, err in children for fd in (out, err)}
-    open_fds = set(bufs)
-    end = time.monotonic() + 60
+def _drain(bufs: dict[int, bytes], open_fds: set[int], end: float) -> None:
+    """Read the open descriptors into ``bufs`` until each is at EOF or ``end`` comes."""
     while open_fds and time.monotonic() < end:
-        ready, _, _ = select.select(list(open_fds), [], [], 1.0)
+        ready, _, _ = select.select(list(open_fds), [], [], 0.5)
         for fd in ready:
             data = os.read(fd, 65536)
             if data:
@@ -92,7 +95,25 @@ def _collect(children: list[tuple[int, int, int]]) -> list[tuple[int, bytes, byt
             else:
                 open_fds.discard(fd)
                 os.close(fd)
-    assert not open_fds, "a child did not finish in time"
+
+
+def _collect(children: list[tuple[int, int, int]]) -> list[tuple[int, bytes, bytes]]:
+    """Read every child's output to EOF (concurrently: no pipe may fill up), then reap it."""
+    bufs = {fd: b"" for _, out, err in children for fd in (out, err)}
+    open_fds = set(bufs)
+    _drain(bufs, open_fds, time.monotonic() + ROUND_LIMIT)
+    if open_fds:  # overran: each such child's stacks (``faulthandler``), then it is stopped
+        late = [(pid, err) for pid, out, err in children if {out, err} & open_fds]
+        for pid, _ in late:
+            os.kill(pid, signal.SIGUSR1)
+        _drain(bufs, open_fds, time.monotonic() + 3)
+        for pid, _ in late:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        for fd in open_fds:
+            os.close(fd)
+        stacks = "\n".join(bufs[err].decode(errors="replace")[-6000:] for _, err in late)
+        raise AssertionError(f"{len(late)} child(ren) did not finish in time; stderr:\n{stacks}")
     results = []
     for pid, out, err in children:
         _, status = os.waitpid(pid, 0)
