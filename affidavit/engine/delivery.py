@@ -389,7 +389,12 @@ async def _deliver(
         await deliver(envelope)
     except Exception as exc:
         log.warning("delivery of %s failed: %s", iid, type(exc).__name__)
-        return recorder.envelope(await _delivery_failed(engine, iid, "deliver"))
+        # The result the call answered with, not read again from the journal: rendering it
+        # anew (``Recorder.envelope``) read a stored result whole on the event loop, for a
+        # caller that is gone -- the stall and the memory the streamed answers removed.
+        return recorder.render(
+            await _delivery_failed(engine, iid, "deliver"), envelope.get("result")
+        )
     # Not a barrier (DESIGN, "Durability barriers": recovery never depends on it; a delivery
     # lost with a crash leaves the result stored and fetchable -- a read).  Queued like the
     # in-process return's, not waited for: the daemon serves the connection's next request
