@@ -25,6 +25,7 @@ from affidavit.api.broker import Broker
 from affidavit.journal import JournalReader
 from affidavit.secrets.vault import PASSPHRASE_ENV, Vault
 from affidavit.statemachine import EventKind
+from tests.cancel import cancel_once
 from tests.http.hostile import HostileServer, Peer, Reply, make_tls, scripts
 
 from .helpers import (
@@ -116,8 +117,11 @@ async def test_caller_cancellation_after_dispatch_is_recorded_before_it_propagat
     tmp_path: Path, token: str
 ) -> None:
     async with HostileServer.running(scripts.slow(3.0)) as srv:
-        async with open_broker(_cfg(tmp_path, srv.url)) as broker:
-            with trio.move_on_after(0.3) as scope:
+        async with open_broker(_cfg(tmp_path, srv.url)) as broker, trio.open_nursery() as n:
+            # The caller gives up once the request is at the peer (not 0.3 s after the call
+            # began: a loaded machine had not always sent it by then).
+            with trio.CancelScope() as scope:
+                n.start_soon(cancel_once, scope, lambda: srv.requests, "the request sent")
                 await broker.call(POST)
             assert scope.cancelled_caught
             (rec,) = broker.journal.list_actions()
@@ -137,8 +141,12 @@ async def test_caller_cancellation_before_dispatch_is_caller_cancelled_not_attem
     happened (the connect timeout is far away)."""
     async with HostileServer.running(scripts.silent()) as srv:
         url = f"https://{srv.hostport}"
-        async with open_broker(_cfg(tmp_path, url, timeout={"connect": 30, "total": 60})) as broker:
-            with trio.move_on_after(0.3) as scope:
+        cfg = _cfg(tmp_path, url, timeout={"connect": 30, "total": 60})
+        async with open_broker(cfg) as broker, trio.open_nursery() as n:
+            # The caller gives up once the peer holds the connection (the handshake hangs),
+            # not 0.3 s after the call began: a loaded machine may not have connected by then.
+            with trio.CancelScope() as scope:
+                n.start_soon(cancel_once, scope, lambda: srv.connections, "the connection")
                 await broker.call(POST)
             assert scope.cancelled_caught
             (rec,) = broker.journal.list_actions()

@@ -16,6 +16,7 @@ from trio.testing import MockClock
 from affidavit.adapters.base import AttemptInterrupted, RemoteResult, SetupError
 from affidavit.adapters.ssh import SshTarget, SshTimeouts, libssh, perform, prepare_credential
 from affidavit.statemachine import Code, Outcome
+from tests.cancel import REACHED_WITHIN, cancel_once
 
 from .conftest import GateRefused, Recorder, SshKeys, hostile_target
 from .hostile import PASSWORD, HostileServer
@@ -204,8 +205,13 @@ async def test_caller_timeout_when_the_server_never_answers(
     hostile: HostileServer, key: bytes
 ) -> None:
     rec = Recorder()
-    with trio.move_on_after(0.5) as scope:
-        await _run(hostile, key, "hang", rec)
+    with trio.fail_after(REACHED_WITHIN + 10), trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            # The caller gives up 0.2 s after the exec request, not 0.5 s after the call
+            # began: a loaded machine had not always sent it by then.
+            sent = lambda: rec.ctx.machine.dispatched  # noqa: E731
+            nursery.start_soon(cancel_once, scope, sent, "exec sent", 0.2)
+            await _run(hostile, key, "hang", rec)
     assert scope.cancelled_caught
     assert rec.ctx.machine.dispatched and rec.events[-1] == "cancelled"
 

@@ -18,6 +18,7 @@ from affidavit.adapters.ssh import (
     prepare_credential,
 )
 from affidavit.statemachine import Code, Outcome
+from tests.cancel import REACHED_WITHIN, cancel_once
 
 from .conftest import LOOP_HELD, Recorder, Sshd
 
@@ -127,12 +128,16 @@ async def test_caller_timeout_after_exec_propagates_cancelled_with_dispatch_prov
     sshd: Sshd,
 ) -> None:
     rec = Recorder()
-    with trio.fail_after(10):
-        with trio.move_on_after(1.0) as scope:
+    with trio.fail_after(REACHED_WITHIN + 10), trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            # The caller gives up 0.2 s into the command, not 1 s after the call began: a
+            # loaded machine's sshd had not always run the command by then.
+            sent = lambda: rec.ctx.machine.dispatched  # noqa: E731
+            nursery.start_soon(cancel_once, scope, sent, "exec sent", 0.2)
             await perform(
                 sshd.target(), prepare_credential(sshd.client_key), "sleep 30", None, rec.ctx
             )
-        assert scope.cancelled_caught
+    assert scope.cancelled_caught
     assert rec.ctx.machine.dispatched and not rec.ctx.machine.complete
     assert rec.events[-1] == "cancelled" and rec.ctx.machine.state == "interrupted"
 
