@@ -27,7 +27,7 @@ from tests.http.hostile import HostileServer, Peer
 from .approvalkit import OPS, OPS_UID, PaymentsApi, reconcile_target
 from .helpers import open_broker, write_config
 from .http_rows import LIMIT
-from .test_reconcile_approval import _gets, _payments, _pending_queries
+from .test_reconcile_approval import _gets, _give_up_once_listed, _payments, _pending_queries
 
 E = EventKind
 SLOW = {"methods": ["GET"], "wait": "2s"}
@@ -72,8 +72,7 @@ async def test_concurrent_askers_put_one_question_on_the_list(tmp_path: Path, to
 async def test_a_cancelled_asker_s_query_is_taken_up(tmp_path: Path, token: str) -> None:
     async with _payments(tmp_path, {"methods": ["GET"], "wait": "20s"}) as (srv, broker, iid):
         with trio.fail_after(LIMIT):
-            with trio.move_on_after(0.5):  # the asker gives up: no row after its wait
-                await broker.reconcile(iid, query=True)
+            await _give_up_once_listed(broker, iid)  # no row after its wait
             (query_id,) = _pending_queries(broker, iid)
             with pytest.raises(OperatorError) as refused:
                 await broker.reconcile(iid, query=True)
