@@ -185,7 +185,9 @@ async def test_taking_up_an_approved_query_ends_within_the_caller_s_timeout(
                 start = trio.current_time()
                 answer = await broker.reconcile(iid, query=True, timeout=TAKER_TIMEOUT)
                 took = trio.current_time() - start
-        assert took <= TAKER_TIMEOUT + 1.0, took  # the timeout, plus recording the answer
+        # The timeout, plus recording the answer: nearer it than the stall, on a loaded machine
+        # too (+1.0 s once left a loaded commit little room).
+        assert took < (TAKER_TIMEOUT + STALL) / 2, took
         assert answer["reconciled"] is False
         assert answer["query"]["invocation_id"] == first["query"]["invocation_id"]
         assert answer["query"]["error"]["outcome"] == "unknown"

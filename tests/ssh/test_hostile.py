@@ -115,7 +115,7 @@ async def test_close_after_exit_status_and_eof_is_read_without_spinning(
     cpu, wall = time.thread_time() - cpu0, time.monotonic() - wall0
     assert (res.outcome, res.code, res.summary["exit_status"]) == (Outcome.COMMITTED, None, 0)
     assert rec.stream("stdout") == b"out\n" and rec.events[-2:] == ["eof", "channel_closed"]
-    assert 0.4 < wall < 3.0, wall  # the close is seen when it arrives, not at the exec timeout
+    assert 0.4 < wall < 4.5, wall  # the close is seen when it arrives, not at the exec timeout
     assert cpu < 0.3 * wall, (cpu, wall)  # parked on the socket while waiting for it
 
 
@@ -335,7 +335,7 @@ async def test_data_after_eof_is_no_result_and_found_at_once(
     started = time.monotonic()
     with pytest.raises(AttemptInterrupted) as ei:
         await _run(hostile, key, "lateout", rec)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 8  # not the exec timeout (_run's bound: 10 s)
     assert ei.value.code == Code.REMOTE_OUTCOME_UNKNOWN
     assert "data after the channel's EOF" in ei.value.detail
     assert rec.stream("stdout") == b"out\n" and ei.value.facts["stdout_bytes"] == 4
