@@ -7,6 +7,7 @@ whether it stops inside a batch or between two (``_thread_main``'s outer handler
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,19 @@ from affidavit.journal import Journal, JournalWriteError
 from .helpers import accepted, unstick, unstick_handed
 
 WAIT = 5.0
+
+
+async def _until(reached: Callable[[], bool]) -> None:
+    """Wait for the writer's state the test stages (bounded: ``WAIT``), not for 50 ms of wall
+    time that a loaded machine may not give the tasks that reach it."""
+    with trio.fail_after(WAIT):
+        while not reached():
+            await trio.sleep(0.01)
+
+
+def _handed(writer: Any) -> int:
+    """How many writes the batch handed to the writer's thread holds (0: none handed)."""
+    return 0 if writer._inflight is None else len(writer._inflight.batch)
 
 
 class Stop(BaseException):
@@ -64,8 +78,7 @@ async def test_a_writer_stopped_by_a_base_exception_fails_every_queued_write(
                             nursery.start_soon(
                                 write, f"q{i}", lambda ev=ev: j.append(ev, barrier=True)
                             )
-                        await trio.sleep(0.05)
-                        assert len(writer._pending) == 3
+                        await _until(lambda: len(writer._pending) == 3)
                         go.set()
                         with trio.move_on_after(WAIT):
                             while len(answers) < 4:
@@ -131,12 +144,12 @@ async def test_a_writer_stopped_between_batches_fails_the_batch_handed_over_and_
                         await trio.to_thread.run_sync(inside.wait, WAIT)
                         for name in ("handed-0", "handed-1"):
                             nursery.start_soon(write, name, j)
-                        await trio.sleep(0.05)  # handed to the thread as one batch
+                        # handed to the thread as one batch
+                        await _until(lambda: _handed(writer) == 2)
                         for name in ("queued-0", "queued-1"):
                             nursery.start_soon(write, name, j)
-                        await trio.sleep(0.05)
-                        assert writer._inflight is not None and len(writer._inflight.batch) == 2
-                        assert len(writer._pending) == 2
+                        await _until(lambda: len(writer._pending) == 2)
+                        assert _handed(writer) == 2
                         go.set()
                         with trio.move_on_after(WAIT):
                             while len(answers) < 5:
