@@ -529,6 +529,16 @@ async def test_a_retry_of_an_approved_unknown_request_reuses_the_approval_until_
     assert {r.header("idempotency-key") for r in srv.requests} == {"charge-1"}
 
 
+async def _both_wait_for_the_decision(b: Broker) -> None:
+    """Until two callers wait on the broker's approval board for a decision (bounded) -- not
+    0.2 s, after which a second caller a loaded machine had not yet brought there would come
+    after the approval, and could find the result already stored."""
+    board = b._engine.approvals._changed
+    with trio.fail_after(LIMIT):
+        while board.statistics().tasks_waiting < 2:
+            await trio.sleep(0.01)
+
+
 async def test_two_callers_of_one_approved_request_send_it_once(tmp_path: Path, token: str) -> None:
     idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
     async with HostileServer.running(scripts.serve(OK)) as srv:
@@ -544,7 +554,7 @@ async def test_two_callers_of_one_approved_request_send_it_once(tmp_path: Path, 
                 nursery.start_soon(caller)
                 [waiting] = await _pending(b)
                 nursery.start_soon(caller)  # the same key again: it waits for the same decision
-                await trio.sleep(0.2)
+                await _both_wait_for_the_decision(b)
                 await b.approve(waiting["invocation_id"], operator=OPS)
             assert {e["invocation_id"] for e in envs} == {waiting["invocation_id"]}
             assert sorted("error" in e for e in envs) == [False, True]  # one sent, one busy
