@@ -342,11 +342,15 @@ def _insert_each(
     anything), the later rows for the same invocation are refused too, not written (a late
     binder's PREFLIGHT_VALIDATED and CREDENTIAL_AUTHORIZED, after its refused ACTION_ACCEPTED,
     landed in the record of the taker that won that first event).  Rows for another
-    invocation are not stopped.  The request answers with the first refusal."""
+    invocation are not stopped -- unless the request is ``joined``: then a refused row stops
+    every later row (a linked call's claim on the record it serves, refused while another
+    call of that record is open, stops the call's own first rows: ``engine/takeup.py``).  The
+    request answers with the first refusal."""
     out = []
     refused: set[str] | None = None
+    joined = r.joined
     for args in r.args or ():
-        if refused is not None and args[0].invocation_id in refused:
+        if refused is not None and (joined or args[0].invocation_id in refused):
             continue
         try:
             out.append(insert(*args))

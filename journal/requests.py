@@ -67,7 +67,9 @@ class Req(Generic[T]):
     request: issue 15, "one journal submission per barrier carrying its rows precomputed").
     ``after``: earlier writes of the same task about the same invocation, queued before it and
     not yet answered, that this one presupposes (``presupposed``): failed with the first's
-    error, not run, if one of them was refused or failed to be stored."""
+    error, not run, if one of them was refused or failed to be stored.  ``joined`` (with
+    ``many``): the rows are one fact about several invocations -- a row refused stops every
+    later row of the request, whatever its invocation (``commit._insert_each``)."""
 
     __slots__ = (
         "after",
@@ -75,6 +77,7 @@ class Req(Generic[T]):
         "barrier",
         "error",
         "finished",
+        "joined",
         "many",
         "meanwhile",
         "op",
@@ -92,10 +95,12 @@ class Req(Generic[T]):
         result_store: bool,
         task: trio.lowlevel.Task | None,
         many: bool = False,
+        joined: bool = False,
     ) -> None:
         self.op = op
         self.args = args
         self.many = many
+        self.joined = joined
         self.barrier = barrier
         self.result_store = result_store
         self.task = task

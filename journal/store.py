@@ -487,6 +487,7 @@ class Journal(JournalReader):
         *,
         shield: bool = False,
         after: Sequence[Posted[Any]] = (),
+        joined: bool = False,
     ) -> Posted[list[Event]]:
         """``post`` of several diagnostic events (each with its payload or None) as one queued
         write: one request for the single writer instead of one per event (issue 15), the rows
@@ -499,7 +500,10 @@ class Journal(JournalReader):
         and every other write of the transaction, are not affected.  ``Posted.wait()`` raises
         the first refusal, else returns the stored events.  ``shield``: not cancellable while
         it waits for room in a full queue (``append``'s ``shield``); ``after``: as
-        ``append``'s, refusing the whole write."""
+        ``append``'s, refusing the whole write.  ``joined``: the rows are one fact about
+        several invocations -- once a row is refused, every later row is refused too, whatever
+        its invocation (a linked call's claim on the record it serves, then the call's first
+        rows: a claim refused, nothing of the call is written)."""
         rows: list[tuple[Any, ...]] = []
         for event, payload in items:
             if event.kind in BARRIER_KINDS:
@@ -510,7 +514,9 @@ class Journal(JournalReader):
             else:
                 rows.append((event, text, *self._seal_payload(event, payload), decode_attrs(text)))
         pre = presupposed(after, {e.invocation_id for e, _ in items}) if after else None
-        return await self._writer.post(None, tuple(rows), many=True, shield=shield, after=pre)
+        return await self._writer.post(
+            None, tuple(rows), many=True, joined=joined, shield=shield, after=pre
+        )
 
     async def acquire_lease(
         self,

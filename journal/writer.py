@@ -14,7 +14,8 @@ A refused write is not written and answers with its refusal; the other writes of
 transaction are unaffected (one refused submission never affects another's rows).  The rows of
 one submission (``Journal.post_many``) are one task's consecutive facts about an invocation,
 each presupposing those before it: once one is refused, its later rows for that invocation are
-refused too (``commit._insert_each``).
+refused too -- all its later rows, of any invocation, when it is ``joined`` (a linked call's
+claim on the record it serves, then the call's own first rows) (``commit._insert_each``).
 
 This module is the loop's side: the queue, the hand-off of each batch to one long-lived writer
 thread, and waking each write's submitter with its answer.  What a queued write is and what it
@@ -347,12 +348,13 @@ class Writer:
         result_store: bool = False,
         task: trio.lowlevel.Task | None = None,
         many: bool = False,
+        joined: bool = False,
     ) -> Req[T]:
         self._refuse_if_closed()
         while len(self._pending) >= MAX_QUEUED:  # back-pressure: wait for the writer
             await self._space.park()
             self._refuse_if_closed()
-        req: Req[T] = Req(op, args, barrier, result_store, task, many)
+        req: Req[T] = Req(op, args, barrier, result_store, task, many, joined)
         # No checkpoint between queueing and parking (``submit``).  An idle writer takes it at
         # the end of this loop iteration (``_hand_off_idle``).
         self._pending.append(req)
@@ -377,19 +379,22 @@ class Writer:
         *,
         result_store: bool = False,
         many: bool = False,
+        joined: bool = False,
         shield: bool = False,
         after: tuple[Req[Any], ...] | None = None,
     ) -> Posted[T]:
         """Queue a non-barrier write; return without waiting for its commit.  ``shield``: the
         wait for room in a full queue, its one checkpoint, is not cancellable (``submit``).
-        ``after``: earlier writes it presupposes (``Req.after``)."""
+        ``after``: earlier writes it presupposes (``Req.after``); ``joined``: ``Req.joined``."""
         if shield and (self._closed or len(self._pending) >= MAX_QUEUED):
             with trio.CancelScope(shield=True):
                 req = await self.enqueue(
-                    op, args, barrier=False, result_store=result_store, many=many
+                    op, args, barrier=False, result_store=result_store, many=many, joined=joined
                 )
         else:
-            req = await self.enqueue(op, args, barrier=False, result_store=result_store, many=many)
+            req = await self.enqueue(
+                op, args, barrier=False, result_store=result_store, many=many, joined=joined
+            )
         req.after = after
         return Posted(req)
 

@@ -110,6 +110,34 @@ async def test_a_refused_row_stops_the_later_rows_of_its_write_for_that_invocati
         assert j.verify().ok
 
 
+async def test_a_refused_row_of_a_joined_write_stops_its_later_rows_of_every_invocation(
+    place: Place,
+) -> None:
+    """``joined``: one fact about several invocations -- a linked call's claim on the record
+    it serves, then the call's own first rows (``engine/takeup.py``).  The claim refused, the
+    call's rows are refused with it (nothing of the call is written), and a later write of the
+    call presupposing them is refused too; an unjoined write of the same rows keeps them."""
+    async with place.open() as j:
+        taker = await j.append(until_dispatch("inv-1")[0], barrier=True)
+        call = until_dispatch("inv-2")[:2]
+        head = (until_dispatch("inv-1")[0], None)  # refused: inv-1 has its first event
+        with trio.fail_after(LIMIT):
+            joined = await j.post_many([head, *((ev, None) for ev in call)], joined=True)
+            with pytest.raises(ImpossibleEvent) as later:
+                await j.append(until_dispatch("inv-2")[2], barrier=True, after=[joined])
+            with pytest.raises(ImpossibleEvent) as first:
+                await joined.wait()
+            assert later.value is first.value and first.value.event.invocation_id == "inv-1"
+            assert j.events("inv-2") == []
+            loose = await j.post_many([head, *((ev, None) for ev in call)])
+            await j.append(until_dispatch("inv-2")[2], barrier=True)
+            with pytest.raises(ImpossibleEvent):
+                await loose.wait()
+        assert [e.seq for e in j.events("inv-1")] == [taker.seq]
+        assert [e.kind for e in j.events("inv-2")] == [e.kind for e in until_dispatch("inv-2")[:3]]
+        assert j.verify().ok
+
+
 async def test_a_write_presupposing_a_refused_write_of_its_invocation_is_refused_too(
     place: Place,
 ) -> None:
