@@ -487,7 +487,8 @@ async def superseded(
     out) recovery closed it, or it is fenced (``Record.fenced``: no attempt is its), or this
     call's own ACTION_ACCEPTED was refused (another call won the record's first event: a
     taker, a fence; every later write of this call was refused with it, ``Journal.append``'s
-    ``after``) -- else None: the refusal is not a lost lease, and the caller raises it.  The
+    ``after``) -- else None: the refusal is not a lost lease, and the caller raises it (a row
+    about another invocation: a linked call's claim on the record it serves, ``takeup.py``).  The
     call's posted rows are settled first, the refused among them dropped (a stale attempt's
     rows are refused with it)."""
     recorder = engine.recorder
@@ -495,6 +496,8 @@ async def superseded(
         await recorder.settle()
     except (JournalError, ImpossibleEvent) as exc:
         refused = refused or exc
+    if isinstance(refused, ImpossibleEvent) and refused.event.invocation_id != iid:
+        return None  # a linked call's claim heading its preamble, refused: no lease lost
     if isinstance(refused, ImpossibleEvent) and _own_first_event(refused, iid):
         # Lost only to another call's first event.  No record at all: the refusal is
         # something else, raised by the caller; a first event of this call's: judged below.

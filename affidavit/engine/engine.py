@@ -44,7 +44,7 @@ from affidavit.journal import (
     ResultStream,
 )
 from affidavit.protocols import Binding
-from affidavit.statemachine import Record
+from affidavit.statemachine import Event, Record
 
 from . import approval, delivery, invocation, operations
 from .approval import ApprovalBoard
@@ -54,6 +54,7 @@ from .recorder import Recorder
 from .recovery import CallNotRecorded, internal_close, journal_refused, recover_stale
 from .settings import EngineSettings
 from .snapshot import ConfigSnapshot
+from .takeup import ClaimRefused
 
 __all__ = ["Deliver", "Engine"]
 
@@ -106,6 +107,7 @@ class Engine:
         control: CallControl | None = None,
         requester: int | None = None,
         invocation_id: str | None = None,
+        claim: Event | None = None,
     ) -> dict[str, Any]:
         """Run one action; return its envelope.  Never raises for remote or preflight trouble:
         those are envelopes.  ``deliver`` (optional) sends the envelope to the caller; a failure
@@ -114,8 +116,11 @@ class Engine:
         withdraw or stop it, recorded with its cause at the boundary the evidence proves.
         ``requester``: the uid asking (the daemon's socket peer; default this process's), kept
         with an approval request -- it may not approve itself (``affidavit.approvals``).
-        ``invocation_id``: the new invocation's id, fresh from ``new_invocation_id`` -- one a
-        reconciliation named on the record it reconciles before asking (``reconcile.approved``).
+        ``invocation_id``: the new invocation's id, fresh from ``new_invocation_id``.
+        ``claim``: the row naming it on the record it serves (a reconciliation query's, a
+        poll's), written in its first journal write, before its ACTION_ACCEPTED: refused (another
+        call of that record is open, or the record moved), nothing of the call is written or
+        asked, and ``ClaimRefused`` is raised (``takeup.py``).
 
         ``timeout`` must be ``None`` or seconds >= 0: NaN or a negative value is a caller bug,
         refused before anything is journaled (it used to fail mid-call, inside trio).
@@ -127,7 +132,7 @@ class Engine:
             raise ValueError("timeout must be None or a number of seconds >= 0")
         return await self._answered(
             invocation.start(
-                self, action, timeout, deliver, link, control, requester, invocation_id
+                self, action, timeout, deliver, link, control, requester, invocation_id, claim
             ),
             control,
         )
@@ -179,6 +184,8 @@ class Engine:
             raise CallNotRecorded(iid) from exc
         except JournalError:
             raise  # the journal's own failure: answered from what it holds (``call_failure``)
+        except ClaimRefused:
+            raise  # nothing of the call was written: its asker answers (``takeup.py``)
         except Exception:
             # Not the journal's (a bug): the record is closed now with that cause and what
             # its events prove -- not left IN_PROGRESS until its lease runs out, then closed as

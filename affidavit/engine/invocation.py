@@ -74,6 +74,7 @@ from .rebound import refusal
 from .recorder import Recorder
 from .recovery import recover_stale
 from .sink import StreamSink
+from .takeup import ClaimRefused
 
 if TYPE_CHECKING:
     from .engine import Deliver, Engine
@@ -99,6 +100,7 @@ async def start(
     control: CallControl | None = None,
     requester: int | None = None,
     invocation_id: str | None = None,
+    claim: Event | None = None,
 ) -> dict[str, Any]:
     """Accept ``action`` as a new invocation (or resume the one its idempotency key names) and
     run it; return its envelope.  ``link`` (secret-free) is recorded with ACTION_ACCEPTED: the
@@ -108,7 +110,10 @@ async def start(
     around ``approval = "always"``).  ``requester``: the uid that asked (the daemon's socket
     peer; embedded, this process's), recorded with an approval request so that it cannot
     approve itself.  ``invocation_id``: the new invocation's id when its caller chose it (fresh
-    from ``new_invocation_id``: ``Engine.call``)."""
+    from ``new_invocation_id``: ``Engine.call``); ``claim``: the row naming it on the record it
+    serves, at the head of its preamble (``takeup.py``) -- not written when the call is no new
+    invocation of that id (refused in validation, or answered by the invocation its key names).
+    """
     now, started = time.time(), trio.current_time()
     iid = invocation_id or new_invocation_id()
     # Validated before anything is journaled: a refused session is recorded bounded, never
@@ -311,7 +316,10 @@ async def start(
             "account_hash": engine.snapshot.account_hash(target),
         },
     )
-    preamble: Preamble = ((accepted, accepted_payload), (validated, None))
+    # A claim heads the preamble: one write, refused as a whole once the claim is (another
+    # call of the record it serves is open) -- a claim exists exactly when its call does.
+    head: Preamble = ((claim, None),) if claim is not None else ()
+    preamble: Preamble = (*head, (accepted, accepted_payload), (validated, None))
     if took_over is not None:
         # A barrier of its own: the projection refuses a second ACTION_ACCEPTED, so exactly
         # one taker wins the record, and a loser has written nothing into it.
@@ -334,22 +342,27 @@ async def start(
             )
         preamble = ((validated, None),)
     policy = needs_approval(parsed, target)
-    return await run(
-        engine,
-        iid,
-        parsed,
-        target,
-        binding,
-        key,
-        timeout,
-        deliver,
-        generation=0,
-        lease=None,
-        lease_ends=lease_ends,
-        preamble=preamble,
-        control=control,
-        approval=None if policy is None else (policy, requester),
-    )
+    try:
+        return await run(
+            engine,
+            iid,
+            parsed,
+            target,
+            binding,
+            key,
+            timeout,
+            deliver,
+            generation=0,
+            lease=None,
+            lease_ends=lease_ends,
+            preamble=preamble,
+            control=control,
+            approval=None if policy is None else (policy, requester),
+        )
+    except ImpossibleEvent as refused:
+        if claim is not None and refused.event.invocation_id == claim.invocation_id:
+            raise ClaimRefused(refused) from None  # and every row of the call with it
+        raise
 
 
 async def refuse_new(

@@ -35,7 +35,7 @@ from .contracts import contracts_of
 from .ids import new_invocation_id
 from .readable import unreadable
 from .recovery import act_failure
-from .takeup import Close, call_named, claim_expiry, claimed_until, still_open, take_up
+from .takeup import ClaimRefused, Close, claim_expiry, claimed_until, still_open, take_up
 
 if TYPE_CHECKING:
     from .control import CallControl
@@ -135,23 +135,24 @@ async def poll(
     envelope = await _earlier(engine, record, op_id, target, control, timeout)
     asked = envelope is not None
     if envelope is None:
-        poll_id = None
-        if _covered(engine, action):  # one poll at a time: named before it is asked
-            poll_id = new_invocation_id()
-            if not await _claim(engine, record, op_id, poll_id, target):
-                # Ended since it was read: answered as a read a moment later would have been.
-                return {"operation": operation_json(find(engine, op_id)), "poll": None}
-            asked = True
-        envelope = await call_named(
-            engine,
-            action,
-            poll_id,
-            _closer(engine, record, op_id, poll_id or ""),
-            timeout=timeout,
-            link=link,
-            control=control,
-            requester=requester,
-        )
+        poll_id = new_invocation_id()
+        claim = None
+        if _covered(engine, action):  # one poll at a time: named in its first write
+            claim, asked = _claim(engine, record, op_id, poll_id, target), True
+        try:
+            envelope = await engine.call(
+                action,
+                timeout=timeout,
+                link=link,
+                control=control,
+                requester=requester,
+                invocation_id=poll_id,
+                claim=claim,
+            )
+        except ClaimRefused:
+            await _refused(engine, record, op_id)
+            # Ended since it was read: answered as a read a moment later would have been.
+            return {"operation": operation_json(find(engine, op_id)), "poll": None}
     still = asked and still_open(envelope)  # the next poll takes it up
     await _record_poll(engine, record.invocation_id, op_id, envelope, target, contracts, still)
     return {"operation": operation_json(find(engine, op_id)), "poll": envelope}
@@ -187,26 +188,26 @@ def _pending(op_id: str, poll_id: str) -> Callable[[str], OperationError]:
     return refusal
 
 
-async def _claim(engine: Engine, record: Record, op_id: str, poll_id: str, target: Any) -> bool:
-    """Name ``poll_id`` as the operation's one open poll before it is asked; POLL_PENDING
-    when another asker's poll is open (it was first, in any process); False, nothing named,
-    when the job ended since ``record`` was read."""
-    iid = record.invocation_id
+def _claim(engine: Engine, record: Record, op_id: str, poll_id: str, target: Any) -> Event:
+    """The row naming ``poll_id`` as the operation's one open poll, for the head of the poll's
+    first write (``Engine.call``'s ``claim``; ``takeup``): refused, nothing of the poll is
+    written (``ClaimRefused``, answered by ``_refused``)."""
     attrs = {"operation_id": op_id, "poll_invocation": poll_id, "code": None, "reason": ASKING}
     expiry = {"open": True, "expires_at": claim_expiry(engine, target)}  # ``takeup``
-    try:
-        await engine.recorder.append(
-            Event(E.OPERATION_POLL_FAILED, iid, {**attrs, **expiry}), barrier=True
-        )
-    except ImpossibleEvent:
-        op = (await engine.recorder.record(iid)).operation or {}
-        current = op.get("open_poll")
-        if op.get("state") != "pending":
-            return False  # the job ended meanwhile (another poll read it): nothing to ask
-        if current is None:
-            raise OperationError(f"{op_id} refused the poll's row; nothing was polled") from None
-        raise _pending(op_id, current)("is being asked") from None
-    return True
+    return Event(E.OPERATION_POLL_FAILED, record.invocation_id, {**attrs, **expiry})
+
+
+async def _refused(engine: Engine, record: Record, op_id: str) -> None:
+    """A poll's claim was refused, nothing of the poll written: POLL_PENDING when another
+    asker's poll is open (it was first, in any process); returns when the job ended since
+    ``record`` was read (nothing to ask)."""
+    op = (await engine.recorder.record(record.invocation_id)).operation or {}
+    current = op.get("open_poll")
+    if op.get("state") != "pending":
+        return  # the job ended meanwhile (another poll read it): nothing to ask
+    if current is None:
+        raise OperationError(f"{op_id} refused the poll's row; nothing was polled")
+    raise _pending(op_id, current)("is being asked")
 
 
 async def _earlier(

@@ -1,10 +1,19 @@
 """Taking up a linked call that is still open -- a reconciliation query (``reconcile/approved``),
 an operation's poll (``operations``) -- instead of asking for another: one question at a time.
 
-Before a linked call the target's approval covers is asked, its id is named on the record it
-serves with ``open`` (a row the projection refuses while another call of that record is open:
-in the writing transaction, so in any process).  It stays open until a row naming it without
-``open`` reads its answer or gives it up.  ``take_up`` says what the open call is now:
+A linked call the target's approval covers is named on the record it serves with ``open`` (a
+claim: a row the projection refuses while another call of that record is open, in the writing
+transaction, so in any process).  The claim heads the call's first journal write, its
+preamble (``Engine.call``'s ``claim``; ACTION_ACCEPTED, PREFLIGHT_VALIDATED after it): one
+submission, ``joined`` (``Journal.post_many``) -- the claim refused, every row of the call is
+refused with it, and the journal write the call goes on to (its APPROVAL_REQUESTED, its
+CREDENTIAL_AUTHORIZED) presupposes them: nothing of the call is written or asked, and
+``ClaimRefused`` is raised for its asker to answer QUERY_PENDING / POLL_PENDING (or what the
+record shows now).  So a claim exists exactly when its call does, and no stall of the asker's
+journal write can separate them: before, the claim was a transaction of its own, and an asker
+whose next write stalled past the claim's deadline still asked after another had closed its
+claim and asked -- two calls waiting for an operator.  The claim stays open until a row naming
+it without ``open`` reads its answer or gives it up.  ``take_up`` says what the open call is now:
 
 * still awaiting a decision, being sent, or approved and not sent here (another process, the
   daemon's dispatcher, may hold it): ``pending(doing)`` is raised -- nothing asked or sent;
@@ -14,30 +23,24 @@ in the writing transaction, so in any process).  It stays open until a row namin
   never sent for nothing, nor twice;
 * left mid-send by a broker that stopped: closed first by what its evidence proves
   (``recover_stale``), then read like any other;
-* denied, expired, cancelled before it was sent, or never accepted (its asker stopped between
-  naming it and asking, past the claim's deadline), or not linked to the record: ``close(code)``
-  and None -- ask anew.
+* denied, expired, cancelled before it was sent, or never accepted, or not linked to the
+  record: ``close(code)`` and None -- ask anew.
 
-A claim's deadline (``claim_expiry``: the target's lease from when it was named, plus
-``lease_margin``) is recorded in, and judged by, the clock leases are: the database's on a
-shared journal (the journal moves ``expires_at``, ``Txn._expiry``), so a broker whose clock
-runs ahead cannot close another's live claim.  What it does not bound: an asker whose own
-journal write stalls past the deadline between its claim and its call's ACTION_ACCEPTED still
-asks -- its claim closed and another asked meanwhile, two calls may wait for an operator (the
-late one's row is refused, answered QUERY_PENDING / POLL_PENDING).  Writing the claim in the
-ACTION_ACCEPTED's transaction would close that window; it is not done yet.
+A claim with no call is one a broker from before claims headed the call's first write wrote
+in a transaction of its own (on a journal it shared, or left behind): it proves only that it is
+being asked until its deadline (``claim_expiry``: the target's lease from when it was named,
+plus ``lease_margin``), closed after it.  That deadline is recorded in, and judged by, the clock
+leases are: the database's on a shared journal (the journal moves ``expires_at``,
+``Txn._expiry``), so a broker whose clock runs ahead cannot close another's live claim.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import trio
-
-from affidavit.statemachine import Code, Event, EventKind
+from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent
 
 from .approval import approval_now
 from .delivery import STORE_ONLY
@@ -47,10 +50,22 @@ if TYPE_CHECKING:
     from .control import CallControl
     from .engine import Engine
 
-__all__ = ["Close", "abandoned", "claim_expiry", "claimed_until", "still_open", "take_up"]
+__all__ = ["ClaimRefused", "Close", "claim_expiry", "claimed_until", "still_open", "take_up"]
 
 E = EventKind
 Close = Callable[[str | None], Awaitable[None]]
+
+
+class ClaimRefused(Exception):
+    """The claim heading a linked call's first journal write was refused -- another call of
+    the record it serves is open, or the record moved since its asker read it -- and every row
+    of the call with it: nothing of the call is on record, nothing was asked.  ``refusal``:
+    the projection's (its ``event`` the claim); the message is its own, naming rows and
+    states, never a request's content."""
+
+    def __init__(self, refusal: ImpossibleEvent) -> None:
+        self.refusal = refusal
+        super().__init__(str(refusal))
 
 
 def still_open(answer: Mapping[str, Any]) -> bool:
@@ -105,7 +120,7 @@ async def take_up(
     if found is None:
         if deadline is not None and await approval_now(recorder) < deadline:
             raise pending("is being asked")
-        await close(None)  # its asker stopped before asking
+        await close(None)  # an older broker's claim whose asker stopped before asking
         return None
     if not linked(_link(engine, call_id)):
         await close(None)  # not the record's: never read for it
@@ -137,26 +152,3 @@ def _link(engine: Engine, call_id: str) -> Mapping[str, Any]:
             link = event.attrs.get("link")
             return link if isinstance(link, Mapping) else {}
     return {}
-
-
-async def abandoned(engine: Engine, call_id: str, close: Close) -> None:
-    """Its asker stopped (cancelled, or the call raised) after naming ``call_id``: closed when
-    the call was never accepted, left open (to be taken up) when it was.  Shielded, and silent
-    when the journal cannot tell: the claim then lapses with the target's lease."""
-    with trio.CancelScope(shield=True), contextlib.suppress(Exception):
-        if engine.journal.record(call_id) is None:
-            await close(None)
-
-
-async def call_named(
-    engine: Engine, action: Mapping[str, Any], call_id: str | None, close: Close, **how: Any
-) -> dict[str, Any]:
-    """``engine.call(action, **how)`` as ``call_id`` -- named by a claim before it is asked, or
-    None (not covered by an approval policy: a fresh id, nothing named) -- and, when its asker
-    stops before an answer, the claim closed through ``close`` (``abandoned``)."""
-    try:
-        return await engine.call(action, invocation_id=call_id, **how)
-    except BaseException:
-        if call_id is not None:
-            await abandoned(engine, call_id, close)
-        raise

@@ -7,10 +7,11 @@ under ``approval = "always"``.  Its asker waits up to the policy's ``wait``; pas
 answer is APPROVAL_PENDING and the reconciliation RECONCILE_INCONCLUSIVE with that code, while the
 query itself stays on the operator's list.
 
-One question at a time, for any number of askers in any number of processes: before it asks,
-the asker names the query's id on the record it reconciles -- RECONCILE_INCONCLUSIVE with
-``open`` (``claim``), a barrier the projection refuses, in the writing transaction, while
-another query is open under the same generation (``statemachine.open_query``).  The query stays
+One question at a time, for any number of askers in any number of processes: the asker names
+the query's id on the record it reconciles -- RECONCILE_INCONCLUSIVE with ``open`` (``claim``),
+in the query's first journal write (``engine/takeup.py``), a row the projection refuses, in the
+writing transaction, while another query is open under the same generation
+(``statemachine.open_query``): refused, nothing of the query is written or asked.  The query stays
 open until a row naming it without ``open`` reads its answer or gives it up.  The next ``query``
 of the invocation takes the open one up (``earlier``, ``engine/takeup.py``) instead of asking
 for another: refused ``QUERY_PENDING`` while it awaits a decision or is being sent, sent now
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import OperatorError
-from affidavit.engine.takeup import Close, claim_expiry, claimed_until, still_open, take_up
+from affidavit.engine.takeup import claim_expiry, claimed_until, still_open, take_up
 from affidavit.statemachine import Event, EventKind, Record, open_query
 
 from .refusals import append, pending
@@ -34,7 +35,7 @@ from .refusals import append, pending
 if TYPE_CHECKING:
     from affidavit.engine import CallControl, Engine
 
-__all__ = ["ASKING", "UNSENT", "WAITING", "claim", "closer", "earlier", "still_open"]
+__all__ = ["ASKING", "UNSENT", "WAITING", "claim", "earlier", "still_open"]
 
 E = EventKind
 WAITING = (
@@ -51,11 +52,14 @@ UNSENT = "the query was not sent (denied, expired, cancelled, or never asked): a
 """The reason of the row that closes an open query nothing was sent for -- stable text."""
 
 
-async def claim(engine: Engine, record: Record, query_id: str) -> None:
-    """Name ``query_id`` as the invocation's one open query before it is asked; refused
-    ``QUERY_PENDING`` when another asker's query is open (it was first, in any process)."""
+def claim(engine: Engine, record: Record, query_id: str) -> Event:
+    """The row naming ``query_id`` as the invocation's one open query, for the head of the
+    query's first write (``Engine.call``'s ``claim``): refused -- another asker's query is open
+    (it was first, in any process), or the record moved since it was read (an operator
+    attested, a retry took it over) -- nothing of the query is written (``ClaimRefused``), and
+    ``refusals.refusal`` says what the record shows."""
     target = _target(engine, record)
-    event = Event(
+    return Event(
         E.RECONCILE_INCONCLUSIVE,
         record.invocation_id,
         {
@@ -70,9 +74,6 @@ async def claim(engine: Engine, record: Record, query_id: str) -> None:
             **({"judged_by": engine.snapshot.judging_hash(target)} if target else {}),
         },
     )
-    # Refused when another asker's query is open (QUERY_PENDING), or when the record moved
-    # since it was read -- an operator attested, a retry took it over: ``refusals.append``.
-    await append(engine, event)
 
 
 async def earlier(
@@ -101,12 +102,6 @@ async def earlier(
         pending=_pending(query_id, iid),
         close=lambda code: _close(engine, record, query_id, code),
     )
-
-
-def closer(engine: Engine, record: Record, query_id: str) -> Close:
-    """What closes ``query_id``'s claim when its asker stopped before it was accepted
-    (``takeup.call_named``)."""
-    return lambda code: _close(engine, record, query_id, code)
 
 
 def _pending(query_id: str, iid: str) -> Callable[[str], OperatorError]:

@@ -1,11 +1,11 @@
 """What a reconciliation's row refused by the projection answers: the record as it is now.
 
 Every row a reconciliation appends -- RECONCILED, RECONCILE_INCONCLUSIVE, the ``open`` row that
-names a query before it is asked (``approved.claim``), the row that closes one nothing was sent
-for -- names the generation of the record it observed, and is written with a barrier: the
+names a query (``approved.claim``, written at the head of the query's first write), the row that
+closes one nothing was sent for -- names the generation of the record it observed: the
 projection refuses it, in the writing transaction, once a retry took the invocation over, an
-observer settled it, or another asker's query is open.  ``append`` answers each such race with a
-stable code (``OperatorError``), never the projection's bare ``ImpossibleEvent``:
+observer settled it, or another asker's query is open.  ``refusal`` answers each such race with
+a stable code (``OperatorError``), never the projection's bare ``ImpossibleEvent``:
 
 * ``STILL_RUNNING`` -- a retry runs; ``NOT_UNKNOWN`` -- it ended with a result, or another
   observer settled it; ``RETRIED_MEANWHILE`` -- it ended unknown again, under a newer attempt;
@@ -32,7 +32,7 @@ from affidavit.statemachine import (
 if TYPE_CHECKING:
     from affidavit.engine import Engine
 
-__all__ = ["append", "not_at_rest", "pending"]
+__all__ = ["append", "not_at_rest", "pending", "refusal"]
 
 E = EventKind
 
@@ -66,28 +66,31 @@ def pending(query_id: str, iid: str, doing: str) -> OperatorError:
 
 async def append(engine: Engine, event: Event) -> None:
     """Append a reconciliation's row (barrier); refused, the ``OperatorError`` the record now
-    warrants is raised (the module's list): nothing is claimed beyond what the record shows."""
-    iid = event.invocation_id
+    warrants is raised (``refusal``): nothing is claimed beyond what the record shows."""
     try:
         await engine.recorder.append(event, barrier=True)
-    except ImpossibleEvent:
-        record = await engine.recorder.record(iid)
-        refusal = not_at_rest(record)
-        observed = event.attrs.get("generation")
-        if refusal is None and record.generation != observed:
-            # Unknown and at rest again, under a newer attempt than the one observed.
-            refusal = OperatorError(
-                "RETRIED_MEANWHILE",
-                f"{iid} was retried (generation {record.generation}) after generation "
-                f"{observed} was observed; observe it again",
-            )
-        current = open_query(record.evidence.get("reconcile_queries") or (), record.generation)
-        if (
-            refusal is None
-            and current is not None
-            and current != event.attrs.get("query_invocation")
-        ):
-            refusal = pending(current, iid, "is being asked")
-        if refusal is None:
-            raise  # not a race: the record as observed refuses the event
-        raise refusal from None
+    except ImpossibleEvent as refused:
+        raise await refusal(engine, refused) from None
+
+
+async def refusal(engine: Engine, refused: ImpossibleEvent) -> Exception:
+    """What a reconciliation's row ``refused`` by the projection answers -- its own row, or the
+    claim heading a query's first write (``engine/takeup.py``): the ``OperatorError`` the
+    record now warrants (the module's list), else ``refused`` itself -- not a race, the record
+    as observed refuses the row."""
+    event = refused.event
+    iid = event.invocation_id
+    record = await engine.recorder.record(iid)
+    why = not_at_rest(record)
+    observed = event.attrs.get("generation")
+    if why is None and record.generation != observed:
+        # Unknown and at rest again, under a newer attempt than the one observed.
+        why = OperatorError(
+            "RETRIED_MEANWHILE",
+            f"{iid} was retried (generation {record.generation}) after generation "
+            f"{observed} was observed; observe it again",
+        )
+    current = open_query(record.evidence.get("reconcile_queries") or (), record.generation)
+    if why is None and current is not None and current != event.attrs.get("query_invocation"):
+        why = pending(current, iid, "is being asked")
+    return refused if why is None else why

@@ -54,14 +54,14 @@ from affidavit.engine.approval import needs_approval
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.readable import OTHER_ORIGIN, PARTIAL_BODY, unreadable
 from affidavit.engine.recovery import act_failure, recover_stale
-from affidavit.engine.takeup import call_named
+from affidavit.engine.takeup import ClaimRefused
 from affidavit.protocols import get
 from affidavit.protocols.actions import ActionInvalid, parse_action
 from affidavit.statemachine import Code, Event, EventKind, EvidenceSource, Outcome, Record
 from affidavit.text import utc_time
 
 from . import approved
-from .refusals import append, not_at_rest
+from .refusals import append, not_at_rest, refusal
 
 if TYPE_CHECKING:
     from affidavit.engine import CallControl, Engine
@@ -246,22 +246,22 @@ async def query(
         if record.session is not None:
             action["session"] = record.session
         link = {"reconciles": invocation_id}
-        query_id = None
-        if _covered(engine, action):  # one question at a time: named before it is asked
-            query_id = new_invocation_id()
-            await approved.claim(engine, record, query_id)
-            asked = True
-        close = approved.closer(engine, record, query_id or "")
-        answer = await call_named(
-            engine,
-            action,
-            query_id,
-            close,
-            timeout=timeout,
-            link=link,
-            control=control,
-            requester=requester,
-        )
+        query_id = new_invocation_id()
+        claim = None
+        if _covered(engine, action):  # one question at a time: named in its first write
+            claim, asked = approved.claim(engine, record, query_id), True
+        try:
+            answer = await engine.call(
+                action,
+                timeout=timeout,
+                link=link,
+                control=control,
+                requester=requester,
+                invocation_id=query_id,
+                claim=claim,
+            )
+        except ClaimRefused as exc:  # another asker's query is open, or the record moved
+            raise await refusal(engine, exc.refusal) from None
     query_id = answer["invocation_id"]
     if taken and not _judged_alike(engine, invocation_id, query_id, target):
         # Asked under other reconciliation settings than today's: its answer is not judged by

@@ -15,7 +15,6 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -26,6 +25,7 @@ from affidavit.approvals import OperatorError
 from affidavit.config import load_config
 from affidavit.engine import OperationError
 from affidavit.engine.operations import ASKING as POLL_ASKING
+from affidavit.reconcile import approved
 from affidavit.reconcile.approved import ASKING, UNSENT
 from affidavit.statemachine import Event, EventKind, invocation_of
 from tests.http.hostile import HostileServer
@@ -108,42 +108,32 @@ async def _two_brokers(tmp: Path, url: str, pg_url: str) -> AsyncIterator[tuple[
 async def test_a_broker_behind_keeps_its_live_claim_on_a_shared_journal(
     tmp_path: Path, pg_url: str, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A claim with no record yet: an older broker's, written before its query's first rows
+    # (``takeup``: today's claims head them).  Written by A, whose host clock runs an hour
+    # behind; B, on the real clock, must see it live -- not close it and ask again.
     async with (
         HostileServer.running(PaymentsApi().script) as srv,
         _two_brokers(tmp_path, srv.url, pg_url) as (a, b),
     ):
         with trio.fail_after(LIMIT):
             iid = (await a.call(CHARGE))["invocation_id"]
-        asked, go = trio.Event(), trio.Event()
-        real_call = a._engine.call
-
-        async def held(*args: Any, **kwargs: Any) -> Any:
-            asked.set()  # A named its query; it is accepted once B has looked
-            await go.wait()
-            return await real_call(*args, **kwargs)
-
-        answers: list[Any] = []
-
-        async def ask_a() -> None:
-            answers.append(await a.reconcile(iid, query=True))
-
-        with trio.fail_after(LIMIT):
-            async with trio.open_nursery() as nursery:
-                with monkeypatch.context() as patch:  # A's host clock, an hour behind
-                    patch.setattr(a.journal._writer, "clock", _Behind.time)
-                    patch.setattr(takeup, "time", _Behind)
-                    patch.setattr(a._engine, "call", held)
-                    nursery.start_soon(ask_a)
-                    await asked.wait()
-                with pytest.raises(OperatorError) as refused:  # B: the real clock
-                    await b.reconcile(iid, query=True)
-                go.set()
+        record = a.record(iid)
+        assert record is not None
+        with monkeypatch.context() as patch:  # A's host clock, an hour behind
+            patch.setattr(a.journal._writer, "clock", _Behind.time)
+            patch.setattr(takeup, "time", _Behind)
+            claim = approved.claim(a._engine, record, "act_claimed")
+            with trio.fail_after(LIMIT):
+                await a.journal.append(claim, barrier=True)
+        with trio.fail_after(LIMIT), pytest.raises(OperatorError) as refused:  # B: real clock
+            await b.reconcile(iid, query=True)
         assert refused.value.code == "QUERY_PENDING", refused.value.message
-        assert "is being asked" in refused.value.message
-        rows = answers[0]["envelope"]["evidence"]["reconcile_queries"]
-        assert UNSENT not in [r["reason"] for r in rows], rows  # B closed nothing of A's
-        assert answers[0]["query"]["error"]["code"] == "APPROVAL_PENDING"
-        assert len(_pending_queries(b, iid)) == 1
+        assert "act_claimed" in refused.value.message and "is being asked" in refused.value.message
+        after = b.record(iid)
+        assert after is not None
+        rows = after.evidence["reconcile_queries"]
+        assert [r["reason"] for r in rows] == [ASKING]  # B closed nothing of A's
+        assert _pending_queries(b, iid) == []
     assert _gets(srv) == 0
 
 

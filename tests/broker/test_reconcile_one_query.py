@@ -93,8 +93,9 @@ async def test_a_cancelled_asker_s_query_is_taken_up(tmp_path: Path, token: str)
 async def test_an_asker_stopped_before_asking_leaves_nothing_open(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Stopped between naming its query and the query's acceptance (here: the call raises
-    # before it records anything): the claim is closed, not left to refuse every later query.
+    # Stopped before its query's first write (here: the call raises before it records
+    # anything): no claim was written -- it heads that write (``takeup``) -- so none is left
+    # to refuse every later query, and none had to be closed.
     async with _payments(tmp_path) as (srv, broker, iid):
         engine = broker._engine
 
@@ -109,8 +110,9 @@ async def test_an_asker_stopped_before_asking_leaves_nothing_open(
             second = await broker.reconcile(iid, query=True)
         assert second["query"]["error"]["code"] == "APPROVAL_PENDING"
         rows = second["envelope"]["evidence"]["reconcile_queries"]
-        assert [r["reason"] for r in rows][:2] == [ASKING, UNSENT]  # claimed, then closed
-        assert rows[0]["query_invocation"] != second["query"]["invocation_id"]
+        assert [r["reason"] for r in rows][:1] == [ASKING]  # the second's claim, the first
+        assert rows[0]["query_invocation"] == second["query"]["invocation_id"]
+        assert UNSENT not in [r["reason"] for r in rows]
         assert _pending_queries(broker, iid) == [second["query"]["invocation_id"]]
     assert _gets(srv) == 0
 
@@ -275,7 +277,7 @@ async def test_a_query_its_killed_sender_left_mid_send_is_closed_then_read(
         record = broker.record(iid)
         assert record is not None
         query_id = new_invocation_id()
-        await claim(engine, record, query_id)
+        await engine.journal.append(claim(engine, record, query_id), barrier=True)
         accepted = {
             "operation": {"target": "api", "protocol": "http", "idempotent": False},
             "holder": "dead-broker",

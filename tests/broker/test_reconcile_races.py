@@ -36,21 +36,27 @@ Rival = Callable[[Broker, str], Awaitable[None]]
 async def _held(
     broker: Broker, monkeypatch: pytest.MonkeyPatch, reason: str, rival: Rival, iid: str
 ) -> AsyncIterator[None]:
-    """Hold the first row of ``iid`` with ``reason`` just before the journal takes it, run
-    ``rival`` meanwhile (its own task), then let the row go on."""
+    """Hold the first row of ``iid`` with ``reason`` just before the journal takes it -- alone,
+    or heading a call's first write (a claim: ``engine/takeup.py``) -- run ``rival`` meanwhile
+    (its own task), then let the row go on."""
     recorder = broker._engine.recorder
-    real = recorder.append
+    real, real_many = recorder.append, recorder.write_many
     reached, done = trio.Event(), trio.Event()
 
-    async def append(event: Event, *args: Any, **kwargs: Any) -> Any:
-        if (
-            event.invocation_id == iid
-            and event.attrs.get("reason") == reason
-            and not reached.is_set()
+    async def hold(events: list[Event]) -> None:
+        if not reached.is_set() and any(
+            e.invocation_id == iid and e.attrs.get("reason") == reason for e in events
         ):
             reached.set()
             await done.wait()
+
+    async def append(event: Event, *args: Any, **kwargs: Any) -> Any:
+        await hold([event])
         return await real(event, *args, **kwargs)
+
+    async def write_many(items: Any, **kwargs: Any) -> Any:
+        await hold([event for event, _ in items])
+        return await real_many(items, **kwargs)
 
     async def race() -> None:
         await reached.wait()
@@ -58,6 +64,7 @@ async def _held(
         done.set()
 
     monkeypatch.setattr(recorder, "append", append)
+    monkeypatch.setattr(recorder, "write_many", write_many)
     with trio.fail_after(LIMIT):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(race)
