@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
-from .contract import EvidenceSource
+from .contract import Code, EvidenceSource
 from .events import Event, EventKind
 from .graph import can_reach, reachable
 from .rules_common import _refuse
@@ -230,6 +230,16 @@ def _on_poll(p: Projector, event: Event) -> None:
     unsent = attrs.get("unsent")
     if unsent is not None and (unsent is not True or opened or current != poll):
         _refuse(p, event, "attrs.unsent must be true, and close the open poll it names")
+    if (
+        opened is None
+        and event.kind is E.OPERATION_POLL_FAILED
+        and attrs.get("code") == Code.APPROVAL_PENDING.value
+    ):
+        # A row written before rows named ``open`` left a poll awaiting an operator with
+        # APPROVAL_PENDING and no ``open``: open now too, taken up, not asked for again (a
+        # second card after an upgrade) -- as a query's (``rules_lease``).  Never refused: a
+        # journal folds as it was written.
+        opened = True
     open_poll = poll if opened else (None if current == poll else current)
     if opened and attrs.get("code") is None:
         # The poll named before it is asked: open, not yet a poll of the job.
@@ -252,12 +262,16 @@ def _on_poll(p: Projector, event: Event) -> None:
     else:
         last["code"] = attrs.get("code")
         last["reason"] = attrs.get("reason")
-    # A new view: records already handed out keep theirs (see Projector).
+    # A new view: records already handed out keep theirs (see Projector).  ``polls`` counts
+    # the polls read (or given up) once each: a row leaving its poll open -- awaiting an
+    # operator, nothing sent; or being sent, its answer to be read by the next poll -- is not
+    # counted, the row that closes it is (before, a poll approved and sent counted twice, one
+    # denied once with nothing sent).
     p._operation = MappingProxyType(
         {
             **op,
             "state": dest,
-            "polls": int(op["polls"]) + 1,
+            "polls": int(op["polls"]) + (0 if opened else 1),
             "last_poll": last,
             "open_poll": open_poll,
         }

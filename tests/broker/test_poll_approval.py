@@ -84,6 +84,7 @@ async def test_an_approved_poll_is_sent_once_and_folded(
         assert answer["poll"]["invocation_id"] == poll_id
         assert answer["operation"]["state"] == "succeeded"
         assert answer["operation"]["last_poll"]["invocation_id"] == poll_id
+        assert answer["operation"]["polls"] == 1  # one GET, counted once (before: twice)
         assert broker.approvals() == []
     assert _gets(srv) == 1
 
@@ -103,15 +104,16 @@ async def test_a_denied_poll_is_not_sent_and_the_next_one_asks_again(
 
 
 async def test_a_poll_closed_unsent_is_no_poll_of_the_job(tmp_path: Path, token: str) -> None:
-    # The row closing a denied poll is not counted: before, deny-then-poll made polls == 3
-    # with no GET sent (the first poll's row, the closing row, the second poll's row).
+    # Nothing was sent, so no poll of the job is counted: before, deny-then-poll made polls
+    # == 3 with no GET sent (the first poll's row, the closing row, the second poll's row),
+    # then 2 (the rows of the two polls on the operator's list).
     async with _jobs(tmp_path) as (srv, broker, op_id):
         with trio.fail_after(LIMIT):
             first = await broker.poll_operation(op_id)
             await broker.deny(first["poll"]["invocation_id"], note="not now", operator=OPS)
             second = await broker.poll_operation(op_id)
         op = second["operation"]
-        assert op["polls"] == 2, op  # the two polls asked, each on the operator's list once
+        assert op["polls"] == 0, op  # two polls asked, neither sent
         assert op["last_poll"]["invocation_id"] == second["poll"]["invocation_id"]
     assert _gets(srv) == 0
 
@@ -145,3 +147,40 @@ def _submission(op_id: str) -> str:
     iid = invocation_of(op_id)
     assert iid is not None
     return iid
+
+
+async def test_a_poll_awaiting_approval_at_the_upgrade_is_taken_up(
+    tmp_path: Path, token: str
+) -> None:
+    # A journal written before rows named an open poll recorded one awaiting an operator only
+    # by its asker's last OPERATION_POLL_FAILED -- code APPROVAL_PENDING, no ``open``.  It is
+    # the open poll now, as a query's is (test_reconcile_legacy): the next poll neither asks
+    # again nor puts a second card on the list; once approved, it is sent and folded once.
+    from affidavit.engine.contracts import contracts_of
+
+    async with _jobs(tmp_path) as (srv, broker, op_id):
+        iid = _submission(op_id)
+        record = broker.record(iid)
+        assert record is not None and record.operation is not None
+        target = broker.config.targets["jobs"]
+        contracts = contracts_of(target)
+        assert contracts is not None
+        action = dict(contracts.poll(target, record.operation))
+        link = {"operation": op_id, "invocation": iid}
+        with trio.fail_after(LIMIT):  # the poll as the old code asked it: no claim
+            asked = await broker._engine.call(action, link=link)
+        assert asked["error"]["code"] == "APPROVAL_PENDING"
+        poll_id = asked["invocation_id"]
+        legacy = {"operation_id": op_id, "poll_invocation": poll_id, "code": "APPROVAL_PENDING"}
+        row = Event(EventKind.OPERATION_POLL_FAILED, iid, {**legacy, "reason": "r"})
+        await broker.journal.append(row, barrier=True)
+        with trio.fail_after(LIMIT), pytest.raises(OperationError) as refused:
+            await broker.poll_operation(op_id)
+        assert refused.value.code == "POLL_PENDING" and poll_id in str(refused.value)
+        assert [c["invocation_id"] for c in broker.approvals()] == [poll_id]  # no second card
+        with trio.fail_after(LIMIT):
+            await broker.approve(poll_id, note="read it", operator=OPS)
+            answer = await broker.poll_operation(op_id)
+        assert answer["poll"]["invocation_id"] == poll_id
+        assert (answer["operation"]["state"], answer["operation"]["polls"]) == ("succeeded", 1)
+    assert _gets(srv) == 1

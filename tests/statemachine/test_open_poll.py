@@ -43,12 +43,34 @@ def test_a_second_open_poll_is_refused_while_one_is_open() -> None:
 
 
 def test_a_poll_closed_unsent_is_not_counted() -> None:
+    # Nothing was sent: its row awaiting an operator is no poll of the job, nor its close.
     p, seq = _opened()
-    assert p.record().operation["polls"] == 1  # type: ignore[index]
+    assert p.record().operation["polls"] == 0  # type: ignore[index]
     p.apply(_row(seq, "act_p1", code="DENIED", unsent=True))
     op = p.record().operation
-    assert op is not None and (op["polls"], op["open_poll"]) == (1, None)
+    assert op is not None and (op["polls"], op["open_poll"]) == (0, None)
     assert op["last_poll"]["code"] == "DENIED"
+
+
+def test_a_poll_approved_and_read_is_counted_once() -> None:
+    # Its rows while open (awaiting an operator, then being sent with its asker gone) are not
+    # polls of the job; the row reading its answer is -- once (before: three).
+    p, seq = _opened()
+    p.apply(_row(seq, "act_p1", open=True, code="IN_PROGRESS"))  # sent, its answer unread
+    p.apply(_row(seq + 1, "act_p1", code="HTTP_STATUS"))  # read: closed
+    op = p.record().operation
+    assert op is not None and (op["polls"], op["open_poll"]) == (1, None)
+
+
+def test_a_poll_awaiting_an_operator_before_open_rows_is_open() -> None:
+    # A journal written before rows named ``open``: the poll's last row, APPROVAL_PENDING and
+    # no ``open``, folds as the open poll -- taken up, like a query's (``rules_lease``).
+    p, seq = with_operation("pending")
+    p.apply(_row(seq, "act_p1", code="APPROVAL_PENDING"))
+    op = p.record().operation
+    assert op is not None and (op["polls"], op["open_poll"]) == (0, "act_p1")
+    with pytest.raises(ImpossibleEvent, match="act_p1 is still open"):
+        p.apply(_row(seq + 1, "act_p2", open=True))
 
 
 @pytest.mark.parametrize(
