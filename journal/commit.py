@@ -252,7 +252,8 @@ def _transaction(
             op = r.op
             if op is None:  # a plain append: its row joins the pending executemany
                 if r.many:
-                    r.result = _insert_each(insert, r, errors)
+                    each = _insert_joined if r.joined else _insert_each
+                    r.result = each(txn, r, errors)
                     continue
                 try:
                     r.result = insert(*r.args)  # type: ignore[misc]
@@ -333,24 +334,19 @@ def _refused_before(after: tuple[Req[Any], ...]) -> BaseException | None:
     return None
 
 
-def _insert_each(
-    insert: Callable[..., Any], r: Req[Any], errors: tuple[type[BaseException], ...]
-) -> list[Any]:
+def _insert_each(txn: Txn, r: Req[Any], errors: tuple[type[BaseException], ...]) -> list[Any]:
     """The rows of a ``many`` request, each validated, chained and written as its own plain
     append would be -- but one submission's rows are one task's consecutive facts about an
     invocation, each presupposing those before it: once a row is refused (before it queued
     anything), the later rows for the same invocation are refused too, not written (a late
     binder's PREFLIGHT_VALIDATED and CREDENTIAL_AUTHORIZED, after its refused ACTION_ACCEPTED,
     landed in the record of the taker that won that first event).  Rows for another
-    invocation are not stopped -- unless the request is ``joined``: then a refused row stops
-    every later row (a linked call's claim on the record it serves, refused while another
-    call of that record is open, stops the call's own first rows: ``engine/takeup.py``).  The
-    request answers with the first refusal."""
+    invocation are not stopped.  The request answers with the first refusal."""
+    insert = txn.insert
     out = []
     refused: set[str] | None = None
-    joined = r.joined
     for args in r.args or ():
-        if refused is not None and (joined or args[0].invocation_id in refused):
+        if refused is not None and args[0].invocation_id in refused:
             continue
         try:
             out.append(insert(*args))
@@ -362,6 +358,35 @@ def _insert_each(
             if refused is None:
                 refused = set()
             refused.add(args[0].invocation_id)
+    return out
+
+
+def _insert_joined(txn: Txn, r: Req[Any], errors: tuple[type[BaseException], ...]) -> list[Any]:
+    """The rows of a ``joined`` request: one fact about several invocations (a linked call's
+    claim on the record it serves, then the call's own first rows: ``engine/takeup.py``) --
+    all of them or none.  A row refused (``ImpossibleEvent``, a ``JournalError``), the rows
+    queued before it are dropped too: none of them reached the database (the rows pending
+    before the request were inserted first, so this request's are the only ones queued), the
+    chain head is the request's start again, and the writer's projections of its invocations
+    are forgotten -- folded again from the rows this transaction holds (``Txn.projector``),
+    never served with a dropped row applied.  The request answers with the refusal."""
+    txn.flush()
+    start = (txn.seq, txn.hash, txn.digest)
+    out = []
+    for args in r.args or ():
+        try:
+            out.append(txn.insert(*args))
+        except errors:
+            raise
+        except Exception as exc:
+            r.error = exc
+            txn.rows = []
+            txn.seq, txn.hash, txn.digest = start
+            w = txn.writer
+            for iid in {a[0].invocation_id for a in r.args or ()}:
+                w.projectors.pop(iid, None)
+                w.sessions.pop(iid, None)
+            return []
     return out
 
 

@@ -68,8 +68,8 @@ class Req(Generic[T]):
     ``after``: earlier writes of the same task about the same invocation, queued before it and
     not yet answered, that this one presupposes (``presupposed``): failed with the first's
     error, not run, if one of them was refused or failed to be stored.  ``joined`` (with
-    ``many``): the rows are one fact about several invocations -- a row refused stops every
-    later row of the request, whatever its invocation (``commit._insert_each``)."""
+    ``many``): the rows are one fact about several invocations -- all written, or none: a row
+    refused refuses the whole request (``commit._insert_joined``)."""
 
     __slots__ = (
         "after",

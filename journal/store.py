@@ -501,9 +501,9 @@ class Journal(JournalReader):
         the first refusal, else returns the stored events.  ``shield``: not cancellable while
         it waits for room in a full queue (``append``'s ``shield``); ``after``: as
         ``append``'s, refusing the whole write.  ``joined``: the rows are one fact about
-        several invocations -- once a row is refused, every later row is refused too, whatever
-        its invocation (a linked call's claim on the record it serves, then the call's first
-        rows: a claim refused, nothing of the call is written)."""
+        several invocations -- all written, or none: a row refused, the whole write is (a
+        linked call's claim on the record it serves, then the call's first rows: a claim
+        refused, nothing of the call is written; a call's row refused, nor is its claim)."""
         rows: list[tuple[Any, ...]] = []
         for event, payload in items:
             if event.kind in BARRIER_KINDS:

@@ -14,8 +14,9 @@ A refused write is not written and answers with its refusal; the other writes of
 transaction are unaffected (one refused submission never affects another's rows).  The rows of
 one submission (``Journal.post_many``) are one task's consecutive facts about an invocation,
 each presupposing those before it: once one is refused, its later rows for that invocation are
-refused too -- all its later rows, of any invocation, when it is ``joined`` (a linked call's
-claim on the record it serves, then the call's own first rows) (``commit._insert_each``).
+refused too (``commit._insert_each``); a ``joined`` one's rows, about several invocations (a
+linked call's claim on the record it serves, then the call's own first rows), are all written
+or none (``commit._insert_joined``).
 
 This module is the loop's side: the queue, the hand-off of each batch to one long-lived writer
 thread, and waking each write's submitter with its answer.  What a queued write is and what it

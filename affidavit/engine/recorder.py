@@ -201,9 +201,10 @@ class Recorder:
         """``write`` of several diagnostic events (each with its payload or None) as one queued
         write -- one request for the single writer instead of one per event (issue 15); the
         same rows, in the same order, in the same transaction as separate writes queued
-        without a checkpoint between them -- but ``joined``: one row refused refuses every later
-        one, whatever invocation it is about (a linked call's claim, then the call's preamble:
-        ``takeup.py``).  The caller holds a shield -- or passes ``shield``
+        without a checkpoint between them.  Rows about several invocations (a linked call's claim,
+        then the call's preamble: ``takeup.py``) are ``joined``: all written or none.  Rows
+        about one invocation are not: once one is refused the later ones are, but those before
+        it stand, as separate writes would.  The caller holds a shield -- or passes ``shield``
         when this is the section's one write: then nothing in it is cancellable (its one
         checkpoint, a wait for room in a full queue, is shielded there)."""
         if not items:
@@ -211,7 +212,9 @@ class Recorder:
         task = trio.lowlevel.current_task()
         self._writing[task] = items[-1][0].invocation_id
         mine = self._posted.get(task)
-        posted = await self.journal.post_many(items, shield=shield, after=mine or (), joined=True)
+        first = items[0][0].invocation_id
+        joined = any(event.invocation_id != first for event, _ in items)
+        posted = await self.journal.post_many(items, shield=shield, after=mine or (), joined=joined)
         mine = self._posted.get(task)
         if mine is None:
             self._posted[task] = [posted]

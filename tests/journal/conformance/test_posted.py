@@ -138,6 +138,43 @@ async def test_a_refused_row_of_a_joined_write_stops_its_later_rows_of_every_inv
         assert j.verify().ok
 
 
+@pytest.mark.parametrize(
+    "late",
+    [until_dispatch("inv-1")[0], Event(E.ACTION_ACCEPTED, "inv-\x00", {})],
+    ids=["impossible-event", "journal-error"],
+)
+async def test_a_joined_write_refused_at_a_later_row_keeps_none_of_its_rows(
+    place: Place, late: Event
+) -> None:
+    """``joined`` is all or nothing: a row refused after others of the write were validated
+    and queued -- by the projection (a second first event) or by the journal (an id holding
+    NUL) -- drops those too (a claim never outlives a call that was refused).  The rows queued
+    before it in the same transaction stand, the chain has no gap, and a later write of that
+    transaction is judged by the record without the dropped rows (the writer's projection of
+    the claim's invocation is folded again: a cached one still held the dropped row and refused
+    this first event as a second)."""
+    async with place.open() as j:
+        writes: list[int] = []
+        j.before_commit = lambda batch: writes.append(batch.writes)
+        taker = await j.append(until_dispatch("inv-1")[0], barrier=True)
+        claim = until_dispatch("inv-2")[0]
+        with trio.fail_after(LIMIT):
+            before = await j.post(until_dispatch("inv-3")[0])
+            joined = await j.post_many([(claim, None), (late, None)], joined=True)
+            after = await j.post(claim)
+            stored = await j.append(until_dispatch("inv-3")[1], barrier=True)
+            with pytest.raises((ImpossibleEvent, JournalError)):
+                await joined.wait()
+            [kept] = [await before.wait()]
+            again = await after.wait()
+        assert writes == [1, 4]  # the taker's row, then one transaction for the rest
+        assert [e.seq for e in j.events("inv-1")] == [taker.seq]
+        assert [(e.seq, e.kind) for e in j.events("inv-2")] == [(again.seq, E.ACTION_ACCEPTED)]
+        assert [e.seq for e in j.events("inv-3")] == [kept.seq, stored.seq]
+        assert (kept.seq, again.seq, stored.seq) == (taker.seq + 1, taker.seq + 2, taker.seq + 3)
+        assert j.verify().ok
+
+
 async def test_a_write_presupposing_a_refused_write_of_its_invocation_is_refused_too(
     place: Place,
 ) -> None:
