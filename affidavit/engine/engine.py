@@ -54,7 +54,7 @@ from .recorder import Recorder
 from .recovery import CallNotRecorded, internal_close, journal_refused, recover_stale
 from .settings import EngineSettings
 from .snapshot import ConfigSnapshot
-from .takeup import ClaimRefused
+from .takeup import ClaimInvalid, ClaimRefused, check_claim
 
 __all__ = ["Deliver", "Engine"]
 
@@ -120,7 +120,10 @@ class Engine:
         ``claim``: the row naming it on the record it serves (a reconciliation query's, a
         poll's), written in its first journal write, before its ACTION_ACCEPTED: refused (another
         call of that record is open, or the record moved), nothing of the call is written or
-        asked, and ``ClaimRefused`` is raised (``takeup.py``).
+        asked, and ``ClaimRefused`` is raised (``takeup.py``).  A claim that would not head a new
+        invocation of ``invocation_id`` -- naming another, or the call's idempotency key
+        resolving to a bound invocation -- is refused before anything is written
+        (``ClaimInvalid``, a ``ValueError`` with a stable ``code``).
 
         ``timeout`` must be ``None`` or seconds >= 0: NaN or a negative value is a caller bug,
         refused before anything is journaled (it used to fail mid-call, inside trio).
@@ -130,6 +133,8 @@ class Engine:
         invocation it names."""
         if timeout is not None and not timeout >= 0:
             raise ValueError("timeout must be None or a number of seconds >= 0")
+        if claim is not None:
+            check_claim(claim, invocation_id, link)
         return await self._answered(
             invocation.start(
                 self, action, timeout, deliver, link, control, requester, invocation_id, claim
@@ -184,7 +189,7 @@ class Engine:
             raise CallNotRecorded(iid) from exc
         except JournalError:
             raise  # the journal's own failure: answered from what it holds (``call_failure``)
-        except ClaimRefused:
+        except (ClaimRefused, ClaimInvalid):
             raise  # nothing of the call was written: its asker answers (``takeup.py``)
         except Exception:
             # Not the journal's (a bug): the record is closed now with that cause and what

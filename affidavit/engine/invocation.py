@@ -74,7 +74,7 @@ from .rebound import refusal
 from .recorder import Recorder
 from .recovery import recover_stale
 from .sink import StreamSink
-from .takeup import ClaimRefused
+from .takeup import ClaimInvalid, ClaimRefused
 
 if TYPE_CHECKING:
     from .engine import Deliver, Engine
@@ -111,8 +111,10 @@ async def start(
     peer; embedded, this process's), recorded with an approval request so that it cannot
     approve itself.  ``invocation_id``: the new invocation's id when its caller chose it (fresh
     from ``new_invocation_id``: ``Engine.call``); ``claim``: the row naming it on the record it
-    serves, at the head of its preamble (``takeup.py``) -- not written when the call is no new
-    invocation of that id (refused in validation, or answered by the invocation its key names).
+    serves, at the head of its preamble (``takeup.py``) -- not written when the call is refused
+    in validation (closed, nothing asked); refused (``ClaimInvalid``) when its idempotency key
+    names an invocation already bound (it would be resumed, taken over or fetched: asked, if at
+    all, with no claim naming it).
     """
     now, started = time.time(), trio.current_time()
     iid = invocation_id or new_invocation_id()
@@ -231,6 +233,14 @@ async def start(
                 recorder, iid, session, target, no.code, no.field, no.message, bound_to=no.bound_to
             )
         if bound.invocation_id != iid:
+            if claim is not None:
+                # Resumed, taken over or fetched, the call would be asked under the bound id
+                # with no claim naming it: refused, nothing written (``bind_idempotency``
+                # bound nothing of this call's).
+                raise ClaimInvalid(
+                    f"the claim ({claim.kind.value} of {claim.invocation_id}) heads a call whose "
+                    "idempotency_key names an invocation already bound: it would name no call"
+                )
             # Another call bound this key first: the invocation is its.  Nothing of this call
             # may be written into that record unless the journal says this call may act (a
             # lease, or winning the record's first event) -- a loser's stray events landed in

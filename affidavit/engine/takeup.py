@@ -50,7 +50,16 @@ if TYPE_CHECKING:
     from .control import CallControl
     from .engine import Engine
 
-__all__ = ["ClaimRefused", "Close", "claim_expiry", "claimed_until", "still_open", "take_up"]
+__all__ = [
+    "ClaimInvalid",
+    "ClaimRefused",
+    "Close",
+    "check_claim",
+    "claim_expiry",
+    "claimed_until",
+    "still_open",
+    "take_up",
+]
 
 E = EventKind
 Close = Callable[[str | None], Awaitable[None]]
@@ -66,6 +75,39 @@ class ClaimRefused(Exception):
     def __init__(self, refusal: ImpossibleEvent) -> None:
         self.refusal = refusal
         super().__init__(str(refusal))
+
+
+class ClaimInvalid(ValueError):
+    """A claim handed to ``Engine.call`` that would not head a new invocation it names -- it
+    names another call, or the call's idempotency key resolves to an invocation already bound
+    (to resume, to take over, to fetch), whose first rows are written, or will be, without
+    it: a call asked for approval with no claim naming it, a card no claim accounts for.  A
+    caller's bug, refused before anything is written; ``code`` is stable, the message names
+    ids and fields, never a request's content."""
+
+    code = "CLAIM_INVALID"
+    field = "claim"
+
+
+_NAMES = ("query_invocation", "poll_invocation")
+"""The attribute by which a claim names its call: a reconciliation query's, a poll's."""
+
+
+def check_claim(claim: Event, invocation_id: str | None, link: Mapping[str, Any] | None) -> None:
+    """Refuse (``ClaimInvalid``) a claim that is not an open row, on the record ``link``
+    names, naming the new invocation ``invocation_id`` (chosen by the caller: a claim cannot
+    name an id not yet drawn)."""
+    named = [claim.attrs.get(name) for name in _NAMES if name in claim.attrs]
+    served = (link or {}).get("reconciles", (link or {}).get("invocation"))
+    if invocation_id is None or named != [invocation_id]:
+        why = "does not name the invocation_id of the call"
+    elif claim.attrs.get("open") is not True:
+        why = "is not an open row"
+    elif claim.invocation_id == invocation_id or served != claim.invocation_id:
+        why = "is not on the record the call's link serves"
+    else:
+        return
+    raise ClaimInvalid(f"the claim ({claim.kind.value} of {claim.invocation_id}) {why}")
 
 
 def still_open(answer: Mapping[str, Any]) -> bool:
