@@ -35,13 +35,15 @@ Rival = Callable[[Broker, str], Awaitable[None]]
 @contextlib.asynccontextmanager
 async def _held(
     broker: Broker, monkeypatch: pytest.MonkeyPatch, reason: str, rival: Rival, iid: str
-) -> AsyncIterator[None]:
+) -> AsyncIterator[list[str]]:
     """Hold the first row of ``iid`` with ``reason`` just before the journal takes it -- alone,
     or heading a call's first write (a claim: ``engine/takeup.py``) -- run ``rival`` meanwhile
-    (its own task), then let the row go on."""
+    (its own task), then let the row go on.  Yields the ids of the calls whose first write
+    (ACTION_ACCEPTED) was submitted meanwhile, filled as they are."""
     recorder = broker._engine.recorder
     real, real_many = recorder.append, recorder.write_many
     reached, done = trio.Event(), trio.Event()
+    calls: list[str] = []
 
     async def hold(events: list[Event]) -> None:
         if not reached.is_set() and any(
@@ -55,6 +57,7 @@ async def _held(
         return await real(event, *args, **kwargs)
 
     async def write_many(items: Any, **kwargs: Any) -> Any:
+        calls.extend(event.invocation_id for event, _ in items if event.kind is E.ACTION_ACCEPTED)
         await hold([event for event, _ in items])
         return await real_many(items, **kwargs)
 
@@ -68,7 +71,7 @@ async def _held(
     with trio.fail_after(LIMIT):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(race)
-            yield
+            yield calls
     assert reached.is_set() and done.is_set()  # the race was run, not skipped
 
 
@@ -105,11 +108,14 @@ async def test_a_claim_raced_by_the_record_moving_answers_what_it_shows(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, rival: Rival, code: str
 ) -> None:
     async with _payments(tmp_path) as (srv, broker, iid):
-        async with _held(broker, monkeypatch, ASKING, rival, iid):
+        async with _held(broker, monkeypatch, ASKING, rival, iid) as calls:
             with pytest.raises(OperatorError) as refused:
                 await broker.reconcile(iid, query=True)
         assert refused.value.code == code, refused.value.message
         assert _pending_queries(broker, iid) == []  # nothing asked
+        # The late query's rows were refused with its claim: no record of it at all (with
+        # its ACTION_ACCEPTED written alone, an open record asking nothing was left).
+        assert len(calls) == 1 and broker.events(calls[0]) == []
     assert _gets(srv) == 0
 
 
@@ -122,11 +128,12 @@ async def test_closing_an_unsent_query_raced_by_the_record_moving_answers_what_i
             await broker.reconcile(iid, query=True)  # waits for an operator: open
             (query_id,) = _pending_queries(broker, iid)
             await broker.deny(query_id, note="not now", operator=OPS)
-        async with _held(broker, monkeypatch, UNSENT, rival, iid):
+        async with _held(broker, monkeypatch, UNSENT, rival, iid) as calls:
             with pytest.raises(OperatorError) as refused:
                 await broker.reconcile(iid, query=True)  # takes the denied one up: closes it
         assert refused.value.code == code, refused.value.message
         assert _pending_queries(broker, iid) == []  # nothing asked anew
+        assert all(broker.events(late) == [] for late in calls)  # nor any call begun
     assert _gets(srv) == 0
 
 
