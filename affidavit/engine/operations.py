@@ -199,14 +199,20 @@ def _claim(engine: Engine, record: Record, op_id: str, poll_id: str, target: Any
 
 async def _refused(engine: Engine, record: Record, op_id: str) -> None:
     """A poll's claim was refused, nothing of the poll written: POLL_PENDING when another
-    asker's poll is open (it was first, in any process); returns when the job ended since
-    ``record`` was read (nothing to ask)."""
+    asker's poll is open (it was first, in any process), or was and has closed since the
+    refusal (read a moment too late to name it: poll again, a new one is asked); returns when
+    the job ended since ``record`` was read (nothing to ask)."""
     op = (await engine.recorder.record(record.invocation_id)).operation or {}
     current = op.get("open_poll")
     if op.get("state") != "pending":
         return  # the job ended meanwhile (another poll read it): nothing to ask
     if current is None:
-        raise OperationError(f"{op_id} refused the poll's row; nothing was polled")
+        raise OperationError(
+            f"another poll of {op_id} was open when this one was named, and has closed since; "
+            "nothing more was asked or sent. Poll again",
+            code="POLL_PENDING",
+            status=409,
+        )
     raise _pending(op_id, current)("is being asked")
 
 

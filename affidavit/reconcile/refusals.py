@@ -9,7 +9,9 @@ a stable code (``OperatorError``), never the projection's bare ``ImpossibleEvent
 
 * ``STILL_RUNNING`` -- a retry runs; ``NOT_UNKNOWN`` -- it ended with a result, or another
   observer settled it; ``RETRIED_MEANWHILE`` -- it ended unknown again, under a newer attempt;
-* ``QUERY_PENDING`` -- another query of the invocation is open (one question at a time).
+* ``QUERY_PENDING`` -- another query of the invocation is open (one question at a time), or
+  its claim was refused while one was and that one has closed since the refusal (read a
+  moment too late to name it): nothing was asked, and querying again asks anew.
 
 Only a row the record as observed refuses (a bug, not a race) is left to raise.
 """
@@ -93,4 +95,13 @@ async def refusal(engine: Engine, refused: ImpossibleEvent) -> Exception:
     current = open_query(record.evidence.get("reconcile_queries") or (), record.generation)
     if why is None and current is not None and current != event.attrs.get("query_invocation"):
         why = pending(current, iid, "is being asked")
+    elif why is None and current is None and event.attrs.get("open") is True:
+        # The claim was refused while another query was open, closed by the time the record
+        # was read: a race like the others, retryable -- never the projection's bare refusal.
+        why = OperatorError(
+            "QUERY_PENDING",
+            f"another reconciliation query of {iid} was open when this one was named, and "
+            "has closed since; nothing was asked or sent. Query again",
+            409,
+        )
     return refused if why is None else why
