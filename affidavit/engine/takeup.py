@@ -15,7 +15,9 @@ whose next write stalled past the claim's deadline still asked after another had
 claim and asked -- two calls waiting for an operator.  The claim stays open until a row naming
 it without ``open`` reads its answer or gives it up.  ``take_up`` says what the open call is now:
 
-* still awaiting a decision, being sent, or approved and not sent here (another process, the
+* still being asked (accepted, its approval not requested yet: its asker may have stopped --
+  then until its lease runs out and recovery closes it), awaiting a decision, being sent, or
+  approved and not sent here (another process, the
   daemon's dispatcher, may hold it): ``pending(doing)`` is raised -- nothing asked or sent;
 * approved and not yet sent: sent now, through the gate that re-checks the grant
   (``dispatch_approved``), within the caller's ``timeout``, and its answer returned;
@@ -181,7 +183,11 @@ async def take_up(
             "hold it to send, or its request can be read back only by its asker)"
         )
     if not call.final:
-        raise pending("is being sent")
+        # Claim no more than the records prove: accepted and not yet asked, its asker may have
+        # stopped before asking -- "being sent" only once its DISPATCH_STARTED is on record.
+        raise pending(
+            "is being sent" if call.evidence.get("dispatch_started") else "is being asked"
+        )
     if not call.evidence.get("dispatch_started"):
         await close(call.code.value if call.code is not None else None)  # nothing was sent
         return None
