@@ -173,7 +173,8 @@ async def test_a_poll_awaiting_approval_at_the_upgrade_is_taken_up(
         poll_id = asked["invocation_id"]
         legacy = {"operation_id": op_id, "poll_invocation": poll_id, "code": "APPROVAL_PENDING"}
         row = Event(EventKind.OPERATION_POLL_FAILED, iid, {**legacy, "reason": "r"})
-        await broker.journal.append(row, barrier=True)
+        with trio.fail_after(LIMIT):
+            await broker.journal.append(row, barrier=True)
         with trio.fail_after(LIMIT), pytest.raises(OperationError) as refused:
             await broker.poll_operation(op_id)
         assert refused.value.code == "POLL_PENDING" and poll_id in str(refused.value)
