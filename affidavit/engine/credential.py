@@ -18,7 +18,7 @@ import trio
 from affidavit.protocols import Binding, Prepared
 from affidavit.secrets.credentials import Credential, CredentialError, resolve
 from affidavit.secrets.redaction import retain
-from affidavit.statemachine import Event, EventKind
+from affidavit.statemachine import Event, EventKind, ImpossibleEvent
 
 log = logging.getLogger("affidavit.engine")
 
@@ -99,8 +99,9 @@ async def _credential_failed(
     # business learning where the broker keeps its secrets.  The operator's ``exc.detail``
     # (the reference, the file it was read as, the vault's path) goes to the broker's log and
     # is sealed with the event (the auditor's ``journal audit-open --seq N``).  Neither holds
-    # the value (``CredentialError``).
-    log.warning("%s: %s: %s", iid, exc.code.value, exc.detail)
+    # the value (``CredentialError``).  Logged once the write is settled: refused, with the
+    # claim heading a linked call's preamble (``takeup.py``), no call is on record -- a line
+    # about it would claim one.
     attrs: dict[str, Any] = {
         "code": exc.code.value,
         "field": f"targets.{target.name}.credential",
@@ -109,5 +110,13 @@ async def _credential_failed(
     if generation is not None:
         attrs["generation"] = generation
     failed = Event(EventKind.CREDENTIAL_FAILED, iid, attrs)
-    await recorder.write(failed, barrier=True, payload={"detail": exc.detail})
+    refused = False
+    try:
+        await recorder.write(failed, barrier=True, payload={"detail": exc.detail})
+    except ImpossibleEvent:
+        refused = True
+        raise
+    finally:
+        if not refused:  # written, or the journal failed it: the operator's line either way
+            log.warning("%s: %s: %s", iid, exc.code.value, exc.detail)
     return recorder.envelope(await recorder.record(iid))

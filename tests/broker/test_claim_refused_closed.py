@@ -9,6 +9,7 @@ query or poll (an older broker closing it unsent, as ``_another_opened`` does)."
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,12 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.approvals import OperatorError
-from affidavit.engine import OperationError
+from affidavit.engine import OperationError, credential
 from affidavit.engine import operations as ops
 from affidavit.engine.takeup import ClaimRefused
 from affidavit.reconcile import approved
-from affidavit.statemachine import Event, EventKind, invocation_of, open_query
+from affidavit.secrets.credentials import CredentialError
+from affidavit.statemachine import Code, Event, EventKind, invocation_of, open_query
 
 from .http_rows import LIMIT
 from .test_poll_approval import _jobs
@@ -131,4 +133,40 @@ async def test_a_poll_claim_refused_by_a_poll_closed_since_answers_poll_pending(
             )
         assert isinstance(refused, OperationError), refused
         assert (refused.code, refused.status, refused.field) == ("POLL_PENDING", 409, None)
+    assert not any(r.method == "GET" for r in srv.requests)
+
+
+async def test_a_query_refused_with_its_claim_logs_no_credential_failure(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The late asker's credential fails (its first write then goes with CREDENTIAL_FAILED)
+    # while another's query is open: its claim is refused, and every row of its call with it.
+    # The operator's CREDENTIAL_FAILED line names the call and the credential's detail: logged
+    # for a call never written, it claimed one (before, the line came ahead of the write).
+    real = credential.prepare_request
+    detail = "env:NOT_SET_FOR_THIS_TEST is not set"
+
+    def prepare(*args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append(True)
+            raise CredentialError(Code.CREDENTIAL_MISSING, "no credential", detail=detail)
+        return real(*args, **kwargs)
+
+    failed: list[bool] = []
+
+    async def rival(broker: Broker, iid: str) -> None:
+        answer = await broker.reconcile(iid, query=True)
+        assert answer["query"]["error"]["code"] == "APPROVAL_PENDING"
+
+    async with _payments(tmp_path) as (srv, broker, iid):
+        monkeypatch.setattr(credential, "prepare_request", prepare)
+        caplog.set_level(logging.WARNING)
+        with trio.fail_after(LIMIT):
+            async with _held(broker, monkeypatch, approved.ASKING, rival, iid) as calls:
+                with pytest.raises(OperatorError) as refused:
+                    await broker.reconcile(iid, query=True)
+        assert refused.value.code == "QUERY_PENDING", refused.value.message
+        assert failed and len(calls) == 2 and broker.events(calls[0]) == []
+        logged = [r.getMessage() for r in caplog.records]
+        assert not [line for line in logged if calls[0] in line or detail in line], logged
     assert not any(r.method == "GET" for r in srv.requests)
