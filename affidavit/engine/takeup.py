@@ -5,8 +5,9 @@ A linked call the target's approval covers is named on the record it serves with
 claim: a row the projection refuses while another call of that record is open, in the writing
 transaction, so in any process).  The claim heads the call's first journal write, its
 preamble (``Engine.call``'s ``claim``; ACTION_ACCEPTED, PREFLIGHT_VALIDATED after it): one
-submission, ``joined`` (``Journal.post_many``) -- the claim refused, every row of the call is
-refused with it, and the journal write the call goes on to (its APPROVAL_REQUESTED, its
+submission, ``joined`` (``Journal.post_many``: all of it written, or none) -- the claim
+refused, every row of the call is refused with it (and a row of the call refused, the claim is
+not written either), and the journal write the call goes on to (its APPROVAL_REQUESTED, its
 CREDENTIAL_AUTHORIZED) presupposes them: nothing of the call is written or asked, and
 ``ClaimRefused`` is raised for its asker to answer QUERY_PENDING / POLL_PENDING (or what the
 record shows now).  So a claim exists exactly when its call does, and no stall of the asker's
