@@ -54,7 +54,7 @@ from .recorder import Recorder
 from .recovery import CallNotRecorded, internal_close, journal_refused, recover_stale
 from .settings import EngineSettings
 from .snapshot import ConfigSnapshot
-from .takeup import check_claim
+from .takeup import ClaimInvalid, ClaimRefused, check_claim
 
 __all__ = ["Deliver", "Engine"]
 
@@ -189,13 +189,16 @@ class Engine:
             raise CallNotRecorded(iid) from exc
         except JournalError:
             raise  # the journal's own failure: answered from what it holds (``call_failure``)
+        except (ClaimRefused, ClaimInvalid):
+            # Nothing of the call was written (its joined preamble is all or none): its asker
+            # answers (``takeup.py``) at once -- no close of a record that does not exist, no
+            # waiting on a journal for it, no line saying one was left to recovery.
+            raise
         except Exception:
             # Not the journal's (a bug): the record is closed now with that cause and what
             # its events prove -- not left IN_PROGRESS until its lease runs out, then closed as
             # if the broker had stopped -- and the failure goes on to the host, which names
-            # the invocation (``internal_failure``).  A linked call refused with its claim
-            # (``takeup.ClaimRefused``, ``ClaimInvalid``) passes here too: nothing of it was
-            # written, so ``internal_close`` finds no attempt of it to close.
+            # the invocation (``internal_failure``).
             iid = invocation_id or self.recorder.writing()
             if control is not None:
                 iid = control.invocation_id or iid
