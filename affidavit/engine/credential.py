@@ -93,15 +93,19 @@ async def _credential_failed(
     exc: CredentialError,
 ) -> dict[str, Any]:
     recorder = engine.recorder
-    await recorder.write_many(preamble)
     # The field to fix and what is wrong with it, for the caller: ``exc.message`` names
     # neither the reference (``file:/etc/...``, ``env:NAME``) nor a path -- an agent has no
     # business learning where the broker keeps its secrets.  The operator's ``exc.detail``
     # (the reference, the file it was read as, the vault's path) goes to the broker's log and
     # is sealed with the event (the auditor's ``journal audit-open --seq N``).  Neither holds
-    # the value (``CredentialError``).  Logged once the write is settled: refused, with the
-    # claim heading a linked call's preamble (``takeup.py``), no call is on record -- a line
-    # about it would claim one.
+    # the value (``CredentialError``).  Logged before the writes: the line survives a journal
+    # that fails them, a stale worker's row refused (its invocation is on record), a process
+    # killed while they are in flight.  Only a linked call's line waits for its first write
+    # (the claim heading its preamble, ``takeup.py``): its claim refused, nothing of the call
+    # is on record, and a line about it would claim one -- skipped then, and only then.
+    linked = bool(preamble) and preamble[0][0].invocation_id != iid
+    if not linked:
+        _log_failure(iid, exc)
     attrs: dict[str, Any] = {
         "code": exc.code.value,
         "field": f"targets.{target.name}.credential",
@@ -110,13 +114,18 @@ async def _credential_failed(
     if generation is not None:
         attrs["generation"] = generation
     failed = Event(EventKind.CREDENTIAL_FAILED, iid, attrs)
-    refused = False
+    claimed = False
     try:
+        await recorder.write_many(preamble)
         await recorder.write(failed, barrier=True, payload={"detail": exc.detail})
-    except ImpossibleEvent:
-        refused = True
+    except ImpossibleEvent as refused:
+        claimed = refused.event.invocation_id != iid  # the claim (and the call with it)
         raise
     finally:
-        if not refused:  # written, or the journal failed it: the operator's line either way
-            log.warning("%s: %s: %s", iid, exc.code.value, exc.detail)
+        if linked and not claimed:  # written, refused on its own record, or the journal failed
+            _log_failure(iid, exc)
     return recorder.envelope(await recorder.record(iid))
+
+
+def _log_failure(iid: str, exc: CredentialError) -> None:
+    log.warning("%s: %s: %s", iid, exc.code.value, exc.detail)
