@@ -11,7 +11,10 @@ a stable code (``OperatorError``), never the projection's bare ``ImpossibleEvent
   observer settled it; ``RETRIED_MEANWHILE`` -- it ended unknown again, under a newer attempt;
 * ``QUERY_PENDING`` -- another query of the invocation is open (one question at a time), or
   its claim was refused while one was and that one has closed since the refusal (read a
-  moment too late to name it): nothing was asked, and querying again asks anew.
+  moment too late to name it): nothing was asked, and querying again asks anew;
+* ``QUERY_SUPERSEDED`` -- the row its asker writes once its query returned was refused
+  because another query was opened meanwhile, closed since: the query was asked (its record
+  stays, linked), what it answered is not taken into the record.
 
 Only a row the record as observed refuses (a bug, not a race) is left to raise.
 """
@@ -75,11 +78,11 @@ async def append(engine: Engine, event: Event) -> None:
         raise await refusal(engine, refused) from None
 
 
-async def refusal(engine: Engine, refused: ImpossibleEvent) -> Exception:
-    """What a reconciliation's row ``refused`` by the projection answers -- its own row, or the
-    claim heading a query's first write (``engine/takeup.py``): the ``OperatorError`` the
-    record now warrants (the module's list), else ``refused`` itself -- not a race, the record
-    as observed refuses the row."""
+async def refusal(engine: Engine, refused: ImpossibleEvent, *, claim: bool = False) -> Exception:
+    """What a reconciliation's row ``refused`` by the projection answers -- its own row, or
+    (``claim``) the claim heading a query's first write (``engine/takeup.py``): the
+    ``OperatorError`` the record now warrants (the module's list), else ``refused`` itself --
+    not a race, the record as observed refuses the row."""
     event = refused.event
     iid = event.invocation_id
     record = await engine.recorder.record(iid)
@@ -93,15 +96,32 @@ async def refusal(engine: Engine, refused: ImpossibleEvent) -> Exception:
             f"{observed} was observed; observe it again",
         )
     current = open_query(record.evidence.get("reconcile_queries") or (), record.generation)
-    if why is None and current is not None and current != event.attrs.get("query_invocation"):
+    named = event.attrs.get("query_invocation")
+    if why is None and current is not None and current != named:
         why = pending(current, iid, "is being asked")
     elif why is None and current is None and event.attrs.get("open") is True:
-        # The claim was refused while another query was open, closed by the time the record
-        # was read: a race like the others, retryable -- never the projection's bare refusal.
-        why = OperatorError(
+        # Refused while another query was open, closed by the time the record was read: a
+        # race like the others, retryable -- never the projection's bare refusal.
+        why = _closed_since(iid, named, claim)
+    return refused if why is None else why
+
+
+def _closed_since(iid: str, named: object, claim: bool) -> OperatorError:
+    """An ``open`` row naming query ``named`` refused while another query was open, that one
+    closed since: a claim's query was never asked (all of its first write refused with the
+    claim); the row an asker writes after its query returned leaves that query on record,
+    asked -- what it answered is not taken into the record."""
+    if claim:
+        return OperatorError(
             "QUERY_PENDING",
             f"another reconciliation query of {iid} was open when this one was named, and "
             "has closed since; nothing was asked or sent. Query again",
             409,
         )
-    return refused if why is None else why
+    return OperatorError(
+        "QUERY_SUPERSEDED",
+        f"another reconciliation query of {iid} was opened after {named} was named, and has "
+        f"closed since; what {named} answered is not taken into the record (it stays as it "
+        "is). Query again",
+        409,
+    )

@@ -40,7 +40,8 @@ meanwhile: what was observed predates that attempt -- which may be in flight, or
 applied the effect -- and must neither close it nor speak for it.  The refusal is answered with
 what the record shows now: ``STILL_RUNNING`` (the retry runs), ``NOT_UNKNOWN`` (it ended with a
 result, or another observer settled it), ``RETRIED_MEANWHILE`` (it ended unknown again: observe
-again).
+again), ``QUERY_SUPERSEDED`` (the row leaving the query open was refused: another query was
+opened meanwhile, closed since -- ``refusals``).
 """
 
 from __future__ import annotations
@@ -261,7 +262,7 @@ async def query(
                 claim=claim,
             )
         except ClaimRefused as exc:  # another asker's query is open, or the record moved
-            raise await refusal(engine, exc.refusal) from None
+            raise await refusal(engine, exc.refusal, claim=True) from None
     query_id = answer["invocation_id"]
     if taken and not _judged_alike(engine, invocation_id, query_id, target):
         # Asked under other reconciliation settings than today's: its answer is not judged by

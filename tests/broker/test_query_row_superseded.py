@@ -1,0 +1,85 @@
+"""The row an asker writes once its query returned (``open``: the query awaits an operator) is
+refused while another query is open, and that one closes before the refusal reads the record.
+The first query was asked -- its record stays, linked, and the answer shows it under ``query``
+-- so the refusal says what the record shows: ``QUERY_SUPERSEDED`` (what it answered is not
+taken into the record), never "nothing was asked or sent" (that is a refused claim's answer,
+``test_claim_refused_closed``), nor the projection's bare ``ImpossibleEvent`` (a 500).
+
+The interleaving, forced: A's query Q comes back APPROVAL_PENDING; before A's row lands an
+operator denies Q and B takes Q up -- closes it unsent, asks Q2; A's row is refused (Q2 open);
+Q2 is closed (unsent, as an older broker would) by the time A reads the record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.api.broker import Broker
+from affidavit.reconcile import approved
+from affidavit.statemachine import Event, EventKind, ImpossibleEvent, open_query
+
+from .approvalkit import OPS
+from .http_rows import LIMIT
+from .test_reconcile_approval import _payments
+
+E = EventKind
+
+
+async def _close_unsent(broker: Broker, iid: str, query_id: str) -> None:
+    record = broker.record(iid)
+    assert record is not None
+    attrs = {"query_invocation": query_id, "code": None, "reason": approved.UNSENT}
+    row = Event(E.RECONCILE_INCONCLUSIVE, iid, {**attrs, "generation": record.generation})
+    await broker.journal.append(row, barrier=True)
+
+
+async def test_a_returned_query_whose_row_is_refused_by_a_query_closed_since_is_superseded(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with _payments(tmp_path) as (srv, broker, iid):
+        recorder = broker._engine.recorder
+        real_append, real_record = recorder.append, recorder.record
+        raced: list[str] = []  # Q, then Q2
+        refused = trio.Event()
+
+        async def b_asks() -> None:
+            answer = await broker.reconcile(iid, query=True)
+            assert answer["query"]["error"]["code"] == "APPROVAL_PENDING"
+            raced.append(answer["query"]["invocation_id"])
+
+        async def append(event: Event, *args: Any, **kwargs: Any) -> Any:
+            if not raced and event.invocation_id == iid and event.attrs.get("open") is True:
+                raced.append(event.attrs["query_invocation"])  # A's row for Q, about to land
+                await broker.deny(raced[0], note="not now", operator=OPS)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(b_asks)  # B: takes Q up (denied), closes it, asks Q2
+                try:
+                    return await real_append(event, *args, **kwargs)
+                except ImpossibleEvent:
+                    refused.set()
+                    raise
+            return await real_append(event, *args, **kwargs)
+
+        async def record(invocation_id: str, *args: Any, **kwargs: Any) -> Any:
+            if refused.is_set() and len(raced) == 2 and invocation_id == iid:
+                await _close_unsent(broker, iid, raced.pop())  # Q2 closes before A reads
+            return await real_record(invocation_id, *args, **kwargs)
+
+        monkeypatch.setattr(recorder, "append", append)
+        monkeypatch.setattr(recorder, "record", record)
+        with trio.fail_after(LIMIT):
+            answer = await broker.reconcile(iid, query=True)  # A
+        assert refused.is_set() and raced and raced[0] == answer["query"]["invocation_id"]
+        assert answer["query"]["error"]["code"] == "APPROVAL_PENDING"  # Q was asked
+        assert answer["reconciled"] is False
+        code, message = answer["refused"]["code"], answer["refused"]["message"]
+        assert code == "QUERY_SUPERSEDED", message
+        assert "nothing" not in message and raced[0] in message, message
+        assert broker.events(raced[0])  # Q's record stays
+        after = broker.record(iid)
+        assert after is not None
+        assert open_query(after.evidence["reconcile_queries"], after.generation) is None
+    assert not any(r.method == "GET" for r in srv.requests)  # nothing sent
