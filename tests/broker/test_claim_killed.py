@@ -11,6 +11,7 @@ close as an internal failure), its first write settled before."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -47,11 +48,12 @@ def _answer(flow: str, answer: dict[str, Any]) -> dict[str, Any]:
     return envelope
 
 
+@contextlib.asynccontextmanager
 async def _killed_at_request(
     broker: Broker, monkeypatch: pytest.MonkeyPatch, ask: Callable[[], Awaitable[Any]]
 ) -> AsyncIterator[str]:
     """Run ``ask`` until its APPROVAL_REQUESTED write, its first write committed; yield its
-    call's id; then end it there (``Killed``)."""
+    call's id; on leaving (the body done, or failed), end it there (``Killed``)."""
     recorder = broker._engine.recorder
     real = recorder.write
     reached, kill = trio.Event(), trio.Event()
@@ -71,12 +73,16 @@ async def _killed_at_request(
             await ask()
 
     monkeypatch.setattr(recorder, "write", write)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(asker)
-        await reached.wait()
-        yield ids[0]
-        kill.set()
-    monkeypatch.setattr(recorder, "write", real)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(asker)
+            await reached.wait()
+            try:
+                yield ids[0]
+            finally:
+                kill.set()  # the asker dies
+    finally:
+        monkeypatch.setattr(recorder, "write", real)
 
 
 @pytest.mark.parametrize("flow", ["query", "poll"])
@@ -88,12 +94,9 @@ async def test_an_asker_stopped_before_asking_holds_the_question_until_its_lease
     async with fixture as (srv, broker, key):
         ask = _asks(flow, broker, key)
         with trio.fail_after(LIMIT):
-            killed = _killed_at_request(broker, monkeypatch, ask)
-            stopped = await killed.__anext__()
-            kinds = [e.kind for e in broker.events(stopped)]
-            assert kinds == [E.ACTION_ACCEPTED, E.PREFLIGHT_VALIDATED]  # committed, not asked
-            with pytest.raises(StopAsyncIteration):
-                await killed.__anext__()  # the asker dies
+            async with _killed_at_request(broker, monkeypatch, ask) as stopped:
+                kinds = [e.kind for e in broker.events(stopped)]
+                assert kinds == [E.ACTION_ACCEPTED, E.PREFLIGHT_VALIDATED]  # not asked yet
             for _ in range(2):  # while its lease runs: being asked, nothing more
                 with pytest.raises((OperatorError, OperationError)) as refused:
                     await ask()
