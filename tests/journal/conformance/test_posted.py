@@ -87,10 +87,10 @@ async def test_a_refused_row_stops_the_later_rows_of_its_write_for_that_invocati
     async with place.open() as j:
         writes: list[int] = []
         j.before_commit = lambda batch: writes.append(batch.writes)
-        taker = await j.append(until_dispatch("inv-1")[0], barrier=True)
-        binder = until_dispatch("inv-1")[:3]
-        other = until_dispatch("inv-2")[:3]
         with trio.fail_after(LIMIT):
+            taker = await j.append(until_dispatch("inv-1")[0], barrier=True)
+            binder = until_dispatch("inv-1")[:3]
+            other = until_dispatch("inv-2")[:3]
             late = await j.post_many(
                 [(ev, None) for ev in binder] + [(until_dispatch("inv-3")[0], None)]
             )
@@ -118,10 +118,10 @@ async def test_a_refused_row_of_a_joined_write_stops_its_later_rows_of_every_inv
     call's rows are refused with it (nothing of the call is written), and a later write of the
     call presupposing them is refused too; an unjoined write of the same rows keeps them."""
     async with place.open() as j:
-        taker = await j.append(until_dispatch("inv-1")[0], barrier=True)
-        call = until_dispatch("inv-2")[:2]
-        head = (until_dispatch("inv-1")[0], None)  # refused: inv-1 has its first event
         with trio.fail_after(LIMIT):
+            taker = await j.append(until_dispatch("inv-1")[0], barrier=True)
+            call = until_dispatch("inv-2")[:2]
+            head = (until_dispatch("inv-1")[0], None)  # refused: inv-1 has its first event
             joined = await j.post_many([head, *((ev, None) for ev in call)], joined=True)
             with pytest.raises(ImpossibleEvent) as later:
                 await j.append(until_dispatch("inv-2")[2], barrier=True, after=[joined])
@@ -156,9 +156,9 @@ async def test_a_joined_write_refused_at_a_later_row_keeps_none_of_its_rows(
     async with place.open() as j:
         writes: list[int] = []
         j.before_commit = lambda batch: writes.append(batch.writes)
-        taker = await j.append(until_dispatch("inv-1")[0], barrier=True)
-        claim = until_dispatch("inv-2")[0]
         with trio.fail_after(LIMIT):
+            taker = await j.append(until_dispatch("inv-1")[0], barrier=True)
+            claim = until_dispatch("inv-2")[0]
             before = await j.post(until_dispatch("inv-3")[0])
             joined = await j.post_many([(claim, None), (late, None)], joined=True)
             after = await j.post(claim)
@@ -187,8 +187,8 @@ async def test_a_write_presupposing_a_refused_write_of_its_invocation_is_refused
         writes: list[int] = []
         j.before_commit = lambda batch: writes.append(batch.writes)
         accepted, validated, authorized, _ = until_dispatch("inv-1")
-        taker = await j.append(accepted, barrier=True)
         with trio.fail_after(LIMIT):
+            taker = await j.append(accepted, barrier=True)
             late = await j.post_many([(accepted, None)])
             with pytest.raises(ImpossibleEvent) as same_txn:
                 await j.append(validated, barrier=True, after=[late])
