@@ -96,17 +96,36 @@ _NAMES = ("query_invocation", "poll_invocation")
 """The attribute by which a claim names its call: a reconciliation query's, a poll's."""
 
 
+def _served(claim: Event, link: Mapping[str, Any]) -> tuple[str, object] | None:
+    """The attribute a claim for a call under ``link`` names it by, and the record it is on;
+    None when the claim does not match the link: a query's (``reconciles``) is a
+    RECONCILE_INCONCLUSIVE naming ``query_invocation``; a poll's (``operation``,
+    ``invocation``) an OPERATION_POLL_FAILED naming ``poll_invocation`` of that operation."""
+    if "reconciles" in link and claim.kind is E.RECONCILE_INCONCLUSIVE:
+        return "query_invocation", link["reconciles"]
+    if (
+        "operation" in link
+        and claim.kind is E.OPERATION_POLL_FAILED
+        and claim.attrs.get("operation_id") == link["operation"]
+    ):
+        return "poll_invocation", link.get("invocation")
+    return None
+
+
 def check_claim(claim: Event, invocation_id: str | None, link: Mapping[str, Any] | None) -> None:
-    """Refuse (``ClaimInvalid``) a claim that is not an open row, on the record ``link``
-    names, naming the new invocation ``invocation_id`` (chosen by the caller: a claim cannot
-    name an id not yet drawn)."""
+    """Refuse (``ClaimInvalid``) a claim that is not an open row, of the kind ``link`` calls
+    for (a query's, a poll's of that operation), on the record it names, naming by that
+    kind's attribute the new invocation ``invocation_id`` (chosen by the caller: a claim
+    cannot name an id not yet drawn)."""
     named = [claim.attrs.get(name) for name in _NAMES if name in claim.attrs]
-    served = (link or {}).get("reconciles", (link or {}).get("invocation"))
-    if invocation_id is None or named != [invocation_id]:
+    served = _served(claim, link or {})
+    if served is None:
+        why = "is not the row the call's link calls for"
+    elif invocation_id is None or named != [invocation_id] or served[0] not in claim.attrs:
         why = "does not name the invocation_id of the call"
     elif claim.attrs.get("open") is not True:
         why = "is not an open row"
-    elif claim.invocation_id == invocation_id or served != claim.invocation_id:
+    elif claim.invocation_id == invocation_id or served[1] != claim.invocation_id:
         why = "is not on the record the call's link serves"
     else:
         return
