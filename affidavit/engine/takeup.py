@@ -60,7 +60,9 @@ __all__ = [
     "check_claim",
     "claim_expiry",
     "claimed_until",
+    "closed_by",
     "still_open",
+    "superseded",
     "take_up",
 ]
 
@@ -163,6 +165,44 @@ def claimed_until(engine: Engine, target: Any, claim: Event | None) -> float | N
         return None
     ttl = engine.lease_ttl(target, None) if target is not None else 0.0
     return claim.at + ttl + engine.settings.lease_margin
+
+
+def closed_by(engine: Engine, iid: str, name: str, call_id: object) -> Event | None:
+    """The row that closed the linked call ``call_id`` on ``iid``'s record: the last naming it
+    (by ``name``: ``query_invocation``, ``poll_invocation``) that leaves it not open -- no
+    ``open``, nor (a row from before ``open``) APPROVAL_PENDING; None when there is none."""
+    found = None
+    for event in engine.journal.events(iid):
+        attrs = event.attrs
+        opened = attrs.get("open", attrs.get("code") == Code.APPROVAL_PENDING.value)
+        if attrs.get(name) == call_id and not opened:
+            found = event
+    return found
+
+
+def superseded(
+    what: str, refused: Event, call_id: object, closer: Event | None, now: object
+) -> str:
+    """Why the row ``refused`` leaving the linked call ``call_id`` open (its answer returned to
+    its asker) was not recorded: ``closer`` (``closed_by``) closed the call meanwhile, and
+    another ``what`` (query, poll) was opened -- ``now``, when it is still open.  It claims no
+    more than the record shows: the call stays on record as asked, and what ``closer`` says
+    of it stands; only this answer was not recorded."""
+    if closer is None:
+        closed = f"the {what} {call_id} is no longer open"
+    else:
+        said = " ".join(str(closer.attrs[k]) for k in ("code", "reason") if closer.attrs.get(k))
+        closed = f"the {what} {call_id} was closed since by seq {closer.seq}: " + (
+            f"{closer.kind.value} {said}".strip()
+        )
+    other = (
+        f"another {what} {now} is open"
+        if isinstance(now, str)
+        else (f"another {what} was opened meanwhile and has closed since")
+    )
+    code = refused.attrs.get("code")
+    answer = f"this answer of it ({code})" if isinstance(code, str) else "this answer of it"
+    return f"{closed}; {other}. Only {answer} was not recorded. {what.capitalize()} again"
 
 
 async def take_up(

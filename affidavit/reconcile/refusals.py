@@ -12,9 +12,11 @@ a stable code (``OperatorError``), never the projection's bare ``ImpossibleEvent
 * ``QUERY_PENDING`` -- another query of the invocation is open (one question at a time), or
   its claim was refused while one was and that one has closed since the refusal (read a
   moment too late to name it): nothing was asked, and querying again asks anew;
-* ``QUERY_SUPERSEDED`` -- the row its asker writes once its query returned was refused
-  because another query was opened meanwhile, closed since: the query was asked (its record
-  stays, linked), what it answered is not taken into the record.
+* ``QUERY_SUPERSEDED`` -- the row its asker writes once its query returned (``open``: it
+  awaits an operator) was refused because another asker closed that query meanwhile and
+  opened another -- open still (named), or closed since: the query was asked (its record
+  stays, linked); the message names the row that closed it (``takeup.closed_by``: what it
+  says of the query stands) and says only that this answer was not recorded.
 
 Only a row the record as observed refuses (a bug, not a race) is left to raise.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from affidavit.approvals import OperatorError
+from affidavit.engine.takeup import closed_by, superseded
 from affidavit.statemachine import (
     TRANSITIONS,
     Event,
@@ -97,31 +100,22 @@ async def refusal(engine: Engine, refused: ImpossibleEvent, *, claim: bool = Fal
         )
     current = open_query(record.evidence.get("reconcile_queries") or (), record.generation)
     named = event.attrs.get("query_invocation")
-    if why is None and current is not None and current != named:
+    opened = event.attrs.get("open") is True
+    if why is None and opened and not claim and current != named:
+        # The row its asker writes once its query returned: the query was asked (its record
+        # stays, linked), closed meanwhile by another asker who opened another.
+        closer = closed_by(engine, iid, "query_invocation", named)
+        text = superseded("query", event, named, closer, current)
+        why = OperatorError("QUERY_SUPERSEDED", text, 409)
+    elif why is None and current is not None and current != named:
         why = pending(current, iid, "is being asked")
-    elif why is None and current is None and event.attrs.get("open") is True:
-        # Refused while another query was open, closed by the time the record was read: a
-        # race like the others, retryable -- never the projection's bare refusal.
-        why = _closed_since(iid, named, claim)
-    return refused if why is None else why
-
-
-def _closed_since(iid: str, named: object, claim: bool) -> OperatorError:
-    """An ``open`` row naming query ``named`` refused while another query was open, that one
-    closed since: a claim's query was never asked (all of its first write refused with the
-    claim); the row an asker writes after its query returned leaves that query on record,
-    asked -- what it answered is not taken into the record."""
-    if claim:
-        return OperatorError(
+    elif why is None and current is None and opened and claim:
+        # A claim refused while another query was open, closed by the time the record was
+        # read: a race like the others, retryable -- never the projection's bare refusal.
+        why = OperatorError(
             "QUERY_PENDING",
             f"another reconciliation query of {iid} was open when this one was named, and "
             "has closed since; nothing was asked or sent. Query again",
             409,
         )
-    return OperatorError(
-        "QUERY_SUPERSEDED",
-        f"another reconciliation query of {iid} was opened after {named} was named, and has "
-        f"closed since; what {named} answered is not taken into the record (it stays as it "
-        "is). Query again",
-        409,
-    )
+    return refused if why is None else why

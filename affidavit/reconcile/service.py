@@ -40,8 +40,8 @@ meanwhile: what was observed predates that attempt -- which may be in flight, or
 applied the effect -- and must neither close it nor speak for it.  The refusal is answered with
 what the record shows now: ``STILL_RUNNING`` (the retry runs), ``NOT_UNKNOWN`` (it ended with a
 result, or another observer settled it), ``RETRIED_MEANWHILE`` (it ended unknown again: observe
-again), ``QUERY_SUPERSEDED`` (the row leaving the query open was refused: another query was
-opened meanwhile, closed since -- ``refusals``).
+again), ``QUERY_SUPERSEDED`` (the row leaving the query open was refused: another asker closed
+the query meanwhile and opened another -- ``refusals``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,16 @@
 """The row an asker writes once its query returned (``open``: the query awaits an operator) is
 refused while another query is open, and that one closes before the refusal reads the record.
 The first query was asked -- its record stays, linked, and the answer shows it under ``query``
--- so the refusal says what the record shows: ``QUERY_SUPERSEDED`` (what it answered is not
-taken into the record), never "nothing was asked or sent" (that is a refused claim's answer,
-``test_claim_refused_closed``), nor the projection's bare ``ImpossibleEvent`` (a 500).
+-- so the refusal says what the record shows: ``QUERY_SUPERSEDED``, naming the row that closed
+the query (what it says of the query stands: another asker may have sent it and recorded its
+real answer) and saying only that this answer was not recorded -- never "nothing was asked or
+sent" (that is a refused claim's answer, ``test_claim_refused_closed``), nor the projection's
+bare ``ImpossibleEvent`` (a 500).
 
 The interleaving, forced: A's query Q comes back APPROVAL_PENDING; before A's row lands an
-operator denies Q and B takes Q up -- closes it unsent, asks Q2; A's row is refused (Q2 open);
-Q2 is closed (unsent, as an older broker would) by the time A reads the record."""
+operator denies Q and B takes Q up -- closes it unsent, asks Q2; A's row is refused (Q2 open).
+Either Q2 is still open when A reads the record (named), or it was closed (unsent, as an older
+broker would) by then."""
 
 from __future__ import annotations
 
@@ -36,8 +39,9 @@ async def _close_unsent(broker: Broker, iid: str, query_id: str) -> None:
     await broker.journal.append(row, barrier=True)
 
 
-async def test_a_returned_query_whose_row_is_refused_by_a_query_closed_since_is_superseded(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("q2_closed", [False, True], ids=["q2-open", "q2-closed-since"])
+async def test_a_returned_query_whose_row_is_refused_by_another_query_is_superseded(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, q2_closed: bool
 ) -> None:
     async with _payments(tmp_path) as (srv, broker, iid):
         recorder = broker._engine.recorder
@@ -64,7 +68,7 @@ async def test_a_returned_query_whose_row_is_refused_by_a_query_closed_since_is_
             return await real_append(event, *args, **kwargs)
 
         async def record(invocation_id: str, *args: Any, **kwargs: Any) -> Any:
-            if refused.is_set() and len(raced) == 2 and invocation_id == iid:
+            if q2_closed and refused.is_set() and len(raced) == 2 and invocation_id == iid:
                 await _close_unsent(broker, iid, raced.pop())  # Q2 closes before A reads
             return await real_record(invocation_id, *args, **kwargs)
 
@@ -78,8 +82,24 @@ async def test_a_returned_query_whose_row_is_refused_by_a_query_closed_since_is_
         code, message = answer["refused"]["code"], answer["refused"]["message"]
         assert code == "QUERY_SUPERSEDED", message
         assert "nothing" not in message and raced[0] in message, message
+        # The row that closed Q is named, with what it says; only A's answer is disowned.
+        closer = [
+            e
+            for e in broker.events(iid)
+            if e.attrs.get("query_invocation") == raced[0] and "open" not in e.attrs
+        ]
+        assert len(closer) == 1, closer
+        assert f"closed since by seq {closer[0].seq}: " in message, message
+        assert approved.UNSENT in message, message
+        assert "this answer of it (APPROVAL_PENDING) was not recorded" in message, message
+        assert "not taken into the record" not in message, message
         assert broker.events(raced[0])  # Q's record stays
         after = broker.record(iid)
         assert after is not None
-        assert open_query(after.evidence["reconcile_queries"], after.generation) is None
+        now = open_query(after.evidence["reconcile_queries"], after.generation)
+        if q2_closed:
+            assert now is None and "has closed since" in message, message
+        else:
+            assert now is not None and now != raced[0], now
+            assert f"another query {now} is open" in message, message
     assert not any(r.method == "GET" for r in srv.requests)  # nothing sent

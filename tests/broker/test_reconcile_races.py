@@ -4,7 +4,7 @@ retry, another asker: each answers a stable code, never a bare ImpossibleEvent (
 Before, ``claim`` and the closing row re-raised the projection's refusal when no other query was
 open, and the daemon answered it 500 INTERNAL.  Seed, "Never claim more than the records prove":
 what the record shows now is the answer -- NOT_UNKNOWN, RETRIED_MEANWHILE, STILL_RUNNING,
-QUERY_PENDING.
+QUERY_PENDING, or QUERY_SUPERSEDED for the row left open by a query that was asked.
 
 Each race is held deterministically: the write is stopped just before the journal takes it
 (``trio.Event``), the rival's write lands, and the held one goes on."""
@@ -151,13 +151,18 @@ async def _another_opened(broker: Broker, iid: str) -> None:
         await broker.journal.append(Event(E.RECONCILE_INCONCLUSIVE, iid, attrs), barrier=True)
 
 
-async def test_a_query_left_open_while_another_is_open_answers_query_pending(
+async def test_a_query_left_open_while_another_is_open_answers_query_superseded(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The query was asked (it awaits an operator): never "nothing was asked" (QUERY_PENDING)
+    # beside it -- superseded, naming the row that closed it and the query open now.
     async with _payments(tmp_path) as (srv, broker, iid):
         async with _held(broker, monkeypatch, WAITING, _another_opened, iid):
             answer = await broker.reconcile(iid, query=True)
         assert answer["reconciled"] is False
-        assert answer["refused"]["code"] == "QUERY_PENDING", answer["refused"]
-        assert "q-of-another-broker" in answer["refused"]["message"]
+        assert answer["query"]["error"]["code"] == "APPROVAL_PENDING"
+        message = answer["refused"]["message"]
+        assert answer["refused"]["code"] == "QUERY_SUPERSEDED", answer["refused"]
+        assert "another query q-of-another-broker is open" in message, message
+        assert "nothing" not in message and UNSENT in message, message
     assert _gets(srv) == 0
