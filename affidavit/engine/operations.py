@@ -35,7 +35,16 @@ from .contracts import contracts_of
 from .ids import new_invocation_id
 from .readable import unreadable
 from .recovery import act_failure
-from .takeup import ClaimRefused, Close, claim_expiry, claimed_until, still_open, take_up
+from .takeup import (
+    ClaimRefused,
+    Close,
+    claim_expiry,
+    claimed_until,
+    closed_by,
+    still_open,
+    superseded,
+    take_up,
+)
 
 if TYPE_CHECKING:
     from .control import CallControl
@@ -103,7 +112,9 @@ async def poll(
     requester: int | None = None,
 ) -> dict[str, Any]:
     """Query the job's status resource once (unless the operation is already succeeded or
-    failed); return ``{"operation": ..., "poll": the poll's envelope or None}``.  The poll is
+    failed); return ``{"operation": ..., "poll": the poll's envelope or None}``, and
+    ``"refused"`` (``{code, message}``, ``_poll_refused``) when the row leaving the poll open
+    was refused: another asker closed it meanwhile and opened another.  The poll is
     a call like any other: a target whose approval policy covers it waits for an operator
     first (``requester`` asked: it may not approve its own poll)."""
     record = find(engine, op_id)
@@ -154,8 +165,11 @@ async def poll(
             # Ended since it was read: answered as a read a moment later would have been.
             return {"operation": operation_json(find(engine, op_id)), "poll": None}
     still = asked and still_open(envelope)  # the next poll takes it up
-    await _record_poll(engine, record.invocation_id, op_id, envelope, target, contracts, still)
-    return {"operation": operation_json(find(engine, op_id)), "poll": envelope}
+    refused = await _record_poll(
+        engine, record.invocation_id, op_id, envelope, target, contracts, still
+    )
+    answer = {"operation": operation_json(find(engine, op_id)), "poll": envelope}
+    return answer if refused is None else {**answer, "refused": refused}
 
 
 ASKING = (
@@ -270,10 +284,11 @@ async def _record_poll(
     target: Any,
     contracts: Any,
     still: bool = False,
-) -> None:
+) -> dict[str, str] | None:
     """Fold the poll's answer into the operation -- only a complete, readable one moves it.
     ``still``: the poll stays open (it awaits an operator, or is being sent): the next poll
-    takes it up."""
+    takes it up.  Refused, what the record shows now (``_poll_refused``): ``{code, message}``
+    for the answer's ``refused``, or None."""
     poll_iid = envelope["invocation_id"]
     attrs: dict[str, Any] = {"operation_id": op_id, "poll_invocation": poll_iid}
     if still:
@@ -304,7 +319,31 @@ async def _record_poll(
                 {**attrs, "state": state, "remote_status": remote},
                 source=EvidenceSource.REMOTE_QUERY,
             )
-    # ImpossibleEvent: another poll finished first and the job is no longer pending (the table
-    # refuses a move out of a terminal state); the journal holds the answer that counted.
-    with contextlib.suppress(ImpossibleEvent):
+    try:
         await engine.recorder.append(event, barrier=True)
+    except ImpossibleEvent as refused:
+        return await _poll_refused(engine, iid, op_id, refused)
+    return None
+
+
+async def _poll_refused(
+    engine: Engine, iid: str, op_id: str, refused: ImpossibleEvent
+) -> dict[str, str] | None:
+    """What the refused row of a poll that ran answers: None when the job is no longer
+    pending -- another poll finished first (the table refuses a move out of a terminal state;
+    the journal holds the answer that counted, the operation shows it); ``POLL_SUPERSEDED``
+    when the row leaving the poll open (it awaits an operator) was refused because another
+    asker closed the poll meanwhile and opened another: the poll was asked (its record stays,
+    linked) -- the message names the row that closed it and says only that this answer was not
+    recorded (``takeup.superseded``).  Any other refusal is raised: not a race, a bug."""
+    event = refused.event
+    op = (await engine.recorder.record(iid)).operation or {}
+    if op.get("state") != "pending":
+        return None
+    poll_id = event.attrs.get("poll_invocation")
+    current = op.get("open_poll")
+    if event.attrs.get("open") is not True or current == poll_id:
+        raise refused
+    closer = closed_by(engine, iid, "poll_invocation", poll_id)
+    text = superseded("poll", event, poll_id, closer, current)
+    return {"code": "POLL_SUPERSEDED", "message": text}
