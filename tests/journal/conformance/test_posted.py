@@ -72,7 +72,7 @@ async def test_several_events_posted_as_one_write_are_each_validated_and_chained
         assert [e.kind for e in j.events("inv-1")] == [e.kind for e in until_dispatch("inv-1")]
         assert j.payload(1) == {"action": {"path": "/x"}}
         assert j.verify().ok
-        with pytest.raises(ValueError, match="barrier"):
+        with trio.fail_after(LIMIT), pytest.raises(ValueError, match="barrier"):
             await j.post_many([(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}), None)])
 
 
@@ -302,18 +302,20 @@ async def test_a_shielded_post_is_not_cancelled_while_it_waits_for_room(
 
 async def test_an_append_to_a_closed_journal_is_refused(place: Place) -> None:
     async with place.open() as j:
-        await j.append(until_dispatch("inv-1")[0], barrier=True)
-    with pytest.raises(JournalError, match="is closed"):
+        with trio.fail_after(LIMIT):
+            await j.append(until_dispatch("inv-1")[0], barrier=True)
+    with trio.fail_after(LIMIT), pytest.raises(JournalError, match="is closed"):
         await j.append(until_dispatch("inv-1")[1], barrier=True)
 
 
 async def test_a_durability_barrier_cannot_be_posted(place: Place) -> None:
     async with place.open() as j:
-        for ev in until_dispatch("inv-1")[:3]:
-            await j.append(ev)
-        for kind in (E.DISPATCH_STARTED, E.RESULT_COMMITTED):
-            with pytest.raises(ValueError, match="barrier"):
-                await j.post(Event(kind, "inv-1", {"attempt": 1}))
+        with trio.fail_after(LIMIT):
+            for ev in until_dispatch("inv-1")[:3]:
+                await j.append(ev)
+            for kind in (E.DISPATCH_STARTED, E.RESULT_COMMITTED):
+                with pytest.raises(ValueError, match="barrier"):
+                    await j.post(Event(kind, "inv-1", {"attempt": 1}))
         assert len(j.events("inv-1")) == 3
 
 
@@ -331,8 +333,9 @@ async def test_a_refused_posted_event_raises_at_wait_and_writes_nothing(place: P
 async def test_a_result_tail_and_its_commit_share_one_transaction(place: Place) -> None:
     body = b'{"id":"pay_1"}'
     async with place.open() as j:
-        for ev in happy("inv-1"):
-            await j.append(ev)
+        with trio.fail_after(LIMIT):
+            for ev in happy("inv-1"):
+                await j.append(ev)
         commits = _count_commits(j)
         with trio.fail_after(LIMIT):
             await j.post_result_chunk("inv-1", "body", 0, body)
@@ -354,9 +357,10 @@ async def test_a_lost_tail_fails_the_commit_instead_of_completing_an_older_attem
     nothing is kept (the engine then records RESULT_STORE_FAILED)."""
     new = b"this attempt's body"
     async with place.open() as j:
-        for ev in happy("inv-1"):
-            await j.append(ev)
-        await j.put_result_chunk("inv-1", "body", 0, b"an earlier attempt's partial body")
+        with trio.fail_after(LIMIT):
+            for ev in happy("inv-1"):
+                await j.append(ev)
+            await j.put_result_chunk("inv-1", "body", 0, b"an earlier attempt's partial body")
 
         def disk_error(_: Batch) -> None:
             raise storage_fault(place)
