@@ -191,15 +191,12 @@ def superseded(
     if closer is None:
         closed = f"the {what} {call_id} is no longer open"
     else:
-        said = " ".join(str(closer.attrs[k]) for k in ("code", "reason") if closer.attrs.get(k))
-        closed = f"the {what} {call_id} was closed since by seq {closer.seq}: " + (
-            f"{closer.kind.value} {said}".strip()
-        )
-    other = (
-        f"another {what} {now} is open"
-        if isinstance(now, str)
-        else (f"another {what} was opened meanwhile and has closed since")
-    )
+        said = ": ".join(str(closer.attrs[k]) for k in ("code", "reason") if closer.attrs.get(k))
+        closed = f"the {what} {call_id} was closed since by seq {closer.seq}: {closer.kind.value}"
+        closed += f" ({said})" if said else ""
+    other = f"another {what} was opened meanwhile and has closed since"
+    if isinstance(now, str):
+        other = f"another {what} {now} is open"
     code = refused.attrs.get("code")
     answer = f"this answer of it ({code})" if isinstance(code, str) else "this answer of it"
     return f"{closed}; {other}. Only {answer} was not recorded. {what.capitalize()} again"
