@@ -594,8 +594,11 @@ def read_answer(recv: Any) -> Response:
         data += chunk
     lines = bytes(data[:end]).decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
-    status = rest[:3]
-    if version != "HTTP/1.1" or not (status.isdigit() and rest[3:4] in ("", " ")):
+    try:  # ASCII digits only: ``str.isdigit`` lets "²" through to ``int``, which refuses it
+        status = parse_count(rest[:3])
+    except ValueError:
+        status = -1
+    if version != "HTTP/1.1" or len(rest[:3]) != 3 or status < 0 or rest[3:4] not in ("", " "):
         raise AnswerLost("the daemon's answer is not HTTP/1.1")
     headers: dict[str, str] = {}
     for line in lines[1:]:
@@ -603,18 +606,21 @@ def read_answer(recv: Any) -> Response:
         if not colon or not name or name != name.strip():
             raise AnswerLost("the daemon's answer has a malformed header")
         headers[name.lower()] = value.strip()
-    length = headers.get("content-length", "")
-    if "transfer-encoding" in headers or not length.isdigit():
+    try:
+        length = parse_count(headers.get("content-length", ""))
+    except ValueError:
+        length = -1
+    if "transfer-encoding" in headers or length < 0:
         raise AnswerLost("the daemon's answer has no length this client reads")
     body = data[end + 4 :]
-    while len(body) < int(length):
+    while len(body) < length:
         chunk = recv(READ_SIZE)
         if not chunk:
             raise AnswerLost("the daemon closed the connection in the middle of its answer")
         body += chunk
     return Response(
-        int(status),
+        status,
         headers.get("content-type", ""),
-        bytes(body[: int(length)]),
+        bytes(body[:length]),
         retry_after_of(headers.get("retry-after")),
     )

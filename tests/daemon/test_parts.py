@@ -91,6 +91,10 @@ def test_the_command_lines_reader_reads_the_same_answer_however_it_is_split() ->
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",  # no length
         b"HTTP/1.1 200 OK\r\nbroken header\r\ncontent-length: 0\r\n\r\n",
         b"HTTP/1.1 2000\r\ncontent-length: 0\r\n\r\n",
+        # Digits ``str.isdigit`` takes and ``int`` refuses: a hostile daemon's, never a traceback
+        "HTTP/1.1 20² OK\r\ncontent-length: 0\r\n\r\n".encode("latin-1"),
+        "HTTP/1.1 200 OK\r\ncontent-length: ²\r\n\r\n".encode("latin-1"),
+        b"HTTP/1.1 200 OK\r\ncontent-length: " + b"9" * 30 + b"\r\n\r\n",
     ],
 )
 def test_the_command_lines_reader_never_takes_a_short_or_odd_answer(data: bytes) -> None:
