@@ -53,6 +53,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
+from affidavit import strictjson  # a leaf: the proxy loads no broker code
+
 __all__ = ["FAULT_LOG_EVERY", "MAX_LINE", "BoundedLog", "Outcome", "StdioTransport", "shown_id"]
 
 log = logging.getLogger("affidavit.mcp")
@@ -69,6 +71,10 @@ FAULT_LOG_FIRST = 5
 FAULT_LOG_EVERY = 1000
 MAX_DEPTH = 200
 """The SDK's parser (pydantic's) refuses deeper nesting."""
+MAX_NODES = 11_000
+"""Values a message may hold: an action's ``MAX_NODES`` (10,000, ``protocols.actions``: the
+broker refuses more, journaled) and room for JSON-RPC's own members.  Counted before any
+parser runs (``strictjson.prescan``): a 7 MiB ``[{},{},...]`` was 1.2 s of the loop's time."""
 MAX_DIGITS = 4300
 """Nor does it read longer integers (Python's own bound for ``int(str)``)."""
 
@@ -212,12 +218,14 @@ class StdioTransport:
                     if not data:
                         break
                     buffer += data
-                    while (end := buffer.find(b"\n")) >= 0:
-                        line, buffer = bytes(buffer[:end]), buffer[end + 1 :]
+                    start = 0  # lines found by offset: one copy of the rest, not one per line
+                    while (end := buffer.find(b"\n", start)) >= 0:
+                        line, start = bytes(buffer[start:end]), end + 1
                         if dropping:
                             dropping = False  # the end of the oversized message
                         elif line.strip():
                             await self._take(line, out)
+                    del buffer[:start]
                     if len(buffer) > self.max_line:
                         if not dropping:
                             # Its id unread: answered as JSON-RPC answers what it cannot read.
@@ -236,6 +244,16 @@ class StdioTransport:
         self, line: bytes, out: MemoryObjectSendStream[SessionMessage | Exception]
     ) -> None:
         """Pass one line to the server, or answer it here: malformed, or a duplicate id."""
+        text = line.decode("utf-8", "surrogateescape")
+        try:  # before any parser builds it: pydantic's and ours (``_ambiguous``) each read it
+            strictjson.prescan(text, MAX_DEPTH, MAX_NODES)
+        except strictjson.TooLarge as exc:
+            fault = _too_large(text, exc)
+            if fault is not None:
+                await self._refuse(*fault)
+            else:
+                self._note("an oversized notification or response: ignored")
+            return
         try:
             message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
         except Exception:
@@ -453,6 +471,34 @@ def _ambiguous(line: bytes) -> tuple[str, str] | None:
     except (ValueError, RecursionError):
         pass  # the SDK's parser read it: its own reading stands
     return None
+
+
+def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | None:
+    """The error that answers a message ``strictjson.prescan`` refused, read without a parse
+    (Python's recurses: past ~1000 levels a RecursionError, once answered under id null though
+    the id was readable -- the client waited for ever): the id from its top-level members,
+    the part at fault the member whose value the scan refuses.  None for a notification."""
+    found = strictjson.members(text)
+    names = {name for name, _ in found}
+    if "id" not in names:
+        return None if "method" in names else (INVALID_REQUEST, None, "not a JSON-RPC request")
+    request_id, where = None, None
+    for name, at in found:
+        if name == "id" and request_id is None:
+            try:
+                value = json.JSONDecoder(parse_int=_int, parse_constant=_NotNumber).raw_decode(
+                    text, at
+                )[0]
+            except (ValueError, RecursionError):
+                value = []  # unreadable: answered under null
+            request_id = value if _id_fault(value) is None else None
+        try:
+            strictjson.prescan(text, MAX_DEPTH - 1, MAX_NODES, at)
+        except strictjson.TooLarge:
+            where = where or name
+    what = f"nested deeper than {MAX_DEPTH} levels" if exc.deep else f"more than {MAX_NODES} values"
+    in_params = where == "params" and "method" in names
+    return (INVALID_PARAMS if in_params else INVALID_REQUEST), request_id, what
 
 
 def _diagnose(line: bytes) -> tuple[int, Any, str] | None:

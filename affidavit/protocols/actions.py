@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from affidavit.schema import Target, canonical_json, snapshot_hash
 from affidavit.session import MAX_SESSION, SESSION, SESSION_WORDS
 from affidavit.statemachine import KEYED_PREFIX, Code
-from affidavit.strictjson import DuplicateField, NotJsonNumber
+from affidavit.strictjson import DuplicateField, NotJsonNumber, TooLarge, prescan
 from affidavit.strictjson import loads as strict_loads
 
 from .registry import ProtocolLoadError, get, kinds
@@ -167,71 +167,15 @@ def strict_json(text: str, root: str = "action") -> Any:
         raise ActionInvalid(Code.INVALID_FIELD, root, exc.what) from None
 
 
-# One token of JSON text after what lies between tokens (JSON's whitespace, commas, colons --
-# skipped uncounted): the opening quote of a string, an opening or a closing bracket, or a run
-# of anything else (a number, true/false/null -- or junk, which the parser then refuses).  Each
-# is matched where the last ended, the gap by one run of a character set: searching for a token
-# with a negated set among the alternatives took 0.9 s over 16 MB of commas.
-_TOKEN = re.compile(
-    r"[ \t\n\r,:]*+"
-    r'(?:(?P<string>")|(?P<open>[\[{])|(?P<close>[\]}])|(?P<scalar>[^ \t\n\r,:\[\]{}"]++))'
-)
-_STRING_BODY = re.compile(r'(?:[^"\\]++|\\.)*+', re.DOTALL)
-_NAME_END = re.compile(r"[ \t\n\r]*+:")
-SCAN_CHUNK = 1 << 20
-"""Characters of a string ``_prescan`` skips in one call of the regex engine, which holds the
-GIL throughout: 16 MB of escapes (0.3 s) is scanned in steps of about 20 ms, so a worker thread
-scanning it lets the event loop run between them."""
-
-
 def _prescan(text: str) -> None:
     """Refuse JSON text nested deeper than ``MAX_DEPTH`` or holding more than ``MAX_NODES``
     values -- what ``check_shape`` refuses once parsed, in its words -- before the parser has
-    built anything: 16 MB of ``[[],[],...]`` was 5.3M lists (RSS 73 -> 813 MB) before
-    ``check_shape`` refused it, and deep nesting issue 9's RecursionError.  Values are counted
-    as ``check_shape`` counts them: one per opening bracket, string that is no field name, and
-    scalar outside strings; nothing is kept of a token.
-
-    It stops, leaving the text to the parser (which then refuses it, at its own line and
-    column), at the first token no JSON text has there: a closing bracket with none open, a
-    second value after the whole first one, more field names than values before them.  The
-    parser then fails at or before that token, so it never builds more than was counted; and
-    the loop takes at most about ``3 * MAX_NODES`` tokens whatever the text (each adds a value
-    or a name, or closes a bracket a value opened), plus one step per ``SCAN_CHUNK`` of a
-    string: 16 MB of ``[][]...`` was 8M tokens before (3.5 s on the daemon's event loop)."""
-    depth = values = names = 0
-    pos, end = 0, len(text)
-    while (m := _TOKEN.match(text, pos)) is not None:
-        kind, pos = m.lastgroup, m.end()
-        if kind == "close":
-            depth -= 1
-            if depth < 0:
-                return
-            continue
-        if depth == 0 and values:
-            return
-        if kind == "string":
-            while True:  # to just after its closing quote, or the end
-                at = pos
-                skipped = _STRING_BODY.match(text, pos, pos + SCAN_CHUNK)  # None never: ``*+``
-                pos = at if skipped is None else skipped.end()
-                if pos >= end or text[pos] == '"' or pos == at:
-                    pos += 1
-                    break
-            if _NAME_END.match(text, pos) is not None:
-                names += 1
-                if names > values:
-                    return
-                continue
-        values += 1
-        if values > MAX_NODES:
-            raise ActionInvalid(Code.PAYLOAD_LIMIT, "action", f"holds more than {MAX_NODES} values")
-        if kind == "open":
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise ActionInvalid(
-                    Code.PAYLOAD_LIMIT, "action", f"nests deeper than {MAX_DEPTH} levels"
-                )
+    built anything (``strictjson.prescan``: 16 MB of ``[[],[],...]`` was 5.3M lists, RSS 73 ->
+    813 MB, before ``check_shape`` refused it, and deep nesting issue 9's RecursionError)."""
+    try:
+        prescan(text, MAX_DEPTH, MAX_NODES)
+    except TooLarge as exc:
+        raise ActionInvalid(Code.PAYLOAD_LIMIT, "action", exc.what) from None
 
 
 def action_size_limit(targets: Iterable[object]) -> int:

@@ -381,6 +381,31 @@ MALFORMED: list[tuple[bytes, int, str]] = [
         -32600,
         "INVALID_FIELD at message.method: is given twice",
     ),
+    # Past ~1000 levels Python's parser recursed out: answered -32700 under id null, though
+    # the id was readable -- the client waited for ever.  Scanned, never parsed, at any depth.
+    *(
+        (
+            b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"http_request",'
+            b'"arguments":{"headers":' % depth + b"[" * depth + b"]" * depth + b"}}}",
+            -32602,
+            "nested deeper than 200 levels",
+        )
+        for depth in (5_000, 100_000)
+    ),
+    (  # the id after the deep part: read from the top-level members alone
+        b'{"jsonrpc":"2.0","method":"ping","params":{"a":'
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b'},"id":"after"}',
+        -32602,
+        "nested deeper than 200 levels",
+    ),
+    (  # counted before any parser builds it (1.2 s of the loop's time, parsed twice)
+        b'{"jsonrpc":"2.0","id":"wide","method":"tools/call","params":{"name":"http_request",'
+        b'"arguments":{"headers":[' + b"{}," * 500_000 + b"{}]}}}",
+        -32602,
+        "more than 11000 values",
+    ),
 ]
 
 
