@@ -86,6 +86,8 @@ class ResponseReader:
         is the end of the stream: ``AnswerLost`` if the answer is not complete."""
         if data:
             self.started = True
+        elif not self.started:  # not h11's words for it ("can't handle event type ...")
+            raise AnswerLost("the daemon closed the connection before answering")
         try:
             self._conn.receive_data(data)
             while True:
@@ -108,6 +110,10 @@ class ResponseReader:
                 elif isinstance(event, h11.ConnectionClosed):
                     raise AnswerLost("the daemon closed the connection before answering")
         except h11.RemoteProtocolError as exc:
+            if not data:
+                raise AnswerLost(
+                    "the daemon closed the connection in the middle of its answer"
+                ) from None
             raise AnswerLost(f"the daemon's answer is not valid HTTP/1.1 ({exc})") from None
 
     def reusable(self) -> bool:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from .tools import act_refused, api_error, refusal
+from .tools import NOT_SENT, act_refused, api_error, refusal, visible_name
 
 if TYPE_CHECKING:
     from affidavit.api.broker import Broker
@@ -148,7 +148,7 @@ class Embedded:
                 # No durable record to render an envelope from: the daemon's answer to the
                 # same, so that a client hears the same whichever broker it has.
                 _, code, message = call_failure(exc, control.invocation_id)
-                return self._api_error(code, message)
+                return self._api_error(code, message, sent=True)
             except Exception as exc:
                 return self._internal(exc, control, "a call")
 
@@ -180,7 +180,7 @@ class Embedded:
             )
         except JournalError as exc:  # as the daemon answers it (``result_failure``)
             _status, code, message = result_failure(exc, invocation_id)
-            return self._api_error(code, message, invocation_id)
+            return self._api_error(code, message, invocation_id, sent=False)
         return _unknown_id(invocation_id) if envelope is None else envelope
 
     async def record(self, invocation_id: str) -> dict[str, Any]:
@@ -241,7 +241,7 @@ class Embedded:
             return act_refused(exc.code, str(exc), exc.field, "operation_id")
         except JournalError as exc:
             _status, code, message = poll_failure(exc, operation_id)
-            return self._api_error(code, message, operation_id)
+            return self._api_error(code, message, operation_id, sent=True, retry="backoff")
         except Exception as exc:
             return self._internal(exc, control, "a poll")
 
@@ -260,7 +260,7 @@ class Embedded:
             return act_refused(exc.code, exc.message, exc.field, "invocation_id")
         except JournalError as exc:
             _status, code, message = service.failure(exc, invocation_id)
-            return self._api_error(code, message, invocation_id)
+            return self._api_error(code, message, invocation_id, sent=True, retry="backoff")
         except Exception as exc:
             return self._internal(exc, control, "a reconciliation")
 
@@ -281,7 +281,7 @@ class Embedded:
         iid = control.invocation_id  # set by the engine once it wrote for one
         log.error("%s ended without an answer (%s): %s", what, iid or "none recorded", name)
         _, code, message = internal_failure(name, iid, FETCH_RESULT)
-        return self._api_error(code, message)
+        return self._api_error(code, message, sent=True)
 
     def _journal_error(self, exc: Exception, what: str, echoed: str = "") -> dict[str, Any]:
         """A read the journal could not answer, as the daemon answers it
@@ -291,9 +291,11 @@ class Embedded:
         from affidavit.engine import read_failure
 
         _status, code, message = read_failure(exc, what)
-        return self._api_error(code, message, echoed)
+        return self._api_error(code, message, echoed, sent=False)
 
-    def _api_error(self, code: str, message: str, echoed: str = "") -> dict[str, Any]:
+    def _api_error(
+        self, code: str, message: str, echoed: str = "", *, sent: bool, retry: str | None = None
+    ) -> dict[str, Any]:
         """An answer without where the journal lives, as the daemon's (``engine.unplaced``):
         this process is the config owner's, but its caller is an agent.  ``echoed``: the id
         the caller sent, which the journal's words may quote."""
@@ -303,7 +305,7 @@ class Embedded:
         message = unplaced(
             code, message, journal.location, (echoed,), journal.key_files, self.broker.journal.path
         )
-        return api_error(code, message)
+        return api_error(code, message, sent=sent, retry=retry)
 
 
 class Daemon:
@@ -330,18 +332,23 @@ class Daemon:
         # The client gone: hang up on the daemon (closing the connection mid-request), which
         # withdraws the call before its dispatch gate and records a failed delivery after it.
         if self._stopped:
-            return api_error("SHUTTING_DOWN", "affidavit mcp is stopping; nothing was sent")
+            return api_error(
+                "SHUTTING_DOWN", "affidavit mcp is stopping; nothing was sent", sent=False
+            )
+        lost = _lost_call(action.get("session"))
         with trio.CancelScope() as scope:
             exchange.on_gone(scope.cancel)
             self._scopes.add(scope)
             try:
-                answer: dict[str, Any] = await self._ask(self.client.call(action), _LOST_CALL)
+                answer: dict[str, Any] = await self._ask(self.client.call(action), lost)
                 return answer
             finally:
                 self._scopes.discard(scope)
         if self.stopped():  # the grace ran out, not the client's patience
-            return _stopped_before_answer()
-        return api_error("CALLER_GONE", "the client stopped waiting; the daemon keeps the call")
+            return _stopped_before_answer(lost)
+        return api_error(
+            "CALLER_GONE", "the client stopped waiting; the daemon keeps the call", sent=True
+        )
 
     async def fetch_result(
         self, invocation_id: str, from_chunk: int | None, chunks: int | None, exchange: Exchange
@@ -370,11 +377,11 @@ class Daemon:
             answer: dict[str, Any] | None = None
             with self._hung_up_at_stop():
                 answer = await self.client.poll_operation(operation_id)
-            return _stopped_before_answer() if answer is None else answer
+            return _stopped_before_answer(_LOST_POLL) if answer is None else answer
         except ApiError as exc:  # the daemon's refusal (OVERLOADED too): as embedded
-            return act_refused(exc.code, exc.message, exc.field, "operation_id")
+            return act_refused(exc.code, exc.message, exc.field, "operation_id", exc.retry_after)
         except Exception as exc:
-            return _client_failure(exc, _LOST_CALL)
+            return _client_failure(exc, _LOST_POLL)
 
     async def reconcile_query(self, invocation_id: str) -> dict[str, Any]:
         from affidavit.api.wire import ApiError
@@ -383,11 +390,11 @@ class Daemon:
             answer: dict[str, Any] | None = None
             with self._hung_up_at_stop():
                 answer = await self.client.reconcile(invocation_id, query=True)
-            return _stopped_before_answer() if answer is None else answer
+            return _stopped_before_answer(_LOST_QUERY) if answer is None else answer
         except ApiError as exc:  # the daemon's refusal (OVERLOADED too): as embedded
-            return act_refused(exc.code, exc.message, exc.field, "invocation_id")
+            return act_refused(exc.code, exc.message, exc.field, "invocation_id", exc.retry_after)
         except Exception as exc:
-            return _client_failure(exc, _LOST_CALL)
+            return _client_failure(exc, _LOST_QUERY)
 
     def stopped(self) -> bool:
         """Whether ``stop`` was called (a method: it may turn true across an ``await``)."""
@@ -412,34 +419,71 @@ class Daemon:
         for scope in list(self._scopes):
             scope.cancel()
 
-    async def _ask(self, request: Any, lost: str = "") -> Any:
+    async def _ask(self, request: Any, lost: Lost | None = None) -> Any:
         try:
             return await request
         except Exception as exc:
             return _client_failure(exc, lost)
 
 
-def _stopped_before_answer() -> dict[str, Any]:
-    return api_error(
-        "SHUTTING_DOWN", "affidavit mcp stopped before the daemon answered." + _LOST_CALL
+Lost = tuple[str, str]
+"""What a request lost on its way may have done, for the agent: (the words, the retry hint)."""
+
+
+def _lost_call(session: object) -> Lost:
+    """A call whose answer was lost: it may have run, in the session the action named (the
+    connection's unless it named its own) -- never to be resent blindly (``reconcile``)."""
+    named = session if isinstance(session, str) and visible_name(session) else None
+    where = f"session {named}" if named is not None else "the session the action named"
+    return (
+        f" The call may have run: the daemon keeps it -- list_actions ({where}) finds it, "
+        "fetch_result reads it; a call with an idempotency_key resumes the same invocation.",
+        "reconcile",
     )
 
 
-_LOST_CALL = (
-    " The call may have run: the daemon keeps it -- list_actions (this session) finds it, "
-    "fetch_result reads it; a call with an idempotency_key resumes the same invocation."
+_LOST_POLL: Lost = (
+    " The poll may have run (a query of the job's state, never the job again): the daemon "
+    "records it -- poll_operation with the same operation_id asks again.",
+    "backoff",
+)
+_LOST_QUERY: Lost = (
+    " The query may have run (a read of the remote state, never the call again): the daemon "
+    "records it -- get_record shows it, reconcile_query with the same invocation_id asks again.",
+    "backoff",
 )
 
 
-def _client_failure(exc: Exception, lost: str) -> dict[str, Any]:
+def _stopped_before_answer(lost: Lost) -> dict[str, Any]:
+    words, retry = lost
+    return api_error(
+        "SHUTTING_DOWN",
+        "affidavit mcp stopped before the daemon answered." + words,
+        sent=True,
+        retry=retry,
+    )
+
+
+def _client_failure(exc: Exception, lost: Lost | None) -> dict[str, Any]:
+    """A request the client could not complete.  ``lost``: what it may have done if it was
+    sent (an action, a poll, a query); None for a read, which sends nothing to any remote."""
     from affidavit.api.wire import AnswerLost, ApiError, ClientError, DaemonUnavailable
 
     if isinstance(exc, ApiError):
-        return api_error(exc.code, exc.message, exc.field)
+        sent = lost is not None and exc.code not in NOT_SENT
+        retry = lost[1] if lost is not None and sent else None
+        return api_error(
+            exc.code, exc.message, exc.field, sent=sent, retry=retry, retry_after=exc.retry_after
+        )
     if isinstance(exc, AnswerLost):
-        return api_error("ANSWER_LOST", str(exc) + lost)
+        words, retry = lost if lost is not None else ("", "backoff")
+        return api_error("ANSWER_LOST", str(exc) + words, sent=lost is not None, retry=retry)
     if isinstance(exc, DaemonUnavailable):
-        return api_error(getattr(exc, "code", "DAEMON_UNAVAILABLE"), str(exc))
-    if isinstance(exc, ClientError | ValueError):
-        return api_error("CLIENT_ERROR", str(exc))
+        return api_error(getattr(exc, "code", "DAEMON_UNAVAILABLE"), str(exc), sent=False)
+    if isinstance(exc, ValueError):
+        # Refused here, before a byte went out (``check_timeout``, an id no path can name).
+        return api_error("CLIENT_ERROR", str(exc), sent=False, retry="after_correction")
+    if isinstance(exc, ClientError):  # an answer that is not JSON: sent, and answered
+        words, retry = lost if lost is not None else ("", "backoff")
+        return api_error("CLIENT_ERROR", str(exc) + words, sent=lost is not None, retry=retry)
     raise exc

@@ -222,11 +222,14 @@ class McpSession:
         ends first (the client cancelled, or hung up), the work learns it through
         ``Exchange.abandon`` and runs on."""
         if self.stopping or self.nursery is None:
-            return api_error("SHUTTING_DOWN", "affidavit mcp is stopping; nothing was run")
+            return api_error(
+                "SHUTTING_DOWN", "affidavit mcp is stopping; nothing was run", sent=False
+            )
         if self.running >= self.max_calls:
             return api_error(
                 "OVERLOADED",
                 f"{self.max_calls} calls are running; call again later (nothing was run)",
+                sent=False,
             )
         exchange = Exchange()
         if request_id is not None:
@@ -253,7 +256,7 @@ class McpSession:
                 # exception's text may quote remote bytes).
                 name = type(exc).__name__
                 log.error("request %s ended without an answer: %s", shown_id(request_id), name)
-                answer = api_error("INTERNAL", f"the broker failed ({name})")
+                answer = api_error("INTERNAL", f"the broker failed ({name})", sent=True)
             exchange.hand_over(answer)
             if exchange.written is not None and not await exchange.written.wait():
                 log.warning(

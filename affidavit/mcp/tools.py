@@ -25,6 +25,7 @@ from affidavit.session import MAX_SESSION, SESSION_CHARS, SESSION_WORDS
 
 __all__ = [
     "CONTRACT",
+    "NOT_SENT",
     "READ_TOOLS",
     "ArgumentError",
     "Param",
@@ -46,7 +47,14 @@ CONTRACT = (
     "`field`; `backoff` or `same_idempotency_key` call again (with the same idempotency_key); "
     "`fetch_result` call fetch_result with the invocation_id -- a read, nothing is sent again; "
     "`reconcile` check the remote state yourself and never repeat the call; `never` do not. "
-    "An `operation` (a job a 202 accepted) is followed with poll_operation, never resubmitted."
+    "An `operation` (a job a 202 accepted) is followed with poll_operation, never resubmitted. "
+    "No envelope: `api_error` {code, message, outcome, retry, field, retry_after} -- the "
+    "broker could not answer; the same `outcome` and `retry` (`unknown`: the action may have "
+    "run, never resend it blindly; `retry_after`: seconds to wait). Codes: OVERLOADED, "
+    "SHUTTING_DOWN, DAEMON_UNAVAILABLE, JOURNAL_READ_DECLINED, ANSWERS_IN_FLIGHT (nothing "
+    "done, call again later); ANSWER_LOST, CALLER_GONE (the answer lost on its way: read "
+    "list_actions for the action's session, then fetch_result); INTERNAL, JOURNAL_UNAVAILABLE, "
+    "JOURNAL_UNREADABLE, RESULT_UNVERIFIED and the daemon's refusals (read `outcome`)."
 )
 
 
@@ -79,17 +87,63 @@ def refusal(code: str, field: str, message: str) -> dict[str, Any]:
     }
 
 
-def api_error(code: str, message: str, field: str | None = None) -> dict[str, Any]:
+NOT_SENT: dict[str, str] = {
+    "OVERLOADED": "backoff",
+    "SHUTTING_DOWN": "backoff",
+    "TOO_MANY_CONNECTIONS": "backoff",
+    "DAEMON_UNAVAILABLE": "backoff",
+    "REQUEST_TIMEOUT": "backoff",
+    "BAD_JSON": "after_correction",
+    "BAD_REQUEST": "after_correction",
+    "INVALID_FIELD": "after_correction",
+    "BODY_TOO_LARGE": "after_correction",
+    "DAEMON_SOCKET_UNSAFE": "never",
+    # a poll's or a reconciliation query's refusals (``act_refused``)
+    "STILL_RUNNING": "backoff",
+    "QUERY_PENDING": "backoff",
+    "POLL_PENDING": "backoff",
+    "NOT_UNKNOWN": "never",
+    "NO_QUERY": "never",
+    "BATCH_NOT_ATOMIC": "never",
+    "CONFIG_CHANGED": "never",
+    "OPERATION_ERROR": "never",
+}
+"""Codes with which the daemon (or this process) refuses a request before its action is sent
+-- what ``api_error`` says of them with ``sent=False`` -- and the retry hint each gets.  Any
+other code refusing a read (nothing is sent for one) is ``backoff``."""
+
+
+def api_error(
+    code: str,
+    message: str,
+    field: str | None = None,
+    *,
+    sent: bool,
+    retry: str | None = None,
+    retry_after: int | None = None,
+) -> dict[str, Any]:
     """The daemon could not answer (unreachable, the connection lost, an API-level refusal):
     its ``{"api_error": ...}`` shape, never dressed up as an envelope -- with the ``field`` to
-    fix when the daemon's refusal named one (a 400 at ``body.timeout``)."""
-    error = {"code": code, "message": message}
+    fix when the daemon's refusal named one (a 400 at ``body.timeout``), and the contract's
+    own words for what an agent branches on: ``outcome`` ``not_attempted`` when nothing was
+    sent (``sent=False``), else ``unknown`` -- the action may have run, and its ``retry``
+    (``reconcile`` unless told) never invites a blind resend.  ``retry_after``: the seconds
+    the daemon asked for (``Retry-After``)."""
+    error: dict[str, Any] = {"code": code, "message": message}
     if field is not None:
         error["field"] = field
+    if sent:
+        error["outcome"], error["retry"] = "unknown", retry or "reconcile"
+    else:
+        error["outcome"], error["retry"] = "not_attempted", retry or NOT_SENT.get(code, "backoff")
+    if retry_after is not None:
+        error["retry_after"] = retry_after
     return {"api_error": error}
 
 
-def act_refused(code: str, message: str, field: str | None, argument: str) -> dict[str, Any]:
+def act_refused(
+    code: str, message: str, field: str | None, argument: str, retry_after: int | None = None
+) -> dict[str, Any]:
     """A poll or a reconciliation query the broker refused before anything was sent, answered
     as the daemon's socket API answers it -- one mapping for both backends (embedded: the
     ``OperatorError`` or ``OperationError``; through the daemon: its 4xx).  A refusal's
@@ -105,7 +159,7 @@ def act_refused(code: str, message: str, field: str | None, argument: str) -> di
     after_correction would have the agent change an argument that is right."""
     if field == argument:
         return refusal("INVALID_FIELD", argument, message)
-    return api_error(code, message, field)
+    return api_error(code, message, field, sent=False, retry_after=retry_after)
 
 
 _VISIBLE_CHARS = r"[\x21-\x7e]+"

@@ -1,10 +1,13 @@
-"""The MCP proxy passes on the ``field`` of the daemon's refusal.
+"""The MCP proxy passes on the ``field`` of the daemon's refusal, its ``Retry-After``, and
+whether the request may have run.
 
 The daemon's API-level refusals name the request's part to fix when there is one
 (``{"api_error": {"code", "message", "field"}}``: a body at ``body.timeout``, a query
 parameter); the proxy's tool answer is that ``api_error`` -- with its ``field``, or the agent
-is told what is wrong and not where.  A stand-in daemon on a real Unix socket answers every
-request 400 with a field; each of the proxy's ways to the daemon relays it.
+is told what is wrong and not where -- and the contract's ``outcome`` and ``retry``, which an
+agent branches on (``affidavit.mcp.tools.CONTRACT``).  A stand-in daemon on a real Unix socket
+answers every request alike (a 400 with a field, a 503 with Retry-After, or a hang-up before a
+byte of answer); each of the proxy's ways to the daemon relays it.
 """
 
 from __future__ import annotations
@@ -24,9 +27,21 @@ from .kit import WAIT
 REFUSAL = {"code": "BAD_JSON", "message": "the body's timeout is not a duration", "field": "x.y"}
 
 
-async def refuse_every_request(listener: trio.SocketListener, seen: list[bytes]) -> None:
-    """Answer each request (read whole: head, then its Content-Length body) 400 with
-    ``REFUSAL``, and close."""
+REFUSED = (
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n",
+    json.dumps({"api_error": REFUSAL}).encode(),
+)
+DECLINED = (  # a read the database declined this once: the same may succeed in 7 s
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 7\r\n",
+    b'{"api_error":{"code":"JOURNAL_READ_DECLINED","message":"try again"}}',
+)
+
+
+async def refuse_every_request(
+    listener: trio.SocketListener, seen: list[bytes], reply: tuple[bytes, bytes] | None = REFUSED
+) -> None:
+    """Answer each request (read whole: head, then its Content-Length body) with ``reply``
+    (its head's first lines, its body), or none (None: a daemon killed mid-call), and close."""
     while True:
         stream = await listener.accept()
         async with stream:
@@ -43,16 +58,18 @@ async def refuse_every_request(listener: trio.SocketListener, seen: list[bytes])
                     while len(body) < int(value):
                         body += await stream.receive_some(65536)
             seen.append(head.split(b"\r\n")[0])
-            answer = json.dumps({"api_error": REFUSAL}).encode()
+            if reply is None:
+                continue
+            start, answer = reply
             await stream.send_all(
-                b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                start
                 + f"content-length: {len(answer)}\r\nconnection: close\r\n\r\n".encode()
                 + answer
             )
 
 
 ASKS: dict[str, Callable[[Daemon], Awaitable[dict[str, Any]]]] = {
-    "call": lambda d: d.call({"target": "api", "method": "GET"}, Exchange()),
+    "call": lambda d: d.call({"target": "api", "method": "GET", "session": "s-7"}, Exchange()),
     "list_actions": lambda d: d.actions(None, None, 10),
     "get_record": lambda d: d.record("act_1"),
     "fetch_result": lambda d: d.fetch_result("act_1", None, None, Exchange()),
@@ -60,18 +77,56 @@ ASKS: dict[str, Callable[[Daemon], Awaitable[dict[str, Any]]]] = {
 }
 
 
-@pytest.mark.parametrize("tool", sorted(ASKS))
-async def test_a_daemon_refusal_s_field_reaches_the_agent(tmp_path: Path, tool: str) -> None:
+async def ask(tmp_path: Path, tool: str, reply: tuple[bytes, bytes] | None) -> dict[str, Any]:
     path = tmp_path / "affidavit.sock"
     sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
     await sock.bind(str(path))
     sock.listen(8)
     seen: list[bytes] = []
     async with trio.SocketListener(sock) as listener, trio.open_nursery() as nursery:
-        nursery.start_soon(refuse_every_request, listener, seen)
+        nursery.start_soon(refuse_every_request, listener, seen, reply)
         with trio.fail_after(WAIT):
             async with Daemon.open(str(path)) as backend:
                 answer = await ASKS[tool](backend)
         nursery.cancel_scope.cancel()
     assert seen, "the daemon was not asked"
-    assert answer == {"api_error": REFUSAL}, answer
+    return answer
+
+
+@pytest.mark.parametrize("tool", sorted(ASKS))
+async def test_a_daemon_refusal_s_field_reaches_the_agent(tmp_path: Path, tool: str) -> None:
+    answer = await ask(tmp_path, tool, REFUSED)
+    # Refused before anything was sent: fix the field, as the envelope's validation refusal.
+    facts = {"outcome": "not_attempted", "retry": "after_correction"}
+    assert answer == {"api_error": {**REFUSAL, **facts}}, answer
+
+
+@pytest.mark.parametrize("tool", sorted(ASKS))
+async def test_the_daemon_s_retry_after_reaches_the_agent(tmp_path: Path, tool: str) -> None:
+    error = (await ask(tmp_path, tool, DECLINED))["api_error"]
+    assert (error["code"], error["retry_after"]) == ("JOURNAL_READ_DECLINED", 7), error
+
+
+LOST: dict[str, tuple[str, str, str]] = {
+    # tool: (outcome, retry, words the message must hold)
+    "call": ("unknown", "reconcile", "list_actions (session s-7) finds it"),
+    "poll_operation": ("unknown", "backoff", "poll_operation with the same operation_id"),
+    "list_actions": ("not_attempted", "backoff", ""),
+    "get_record": ("not_attempted", "backoff", ""),
+    "fetch_result": ("not_attempted", "backoff", ""),
+}
+
+
+@pytest.mark.parametrize("tool", sorted(ASKS))
+async def test_an_answer_lost_says_whether_the_request_may_have_run(
+    tmp_path: Path, tool: str
+) -> None:
+    """The daemon gone mid-request (killed): a call may have run -- ``unknown``, never resent
+    blindly, found in the session the action named; a poll asks again; a read sent nothing."""
+    error = (await ask(tmp_path, tool, None))["api_error"]
+    outcome, retry, words = LOST[tool]
+    assert (error["code"], error["outcome"], error["retry"]) == ("ANSWER_LOST", outcome, retry)
+    assert error["message"].startswith("the daemon closed the connection before answering")
+    assert words in error["message"], error
+    if tool != "call":  # a key resumes a call, never a poll or a read
+        assert "idempotency_key" not in error["message"], error

@@ -190,6 +190,8 @@ async def test_embedded_a_call_past_max_calls_is_refused_at_once_and_nothing_run
             assert over.is_error is True
             refused = structured(over)["api_error"]
             assert refused["code"] == "OVERLOADED" and "nothing was run" in refused["message"]
+            # Told as the contract tells it: nothing ran, call again later.
+            assert (refused["outcome"], refused["retry"]) == ("not_attempted", "backoff")
             remotes.holds.event("release").set()
         assert held[0].is_error is False
         # The held call counts until its delivery is recorded, a moment after its answer.
