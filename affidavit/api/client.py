@@ -195,7 +195,9 @@ class Client:
     ) -> dict[str, Any]:
         """Perform one action in the daemon; return its envelope (as ``Broker.call``)."""
         timeout = check_timeout(timeout)
-        body = json.dumps(action).encode("utf-8")
+        # allow_nan=False: an overflowed float (``1e400`` read as inf) is refused here, never
+        # sent re-encoded as ``Infinity`` -- words the caller never wrote.
+        body = json.dumps(action, allow_nan=False).encode("utf-8")
         response = await self._request(
             "POST", target("/v1/calls", {"timeout": timeout}), body, retry=False
         )

@@ -119,7 +119,9 @@ class ApiError(ClientError):
     503 overloaded, shutting down or too many connections) -- never an action's error, which
     is an envelope.  ``field``: the request's part to fix (a body field, a query parameter),
     when the daemon named one.  ``retry_after``: its ``Retry-After`` in seconds, when it sent one
-    (a read declined this once, answers in flight: the same request may succeed then)."""
+    (a read declined this once, answers in flight: the same request may succeed then).
+    ``action_code``: for an action the daemon refused before journaling it (``BAD_JSON``), the
+    code the broker gives the same fault embedded (PAYLOAD_LIMIT, INVALID_FIELD)."""
 
     def __init__(
         self,
@@ -128,12 +130,14 @@ class ApiError(ClientError):
         message: str,
         field: str | None = None,
         retry_after: int | None = None,
+        action_code: str | None = None,
     ) -> None:
         self.status = status
         self.code = code
         self.message = message
         self.field = field
         self.retry_after = retry_after
+        self.action_code = action_code
         super().__init__(message)
 
 
@@ -183,12 +187,16 @@ class Response:
         try:
             err = json.loads(self.body)["api_error"]
             field = err.get("field")
+            action_code = err.get("action_code")
             return ApiError(
                 self.status,
                 str(err["code"]),
                 str(err["message"]),
                 field if isinstance(field, str) else None,
                 self.retry_after,
+                action_code
+                if isinstance(action_code, str) and _CODE.fullmatch(action_code)
+                else None,
             )
         except (ValueError, KeyError, TypeError):
             return ApiError(self.status, "HTTP_ERROR", f"the daemon answered HTTP {self.status}")
@@ -210,6 +218,8 @@ def socket_path(explicit: str | os.PathLike[str] | None) -> str | None:
     return os.environ.get(SOCKET_ENV) or None
 
 
+_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+"""A stable code as the daemon sends one (a hostile daemon's other text is not taken as one)."""
 MAX_COUNT = 2**63 - 1
 """The largest chunk number or seq a request may name: the journal's integer columns' range."""
 

@@ -74,7 +74,10 @@ class ApiProblem(Exception):
     """An API-level refusal: answered with ``status`` and ``{"api_error": ...}``.  ``field``:
     the request's part to fix (a body field, a query parameter), when one is -- as an
     envelope's error names it; the message starts with it too.  ``retry_after``: seconds after
-    which the same request may succeed, sent as ``Retry-After`` (a read declined this once)."""
+    which the same request may succeed, sent as ``Retry-After`` (a read declined this once).
+    ``action_code``: an action refused before it was journaled (its JSON), the code the broker
+    gives the same fault embedded (PAYLOAD_LIMIT, INVALID_FIELD), for a client to answer as
+    the embedded broker does without reading the message."""
 
     def __init__(
         self,
@@ -83,12 +86,14 @@ class ApiProblem(Exception):
         message: str,
         field: str | None = None,
         retry_after: int | None = None,
+        action_code: str | None = None,
     ) -> None:
         self.status = status
         self.code = code
         self.message = message
         self.field = field
         self.retry_after = retry_after
+        self.action_code = action_code
         super().__init__(message)
 
 
@@ -100,10 +105,14 @@ def json_body(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
-def api_error_body(code: str, message: str, field: str | None = None) -> bytes:
+def api_error_body(
+    code: str, message: str, field: str | None = None, action_code: str | None = None
+) -> bytes:
     error = {"code": code, "message": message}
     if field is not None:
         error["field"] = field
+    if action_code is not None:
+        error["action_code"] = action_code
     return json_body({"api_error": error})
 
 
@@ -117,7 +126,9 @@ def parse_json(raw: bytes | bytearray, limit: int = MAX_BODY, *, action: bool = 
     except ActionInvalid as exc:
         if action:
             message = f"action refused: {exc.code.value} at {exc.field}: {exc.message}"
-            raise ApiProblem(400, "BAD_JSON", message, exc.field) from None
+            raise ApiProblem(
+                400, "BAD_JSON", message, exc.field, action_code=exc.code.value
+            ) from None
         field = exc.field.replace("action", "body", 1)
         where = "" if exc.field == "action" else f" (at {field})"
         raise ApiProblem(400, "BAD_JSON", f"the body {exc.message}{where}", field) from None
@@ -299,7 +310,7 @@ class Request:
         after = problem.retry_after
         await self.respond(
             problem.status,
-            api_error_body(problem.code, problem.message, problem.field),
+            api_error_body(problem.code, problem.message, problem.field, problem.action_code),
             close=close,
             headers=None if after is None else [(b"retry-after", b"%d" % after)],
         )

@@ -469,6 +469,10 @@ def _client_failure(exc: Exception, lost: Lost | None) -> dict[str, Any]:
     sent (an action, a poll, a query); None for a read, which sends nothing to any remote."""
     from affidavit.api.wire import AnswerLost, ApiError, ClientError, DaemonUnavailable
 
+    if isinstance(exc, ApiError) and exc.action_code is not None:
+        # The action's JSON refused before it was journaled: the embedded broker's code and
+        # field for the same fault, in the validation error it answers (with no record here).
+        return refusal(exc.action_code, exc.field or "action", exc.message)
     if isinstance(exc, ApiError):
         sent = lost is not None and exc.code not in NOT_SENT
         retry = lost[1] if lost is not None and sent else None

@@ -54,6 +54,7 @@ from .tools import (
     action_tool_doc,
     api_error,
     is_error,
+    non_finite,
     refusal,
     render,
     visible_name,
@@ -172,6 +173,9 @@ class McpSession:
             # echoed back whole (a 60 MB name, control or bidi characters in a client's view).
             shown = repr(name) if visible_name(name) else "by that name"
             return refusal("UNSUPPORTED_ACTION", "name", f"no tool {shown} (tools/list)")
+        overflowed = non_finite(args)
+        if overflowed is not None:  # refused alike by both backends: neither can say it
+            return refusal("INVALID_FIELD", overflowed, "is a number beyond JSON's range")
         target = args.get("target")
         kinds = {t["name"]: t["kind"] for t in found["targets"]}
         if isinstance(target, str) and kinds.get(target, tool["kind"]) != tool["kind"]:

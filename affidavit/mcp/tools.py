@@ -15,6 +15,7 @@ this layer found before anything was invoked) or an ``api_error`` (the daemon co
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ __all__ = [
     "action_tool_doc",
     "api_error",
     "is_error",
+    "non_finite",
     "refusal",
     "render",
     "visible_name",
@@ -160,6 +162,25 @@ def act_refused(
     if field == argument:
         return refusal("INVALID_FIELD", argument, message)
     return api_error(code, message, field, sent=False, retry_after=retry_after)
+
+
+def non_finite(args: Mapping[str, Any]) -> str | None:
+    """Where a tool's arguments hold a number JSON cannot: a literal like ``1e400``, which the
+    parser reads as infinity (the transport refuses ``NaN``/``Infinity`` themselves) -- the
+    field's path (``body``, ``headers.X-A``; a list's own path), ``action`` when that path is
+    not plain enough to quote; None when every number is finite.  Checked for both backends
+    alike, before either runs: embedded, the parser would see a float where it wants a string
+    (or a field it does not know), and the proxy would send ``Infinity``, never sent to it."""
+    stack: list[tuple[Any, str]] = [(v, str(k)) for k, v in args.items()]
+    while stack:  # bounded by the transport's prescan: 11,000 values, 200 levels
+        value, path = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return path if visible_name(path) and len(path) <= 200 else "action"
+        if isinstance(value, dict):
+            stack.extend((v, f"{path}.{k}") for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, path) for v in value)
+    return None
 
 
 _VISIBLE_CHARS = r"[\x21-\x7e]+"

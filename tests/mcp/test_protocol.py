@@ -28,7 +28,7 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from affidavit.mcp.transport import FAULT_LOG_EVERY, BoundedLog, StdioTransport
 
 from .conftest import Remotes, wait_for
-from .kit import PYTHON, WAIT, connected, structured
+from .kit import PYTHON, WAIT, connected, env_without_secrets, structured
 from .test_delivery import the_call
 
 INIT = {
@@ -90,15 +90,22 @@ class Raw:
 
 
 @asynccontextmanager
-async def raw_server(tmp: Path, remotes: Remotes, token: str) -> AsyncIterator[Raw]:
+async def raw_server(
+    tmp: Path, remotes: Remotes, token: str, socket: Path | None = None
+) -> AsyncIterator[Raw]:
+    """``affidavit mcp`` embedded, or (``socket``) the proxy to the daemon listening there."""
     log = tmp / "raw.log"
+    if socket is None:
+        args, env = ["--config", str(remotes.config(tmp))], remotes.env(token)
+    else:
+        args, env = ["--socket", str(socket)], env_without_secrets()
     with log.open("ab") as errlog:
         proc = await trio.lowlevel.open_process(
-            [PYTHON, "-m", "affidavit", "mcp", "--config", str(remotes.config(tmp))],
+            [PYTHON, "-m", "affidavit", "mcp", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=errlog,
-            env=remotes.env(token),
+            env=env,
         )
     raw = Raw(proc, log)
     try:

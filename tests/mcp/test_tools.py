@@ -16,6 +16,7 @@ from tests.daemon.kit import wait_until
 
 from .conftest import Remotes, wait_for
 from .kit import Connected, connected, structured, wire_json
+from .test_modes import MODES, session
 
 ACTION_TOOLS = {"http_request"}
 READ_TOOLS = {
@@ -189,10 +190,11 @@ async def test_error_envelopes_arrive_flagged_with_their_structured_content(
     assert len(remotes.holds.requests) == 1
 
 
+@pytest.mark.parametrize("mode", MODES)
 async def test_malformed_arguments_are_validation_envelopes_never_protocol_errors(
-    tmp_path: Path, remotes: Remotes, token: str
+    tmp_path: Path, remotes: Remotes, token: str, mode: str
 ) -> None:
-    cfg = remotes.config(tmp_path)
+    """Either backend: through the daemon the broker is the daemon, and answers the same."""
     cases: list[tuple[str, dict[str, Any], str, str]] = [
         ("http_request", {"target": "ok", "method": 5, "path": "/"}, "INVALID_FIELD", "method"),
         ("http_request", {"target": "ok", "method": "GET"}, "MISSING_FIELD", "path"),
@@ -236,7 +238,7 @@ async def test_malformed_arguments_are_validation_envelopes_never_protocol_error
         ("poll_operation", {"operation_id": "op_nope"}, "INVALID_FIELD", "operation_id"),
         ("no_such_tool", {}, "UNSUPPORTED_ACTION", "name"),
     ]
-    async with connected(["--config", str(cfg)], remotes.env(token), tmp_path / "mcp.log") as mcp:
+    async with session(mode, tmp_path, remotes, token) as (mcp, _):
         for tool, args, code, field in cases:
             result = await mcp.call(tool, args)
             answer = structured(result)
