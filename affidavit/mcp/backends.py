@@ -366,7 +366,7 @@ class Daemon:
         page: dict[str, Any] = await self._ask(
             self.client.actions(session=session, outcome=outcome, limit=limit)
         )
-        if "api_error" in page:
+        if "actions" not in page:  # an api_error, or an argument refused (``_client_failure``)
             return page
         return {"actions": page["actions"], "total": page["total"], "truncated": page["truncated"]}
 
@@ -464,6 +464,10 @@ def _stopped_before_answer(lost: Lost) -> dict[str, Any]:
     )
 
 
+_BAD_PARAMETER = frozenset({"BAD_REQUEST", "INVALID_FIELD"})
+"""The daemon's codes for a query parameter it refuses (docs/deployment.md)."""
+
+
 def _client_failure(exc: Exception, lost: Lost | None) -> dict[str, Any]:
     """A request the client could not complete.  ``lost``: what it may have done if it was
     sent (an action, a poll, a query); None for a read, which sends nothing to any remote."""
@@ -473,6 +477,10 @@ def _client_failure(exc: Exception, lost: Lost | None) -> dict[str, Any]:
         # The action's JSON refused before it was journaled: the embedded broker's code and
         # field for the same fault, in the validation error it answers (with no record here).
         return refusal(exc.action_code, exc.field or "action", exc.message)
+    if isinstance(exc, ApiError) and lost is None and exc.code in _BAD_PARAMETER and exc.field:
+        # A read's parameter the daemon refused (its socket API's codes): the tool's argument
+        # of that name, answered as the tools refuse one, alike for both backends.
+        return refusal("INVALID_FIELD", exc.field, exc.message)
     if isinstance(exc, ApiError):
         sent = lost is not None and exc.code not in NOT_SENT
         retry = lost[1] if lost is not None and sent else None

@@ -130,3 +130,24 @@ async def test_an_answer_lost_says_whether_the_request_may_have_run(
     assert words in error["message"], error
     if tool != "call":  # a key resumes a call, never a poll or a read
         assert "idempotency_key" not in error["message"], error
+
+
+BAD_LIMIT = (
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n",
+    b'{"api_error":{"code":"BAD_REQUEST","message":"limit: expected a whole number","field":'
+    b'"limit"}}',
+)
+
+
+@pytest.mark.parametrize("tool", ["list_actions", "fetch_result"])
+async def test_a_read_parameter_the_daemon_refuses_is_the_tools_invalid_field(
+    tmp_path: Path, tool: str
+) -> None:
+    """The socket API's 400 BAD_REQUEST for a read's parameter (deployment.md) reaches the agent
+    as every read tool refuses an argument, embedded too: INVALID_FIELD at it, validation."""
+    error = (await ask(tmp_path, tool, BAD_LIMIT))["error"]
+    assert (error["code"], error["field"], error["phase"]) == (
+        "INVALID_FIELD",
+        "limit",
+        "validation",
+    )
