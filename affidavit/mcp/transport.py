@@ -74,7 +74,8 @@ MAX_DEPTH = 200
 MAX_NODES = 11_000
 """Values a message may hold: an action's ``MAX_NODES`` (10,000, ``protocols.actions``: the
 broker refuses more, journaled) and room for JSON-RPC's own members.  Counted before any
-parser runs (``strictjson.prescan``): a 7 MiB ``[{},{},...]`` was 1.2 s of the loop's time."""
+parser runs (``strictjson.prescan``): a 7 MiB ``[{},{},...]`` took 2.0 s of the loop, 0.013 s
+refused so (tests/benchmarks/mcp_lines.py)."""
 MAX_DIGITS = 4300
 """Nor does it read longer integers (Python's own bound for ``int(str)``)."""
 
