@@ -16,6 +16,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from affidavit import strictjson
 from affidavit.protocols import actions
 from affidavit.protocols.actions import (
     MAX_DEPTH,
@@ -105,14 +106,14 @@ def test_text_that_is_no_json_is_left_to_the_parser_at_its_first_fault(
     (its line and column); never counted on to its end: at most about ``3 * MAX_NODES`` tokens
     whatever the text (``_TOKEN`` matched per token, counted here)."""
     calls = 0
-    match = actions._TOKEN.match
+    match = strictjson._TOKEN.match
 
     def counted(*args: Any) -> Any:
         nonlocal calls
         calls += 1
         return match(*args)
 
-    with mock.patch.object(actions, "_TOKEN", mock.Mock(match=counted)):
+    with mock.patch.object(strictjson, "_TOKEN", mock.Mock(match=counted)):
         code, field, message = _refusal(data)
     assert (code, field) == ("INVALID_FIELD", "action")
     assert message == f"is not valid JSON ({where})"

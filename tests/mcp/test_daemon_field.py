@@ -151,3 +151,24 @@ async def test_a_read_parameter_the_daemon_refuses_is_the_tools_invalid_field(
         "limit",
         "validation",
     )
+
+
+async def test_an_overflowed_number_is_refused_by_the_client_never_sent_as_infinity(
+    tmp_path: Path,
+) -> None:
+    """``1e400`` read as infinity: ``Client.call`` refuses to encode it (``Infinity`` is words
+    its caller never sent, and not JSON) -- nothing reaches the daemon, and nothing ran."""
+    path = tmp_path / "affidavit.sock"
+    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await sock.bind(str(path))
+    sock.listen(8)
+    seen: list[bytes] = []
+    action = {"target": "api", "method": "POST", "path": "/", "body": float("inf")}
+    async with trio.SocketListener(sock) as listener, trio.open_nursery() as nursery:
+        nursery.start_soon(refuse_every_request, listener, seen)
+        with trio.fail_after(WAIT):
+            async with Daemon.open(str(path)) as backend:
+                error = (await backend.call(action, Exchange()))["api_error"]
+        nursery.cancel_scope.cancel()
+    assert not seen, seen
+    assert (error["code"], error["outcome"]) == ("CLIENT_ERROR", "not_attempted"), error
