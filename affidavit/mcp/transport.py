@@ -478,14 +478,15 @@ def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | No
     """The error that answers a message ``strictjson.prescan`` refused, read without a parse
     (Python's recurses: past ~1000 levels a RecursionError, once answered under id null though
     the id was readable -- the client waited for ever): the id from its top-level members,
-    the part at fault the member whose value the scan refuses.  None for a notification."""
+    the part at fault the member in whose value the scan passed its bound.  None for a
+    notification."""
     found = strictjson.members(text)
     names = {name for name, _ in found}
     if "id" not in names:
         return None if "method" in names else (INVALID_REQUEST, None, "not a JSON-RPC request")
-    request_id, where = None, None
+    request_id: Any = None
     for name, at in found:
-        if name == "id" and request_id is None:
+        if name == "id":
             try:
                 value = json.JSONDecoder(parse_int=_int, parse_constant=_NotNumber).raw_decode(
                     text, at
@@ -493,10 +494,9 @@ def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | No
             except (ValueError, RecursionError):
                 value = []  # unreadable: answered under null
             request_id = value if _id_fault(value) is None else None
-        try:
-            strictjson.prescan(text, MAX_DEPTH - 1, MAX_NODES, at)
-        except strictjson.TooLarge:
-            where = where or name
+            break
+    # The part at fault: the member whose value holds where the scan passed its bound.
+    where = next((name for name, at in reversed(found) if at <= exc.at), None)
     what = f"nested deeper than {MAX_DEPTH} levels" if exc.deep else f"more than {MAX_NODES} values"
     in_params = where == "params" and "method" in names
     return (INVALID_PARAMS if in_params else INVALID_REQUEST), request_id, what
