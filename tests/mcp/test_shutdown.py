@@ -137,6 +137,7 @@ async def test_sigterm_refuses_new_calls_answers_the_stopped_one_and_exits(
         await raw.send(call(2, "http_request", FAST))
         refused: dict[str, Any] = (await raw.answer(2))["result"]["structuredContent"]
         assert refused["api_error"]["code"] == "SHUTTING_DOWN", refused
+        assert refused["api_error"]["outcome"] == "not_attempted", refused  # nothing ran
         stopped: dict[str, Any] = (await raw.answer(1))["result"]["structuredContent"]
         assert await exits_within_grace(raw) == 0
 
@@ -219,7 +220,10 @@ async def test_the_proxy_stopped_at_the_grace_says_it_stopped_and_the_daemon_kee
             await wait_for(remotes.holds.event("received"))
             backend.stop()
         assert answers[0]["api_error"]["code"] == "SHUTTING_DOWN", answers
-        assert "list_actions" in answers[0]["api_error"]["message"]
+        # Sent, then hung up on: it may have run -- never resent blindly, found in its session.
+        lost = answers[0]["api_error"]
+        assert (lost["outcome"], lost["retry"]) == ("unknown", "reconcile"), lost
+        assert "list_actions (session s1)" in lost["message"]
         remotes.holds.event("release").set()
 
         async def stored() -> bool:

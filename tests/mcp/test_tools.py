@@ -306,6 +306,8 @@ async def test_a_removed_binding_answers_the_journals_words_not_an_outage(
         assert problem["code"] == "JOURNAL_UNREADABLE", answer
         assert "has no binding row, but the ACTION_ACCEPTED at seq" in problem["message"]
         assert "k9" not in problem["message"]
+        # No record proves where the call stopped: it may have run, never resent blindly.
+        assert (problem["outcome"], problem["retry"]) == ("unknown", "reconcile"), problem
         assert len(remotes.ok.requests) == sent
 
 
