@@ -317,6 +317,7 @@ class Broker:
         timeout: float | None = None,
         control: CallControl | None = None,
         requester: int | None = None,
+        deliver: Deliver | None = None,
     ) -> dict[str, Any]:
         """Query a job's status resource once, as a linked invocation of its target, and return
         ``{"operation": {...}, "poll": the poll's envelope}`` (``poll`` is None when the job had
@@ -329,10 +330,16 @@ class Broker:
         The seam for every interface that polls (``affidavit operation poll``, the daemon, the
         MCP tool ``poll_operation``): each calls this, none re-implements it.  ``control``:
         the poll's, as ``call``'s (a host's shutdown stops it where it is); ``requester``: as
-        ``call``'s -- the poll waits for an operator when the target's approval covers it."""
+        ``call``'s -- the poll waits for an operator when the target's approval covers it;
+        ``deliver``: as ``call``'s -- the answer is written through it, and the poll's result
+        recorded delivered only once it was written whole."""
         await self.settled()  # the submission's record as its caller was told it
         return await self._engine.poll_operation(
-            operation_id, timeout=check_timeout(timeout), control=control, requester=requester
+            operation_id,
+            timeout=check_timeout(timeout),
+            control=control,
+            requester=requester,
+            deliver=deliver,
         )
 
     def catalog(self) -> dict[str, Any]:
@@ -411,6 +418,7 @@ class Broker:
         timeout: float | None = None,
         control: CallControl | None = None,
         requester: int | None = None,
+        deliver: Deliver | None = None,
     ) -> dict[str, Any]:
         """Settle an unknown outcome: ``query=True`` runs the target's reconciliation query as a
         linked invocation; ``attest="committed" | "rejected"`` (with a ``note``; operators
@@ -419,7 +427,8 @@ class Broker:
         reconciled invocation's) ``, "query"`` (the query's envelope, for ``query``)``}``.
         ``control``: the query's, as ``call``'s (a host's shutdown stops it where it is);
         ``requester``: as ``call``'s -- the query waits for an operator when the target's
-        approval covers it."""
+        approval covers it; ``deliver``: a query's answer is written through it, as
+        ``poll_operation``'s (an attestation's is returned)."""
         if query == (attest is not None):
             raise OperatorError("BAD_REQUEST", "give exactly one of query or attest", 400)
         reconcile.note_refused(query, note)  # never dropped unsaid: a query records no note
@@ -433,6 +442,7 @@ class Broker:
                     timeout=timeout,
                     control=control,
                     requester=requester,
+                    deliver=deliver,
                 )
             assert attest is not None
             envelope = await reconcile.attest(

@@ -258,6 +258,10 @@ class Api:
             raise ApiProblem(*internal_failure(str(running.failure), running.control.invocation_id))
         await req.respond_json(running.envelope)
 
+    def answering(self, req: Request) -> Answering:
+        """The ``deliver`` a linked call's asker answers ``req`` through (``Answering``)."""
+        return Answering(req)
+
     async def poll(self, req: Request, operation_id: str) -> None:
         """One query of a job's status resource (``Broker.poll_operation``): a linked invocation
         of its own, whose envelope is in the answer's ``poll``."""
@@ -265,6 +269,7 @@ class Api:
         if not self.calls.accepting:
             raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
         control = None
+        deliver = self.answering(req)
         try:
             # Refused OVERLOADED past ``max_calls`` and stopped at the grace's end, as a call.
             with self.calls.linked() as control:
@@ -273,6 +278,7 @@ class Api:
                     timeout=timeout,
                     control=control,
                     requester=req.peer.uid,  # it may not approve its own poll
+                    deliver=deliver,  # the poll recorded delivered once this answer is written
                 )
         except OperationError as exc:
             raise ApiProblem(exc.status, exc.code, str(exc), exc.field) from None
@@ -282,7 +288,7 @@ class Api:
             raise  # OVERLOADED: nothing run
         except Exception as exc:  # a bug: named, as a call's (never the h11 server's traceback)
             raise internal_problem(exc, control, "a poll") from None
-        await req.respond_json(answer)
+        await deliver.unless_tried(answer)
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -583,6 +589,25 @@ def _echo_bounded(problem: ApiProblem, ids: tuple[str, ...]) -> ApiProblem:
     if message == problem.message:
         return problem
     return ApiProblem(problem.status, problem.code, message, problem.field, problem.retry_after)
+
+
+class Answering:
+    """The ``deliver`` of a linked call's asker (a poll, a reconciliation query): the broker
+    writes the answer through it (``engine.deliver_linked``), and records the linked result
+    delivered only once it was written whole; ``ClientGone`` otherwise."""
+
+    def __init__(self, req: Request) -> None:
+        self.req = req
+        self.tried = False
+
+    async def __call__(self, answer: dict[str, Any]) -> None:
+        self.tried = True
+        await _deliver(self.req, answer, trio.CancelScope())
+
+    async def unless_tried(self, answer: dict[str, Any]) -> None:
+        """Answer with ``answer`` unless the broker tried to already: never written twice."""
+        if not self.tried:
+            await self.req.respond_json(answer)
 
 
 async def _deliver(

@@ -172,6 +172,8 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
     if query and not api.calls.accepting:  # a query is a call: none is taken once stopping
         raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
 
+    deliver = api.answering(req) if query else None  # a query's result: delivered by its answer
+
     async def work() -> dict[str, Any]:
         # A query is a call: refused OVERLOADED past ``max_calls``, stopped at the grace's end.
         control = None
@@ -186,6 +188,7 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
                     timeout=timeout,
                     control=control,
                     requester=req.peer.uid,  # a query may not be approved by its asker
+                    deliver=deliver,
                 )
         except (ApiProblem, OperatorError, JournalError):
             raise  # refusals, and the journal's own failure: ``_run``'s to answer
@@ -193,7 +196,10 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
             raise internal_problem(exc, control, "a reconciliation") from None
 
     answer = await _run(work, lambda exc: reconciling.failure(exc, invocation_id))
-    await req.respond_json(answer)
+    if deliver is None:
+        await req.respond_json(answer)
+    else:
+        await deliver.unless_tried(answer)
 
 
 DECISION_FIELDS = ("note", "blind")

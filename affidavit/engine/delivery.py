@@ -51,7 +51,15 @@ if TYPE_CHECKING:
 
 Deliver = Callable[[dict[str, Any]], Awaitable[None]]
 
-__all__ = ["AWAITING_DELIVERY", "STORE_ONLY", "NotAnswered", "conclude", "deliver_stored"]
+__all__ = [
+    "AWAITING_DELIVERY",
+    "STORE_ONLY",
+    "NotAnswered",
+    "conclude",
+    "deliver_linked",
+    "deliver_stored",
+    "linked_deliver",
+]
 
 log = logging.getLogger("affidavit.engine")
 
@@ -402,6 +410,49 @@ async def _deliver(
     with trio.CancelScope(shield=True):
         await recorder.deliver_later(Event(E.RESULT_DELIVERED, iid, {"channel": "deliver"}))
     return envelope
+
+
+def linked_deliver(deliver: Deliver | None) -> Deliver | None:
+    """The ``deliver`` a linked call (a poll, a reconciliation query) runs with when its asker
+    answers through ``deliver``: its result is stored and nothing about its delivery recorded
+    yet (``STORE_ONLY``) -- the answer that carries it (the poll's, the query's) is written
+    after the call returns, and only that write can tell (``deliver_linked``).  No ``deliver``
+    (an in-process return): None, the return is the transfer, recorded as any call's."""
+    return None if deliver is None else STORE_ONLY
+
+
+async def deliver_linked(
+    engine: Engine, answer: dict[str, Any], linked: str | None, deliver: Deliver | None
+) -> dict[str, Any]:
+    """Write ``answer`` -- which carries the envelope of the linked call ``linked`` that this
+    request ran with ``linked_deliver`` (None: it ran none, or took up another's) -- through
+    ``deliver``, and record the linked result's delivery by it: seed, "Mark RESULT_DELIVERED
+    only after the protocol has confirmed complete transfer".  The answer written whole:
+    RESULT_DELIVERED (channel ``deliver``); not: RESULT_DELIVERY_FAILED -- the result stays
+    stored, fetchable; nothing is sent again.  Only a result just stored is recorded so (a
+    fetch that delivered it meanwhile has said it); an answer carrying none (the call failed,
+    awaits an operator) is written and nothing recorded.  No ``deliver``: ``answer`` as is."""
+    if deliver is None:
+        return answer
+    try:
+        await deliver(answer)
+    except Exception as exc:
+        log.warning("delivery of the answer carrying %s failed: %s", linked, type(exc).__name__)
+        if await _just_stored(engine, linked):
+            assert linked is not None
+            await _delivery_failed(engine, linked, "deliver")
+        return answer
+    if await _just_stored(engine, linked):
+        assert linked is not None
+        delivered = Event(E.RESULT_DELIVERED, linked, {"channel": "deliver"})
+        with trio.CancelScope(shield=True):
+            await engine.recorder.deliver_later(delivered)
+    return answer
+
+
+async def _just_stored(engine: Engine, iid: str | None) -> bool:
+    """Whether ``iid`` holds a result stored and not yet delivered, nor failed to be."""
+    return iid is not None and (await engine.recorder.record(iid)).state in _STORED
 
 
 async def _delivery_failed(engine: Engine, iid: str, channel: str) -> Record:

@@ -299,15 +299,22 @@ class Engine:
         timeout: float | None = None,
         control: CallControl | None = None,
         requester: int | None = None,
+        deliver: Deliver | None = None,
     ) -> dict[str, Any]:
         """Query an operation's status resource once as a linked invocation and fold what it
         read (``operations.py``): ``{"operation": ..., "poll": the poll's envelope or None}``.
         ``OperationError`` when there is no such operation or nothing to query.  ``control``:
         the poll's, as ``call``'s (a shutdown stops it where it is); ``requester``: as
-        ``call``'s (the poll is a call, under the target's approval policy)."""
+        ``call``'s (the poll is a call, under the target's approval policy); ``deliver``: the
+        surface's, which writes the answer (``operations.poll``)."""
         try:
             return await operations.poll(
-                self, operation_id, timeout=timeout, control=control, requester=requester
+                self,
+                operation_id,
+                timeout=timeout,
+                control=control,
+                requester=requester,
+                deliver=deliver,
             )
         finally:
             self.recorder.done()  # the poll's call was released; the fold written after it too

@@ -32,6 +32,7 @@ from affidavit.text import echoed
 
 from .approval import needs_approval
 from .contracts import contracts_of
+from .delivery import Deliver, deliver_linked, linked_deliver
 from .ids import new_invocation_id
 from .readable import unreadable
 from .recovery import act_failure
@@ -110,18 +111,24 @@ async def poll(
     timeout: float | None = None,
     control: CallControl | None = None,
     requester: int | None = None,
+    deliver: Deliver | None = None,
 ) -> dict[str, Any]:
     """Query the job's status resource once (unless the operation is already succeeded or
     failed); return ``{"operation": ..., "poll": the poll's envelope or None}``, and
     ``"refused"`` (``{code, message}``, ``_poll_refused``) when the row leaving the poll open
     was refused: another asker closed it meanwhile and opened another.  The poll is
     a call like any other: a target whose approval policy covers it waits for an operator
-    first (``requester`` asked: it may not approve its own poll)."""
+    first (``requester`` asked: it may not approve its own poll).  ``deliver``: the surface's
+    (the daemon's answer, MCP's), through which that answer is written -- the poll's result is
+    recorded delivered only once it was written whole (``deliver_linked``); None: returned
+    in-process, which is the transfer."""
     record = find(engine, op_id)
     op = record.operation
     assert op is not None
     if op["state"] != "pending":
-        return {"operation": operation_json(record), "poll": None}
+        return await deliver_linked(
+            engine, {"operation": operation_json(record), "poll": None}, None, deliver
+        )
     target = engine.config.targets.get(record.target or "")
     contracts = contracts_of(target) if target is not None else None
     if target is None or contracts is None or target.kind != record.protocol:
@@ -145,6 +152,7 @@ async def poll(
     # A poll still open is taken up, never asked for twice (``takeup``).
     envelope = await _earlier(engine, record, op_id, target, control, timeout)
     asked = envelope is not None
+    ran = None  # the poll this request runs (not one taken up): its delivery is this answer's
     if envelope is None:
         poll_id = new_invocation_id()
         claim = None
@@ -159,17 +167,22 @@ async def poll(
                 requester=requester,
                 invocation_id=poll_id,
                 claim=claim,
+                deliver=linked_deliver(deliver),
             )
         except ClaimRefused:
             await _refused(engine, record, op_id)
             # Ended since it was read: answered as a read a moment later would have been.
-            return {"operation": operation_json(find(engine, op_id)), "poll": None}
+            answer = {"operation": operation_json(find(engine, op_id)), "poll": None}
+            return await deliver_linked(engine, answer, None, deliver)
+        ran = poll_id
     still = asked and still_open(envelope)  # the next poll takes it up
     refused = await _record_poll(
         engine, record.invocation_id, op_id, envelope, target, contracts, still
     )
     answer = {"operation": operation_json(find(engine, op_id)), "poll": envelope}
-    return answer if refused is None else {**answer, "refused": refused}
+    if refused is not None:
+        answer["refused"] = refused
+    return await deliver_linked(engine, answer, ran, deliver)
 
 
 ASKING = (

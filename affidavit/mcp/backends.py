@@ -101,9 +101,22 @@ class Backend(Protocol):
         (or an ``api_error``)."""
         ...
 
-    async def poll_operation(self, operation_id: str) -> dict[str, Any]: ...
-    async def reconcile_query(self, invocation_id: str) -> dict[str, Any]: ...
+    async def poll_operation(
+        self, operation_id: str, exchange: Exchange | None = None
+    ) -> dict[str, Any]: ...
+    async def reconcile_query(
+        self, invocation_id: str, exchange: Exchange | None = None
+    ) -> dict[str, Any]:
+        """``poll_operation``'s and this answer carry a linked call's result: embedded, it is
+        written through ``exchange.deliver``, which records that result delivered, or not."""
+        ...
+
     def stop(self) -> None: ...
+
+
+def _deliver(exchange: Exchange | None) -> Any:
+    """The ``deliver`` of a linked call's asker: ``exchange``'s; none, returned in-process."""
+    return None if exchange is None else exchange.deliver
 
 
 def _unknown_id(invocation_id: str) -> dict[str, Any]:
@@ -228,7 +241,9 @@ class Embedded:
         except JournalError as exc:
             return self._journal_error(exc, "the actions view")
 
-    async def poll_operation(self, operation_id: str) -> dict[str, Any]:
+    async def poll_operation(
+        self, operation_id: str, exchange: Exchange | None = None
+    ) -> dict[str, Any]:
         """A journal that could not take the poll is answered as the daemon answers it (its
         503 JOURNAL_UNAVAILABLE: ``poll_failure``), never as INTERNAL."""
         from affidavit.engine import OperationError, poll_failure
@@ -236,7 +251,9 @@ class Embedded:
 
         try:
             with self._control() as control:
-                return await self.broker.poll_operation(operation_id, control=control)
+                return await self.broker.poll_operation(
+                    operation_id, control=control, deliver=_deliver(exchange)
+                )
         except OperationError as exc:  # the id sent, echoed as sent: no journal words to unplace
             return act_refused(exc.code, str(exc), exc.field, "operation_id")
         except JournalError as exc:
@@ -245,7 +262,9 @@ class Embedded:
         except Exception as exc:
             return self._internal(exc, control, "a poll")
 
-    async def reconcile_query(self, invocation_id: str) -> dict[str, Any]:
+    async def reconcile_query(
+        self, invocation_id: str, exchange: Exchange | None = None
+    ) -> dict[str, Any]:
         """The query form only (``affidavit.reconcile``): attesting is an operator's.  A
         journal that could not take it is answered as the daemon answers it (its 503
         JOURNAL_UNAVAILABLE: ``reconcile.service.failure``), never as INTERNAL."""
@@ -255,7 +274,9 @@ class Embedded:
 
         try:
             with self._control() as control:
-                return await self.broker.reconcile(invocation_id, query=True, control=control)
+                return await self.broker.reconcile(
+                    invocation_id, query=True, control=control, deliver=_deliver(exchange)
+                )
         except OperatorError as exc:  # its words name the id sent, echoed as sent
             return act_refused(exc.code, exc.message, exc.field, "invocation_id")
         except JournalError as exc:
@@ -370,7 +391,9 @@ class Daemon:
             return page
         return {"actions": page["actions"], "total": page["total"], "truncated": page["truncated"]}
 
-    async def poll_operation(self, operation_id: str) -> dict[str, Any]:
+    async def poll_operation(
+        self, operation_id: str, exchange: Exchange | None = None
+    ) -> dict[str, Any]:
         from affidavit.api.wire import ApiError
 
         try:
@@ -383,7 +406,9 @@ class Daemon:
         except Exception as exc:
             return _client_failure(exc, _LOST_POLL)
 
-    async def reconcile_query(self, invocation_id: str) -> dict[str, Any]:
+    async def reconcile_query(
+        self, invocation_id: str, exchange: Exchange | None = None
+    ) -> dict[str, Any]:
         from affidavit.api.wire import ApiError
 
         try:

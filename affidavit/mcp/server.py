@@ -202,10 +202,10 @@ class McpSession:
             )
         if name == "poll_operation":
             op_id = args["operation_id"]
-            return await self._run(request_id, lambda ex: backend.poll_operation(op_id))
+            return await self._run(request_id, lambda ex: backend.poll_operation(op_id, ex))
         if name == "reconcile_query":
             iid = args["invocation_id"]
-            return await self._run(request_id, lambda ex: backend.reconcile_query(iid))
+            return await self._run(request_id, lambda ex: backend.reconcile_query(iid, ex))
         if name == "get_record":
             return await backend.record(args["invocation_id"])
         if name == "list_targets":

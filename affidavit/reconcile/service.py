@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy, check_note
 from affidavit.engine.approval import needs_approval
+from affidavit.engine.delivery import Deliver, deliver_linked, linked_deliver
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.readable import OTHER_ORIGIN, PARTIAL_BODY, unreadable
 from affidavit.engine.recovery import act_failure, recover_stale
@@ -203,13 +204,17 @@ async def query(
     timeout: float | None = None,
     control: CallControl | None = None,
     requester: int | None = None,
+    deliver: Deliver | None = None,
 ) -> dict[str, Any]:
     """Run the target's reconciliation query once; return ``{"reconciled": bool, "envelope":
     the reconciled invocation's, "query": the query's own envelope}``.  What the query found
     is about the record as it was read before the query ran: if a retry took the invocation
     over meanwhile (or another observer settled it), nothing is reconciled and ``"refused"``
     says what the record shows now (``{code, message}``, ``refusals.append``'s) -- the query's own
-    record stays, linked.  ``OperatorError`` is raised only before the query is sent."""
+    record stays, linked.  ``OperatorError`` is raised only before the query is sent.
+    ``deliver``: the surface's (the daemon's answer, MCP's), through which the answer is
+    written -- the query's result is recorded delivered only once it was written whole
+    (``deliver_linked``); None: returned in-process, which is the transfer."""
     record = await _unknown_at_rest(engine, invocation_id)
     target = engine.config.targets.get(record.target or "")
     spec = get(target.kind) if target is not None else None
@@ -234,6 +239,7 @@ async def query(
     # A query still open is taken up, never asked for twice (``approved``).
     answer = await approved.earlier(engine, record, control, timeout)
     taken = asked = answer is not None  # a taken-up query: open until this reads it
+    ran = None  # the query this request runs (not one taken up): its delivery is this answer's
     if answer is None:
         values = {
             "invocation_id": invocation_id,
@@ -260,9 +266,11 @@ async def query(
                 requester=requester,
                 invocation_id=query_id,
                 claim=claim,
+                deliver=linked_deliver(deliver),
             )
         except ClaimRefused as exc:  # another asker's query is open, or the record moved
             raise await refusal(engine, exc.refusal, claim=True) from None
+        ran = query_id
     query_id = answer["invocation_id"]
     if taken and not _judged_alike(engine, invocation_id, query_id, target):
         # Asked under other reconciliation settings than today's: its answer is not judged by
@@ -317,14 +325,16 @@ async def query(
         # The query ran -- its record stays, linked -- but what it found is not the record's
         # to take any more.  Answered, not raised: an OperatorError says nothing was invoked.
         envelope = engine.recorder.envelope(await engine.recorder.record(invocation_id))
-        return {
+        found = {
             "reconciled": False,
             "envelope": envelope,
             "query": answer,
             "refused": {"code": refused.code, "message": refused.message},
         }
+        return await deliver_linked(engine, found, ran, deliver)
     envelope = engine.recorder.envelope(await engine.recorder.record(invocation_id))
-    return {"reconciled": settled is not None, "envelope": envelope, "query": answer}
+    found = {"reconciled": settled is not None, "envelope": envelope, "query": answer}
+    return await deliver_linked(engine, found, ran, deliver)
 
 
 CONFIG_SINCE = (

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from affidavit.config import load_config
 from affidavit.protocols.catalog import catalog
@@ -70,6 +71,11 @@ async def test_an_agent_reconciles_by_query_and_no_tool_speaks_for_an_operator(
         assert answer["envelope"]["evidence"]["source"] == "remote_query"
         assert answer["envelope"]["evidence"]["outcome"] == "committed"
         assert answer["query"]["result"]["status"] == 200
+        # The query's result reached the agent in this answer, written whole: delivered once,
+        # by that write (``deliver``) -- not when its envelope came back in-process.
+        assert await _deliveries(mcp, answer["query"]["invocation_id"]) == [
+            ("RESULT_DELIVERED", "deliver")
+        ]
 
         # A query that settles nothing (a 500): still unknown, flagged as an error.
         boom = structured(await mcp.call("http_request", {**action, "idempotency_key": "boom"}))
@@ -82,6 +88,18 @@ async def test_an_agent_reconciles_by_query_and_no_tool_speaks_for_an_operator(
         assert again.is_error is True
         assert refused["api_error"]["code"] == "NOT_UNKNOWN", refused  # the daemon's code
     assert [r.method for r in srv.requests] == ["POST", "GET", "POST", "GET"]  # each sent once
+
+
+async def _deliveries(mcp: Connected, iid: str) -> list[tuple[str, object]]:
+    """``iid``'s delivery events, once one is on record (bounded)."""
+    with trio.fail_after(20):
+        while True:
+            events = structured(await mcp.call("get_record", {"invocation_id": iid}))["events"]
+            found = [(e["kind"], e["attrs"].get("channel")) for e in events]
+            found = [k for k in found if k[0].startswith("RESULT_DELIVER")]
+            if found:
+                return found
+            await trio.sleep(0.05)
 
 
 def test_list_targets_says_which_targets_wait_for_a_human_and_which_reconcile_by_query(
