@@ -63,7 +63,9 @@ async def test_a_poll_whose_caller_hung_up_before_its_answer_is_not_delivered(
     assert [r.method for r in srv.requests] == ["POST", "GET"]  # polled once, never again
 
 
-async def test_a_poll_whose_answer_was_written_is_delivered_once(tmp_path: Path, token: str) -> None:
+async def test_a_poll_whose_answer_was_written_is_delivered_once(
+    tmp_path: Path, token: str
+) -> None:
     async with (
         serving(tmp_path, held_polls, token=token, overrides={"operations": OPERATIONS}) as (
             srv,
