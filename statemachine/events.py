@@ -34,7 +34,9 @@ class EventKind(StrEnum):
     """An invocation exists.  attrs: operation (target, protocol, idempotent, fingerprint,
     request_fingerprint when a key is bound (the request alone, keyed: a same-key call under a
     changed configuration is CONFIG_CHANGED by it, not IDEMPOTENCY_MISMATCH -- absent from
-    older records), idempotency contract or None, budget), session.  The contract: key,
+    older records), idempotency contract or None, budget), session; requester ({uid}: the
+    daemon's socket peer that asked -- absent from in-process calls and older records).  The
+    contract: key,
     scope, header, retention_s, expires_at (when the remote forgets the key) and send_window
     (seconds a retry with the target's default timeout may send: its lease; the hint says
     same_idempotency_key only while the key outlasts it -- absent from older records, which
@@ -92,12 +94,15 @@ class EventKind(StrEnum):
     sha256, chunks, bytes, generation."""
     RESULT_DELIVERED = "RESULT_DELIVERED"
     """The caller's channel confirmed complete transfer.  attrs: channel (return: the envelope
-    handed back in process; deliver: the daemon's or MCP's answer written whole; fetch).  Not a
-    barrier: written after the hand-over and queued without waiting for its commit (the call
-    returns first).  The broker's async reads wait for it (a fetch right after records no second
-    delivery; a view no longer than ``view_wait``); its synchronous reads show what is committed
-    (``Broker.settled`` first).  A crash right after may lose it: the result stays stored and
-    fetchable."""
+    handed back in process; deliver: the daemon's or MCP's answer written whole -- for a poll
+    or a reconciliation query, the poll's or the query's answer that carries its envelope;
+    fetch: a whole read by the call's requester -- ACTION_ACCEPTED's requester uid, and its
+    session when both name one; another reader's fetch is a read and records nothing); reader
+    (uid, session), on a fetch the daemon served.  Not a barrier: written after the hand-over
+    and queued without waiting for its commit (the call returns first).  The broker's async
+    reads wait for it (a fetch right after records no second delivery; a view no longer than
+    ``view_wait``); its synchronous reads show what is committed (``Broker.settled`` first).
+    A crash right after may lose it: the result stays stored and fetchable."""
     # --- stopping before dispatch ------------------------------------------------------------
     PREFLIGHT_FAILED = "PREFLIGHT_FAILED"
     """Validation refused the action.  attrs: code (a validation code), field; generation when

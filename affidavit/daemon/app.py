@@ -60,6 +60,7 @@ from affidavit.api.wire import (
 from affidavit.console import TokenStore
 from affidavit.engine import (
     READ_RETRY,
+    Asker,
     OperationError,
     call_failure,
     internal_failure,
@@ -318,6 +319,9 @@ class Api:
 
         from_chunk = req.count_param("from_chunk")
         chunks = _page_param(req)
+        # Who reads: the peer the kernel names, for the session it says (MCP's proxy: its
+        # connection's) -- a fetch is the delivery only when it is who asked.
+        asker = Asker(req.peer.uid, req.text_param("session"))
         if chunks is not None and from_chunk is None:
             from_chunk = 0
         elif from_chunk is not None and chunks is None:
@@ -326,7 +330,12 @@ class Api:
         try:
             # No hold across the record's reads (``results.py``): only its answer holds.
             envelope = await self.broker.fetch_result(
-                invocation_id, from_chunk=from_chunk, chunks=chunks, deliver=deliver, defer=True
+                invocation_id,
+                from_chunk=from_chunk,
+                chunks=chunks,
+                deliver=deliver,
+                defer=True,
+                asker=asker,  # another than the call's requester only reads it
             )
             if req.answered or req.link.hung_up.is_set():
                 return
@@ -548,7 +557,7 @@ QUERY_PARAMS: dict[Callable[..., Awaitable[None]], tuple[str, ...]] = {
     Api.call: ("timeout",),
     Api.poll: ("timeout",),
     operators.reconcile: ("timeout",),
-    Api.result: ("from_chunk", "chunks"),
+    Api.result: ("from_chunk", "chunks", "session"),
     Api.actions: ("session", "outcome", "phase", "since", "until", "limit"),
     Api.sessions: ("limit",),
     Api.metrics: ("session", "since", "format"),

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
@@ -54,6 +54,7 @@ Deliver = Callable[[dict[str, Any]], Awaitable[None]]
 __all__ = [
     "AWAITING_DELIVERY",
     "STORE_ONLY",
+    "Asker",
     "NotAnswered",
     "conclude",
     "deliver_linked",
@@ -72,6 +73,15 @@ class NotAnswered(Exception):
 
 
 E = EventKind
+
+
+class Asker(NamedTuple):
+    """Who reads a stored result (``deliver_stored``), as the daemon knows it: its socket
+    peer's ``uid``, and the ``session`` it reads for, when it says one (MCP's proxy: its
+    connection's)."""
+
+    uid: int
+    session: str | None = None
 
 
 async def _nobody(envelope: dict[str, Any]) -> None:
@@ -478,8 +488,32 @@ async def _delivery_failed(engine: Engine, iid: str, channel: str) -> Record:
     return await recorder.record(iid)
 
 
+def requested_by(engine: Engine, record: Record, asker: Asker | None) -> bool:
+    """Whether ``asker`` is who asked for ``record``'s invocation: the uid its ACTION_ACCEPTED
+    names (``requester``), and -- when both name one -- the same session.  True without an
+    ``asker`` (an in-process read: this process is the caller) or a requester on record (a
+    call made in-process, or an older journal's: read as before)."""
+    if asker is None:
+        return True
+    requester = None
+    for event in engine.journal.events(record.invocation_id):
+        if event.kind is E.ACTION_ACCEPTED:
+            requester = event.attrs.get("requester")
+            break
+    if not isinstance(requester, Mapping) or "uid" not in requester:
+        return True
+    if requester["uid"] != asker.uid:
+        return False
+    return asker.session is None or record.session is None or asker.session == record.session
+
+
 async def deliver_stored(
-    engine: Engine, record: Record, deliver: Deliver | None, *, defer: bool = False
+    engine: Engine,
+    record: Record,
+    deliver: Deliver | None,
+    *,
+    defer: bool = False,
+    asker: Asker | None = None,
 ) -> dict[str, Any]:
     """A stored result read again by its caller (``fetch_result``): seed, "treat repeated
     requests as reads" -- nothing is sent to the remote.  A result not yet delivered (never, or
@@ -487,12 +521,18 @@ async def deliver_stored(
     recorded once the envelope was handed over whole (seed: "Mark RESULT_DELIVERED only after
     the protocol has confirmed complete transfer"); an in-process return is that transfer.  An
     already delivered result is only read (no event per read).  ``defer``: its streams
-    ``Deferred`` (``stored_payload``), for a ``deliver`` that reads them as it writes."""
+    ``Deferred`` (``stored_payload``), for a ``deliver`` that reads them as it writes.
+    ``asker``: who reads it (the daemon's peer) -- a read by another than its requester
+    (``requested_by``) is only a read: the journal cannot say the requester got the result,
+    nothing is recorded; the requester's own read records who read it (``reader``)."""
     recorder = engine.recorder
-    if record.state not in AWAITING_DELIVERY:
+    if record.state not in AWAITING_DELIVERY or not requested_by(engine, record, asker):
         return recorder.envelope(record, whole=True, defer=defer)
     iid = record.invocation_id
-    delivered = Event(E.RESULT_DELIVERED, iid, {"channel": "fetch"})
+    attrs: dict[str, Any] = {"channel": "fetch"}
+    if asker is not None:
+        attrs["reader"] = {"uid": asker.uid, "session": asker.session}
+    delivered = Event(E.RESULT_DELIVERED, iid, attrs)
     if deliver is None:
         await recorder.append(delivered)
         return recorder.envelope(await recorder.record(iid), whole=True)

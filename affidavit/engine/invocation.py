@@ -310,6 +310,8 @@ async def start(
             **({"lease_boot": boot} if boot is not None else {}),
             **({"link": dict(link)} if link else {}),
             **({"took_over": took_over} if took_over is not None else {}),
+            # Who asked, as the daemon's socket names it: a fetch by another is no delivery.
+            **({"requester": {"uid": requester}} if requester is not None else {}),
         },
     )
     accepted_payload = (
