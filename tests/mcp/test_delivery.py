@@ -25,6 +25,7 @@ from typing import Any
 
 import trio
 
+from affidavit.api.client import Client as DaemonClient
 from tests.broker.helpers import write_config
 from tests.daemon.kit import running_daemon, wait_until
 from tests.mcp.kit import PYTHON, WAIT, Connected, connected, env_without_secrets, structured
@@ -193,9 +194,16 @@ async def test_through_the_daemon_a_killed_client_s_result_is_stored_and_fetched
             await wait_until(stored, "the daemon stores the result")
             record = await the_call(mcp, session)
             assert record["kinds"][-1] == "RESULT_DELIVERY_FAILED"
-            fetched = await mcp.call("fetch_result", {"invocation_id": record["invocation_id"]})
-            assert fetched.is_error is False
+            iid = record["invocation_id"]
+            fetched = await mcp.call("fetch_result", {"invocation_id": iid})
             assert structured(fetched)["result"]["body"] == "late and done"
+            # A new connection is a new session: nothing proves it is the caller that asked
+            # (tests/daemon/test_fetch_by_another.py) -- a read, the delivery still failed.
+            assert (await the_call(mcp, session))["kinds"][-1] == "RESULT_DELIVERY_FAILED"
+        async with DaemonClient.open(daemon.socket) as client:  # the requester: its uid and session
+            own = await client.fetch_result(iid, session=session)
+            assert own is not None and "error" not in own
+            assert [e["kind"] for e in await client.events(iid)][-1] == "RESULT_DELIVERED"
     assert len(remotes.holds.requests) == 1
 
 
