@@ -96,9 +96,10 @@ class EventKind(StrEnum):
     """The caller's channel confirmed complete transfer.  attrs: channel (return: the envelope
     handed back in process; deliver: the daemon's or MCP's answer written whole -- for a poll
     or a reconciliation query, the poll's or the query's answer that carries its envelope;
-    fetch: a whole read by the call's requester -- ACTION_ACCEPTED's requester uid, and its
-    session when both name one; another reader's fetch is a read and records nothing); reader
-    (uid, session), on a fetch the daemon served.  Not a barrier: written after the hand-over
+    fetch: a whole read by the requesting uid -- ACTION_ACCEPTED's requester, the socket peer;
+    a session is a label any caller may send and decides nothing; another uid's fetch is a read
+    and records nothing); reader ({uid}), on a fetch the daemon served.  Delivered means
+    answered whole to the requesting uid.  Not a barrier: written after the hand-over
     and queued without waiting for its commit (the call returns first).  The broker's async
     reads wait for it (a fetch right after records no second delivery; a view no longer than
     ``view_wait``); its synchronous reads show what is committed (``Broker.settled`` first).

@@ -33,7 +33,7 @@ import trio
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy
 from affidavit.approvals import service as approvals
 from affidavit.config import Config, load_config, trust_anchors
-from affidavit.engine import Asker, CallControl, Deliver, Engine, EngineSettings
+from affidavit.engine import CallControl, Deliver, Engine, EngineSettings
 from affidavit.engine import approval as engine_approval
 from affidavit.engine.delivery import STORE_ONLY
 from affidavit.journal import (
@@ -272,7 +272,7 @@ class Broker:
         deliver: Deliver | None = None,
         operator: bool = False,
         defer: bool = False,
-        asker: Asker | None = None,
+        reader: int | None = None,
     ) -> dict[str, Any] | None:
         """The recorded envelope of an invocation — never a re-execution.  None if unknown id,
         or (unless ``operator``) an invocation on a target this broker's configuration does not
@@ -285,8 +285,8 @@ class Broker:
         chunk (the daemon's answer; not JSON until it does).  Raises
         ``JournalError`` if the stored result fails verification (never altered bytes).  A whole
         result that had not reached its caller is recorded RESULT_DELIVERED by this read (after
-        ``deliver``, when given, has handed the envelope over) -- unless ``asker`` (who reads:
-        the daemon's peer and the session it names) is not who asked for it: only a read."""
+        ``deliver``, when given, has handed the envelope over) -- unless ``reader`` (the uid that
+        reads: the daemon's peer) is not the uid that asked for it: only a read."""
         return await self._engine.fetch_result(
             invocation_id,
             from_chunk=from_chunk,
@@ -294,7 +294,7 @@ class Broker:
             deliver=deliver,
             operator=operator,
             defer=defer,
-            asker=asker,
+            reader=reader,
         )
 
     def callable_by_caller(self, record: Record) -> bool:

@@ -205,21 +205,13 @@ class Client:
         return envelope
 
     async def fetch_result(
-        self,
-        invocation_id: str,
-        *,
-        from_chunk: int | None = None,
-        chunks: int | None = None,
-        session: str | None = None,
+        self, invocation_id: str, *, from_chunk: int | None = None, chunks: int | None = None
     ) -> dict[str, Any] | None:
         """The recorded envelope of an invocation -- never a re-execution.  None if unknown.
         ``from_chunk=N`` resumes (as ``Broker.fetch_result``): to the end, read a page of
         ``MAX_RESULT_PAGE_CHUNKS`` at a time and put together (``pages.read_pages``); with
         ``chunks=M``, one page of at most M chunks of each stream (1 to
-        ``MAX_RESULT_PAGE_CHUNKS``), whose ``result.resume.next_chunk`` names the next.
-        ``session``: the session this caller reads for (``?session=``): a whole read delivers
-        a result only to who asked for it -- this uid, and this session when the call named
-        one (``engine.delivery.requested_by``)."""
+        ``MAX_RESULT_PAGE_CHUNKS``), whose ``result.resume.next_chunk`` names the next."""
         if from_chunk is not None and from_chunk < 0:
             raise ValueError("from_chunk must be >= 0")
         if chunks is not None and not 1 <= chunks <= MAX_RESULT_PAGE_CHUNKS:
@@ -234,7 +226,7 @@ class Client:
         elif from_chunk is not None:
             envelope = await read_pages(page, from_chunk)
         else:
-            envelope = await self._get_or_none(target(path, {"session": session}))
+            envelope = await self._get_or_none(path)
         return envelope
 
     async def poll_operation(

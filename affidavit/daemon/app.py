@@ -60,7 +60,6 @@ from affidavit.api.wire import (
 from affidavit.console import TokenStore
 from affidavit.engine import (
     READ_RETRY,
-    Asker,
     OperationError,
     call_failure,
     internal_failure,
@@ -319,9 +318,6 @@ class Api:
 
         from_chunk = req.count_param("from_chunk")
         chunks = _page_param(req)
-        # Who reads: the peer the kernel names, for the session it says (MCP's proxy: its
-        # connection's) -- a fetch is the delivery only when it is who asked.
-        asker = Asker(req.peer.uid, req.text_param("session"))
         if chunks is not None and from_chunk is None:
             from_chunk = 0
         elif from_chunk is not None and chunks is None:
@@ -335,7 +331,9 @@ class Api:
                 chunks=chunks,
                 deliver=deliver,
                 defer=True,
-                asker=asker,  # another than the call's requester only reads it
+                # The uid the kernel names: a fetch is the delivery only by the uid that asked
+                # (a session is a label any caller may send: it decides nothing).
+                reader=req.peer.uid,
             )
             if req.answered or req.link.hung_up.is_set():
                 return
@@ -557,7 +555,7 @@ QUERY_PARAMS: dict[Callable[..., Awaitable[None]], tuple[str, ...]] = {
     Api.call: ("timeout",),
     Api.poll: ("timeout",),
     operators.reconcile: ("timeout",),
-    Api.result: ("from_chunk", "chunks", "session"),
+    Api.result: ("from_chunk", "chunks"),
     Api.actions: ("session", "outcome", "phase", "since", "until", "limit"),
     Api.sessions: ("limit",),
     Api.metrics: ("session", "since", "format"),

@@ -5,7 +5,7 @@ the parts in the order a call meets them."""
 
 from affidavit.engine.collector import tune_collector
 from affidavit.engine.control import CallControl
-from affidavit.engine.delivery import Asker, NotAnswered
+from affidavit.engine.delivery import NotAnswered
 from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.location import JOURNAL_WORDS, unplaced
@@ -39,7 +39,6 @@ __all__ = [
     "RESULT_UNVERIFIED",
     "UNAVAILABLE_RETRY_AFTER",
     "UNREADABLE",
-    "Asker",
     "CallControl",
     "CallNotRecorded",
     "Deferred",

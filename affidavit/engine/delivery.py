@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -54,7 +54,6 @@ Deliver = Callable[[dict[str, Any]], Awaitable[None]]
 __all__ = [
     "AWAITING_DELIVERY",
     "STORE_ONLY",
-    "Asker",
     "NotAnswered",
     "conclude",
     "deliver_linked",
@@ -73,15 +72,6 @@ class NotAnswered(Exception):
 
 
 E = EventKind
-
-
-class Asker(NamedTuple):
-    """Who reads a stored result (``deliver_stored``), as the daemon knows it: its socket
-    peer's ``uid``, and the ``session`` it reads for, when it says one (MCP's proxy: its
-    connection's)."""
-
-    uid: int
-    session: str | None = None
 
 
 async def _nobody(envelope: dict[str, Any]) -> None:
@@ -488,12 +478,13 @@ async def _delivery_failed(engine: Engine, iid: str, channel: str) -> Record:
     return await recorder.record(iid)
 
 
-def requested_by(engine: Engine, record: Record, asker: Asker | None) -> bool:
-    """Whether ``asker`` is who asked for ``record``'s invocation: the uid its ACTION_ACCEPTED
-    names (``requester``), and -- when both name one -- the same session.  True without an
-    ``asker`` (an in-process read: this process is the caller) or a requester on record (a
-    call made in-process, or an older journal's: read as before)."""
-    if asker is None:
+def requested_by(engine: Engine, record: Record, reader: int | None) -> bool:
+    """Whether the uid ``reader`` is who asked for ``record``'s invocation: the uid its
+    ACTION_ACCEPTED names (``requester``) -- authenticated by the kernel (the daemon's socket
+    peer).  A session is a label any caller may send: it proves nothing and decides nothing
+    here.  True without a ``reader`` (an in-process read: this process is the caller) or a
+    requester on record (a call made in-process, or an older journal's: read as before)."""
+    if reader is None:
         return True
     requester = None
     for event in engine.journal.events(record.invocation_id):
@@ -502,9 +493,31 @@ def requested_by(engine: Engine, record: Record, asker: Asker | None) -> bool:
             break
     if not isinstance(requester, Mapping) or "uid" not in requester:
         return True
-    if requester["uid"] != asker.uid:
-        return False
-    return asker.session is None or record.session is None or asker.session == record.session
+    return bool(requester["uid"] == reader)
+
+
+NOT_THE_REQUESTER = {
+    "recorded": False,
+    "why": "read whole by another uid than the call's requester: a read, recording nothing; "
+    "the journal does not say the requester received this result",
+}
+"""An envelope's ``delivery`` when another uid read a result its requester has not been
+recorded to receive (``read_by_another``)."""
+
+
+def read_by_another(engine: Engine, record: Record, defer: bool) -> dict[str, Any]:
+    """``record``'s stored result as read by another uid than its requester: the record as
+    its stored result left it -- without its RESULT_DELIVERY_FAILED rows, which are about the
+    requester's answer, not this reader's (their ``retry: fetch_result`` would send this reader
+    to fetch again, for ever) -- and ``delivery`` saying that no delivery is recorded.  What
+    the remote answered (committed, or its rejection's own code and hint) stands as stored."""
+    recorder = engine.recorder
+    events = list(engine.journal.events(record.invocation_id))
+    kept = [e for e in events if e.kind is not E.RESULT_DELIVERY_FAILED]
+    view = recorder.projected(kept, recorder.hint_now()) if len(kept) < len(events) else record
+    envelope = recorder.envelope(view, whole=True, defer=defer)
+    envelope["delivery"] = dict(NOT_THE_REQUESTER)
+    return envelope
 
 
 async def deliver_stored(
@@ -513,7 +526,7 @@ async def deliver_stored(
     deliver: Deliver | None,
     *,
     defer: bool = False,
-    asker: Asker | None = None,
+    reader: int | None = None,
 ) -> dict[str, Any]:
     """A stored result read again by its caller (``fetch_result``): seed, "treat repeated
     requests as reads" -- nothing is sent to the remote.  A result not yet delivered (never, or
@@ -522,16 +535,18 @@ async def deliver_stored(
     the protocol has confirmed complete transfer"); an in-process return is that transfer.  An
     already delivered result is only read (no event per read).  ``defer``: its streams
     ``Deferred`` (``stored_payload``), for a ``deliver`` that reads them as it writes.
-    ``asker``: who reads it (the daemon's peer) -- a read by another than its requester
-    (``requested_by``) is only a read: the journal cannot say the requester got the result,
-    nothing is recorded; the requester's own read records who read it (``reader``)."""
+    ``reader``: the uid that reads it (the daemon's peer) -- delivered means answered whole to
+    the requesting uid: another uid's read (``requested_by``) records nothing and is answered
+    ``read_by_another``; the requester's own read records its uid (``reader``)."""
     recorder = engine.recorder
-    if record.state not in AWAITING_DELIVERY or not requested_by(engine, record, asker):
+    if record.state not in AWAITING_DELIVERY:
         return recorder.envelope(record, whole=True, defer=defer)
+    if not requested_by(engine, record, reader):
+        return read_by_another(engine, record, defer)
     iid = record.invocation_id
     attrs: dict[str, Any] = {"channel": "fetch"}
-    if asker is not None:
-        attrs["reader"] = {"uid": asker.uid, "session": asker.session}
+    if reader is not None:
+        attrs["reader"] = {"uid": reader}
     delivered = Event(E.RESULT_DELIVERED, iid, attrs)
     if deliver is None:
         await recorder.append(delivered)

@@ -49,7 +49,7 @@ from affidavit.statemachine import Event, Record
 from . import approval, delivery, invocation, operations
 from .approval import ApprovalBoard
 from .control import CallControl
-from .delivery import Asker, deliver_stored
+from .delivery import deliver_stored
 from .recorder import Recorder
 from .recovery import CallNotRecorded, internal_close, journal_refused, recover_stale
 from .settings import EngineSettings
@@ -219,7 +219,7 @@ class Engine:
         deliver: Deliver | None = None,
         operator: bool = False,
         defer: bool = False,
-        asker: Asker | None = None,
+        reader: int | None = None,
     ) -> dict[str, Any] | None:
         """The stored envelope of an invocation: a read, never a re-execution.  ``from_chunk``:
         the result's streams from that chunk on (with a ``resume`` table), for a caller resuming
@@ -233,8 +233,8 @@ class Engine:
         byte (``NotAnswered``) raises that, nothing recorded; a resumed read (``from_chunk``)
         records nothing.  None for an unknown id -- and, unless ``operator`` (the console, the
         embedded CLI), for one a caller may not read (``callable_by_caller``): the same answer,
-        so ids cannot be probed.  ``asker``: who reads (the daemon's peer); a read by another
-        than the call's requester records nothing (``delivery.requested_by``)."""
+        so ids cannot be probed.  ``reader``: the uid that reads (the daemon's peer); a read
+        by another uid than the call's requester records nothing (``delivery.requested_by``)."""
         if from_chunk is not None and from_chunk < 0:
             raise ValueError("from_chunk must be >= 0")
         if chunks is not None and (chunks < 1 or from_chunk is None):
@@ -269,7 +269,7 @@ class Engine:
                 return self.recorder.envelope(
                     record, from_chunk=from_chunk, to_chunk=to_chunk, defer=defer
                 )
-            return await deliver_stored(self, record, deliver, defer=defer, asker=asker)
+            return await deliver_stored(self, record, deliver, defer=defer, reader=reader)
         finally:
             self.recorder.done()  # as a call's: nothing kept for this task once it is over
 

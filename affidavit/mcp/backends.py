@@ -90,16 +90,9 @@ class Backend(Protocol):
     async def catalog(self) -> dict[str, Any]: ...
     async def call(self, action: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]: ...
     async def fetch_result(
-        self,
-        invocation_id: str,
-        from_chunk: int | None,
-        chunks: int | None,
-        exchange: Exchange,
-        session: str | None = None,
+        self, invocation_id: str, from_chunk: int | None, chunks: int | None, exchange: Exchange
     ) -> dict[str, Any]:
-        """The stored envelope; ``from_chunk`` with ``chunks``: a page of it.  ``session``:
-        the connection's -- through the daemon, a read delivers a result only to who asked
-        (its uid and session); embedded, this process is the one caller."""
+        """The stored envelope; ``from_chunk`` with ``chunks``: a page of it."""
         ...
 
     async def record(self, invocation_id: str) -> dict[str, Any]: ...
@@ -189,12 +182,7 @@ class Embedded:
             self._controls.discard(control)
 
     async def fetch_result(
-        self,
-        invocation_id: str,
-        from_chunk: int | None,
-        chunks: int | None,
-        exchange: Exchange,
-        session: str | None = None,
+        self, invocation_id: str, from_chunk: int | None, chunks: int | None, exchange: Exchange
     ) -> dict[str, Any]:
         from affidavit.engine import result_failure
         from affidavit.journal import JournalError
@@ -384,17 +372,10 @@ class Daemon:
         )
 
     async def fetch_result(
-        self,
-        invocation_id: str,
-        from_chunk: int | None,
-        chunks: int | None,
-        exchange: Exchange,
-        session: str | None = None,
+        self, invocation_id: str, from_chunk: int | None, chunks: int | None, exchange: Exchange
     ) -> dict[str, Any]:
         found = await self._ask(
-            self.client.fetch_result(
-                invocation_id, from_chunk=from_chunk, chunks=chunks, session=session
-            )
+            self.client.fetch_result(invocation_id, from_chunk=from_chunk, chunks=chunks)
         )
         return _unknown_id(invocation_id) if found is None else found
 

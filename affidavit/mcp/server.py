@@ -198,7 +198,7 @@ class McpSession:
             if chunk is not None or size is not None:
                 chunk, size = chunk or 0, size or RESULT_PAGE_CHUNKS
             return await self._run(
-                request_id, lambda ex: backend.fetch_result(iid, chunk, size, ex, self.session)
+                request_id, lambda ex: backend.fetch_result(iid, chunk, size, ex)
             )
         if name == "poll_operation":
             op_id = args["operation_id"]

@@ -1,12 +1,14 @@
-"""A fetch delivers a stored result only to who asked for it (seed: "Mark RESULT_DELIVERED only
-after the protocol has confirmed complete transfer" -- to the caller).  A call the daemon runs
-records its requester (the socket peer's uid) on ACTION_ACCEPTED; a whole ``fetch_result`` by
-another uid -- or, the call having named a session, by the same uid reading for another
-session -- is only a read: the result stays undelivered, nothing recorded.  The requester's own
-fetch delivers it, recorded with who read it.  A record without a requester (a call made
-in-process, an older journal) is delivered by any fetch, as before.  Before, any caller's fetch
-recorded RESULT_DELIVERED {channel: fetch}: the journal claimed the requester got a result
-another agent had read.  Through the daemon's socket: tests/daemon/test_fetch_by_another.py."""
+"""A fetch delivers a stored result only to the uid that asked for it (seed: "Mark
+RESULT_DELIVERED only after the protocol has confirmed complete transfer" -- to the caller).  A
+call the daemon runs records its requester (the socket peer's uid) on ACTION_ACCEPTED; a whole
+``fetch_result`` by another uid is only a read: the result stays undelivered, nothing recorded,
+and its answer is true for that reader -- the result as stored, ``delivery.recorded: false``,
+never RESULT_DELIVERY_FAILED's ``retry: fetch_result`` (fetching again would loop).  The
+requester's own fetch delivers it, recorded with the reader's uid; a session names no one.  A
+record without a requester (a call made in-process, an older journal) is delivered by any
+fetch, as before.  Before, any caller's fetch recorded RESULT_DELIVERED {channel: fetch}: the
+journal claimed the requester got a result another agent had read.  Through the daemon's
+socket: tests/daemon/test_fetch_by_another.py."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ from typing import Any
 import trio
 
 from affidavit.api import Broker
-from affidavit.engine import Asker
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .helpers import http_target, open_broker, write_config
@@ -53,21 +54,21 @@ async def test_only_the_requester_s_fetch_delivers_its_result(tmp_path: Path, to
             iid = await _undelivered(broker, REQUESTER)
             accepted = next(e for e in broker.events(iid) if e.kind.value == "ACTION_ACCEPTED")
             assert accepted.attrs["requester"] == {"uid": REQUESTER}
-            for other in (Asker(REQUESTER + 1), Asker(REQUESTER + 1, "agentA")):
-                read = await broker.fetch_result(iid, asker=other)  # another uid: a read
+            for _ in range(2):  # another uid: a read, and no error sending it to fetch again
+                read = await broker.fetch_result(iid, reader=REQUESTER + 1)
                 assert read is not None and read["result"]["body"] == "done"
-            read = await broker.fetch_result(iid, asker=Asker(REQUESTER, "agentB"))
-            assert read is not None and read["result"]["body"] == "done"  # another session
+                assert "error" not in read and read["delivery"]["recorded"] is False
+                assert read["evidence"]["outcome"] == "committed"
             await broker.settled()
             assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
             assert broker.record(iid).state == "delivery_failed_committed"  # type: ignore[union-attr]
 
-            own = await broker.fetch_result(iid, asker=Asker(REQUESTER, "agentA"))
-            assert own is not None and own["result"]["body"] == "done"
+            own = await broker.fetch_result(iid, reader=REQUESTER)
+            assert own is not None and own["result"]["body"] == "done" and "delivery" not in own
             await broker.settled()
             assert _delivery(broker, iid) == [
                 ("RESULT_DELIVERY_FAILED", None),
-                ("RESULT_DELIVERED", {"uid": REQUESTER, "session": "agentA"}),
+                ("RESULT_DELIVERED", {"uid": REQUESTER}),
             ]
 
 
@@ -82,6 +83,6 @@ async def test_a_record_without_a_requester_is_delivered_by_any_fetch(
             iid = await _undelivered(broker, None)
             accepted = next(e for e in broker.events(iid) if e.kind.value == "ACTION_ACCEPTED")
             assert "requester" not in accepted.attrs
-            await broker.fetch_result(iid, asker=Asker(REQUESTER + 1, "agentB"))
+            await broker.fetch_result(iid, reader=REQUESTER + 1)
             await broker.settled()
             assert [k for k, _ in _delivery(broker, iid)][-1] == "RESULT_DELIVERED"

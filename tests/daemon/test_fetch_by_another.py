@@ -1,9 +1,11 @@
 """Through the daemon: agent A posts (session ``agentA``) and hangs up after dispatch -- stored,
-RESULT_DELIVERY_FAILED.  Agent B, an ``affidavit mcp`` proxy of the same uid, lists A's session
-and fetches the result: it reads it, but its proxy says its own session (``?session=``), so the
-record stays undelivered.  A's own fetch (its uid, its session) delivers it, recorded with who
-read it.  Before, B's fetch recorded RESULT_DELIVERED {channel: fetch}: the journal claimed A
-got the result.  The rule itself: tests/broker/test_fetch_by_another.py."""
+RESULT_DELIVERY_FAILED.  Agent B, an ``affidavit mcp`` proxy run as ANOTHER uid (``nobody``),
+lists A's session and fetches the result: B reads it whole, and its answer says what is true for
+B -- the result as stored, no ``error``/``isError`` telling it to fetch again (which would loop:
+its fetches never deliver), and ``delivery.recorded: false``.  The record stays undelivered.  A's
+own fetch (its uid; no session needed: a session is a label, it decides nothing) delivers it,
+recorded with the reader's uid.  Before, B's fetch recorded RESULT_DELIVERED {channel: fetch}:
+the journal claimed A got the result.  The rule itself: tests/broker/test_fetch_by_another.py."""
 
 from __future__ import annotations
 
@@ -16,11 +18,10 @@ import trio
 
 from affidavit.api.client import Client
 from tests.mcp.conftest import Remotes, remotes, token, wait_for  # noqa: F401 (fixtures)
-from tests.mcp.kit import PYTHON, env_without_secrets
-from tests.mcp.test_linked_delivery import tool
-from tests.mcp.test_protocol import INIT, Raw
+from tests.mcp.kit import env_without_secrets
+from tests.mcp.test_protocol import INIT, Raw, call
 
-from .kit import running_daemon, wait_until
+from .kit import NOBODY, as_user, running_daemon, wait_until
 
 BODY = b'{"target":"holds","method":"POST","path":"/h","body":"{}","session":"agentA"}'
 
@@ -33,13 +34,20 @@ def _delivery(events: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     ]
 
 
-async def test_another_agent_s_fetch_is_a_read_and_the_requester_s_a_delivery(
+async def test_another_uid_s_fetch_is_a_read_and_the_requester_s_a_delivery(
     tmp_path: Path,
     remotes: Remotes,  # noqa: F811
     token: str,  # noqa: F811
+    shared_socket_dir: Path,
 ) -> None:
     async with (
-        running_daemon(tmp_path, remotes.targets(), token=token) as daemon,
+        running_daemon(
+            tmp_path,
+            remotes.targets(),
+            token=token,
+            service={"allow_gids": [NOBODY]},
+            socket_dir=shared_socket_dir,
+        ) as daemon,
         Client.open(daemon.socket) as client,
     ):
         a = await trio.open_unix_socket(str(daemon.socket))
@@ -59,23 +67,23 @@ async def test_another_agent_s_fetch_is_a_read_and_the_requester_s_a_delivery(
         iid = await wait_until(failed, "A's call stored, its answer failed")
         assert _delivery(await client.events(iid)) == [("RESULT_DELIVERY_FAILED", None)]
 
+        env = env_without_secrets()
+        env["HOME"] = "/nonexistent"
         with (tmp_path / "b.log").open("ab") as log:
             proc = await trio.lowlevel.open_process(
-                [PYTHON, "-m", "affidavit", "mcp", "--socket", str(daemon.socket)],
+                as_user(NOBODY, "-m", "affidavit", "mcp", "--socket", str(daemon.socket)),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
-                env=env_without_secrets(),
+                env=env,
             )
         b = Raw(proc, tmp_path / "b.log")
         try:
             await b.send(INIT)
             await b.answer(0)
             await b.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-            listed = await tool(b, 1, "list_actions", {"session": "agentA"})
-            assert [x["invocation_id"] for x in listed["actions"]] == [iid]
-            read = await tool(b, 2, "fetch_result", {"invocation_id": iid})
-            assert read["result"]["body"] == "late and done"  # B reads it ...
+            await b.send(call(1, "fetch_result", {"invocation_id": iid}))
+            read = (await b.answer(1))["result"]
         finally:
             proc.kill()
             with trio.fail_after(20):
@@ -83,13 +91,20 @@ async def test_another_agent_s_fetch_is_a_read_and_the_requester_s_a_delivery(
             for stream in (proc.stdin, proc.stdout):
                 assert stream is not None
                 await stream.aclose()
+        # B reads it whole, told the truth for B: no error that sends it to fetch again.
+        assert read["isError"] is False
+        shown = read["structuredContent"]
+        assert shown["result"]["body"] == "late and done"
+        assert "error" not in shown
+        assert shown["delivery"]["recorded"] is False
         # ... and the journal does not say A got it.
         assert _delivery(await client.events(iid)) == [("RESULT_DELIVERY_FAILED", None)]
 
-        own = await client.fetch_result(iid, session="agentA")
+        own = await client.fetch_result(iid)  # A's uid, whatever session it names
         assert own is not None and own["result"]["body"] == "late and done"
+        assert "delivery" not in own and "error" not in own
         assert _delivery(await client.events(iid)) == [
             ("RESULT_DELIVERY_FAILED", None),
-            ("RESULT_DELIVERED", {"uid": os.getuid(), "session": "agentA"}),
+            ("RESULT_DELIVERED", {"uid": os.getuid()}),
         ]
     assert len(remotes.holds.requests) == 1  # sent once: every fetch a read

@@ -8,7 +8,8 @@ releases it; the test kills the client with SIGKILL.
 * Embedded, and the remote answers after the kill: the result is stored, the lost answer is
   RESULT_DELIVERY_FAILED, and a new connection's ``fetch_result`` returns it (a read).
 * Through the daemon: the proxy hangs up on the daemon, which runs the call to its end, stores
-  the result and records the failed delivery; a new connection's ``fetch_result`` returns it.
+  the result and records the failed delivery; a new connection's ``fetch_result`` (the same
+  uid: the requester) returns it and records it delivered.
 
 In every case the remote saw exactly one request.
 """
@@ -25,7 +26,6 @@ from typing import Any
 
 import trio
 
-from affidavit.api.client import Client as DaemonClient
 from tests.broker.helpers import write_config
 from tests.daemon.kit import running_daemon, wait_until
 from tests.mcp.kit import PYTHON, WAIT, Connected, connected, env_without_secrets, structured
@@ -194,16 +194,13 @@ async def test_through_the_daemon_a_killed_client_s_result_is_stored_and_fetched
             await wait_until(stored, "the daemon stores the result")
             record = await the_call(mcp, session)
             assert record["kinds"][-1] == "RESULT_DELIVERY_FAILED"
-            iid = record["invocation_id"]
-            fetched = await mcp.call("fetch_result", {"invocation_id": iid})
+            fetched = await mcp.call("fetch_result", {"invocation_id": record["invocation_id"]})
+            assert fetched.is_error is False
             assert structured(fetched)["result"]["body"] == "late and done"
-            # A new connection is a new session: nothing proves it is the caller that asked
-            # (tests/daemon/test_fetch_by_another.py) -- a read, the delivery still failed.
-            assert (await the_call(mcp, session))["kinds"][-1] == "RESULT_DELIVERY_FAILED"
-        async with DaemonClient.open(daemon.socket) as client:  # the requester: its uid and session
-            own = await client.fetch_result(iid, session=session)
-            assert own is not None and "error" not in own
-            assert [e["kind"] for e in await client.events(iid)][-1] == "RESULT_DELIVERED"
+            # The same uid reconnecting is the requester: its fetch is the delivery (a new
+            # MCP connection, a new session -- a label, which decides nothing).
+            assert "delivery" not in structured(fetched)
+            assert (await the_call(mcp, session))["kinds"][-1] == "RESULT_DELIVERED"
     assert len(remotes.holds.requests) == 1
 
 
