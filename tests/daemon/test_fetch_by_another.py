@@ -100,7 +100,7 @@ async def test_another_uid_s_fetch_is_a_read_and_the_requester_s_a_delivery(
         # ... and the journal does not say A got it.
         assert _delivery(await client.events(iid)) == [("RESULT_DELIVERY_FAILED", None)]
 
-        own = await client.fetch_result(iid)  # A's uid, whatever session it names
+        own = await client.fetch_result(iid)  # A's uid (this process's): the requester
         assert own is not None and own["result"]["body"] == "late and done"
         assert "delivery" not in own and "error" not in own
         assert _delivery(await client.events(iid)) == [
