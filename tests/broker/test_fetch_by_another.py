@@ -86,3 +86,23 @@ async def test_a_record_without_a_requester_is_delivered_by_any_fetch(
             await broker.fetch_result(iid, reader=REQUESTER + 1)
             await broker.settled()
             assert [k for k, _ in _delivery(broker, iid)][-1] == "RESULT_DELIVERED"
+
+
+async def test_another_uid_reads_a_rejection_as_the_remote_classified_it(
+    tmp_path: Path, token: str
+) -> None:
+    """A stored rejection read by another uid: the rejection's own code and hint, as the
+    record's RESULT_DELIVERY_FAILED rows left aside say it -- not ``retry: fetch_result``."""
+    async with HostileServer.running(scripts.serve(Reply(400, body=b"bad"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            iid = await _undelivered(broker, REQUESTER)
+            assert broker.record(iid).state == "delivery_failed_rejected"  # type: ignore[union-attr]
+            read = await broker.fetch_result(iid, reader=REQUESTER + 1)
+            assert read is not None and read["result"]["body"] == "bad"
+            assert read["error"]["outcome"] == "rejected"
+            assert read["error"]["code"] != "RESULT_DELIVERY_FAILED"
+            assert read["error"]["retry"] != "fetch_result"
+            assert read["delivery"]["recorded"] is False
+            await broker.settled()
+            assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
