@@ -47,6 +47,7 @@ import affidavit
 from affidavit.api.wire import RESULT_PAGE_CHUNKS
 
 from .backends import Backend, Exchange
+from .render import render
 from .tools import (
     CONTRACT,
     READ_TOOLS,
@@ -56,7 +57,6 @@ from .tools import (
     is_error,
     non_finite,
     refusal,
-    render,
     visible_name,
 )
 from .transport import StdioTransport, shown_id

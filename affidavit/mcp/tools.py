@@ -8,16 +8,16 @@ read tools' parameters are declared once below (``Param``): their schema and the
 both derived from the declaration.
 
 A tool's answer is a JSON object, handed over as the result's structured content beside a short
-text rendering; ``is_error`` is true exactly when it carries an ``error`` (an envelope's, or one
-this layer found before anything was invoked) or an ``api_error`` (the daemon could not answer).
+text rendering (``render.py``); ``is_error`` is true exactly when it carries an ``error`` (an
+envelope's, or one this layer found before anything was invoked) or an ``api_error`` (the
+daemon could not answer).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,6 @@ __all__ = [
     "is_error",
     "non_finite",
     "refusal",
-    "render",
     "visible_name",
 ]
 
@@ -366,57 +365,3 @@ def is_error(answer: Mapping[str, Any]) -> bool:
         return True
     poll = answer.get("poll")
     return isinstance(poll, Mapping) and "error" in poll
-
-
-PREVIEW = 2000
-"""Characters of a result's body (or stdout) the text rendering shows; the whole of it is in
-the structured content."""
-
-
-def render(answer: Mapping[str, Any]) -> str:
-    """A short text rendering for clients that show only text: the envelope's contract fields
-    and the start of its result; any other answer as compact JSON, cut at ``PREVIEW``."""
-    lines: list[str] = []
-    error = answer.get("error")
-    iid = answer.get("invocation_id")
-    if isinstance(error, Mapping):
-        lines.append(
-            f"error {error.get('code')}: phase {error.get('phase')}, outcome "
-            f"{error.get('outcome')}, retry {error.get('retry')}"
-            + (f", field {error['field']}" if error.get("field") else "")
-        )
-        lines.append(str(error.get("message", "")))
-    elif "api_error" in answer:
-        api = answer["api_error"]
-        return f"daemon error {api.get('code')}: {api.get('message')}"
-    elif "result" in answer and iid is not None:
-        lines.append("ok: outcome committed" + _result_line(answer.get("result")))
-    else:
-        return _cut(json.dumps(answer, sort_keys=True, separators=(",", ":")))
-    if iid is not None:
-        lines.append(f"invocation_id {iid}")
-    if isinstance(answer.get("operation"), Mapping):
-        op = answer["operation"]
-        lines.append(f"operation {op.get('id')} state {op.get('state')} (poll_operation)")
-    result = answer.get("result")
-    if isinstance(result, Mapping):
-        for stream in ("body", "stdout", "stderr"):
-            text = result.get(stream)
-            if isinstance(text, str) and text:
-                lines.append(f"{stream}: {_cut(text)}")
-    return "\n".join(lines)
-
-
-def _result_line(result: Any) -> str:
-    if not isinstance(result, Mapping):
-        return ""
-    parts: Sequence[str] = [
-        f"{k} {result[k]}" for k in ("status", "exit_status", "exit_signal") if k in result
-    ]
-    return (", " + ", ".join(parts)) if parts else ""
-
-
-def _cut(text: str) -> str:
-    if len(text) <= PREVIEW:
-        return text
-    return text[:PREVIEW] + f"… ({len(text)} characters; the whole is in the structured content)"

@@ -1,0 +1,174 @@
+"""The text block an agent reads (``affidavit/mcp/render.py``): what decides its next step comes
+first and is never cut.  Before, a reconcile_query or poll_operation answer was compact JSON with
+sorted keys cut at 2000 characters: ``refused`` sorted last and was cut away, and an agent saw a
+query APPROVAL_PENDING and waited on a question already closed.  The structured content keeps
+the whole answer."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.parse
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.mcp.render import PREVIEW, render
+from tests.broker.approvalkit import reconcile_target
+from tests.broker.helpers import TOKEN_ENV, write_config
+from tests.daemon.kit import running_daemon
+from tests.http.hostile import HostileServer, Peer, Reply
+
+from .kit import WAIT, Connected, connected, env_without_secrets, structured
+
+LONG = "x" * (2 * PREVIEW)  # the query's answer: its envelope alone outgrows the cut
+
+
+class SlowQuery:
+    """``POST``: applied, closed unanswered (unknown).  ``GET`` (the reconciliation query):
+    answered 200 with a long body only once ``release`` is set -- meanwhile a same-key retry
+    takes the invocation over, so the query's finding is refused RETRIED_MEANWHILE."""
+
+    def __init__(self) -> None:
+        self.asked, self.release = trio.Event(), trio.Event()
+
+    async def script(self, peer: Peer) -> None:
+        req = await peer.read_request()
+        if req is None or req.method == "POST":
+            await peer.close()
+            return
+        key = urllib.parse.parse_qs(urllib.parse.urlsplit(req.target).query)["idempotency_key"]
+        self.asked.set()
+        await self.release.wait()
+        await peer.respond(Reply(200, body=json.dumps({"key": key, "note": LONG}).encode()))
+
+
+@contextlib.asynccontextmanager
+async def _mcp(mode: str, tmp: Path, url: str, token: str) -> AsyncIterator[Connected]:
+    log = tmp / "mcp.log"
+    if mode == "embedded":
+        cfg = write_config(tmp, reconcile_target(url))
+        async with connected(
+            ["--config", str(cfg)], env_without_secrets(**{TOKEN_ENV: token}), log
+        ) as mcp:
+            yield mcp
+        return
+    async with (
+        running_daemon(tmp, reconcile_target(url), token=token) as daemon,
+        connected(["--socket", str(daemon.socket)], env_without_secrets(), log) as mcp,
+    ):
+        yield mcp
+
+
+@pytest.mark.parametrize("mode", ["embedded", "daemon"])
+async def test_a_long_reconcile_answer_shows_its_refusal_within_the_cut(
+    tmp_path: Path, token: str, mode: str
+) -> None:
+    remote = SlowQuery()
+    action = {
+        "target": "api",
+        "method": "POST",
+        "path": "/v1/charges",
+        "body": "{}",
+        "idempotency_key": "k-1",
+    }
+    answers: list[Any] = []
+    async with (
+        HostileServer.running(remote.script) as srv,
+        _mcp(mode, tmp_path, srv.url, token) as mcp,
+    ):
+        sent = structured(await mcp.call("http_request", action))
+        assert sent["error"]["outcome"] == "unknown", sent
+
+        async def query() -> None:
+            answers.append(
+                await mcp.call("reconcile_query", {"invocation_id": sent["invocation_id"]})
+            )
+
+        with trio.fail_after(WAIT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(query)
+                await remote.asked.wait()
+                retried = structured(await mcp.call("http_request", action))  # the same key
+                assert retried["error"]["outcome"] == "unknown", retried
+                remote.release.set()
+    [result] = answers
+    answer = structured(result)
+    assert answer["refused"]["code"] == "RETRIED_MEANWHILE", answer
+    assert answer["query"]["result"]["body"].endswith(f'"{LONG}"}}')  # the whole, structured
+    text = result.content[0].text
+    assert len(json.dumps(answer)) > PREVIEW + 1000 and len(text) < PREVIEW + 1000, text
+    first = text.splitlines()[0]
+    assert first == f"refused RETRIED_MEANWHILE: {answer['refused']['message']}", text
+    assert "query " in text and "reconciled false" in text, text
+
+
+def _env(iid: str, code: str, outcome: str, retry: str) -> dict[str, Any]:
+    error = {"code": code, "phase": "dispatch", "outcome": outcome, "retry": retry, "message": "m"}
+    return {"invocation_id": iid, "error": error, "evidence": {"padding": LONG}}
+
+
+# (answer, the lines that must open its text, in order) -- every answer outgrows the cut.
+ROWS = [
+    pytest.param(
+        {
+            "operation": {"id": "op-1", "state": "pending", "note": LONG},
+            "poll": _env("p-1", "APPROVAL_PENDING", "not_attempted", "backoff"),
+            "refused": {"code": "POLL_SUPERSEDED", "message": "closed since by seq 9: denied"},
+        },
+        [
+            "refused POLL_SUPERSEDED: closed since by seq 9: denied",
+            "poll p-1: error APPROVAL_PENDING: phase dispatch, outcome not_attempted, "
+            "retry backoff",
+            "operation op-1 state pending",
+        ],
+        id="poll_superseded",
+    ),
+    pytest.param(
+        {
+            "reconciled": False,
+            "envelope": _env("i-1", "RECONCILE_INCONCLUSIVE", "unknown", "reconcile"),
+            "query": _env("q-1", "APPROVAL_PENDING", "not_attempted", "backoff"),
+            "refused": {"code": "QUERY_SUPERSEDED", "message": "closed since by seq 7: sent"},
+        },
+        [
+            "refused QUERY_SUPERSEDED: closed since by seq 7: sent",
+            "reconciled false",
+            "envelope i-1: error RECONCILE_INCONCLUSIVE: phase dispatch, outcome unknown, "
+            "retry reconcile",
+            "query q-1: error APPROVAL_PENDING: phase dispatch, outcome not_attempted, "
+            "retry backoff",
+        ],
+        id="query_superseded",
+    ),
+    pytest.param(
+        {"actions": [{"note": LONG}], "total": 120, "truncated": True},
+        ["total 120, truncated true"],
+        id="list_actions_truncated",
+    ),
+    pytest.param(
+        {
+            "api_error": {
+                "code": "OVERLOADED",
+                "message": "busy",
+                "outcome": "not_attempted",
+                "retry": "backoff",
+                "retry_after": 3,
+            }
+        },
+        ["daemon error OVERLOADED: outcome not_attempted, retry backoff, retry_after 3", "busy"],
+        id="api_error",
+    ),
+]
+
+
+@pytest.mark.parametrize(("answer", "head"), ROWS)
+def test_what_decides_the_next_step_opens_the_text_and_the_rest_is_cut(
+    answer: dict[str, Any], head: list[str]
+) -> None:
+    text = render(answer)
+    assert text.splitlines()[: len(head)] == head, text
+    assert len(text) < PREVIEW + 1000, len(text)
