@@ -327,29 +327,39 @@ READ_TOOLS: dict[str, ReadTool] = {
         ),
         ReadTool(
             "poll_operation",
-            "Query the status resource of a job a 202 accepted (`operation.id` of an "
-            "envelope) once, as an invocation of its own; the submission is never sent again. "
-            "The answer is {operation, poll}: `poll` is that query's envelope (null when the "
-            "job had already ended and nothing was sent). Under the target's approval a poll "
-            "answers APPROVAL_PENDING in `poll`; until it is decided and read, polling again is "
-            "refused POLL_PENDING (an `api_error`: wait, nothing was sent) -- once approved the "
-            "next poll sends it or reads its answer. OPERATION_ERROR: check the job by hand.",
+            "Query the status resource of a job a 202 accepted (`operation.id` of an envelope) "
+            "once, as an invocation of its own; the submission is never sent again. The answer is "
+            "{operation, poll, refused?}: `poll` is that query's envelope (null when the job had "
+            "already ended and nothing was sent). Under the target's approval a poll answers "
+            "APPROVAL_PENDING in `poll`; until it is decided and read, polling again is refused "
+            "POLL_PENDING (an `api_error`: wait, nothing was sent) -- once approved the next poll "
+            "sends it or reads its answer. OPERATION_ERROR: check the job by hand. A poll that ran "
+            "and came back APPROVAL_PENDING while another asker closed that poll and opened "
+            "another answers `refused` {code POLL_SUPERSEDED, message} beside `poll`: this answer "
+            "was not recorded (the message names the row that closed it, which stands) -- the "
+            "APPROVAL_PENDING is not waiting on you: poll again.",
             (Param("operation_id", "the envelope's operation.id", required=True),),
             read_only=False,
         ),
         ReadTool(
             "reconcile_query",
             "After an `unknown` outcome (retry `reconcile`): run the target's configured "
-            "reconciliation query once, as an invocation of its own -- the original call is "
-            "never sent again. The answer is {reconciled, envelope, query}: `envelope` is the "
+            "reconciliation query once, as an invocation of its own -- the original call is never "
+            "sent again. The answer is {reconciled, envelope, query, refused?}: `envelope` is the "
             "original's, settled (`evidence.source` remote_query) only when the query's own "
-            "complete answer proves the effect present or absent; else it stays unknown. Only "
-            "an operator can attest an outcome; no tool does. Refused before anything is sent "
-            "(an `api_error`, the id is right): STILL_RUNNING (query once the call ends), "
-            "NOT_UNKNOWN (already settled: fetch_result), NO_QUERY and CONFIG_CHANGED (check "
-            "by hand), BATCH_NOT_ATOMIC (a batch applied item by item: check each item by "
-            "hand), QUERY_PENDING (an earlier query awaits an operator: query again once it is "
-            "decided). Under the target's approval a query answers APPROVAL_PENDING in `query`.",
+            "complete answer proves the effect present or absent; else it stays unknown. Only an "
+            "operator can attest an outcome; no tool does. Refused before anything is sent (an "
+            "`api_error`, the id is right): STILL_RUNNING (query once the call ends), NOT_UNKNOWN "
+            "(already settled: fetch_result), NO_QUERY and CONFIG_CHANGED (check by hand), "
+            "BATCH_NOT_ATOMIC (a batch applied item by item: check each item by hand), "
+            "QUERY_PENDING (an earlier query awaits an operator: query again once it is decided). "
+            "Under the target's approval a query answers APPROVAL_PENDING in `query`. A query that "
+            "ran but whose finding the record no longer takes answers `reconciled` false and "
+            "`refused` {code, message} -- what the record shows now: RETRIED_MEANWHILE (a same-key "
+            "retry took it over and ended unknown again: query again), STILL_RUNNING, NOT_UNKNOWN, "
+            "QUERY_SUPERSEDED (it came back APPROVAL_PENDING while another asker closed that query "
+            "and opened another: this answer was not recorded, the APPROVAL_PENDING is not waiting "
+            "on you -- query again), QUERY_PENDING (another query is open).",
             (_ID,),
             read_only=False,
         ),

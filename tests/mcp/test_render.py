@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from affidavit.mcp.render import PREVIEW, render
+from affidavit.mcp.tools import READ_TOOLS
 from tests.broker.approvalkit import reconcile_target
 from tests.broker.helpers import TOKEN_ENV, write_config
 from tests.daemon.kit import running_daemon
@@ -172,3 +173,16 @@ def test_what_decides_the_next_step_opens_the_text_and_the_rest_is_cut(
     text = render(answer)
     assert text.splitlines()[: len(head)] == head, text
     assert len(text) < PREVIEW + 1000, len(text)
+
+
+@pytest.mark.parametrize(
+    ("tool", "codes"),
+    [
+        ("reconcile_query", ["RETRIED_MEANWHILE", "QUERY_SUPERSEDED", "QUERY_PENDING"]),
+        ("poll_operation", ["POLL_SUPERSEDED", "POLL_PENDING"]),
+    ],
+)
+def test_the_tool_description_teaches_refused_and_its_codes(tool: str, codes: list[str]) -> None:
+    doc = READ_TOOLS[tool].doc
+    assert "`refused` {code" in doc and "refused?}" in doc, doc
+    assert [c for c in codes if c not in doc] == [], doc
