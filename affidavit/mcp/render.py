@@ -1,14 +1,15 @@
 """The text block of a tool result: what an agent that reads only text sees.
 
-What decides the agent's next step comes first and is never cut: an envelope's
-``error`` {code, phase, outcome, retry, field}, an ``api_error``'s code, outcome, retry, field
-and ``retry_after``, a ``refused`` {code, message} beside a query's or a poll's answer (a
-``reconcile_query`` or ``poll_operation`` refused after it ran: QUERY_SUPERSEDED,
-POLL_SUPERSEDED, RETRIED_MEANWHILE ...), and the status of every envelope an answer holds.
-Only the bulk behind them -- a result's body, the rest of an answer as compact JSON -- is cut at
-``PREVIEW`` characters; the structured content keeps the whole answer.  Before, a 4190-character
-reconcile answer was rendered as compact JSON with sorted keys, cut at 2000: ``refused`` sorted
-last and was cut away, and the agent read the query's APPROVAL_PENDING as still waiting.
+What decides the agent's next step comes first and is never cut: an envelope's ``error`` {code,
+phase, outcome, retry, field} (and a fetched page's ``result.resume``), an ``api_error``'s code,
+outcome, retry, field and ``retry_after``, a ``refused`` {code, message} beside a query's or a
+poll's answer (a ``reconcile_query`` or ``poll_operation`` refused after it ran:
+QUERY_SUPERSEDED, POLL_SUPERSEDED, RETRIED_MEANWHILE ...), and the status of every envelope an
+answer holds. Only the bulk behind them -- a result's body, the rest of an answer as compact
+JSON -- is cut at ``PREVIEW`` characters; the structured content keeps the whole answer. Before,
+a 4190-character reconcile answer was rendered as compact JSON with sorted keys, cut at 2000:
+``refused`` sorted last and was cut away, and the agent read the query's APPROVAL_PENDING as
+still waiting.
 """
 
 from __future__ import annotations
@@ -75,6 +76,12 @@ def _envelope(answer: Mapping[str, Any]) -> list[str]:
         op = answer["operation"]
         lines.append(f"operation {op.get('id')} state {op.get('state')} (poll_operation)")
     result = answer.get("result")
+    if isinstance(result, Mapping) and isinstance(result.get("resume"), Mapping):
+        page = result["resume"]  # a fetch_result page: where the next one starts (null: none)
+        lines.append(
+            f"page from_chunk {page.get('from_chunk')}, next_chunk "
+            f"{json.dumps(page.get('next_chunk'))} (fetch_result from_chunk)"
+        )
     if isinstance(result, Mapping):
         for stream in ("body", "stdout", "stderr"):
             text = result.get(stream)

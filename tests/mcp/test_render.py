@@ -146,6 +146,18 @@ ROWS = [
         id="query_superseded",
     ),
     pytest.param(
+        {
+            "invocation_id": "i-2",
+            "result": {"status": 200, "body": LONG, "resume": {"from_chunk": 0, "next_chunk": 4}},
+        },
+        [
+            "ok: outcome committed, status 200",
+            "invocation_id i-2",
+            "page from_chunk 0, next_chunk 4 (fetch_result from_chunk)",
+        ],
+        id="fetch_result_page",
+    ),
+    pytest.param(
         {"actions": [{"note": LONG}], "total": 120, "truncated": True},
         ["total 120, truncated true"],
         id="list_actions_truncated",
