@@ -193,4 +193,10 @@ async def test_affidavit_mcp_passes_its_daemon_uid_option_to_the_relay(tmp_path:
             if code is not None:
                 assert problem["code"] == code, answer
             else:
-                assert problem == {"code": "SHUTTING_DOWN", "message": f"{HELLO} {NOBODY}"}
+                # (a read refused before anything ran: not_attempted, ask again later)
+                assert problem == {
+                    "code": "SHUTTING_DOWN",
+                    "message": f"{HELLO} {NOBODY}",
+                    "outcome": "not_attempted",
+                    "retry": "backoff",
+                }
