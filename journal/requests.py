@@ -18,6 +18,8 @@ import trio
 from .errors import CommitUnknown, JournalWriteError, ResultStoreFailed, ResultStoreUnknown
 
 if TYPE_CHECKING:
+    from affidavit.statemachine import Event
+
     from .txn import Txn
 
 __all__ = [
@@ -72,6 +74,7 @@ class Req(Generic[T]):
     refused refuses the whole request (``commit._insert_joined``)."""
 
     __slots__ = (
+        "about",
         "after",
         "args",
         "barrier",
@@ -110,6 +113,8 @@ class Req(Generic[T]):
         self.error: BaseException | None = None
         self.meanwhile: Callable[[], None] | None = None
         self.after: tuple[Req[Any], ...] | None = None
+        self.about: Event | None = None
+        """A checked write's (``op``) event, for naming it only (``Writer.unanswered``)."""
 
     def invocations(self) -> set[str]:
         """The invocations a plain append's rows are about (none for an ``op``)."""

@@ -281,6 +281,11 @@ class Journal(JournalReader):
     def around_transaction(self, hook: Around | None) -> None:
         self._writer.around_transaction = hook
 
+    def unanswered_writes(self) -> list[tuple[str, str]]:
+        """(invocation id, event kind) of each write taken and not answered yet
+        (``Writer.unanswered``): what a stop that could not wait for the journal names."""
+        return self._writer.unanswered()
+
     @property
     def write_connection(self) -> Any:
         """The writer's own connection, for storage-fault tests (SQLite: ``PRAGMA
@@ -457,6 +462,7 @@ class Journal(JournalReader):
             meanwhile=meanwhile,
             cancellable=cancellable,
             after=pre,
+            about=event,
         )
 
     async def post(

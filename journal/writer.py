@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from affidavit.statemachine import Projector
+from affidavit.statemachine import Event, Projector
 
 from . import checkpoints
 from .backend import Backend
@@ -410,6 +410,7 @@ class Writer:
         meanwhile: Callable[[], None] | None = None,
         cancellable: bool = False,
         after: tuple[Req[Any], ...] | None = None,
+        about: Event | None = None,
     ) -> T:
         """Queue a write and wait for its transaction's answer.  ``shield``: a wait for room in
         a full queue is not cancellable either, so the whole call is -- a shielded cancel scope
@@ -421,7 +422,9 @@ class Writer:
         answer (``_signal_meanwhile``); or not at all (refused, failed first).  It must not
         raise and must not depend on the write being durable: work the submitter would do
         right after it (issue 15, c=1: the loop is idle during the fsync).  ``after``: earlier
-        writes it presupposes, failed with the first's error if one failed (``Req.after``)."""
+        writes it presupposes, failed with the first's error if one failed (``Req.after``).
+        ``about``: a checked write's event, named if a stop finds it unanswered
+        (``unanswered``)."""
         if cancellable and (op is not None or meanwhile is not None or result_store):
             # A checked write (a lease's, an expiry's), a result or a callback during the
             # COMMIT: each is a boundary its caller acts on -- never answered unread.
@@ -442,6 +445,8 @@ class Writer:
             req.meanwhile = meanwhile
         if after is not None:
             req.after = after
+        if about is not None:
+            req.about = about
         if cancellable:
             return await Posted(req).wait(cancellable=True)
         # Once queued, the write will happen: wait for its answer without being cancellable,
@@ -454,6 +459,30 @@ class Writer:
         if req.error is not None:
             raise req.error
         return req.result  # type: ignore[return-value]
+
+    # -- what a stop that ran out of time left ------------------------------------------------
+
+    def unanswered(self) -> list[tuple[str, str]]:
+        """(invocation id, event kind) of each write taken and not yet answered -- the batch in
+        the writer thread first, then the queue -- a checked append by its ``about`` event, and
+        ("-", "other write") for one that is neither (a lease's, a result chunk's): ids and
+        kinds only, never a row's attributes.  Safe from any thread, the loop's hung or not
+        (``affidavit.daemon.stopbound``): each container is copied in one step, under the GIL."""
+        inflight = self._inflight
+        reqs = [*(inflight.batch if inflight is not None else ()), *list(self._pending)]
+        named: list[tuple[str, str]] = []
+        for r in reqs:
+            if r.finished:
+                continue
+            if r.about is not None:
+                named.append((r.about.invocation_id, r.about.kind.value))
+                continue
+            if r.op is not None or not r.args:
+                named.append(("-", "other write"))
+                continue
+            for row in r.args if r.many else (r.args,):
+                named.append((row[0].invocation_id, row[0].kind.value))
+        return named
 
     # -- the cached projections ----------------------------------------------------------------
 

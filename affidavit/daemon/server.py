@@ -37,6 +37,9 @@ Life of the daemon:
    until when, so a daemon started on the path meanwhile is told so), answer 503 to new calls
    on open connections, let calls in flight finish within ``[service] shutdown_grace``, then
    stop the rest (``calls.py``), close idle connections, let the answers go out, close the journal.
+   The whole stop is bounded (``stopbound.py``): a journal write that never returns -- a disk
+   that stopped answering, a database that holds its connection and never answers -- ends the
+   process past ``stop_bound`` with one log line naming what was pending, exit 74.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ from .socketfile import (
     unlink_if_ours,
     warn_if_no_group_reaches,
 )
+from .stopbound import EXIT_STOP_UNFINISHED, StopBound, pending_words, stop_bound
 
 __all__ = ["Daemon", "DaemonError", "serve"]
 
@@ -251,6 +255,11 @@ class Daemon:
         """The console listener's connections, while it is served."""
         self._lock = -1
         """``<socket>.lock``'s descriptor while the daemon holds it (``claim_socket_path``)."""
+        self.exit_when_stop_unfinished: int | None = None
+        """The exit status the process ends with when the stop outlives ``stop_bound``
+        (``serve``: ``EXIT_STOP_UNFINISHED``); None, run inside another program: logged only."""
+        self._stop_bound: StopBound | None = None
+        """The stop's watchdog, from the stop's start until the journal is closed."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not peer_credentials_supported():
@@ -276,6 +285,8 @@ class Daemon:
             with serving():  # its files' warnings: root here is the broker (journal.exposure)
                 await self._run(task_status)
         finally:
+            if self._stop_bound is not None:  # the journal is closed: nothing left to bound
+                self._stop_bound.disarm()
             os.close(lock)  # only now may another daemon take the path
         log.info("stopped")
 
@@ -406,6 +417,7 @@ class Daemon:
                     outer.start_soon(_prune_view_readers, api.broker)
                     task_status.started()
                     await self.shutdown.wait()
+                    self._arm_stop_bound(api, calls)
                     # Stop accepting: no new connection, and the socket file goes at once (a
                     # client sees "no daemon", not a hang), before the grace starts.
                     accepting.cancel()
@@ -419,6 +431,21 @@ class Daemon:
                     note_state(self._lock, "stopping", until)
                     await self._drain(calls, server, context, connections)
                 outer.cancel_scope.cancel()
+
+    def _arm_stop_bound(self, api: Api, calls: Calls) -> None:
+        """From here the stop has ``stop_bound`` seconds, whatever the journal does."""
+        journal = api.broker.journal
+
+        def pending() -> str:
+            running = [c.control.invocation_id or "none accepted" for c in list(calls.running)]
+            return pending_words(journal.unanswered_writes(), running)
+
+        bound = stop_bound(
+            self.config.service.shutdown_grace,
+            ANSWER_WAIT,
+            self.config.journal.reconnect if journal.backend.shared else None,
+        )
+        self._stop_bound = StopBound(bound, pending, self.exit_when_stop_unfinished)
 
     async def _drain(
         self, calls: Calls, server: Server, context: WorkerContext, connections: trio.Nursery
@@ -557,7 +584,9 @@ async def serve(
     """Run the daemon until SIGTERM or SIGINT (``affidavit serve``); ``console`` overrides
     ``[service] console``; ``exposed``: the files found exposed at the start (``Daemon``)."""
     _raise_open_files()
-    await Daemon(config, socket_path=socket_path, console=console, exposed=exposed).run()
+    daemon = Daemon(config, socket_path=socket_path, console=console, exposed=exposed)
+    daemon.exit_when_stop_unfinished = EXIT_STOP_UNFINISHED
+    await daemon.run()
 
 
 def _raise_open_files() -> None:

@@ -1,0 +1,132 @@
+"""A daemon's stop has a bound even when a journal write never returns (``stopbound.py``): a
+disk that stopped answering holds the writer thread in its transaction, every call waits for
+its write uncancellably, and the journal's close waits for them -- the stop waited for ever.
+
+The hang is real, in a real ``affidavit serve`` process: the writer thread's transaction
+(``journal.writer.attempts``) is replaced, before the daemon starts, by one that holds for
+ever any batch carrying a DISPATCH_STARTED (``HOLD``: the tests' injection, as a ``-c``
+script around ``affidavit.cli.main``).  SIGTERM: the process is gone within ``stop_bound``
+(the grace, the stopped calls' recording, their answers, the close), exit 74
+(``EXIT_STOP_UNFINISHED``), one log line naming the write that was pending.  Nothing claims
+more than the journal holds: the caller got no envelope, the remote got no request (the
+request leaves only once DISPATCH_STARTED is durable), and the daemon started again on the
+same socket and journal closes the record as what its events prove -- not dispatched."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from pathlib import Path
+
+import trio
+
+from affidavit.daemon.server import ANSWER_WAIT
+from affidavit.daemon.stopbound import EXIT_STOP_UNFINISHED, stop_bound
+from affidavit.journal import JournalReader
+from affidavit.statemachine import EventKind
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .kit import (
+    HUNG,
+    Run,
+    action_bytes,
+    api_target,
+    client_env,
+    run,
+    start_daemon,
+    stop,
+    wait_until,
+    write_daemon_config,
+)
+
+GRACE = 0.5
+BOUND = stop_bound(GRACE, ANSWER_WAIT, None)
+MARGIN = 20.0
+"""Beyond the bound: a loaded machine's time to notice the exit (a ceiling, not a measure)."""
+HELD = "test hook: a DISPATCH_STARTED write holds"
+
+HOLD = f"""
+import sys, threading
+from affidavit.journal import writer
+from affidavit.statemachine import EventKind
+
+real = writer.attempts
+
+def kinds(batch):
+    for r in batch:
+        if r.about is not None:
+            yield r.about.kind
+        elif r.op is None and r.args:
+            yield from (row[0].kind for row in (r.args if r.many else (r.args,)))
+
+def attempts(w, batch, barrier):
+    if EventKind.DISPATCH_STARTED in set(kinds(batch)):
+        print({HELD!r}, file=sys.stderr, flush=True)
+        threading.Event().wait()  # for ever: a disk that stopped answering
+    return real(w, batch, barrier)
+
+writer.attempts = attempts
+from affidavit.cli import main
+sys.exit(main(["serve", "--config", sys.argv[1]]))
+"""
+
+
+async def test_a_stop_held_by_a_hung_journal_write_ends_within_its_bound(
+    tmp_path: Path, token: str
+) -> None:
+    socket = tmp_path / "affidavit.sock"
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        config = write_daemon_config(
+            tmp_path, api_target(srv.url), socket=socket, service={"shutdown_grace": GRACE}
+        )
+        held = await start_daemon(
+            config,
+            socket,
+            tmp_path / "held.log",
+            token,
+            command=[sys.executable, "-c", HOLD, str(config)],
+        )
+        answered: list[Run] = []
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def call() -> None:
+                    argv = [sys.executable, "-m", "affidavit", "call", "-", "--socket", str(socket)]
+                    answered.append(await run(argv, stdin=action_bytes(), env=client_env()))
+
+                nursery.start_soon(call)
+                await wait_until(lambda: HELD in held.log_text(), "the held write", watch=[held])
+                held.signal(signal.SIGTERM)
+                status = await held.wait(BOUND + MARGIN)
+        finally:
+            if held.proc.poll() is None:  # it outlived its bound: the test fails, not hangs
+                held.proc.kill()
+                held.proc.wait(timeout=HUNG)
+        log = held.log_text()
+        assert status == EXIT_STOP_UNFINISHED, log
+        pending = re.search(r"stop unfinished after ([\d.]+)s: journal writes unanswered: .*", log)
+        assert pending is not None, log
+        assert float(pending.group(1)) == BOUND
+        assert f"exiting {EXIT_STOP_UNFINISHED} without closing the journal" in pending.group(0)
+        iid = re.search(r"\((\S+) DISPATCH_STARTED", pending.group(0))
+        assert iid is not None, pending.group(0)
+        assert token not in log
+        # Nothing was answered as if it were durable, and nothing was sent.
+        (caller,) = answered
+        assert caller.returncode != 0
+        assert b'"result"' not in caller.stdout and b"committed" not in caller.stdout
+        assert srv.requests == []
+
+        # The next start on the same socket and journal: the locks went with the process.
+        after = await start_daemon(config, socket, tmp_path / "after.log", token)
+        stop(after)
+    assert after.proc.returncode == 0, after.log_text()
+    assert iid.group(1) in after.log_text()  # closed by the start-up recovery
+    with JournalReader.open(str(after.journal)) as reader:
+        assert reader.verify().ok
+        kinds = [e.kind for e in reader.events(iid.group(1))]
+        rec = reader.record(iid.group(1))
+    assert EventKind.DISPATCH_STARTED not in kinds
+    assert EventKind.RESULT_DELIVERED not in kinds
+    assert rec is not None and rec.final and rec.outcome.value == "not_attempted", rec
