@@ -1,11 +1,12 @@
 """``affidavit serve``: run the broker as its own process behind a Unix socket (docs/deployment.md).
 
 Runs until SIGTERM or SIGINT, then stops accepting, lets calls in flight finish within
-``[service] shutdown_grace`` and exits 0.  Exit 2 when it cannot start: a bad config, a journal
-another process writes, a live daemon already on the socket, group or others able to reach the
-journal (its lock, its result segments), a key, the vault (its lock) or a ``file:`` or
-``systemd:`` credential (by its mode bits or its POSIX ACL's entries) or another user owning
-one, or to write the config, a file that decides whom the broker trusts (a target's
+``[service] shutdown_grace`` and exits 0 -- or 74 when a journal write never returned: the stop
+is bounded (``affidavit.daemon.stopbound``, docs/deployment.md). Exit 2 when it cannot start: a
+bad config, a journal another process writes, a live daemon already on the socket, group or
+others able to reach the journal (its lock, its result segments), a key, the vault (its lock) or
+a ``file:`` or ``systemd:`` credential (by its mode bits or its POSIX ACL's entries) or another
+user owning one, or to write the config, a file that decides whom the broker trusts (a target's
 ``ca_file`` or ``known_hosts``, the auditor's public key) or a directory on the path to any of
 them (FILES_EXPOSED, unless ``--allow-exposed-files``) -- the message says which.
 Log lines go to stderr; none carries a secret (only ids, uids, codes and counts).  The process
