@@ -250,7 +250,10 @@ class Proxy:
     * ``hold_next_request()``: the next bytes a client sends are held back and its side of the
       connection is closed, while the server's side stays open -- a COMMIT still on its way
       when its client gave up -- until ``release()`` delivers them (the server's answer is
-      then dropped with the connection).
+      then dropped with the connection);
+    * ``freeze()``: every byte either way is read and dropped, every connection left open -- a
+      server that takes the packets and never answers (a stopped one: its kernel acknowledges
+      them), which no keepalive notices (``thaw()`` lets bytes through again).
 
     Threads pump each direction; every loop ends when its sockets close (``close()`` closes all).
     """
@@ -271,6 +274,7 @@ class Proxy:
         self._cut_after_loss = False
         self.lost_answers = 0
         self._hold = False
+        self.frozen = False
         self._held: tuple[Any, bytes] | None = None
         self._pairs: list[tuple[Any, Any]] = []
         self._lock = threading.Lock()
@@ -317,6 +321,8 @@ class Proxy:
                 data = b""
             if not data:
                 break
+            if self.frozen:
+                continue  # taken, never answered
             if not up and pair["awaiting"]:
                 # The server's answer to the armed request: dropped with the connection.
                 self.lost_answers += 1
@@ -374,6 +380,12 @@ class Proxy:
 
     def restore(self) -> None:
         self.refusing = False
+
+    def freeze(self) -> None:
+        self.frozen = True
+
+    def thaw(self) -> None:
+        self.frozen = False
 
     def close(self) -> None:
         self._closed = True

@@ -21,11 +21,13 @@ from pathlib import Path
 
 import trio
 
+from affidavit.api.client import Client
 from affidavit.daemon.server import ANSWER_WAIT
 from affidavit.daemon.stopbound import EXIT_STOP_UNFINISHED, stop_bound
 from affidavit.journal import JournalReader
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
+from tests.postgres import Cluster, Proxy
 
 from .kit import (
     HUNG,
@@ -90,12 +92,7 @@ async def test_a_stop_held_by_a_hung_journal_write_ends_within_its_bound(
         answered: list[Run] = []
         try:
             async with trio.open_nursery() as nursery:
-
-                async def call() -> None:
-                    argv = [sys.executable, "-m", "affidavit", "call", "-", "--socket", str(socket)]
-                    answered.append(await run(argv, stdin=action_bytes(), env=client_env()))
-
-                nursery.start_soon(call)
+                nursery.start_soon(_call, socket, answered)
                 await wait_until(lambda: HELD in held.log_text(), "the held write", watch=[held])
                 held.signal(signal.SIGTERM)
                 status = await held.wait(BOUND + MARGIN)
@@ -130,3 +127,72 @@ async def test_a_stop_held_by_a_hung_journal_write_ends_within_its_bound(
     assert EventKind.DISPATCH_STARTED not in kinds
     assert EventKind.RESULT_DELIVERED not in kinds
     assert rec is not None and rec.final and rec.outcome.value == "not_attempted", rec
+
+
+async def test_a_stop_held_by_a_database_that_never_answers_ends_within_its_bound(
+    tmp_path: Path, token: str, pg: Cluster, pg_url: str
+) -> None:
+    """A shared journal whose PostgreSQL takes every packet and never answers (``Proxy.freeze``:
+    a stopped server, whose kernel still acknowledges -- no keepalive notices) while a call
+    dispatched waits for its remote: the grace runs out, the call's stop writes where it stood
+    and that write never returns.  The daemon exits 74 within the bound (its ``reconnect`` of
+    1 s under ``CLOSE_WAIT``); restarted once the database answers again, the record still
+    says dispatched and nothing more -- no result, no delivery, the remote asked once."""
+    proxy = Proxy(pg.port)
+    socket = tmp_path / "affidavit.sock"
+    journal = {
+        "url": proxy.url(pg, pg_url),
+        "key_file": str(tmp_path / "shared.key"),
+        "signing_key": str(tmp_path / "signing.key"),
+        "reconnect": 1,
+    }
+    try:
+        async with HostileServer.running(scripts.held(Reply(200, body=b"ok"))) as srv:
+            config = write_daemon_config(
+                tmp_path,
+                api_target(srv.url),
+                socket=socket,
+                service={"shutdown_grace": GRACE},
+                journal=journal,
+            )
+            held = await start_daemon(config, socket, tmp_path / "held.log", token)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_call, socket, [])
+                    with trio.fail_after(HUNG):
+                        await srv.event("received").wait()  # dispatched: DISPATCH_STARTED durable
+                    proxy.freeze()
+                    held.signal(signal.SIGTERM)
+                    status = await held.wait(BOUND + MARGIN)
+            finally:
+                if held.proc.poll() is None:
+                    held.proc.kill()
+                    held.proc.wait(timeout=HUNG)
+            log = held.log_text()
+            assert status == EXIT_STOP_UNFINISHED, log
+            pending = re.search(r"stop unfinished after ([\d.]+)s: .*", log)
+            assert pending is not None, log
+            assert float(pending.group(1)) == BOUND  # (reconnect 1 s < CLOSE_WAIT)
+            iid = re.search(r"calls still running: 1 \((\S+)\)", pending.group(0))
+            assert iid is not None, pending.group(0)
+            assert f"({iid.group(1)} " in pending.group(0)  # its write, named
+            assert token not in log
+            proxy.thaw()
+            after = await start_daemon(config, socket, tmp_path / "after.log", token)
+            try:
+                async with Client.open(socket) as client:
+                    kinds = [e["kind"] for e in await client.events(iid.group(1))]
+            finally:
+                stop(after)
+            assert after.proc.returncode == 0, after.log_text()
+            assert len(srv.requests) == 1
+    finally:
+        proxy.close()
+    assert "DISPATCH_STARTED" in kinds, kinds
+    assert not {"RESULT_COMMITTED", "RESULT_DELIVERED"} & set(kinds), kinds
+
+
+async def _call(socket: Path, answered: list[Run]) -> None:
+    """``affidavit call`` of the test's one action through the daemon; what it said, kept."""
+    argv = [sys.executable, "-m", "affidavit", "call", "-", "--socket", str(socket)]
+    answered.append(await run(argv, stdin=action_bytes(), env=client_env()))
