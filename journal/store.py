@@ -286,6 +286,12 @@ class Journal(JournalReader):
         (``Writer.unanswered``): what a stop that could not wait for the journal names."""
         return self._writer.unanswered()
 
+    def last_answered_ago(self) -> float | None:
+        """Seconds since the writer last finished a transaction (None: none yet) -- a journal
+        that stopped answering told from a slow one."""
+        at = self._writer.answered_at
+        return None if at is None else time.monotonic() - at
+
     @property
     def write_connection(self) -> Any:
         """The writer's own connection, for storage-fault tests (SQLite: ``PRAGMA

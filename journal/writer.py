@@ -33,6 +33,7 @@ import collections
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -82,6 +83,9 @@ class Writer:
         """Transactions this writer committed that appended rows.  On SQLite each is written
         over the frames a COMMIT that raised before it left in the -wal (``CommitUnknown``):
         those are recovered by no open after it (``SegmentStore.doubt``)."""
+        self.answered_at: float | None = None
+        """``time.monotonic()`` when the writer thread last finished a transaction (None: not
+        yet): how long a stop that ran out of time waited on a journal that stopped answering."""
         self.busy = False
         """A batch is in the writer thread: the cached projectors may be mid-change."""
         self.loop_thread: int | None = None
@@ -183,6 +187,7 @@ class Writer:
                 fatal: BaseException | None = None
                 try:
                     self._run_batch(handoff.batch)
+                    self.answered_at = time.monotonic()
                 except Exception as exc:  # reported to the writer task, which decides
                     handoff.error = exc
                 except BaseException as exc:  # the writer stops: ``_done`` fails everything

@@ -275,6 +275,8 @@ class Proxy:
         self.lost_answers = 0
         self._hold = False
         self.frozen = False
+        self.swallowed = 0
+        """Client packets taken while frozen (a query that will wait for ever)."""
         self._held: tuple[Any, bytes] | None = None
         self._pairs: list[tuple[Any, Any]] = []
         self._lock = threading.Lock()
@@ -322,6 +324,8 @@ class Proxy:
             if not data:
                 break
             if self.frozen:
+                if up:
+                    self.swallowed += 1
                 continue  # taken, never answered
             if not up and pair["awaiting"]:
                 # The server's answer to the armed request: dropped with the connection.

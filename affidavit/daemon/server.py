@@ -33,25 +33,29 @@ Life of the daemon:
    admission.py), and one that has not sent a whole request head within ``CONSOLE_HEAD_WAIT``
    of opening (or of its last answer) is closed: a flood of them can neither take the
    descriptors the journal and the socket need nor keep places for long.
-4. SIGTERM or SIGINT: stop accepting (the socket file goes; ``<socket>.lock`` says "stopping"
-   until when, so a daemon started on the path meanwhile is told so), answer 503 to new calls
+4. SIGTERM or SIGINT (taken by a thread of the daemon's own, ``stopsignals.py``, whatever the
+   event loop is doing; during the start-up, they end it: the journal closed, exit 0): stop
+   accepting (the socket file goes; ``<socket>.lock`` says "stopping" until the latest the
+   process ends, so a daemon started on the path meanwhile is told so), answer 503 to new calls
    on open connections, let calls in flight finish within ``[service] shutdown_grace``, then
    stop the rest (``calls.py``), close idle connections, let the answers go out, close the journal.
-   The whole stop is bounded (``stopbound.py``): a journal write that never returns -- a disk
-   that stopped answering, a database that holds its connection and never answers -- ends the
-   process past ``stop_bound`` with one log line naming what was pending, exit 74.
+   The whole stop is bounded (``stopbound.py``), from the signal's arrival -- or, for a stop no
+   signal started (a failure, a cancellation), from when the journal's close begins: a journal
+   write or read that never returns -- a disk that stopped answering, a database that holds its
+   connection and never answers -- ends the process past ``stop_bound`` with one log line
+   naming what was pending, exit 74.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import resource
 import signal
 import socket
-import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import h11
@@ -70,7 +74,7 @@ from affidavit.approvals import Operator, OperatorPolicy
 from affidavit.config import Config, console_origin, is_loopback, served_through_tls
 from affidavit.console import Console, TokenStore, token_dir
 from affidavit.engine import EngineSettings
-from affidavit.journal import Exposure, JournalError
+from affidavit.journal import Exposure, Journal, JournalError
 from affidavit.journal.backend import where as journal_where
 from affidavit.journal.compact import NOT_A_DIRECTORY, not_a_directory, refusal_message
 from affidavit.journal.exposure import serving
@@ -92,6 +96,7 @@ from .socketfile import (
     warn_if_no_group_reaches,
 )
 from .stopbound import EXIT_STOP_UNFINISHED, StopBound, pending_words, stop_bound
+from .stopsignals import StopSignals
 
 __all__ = ["Daemon", "DaemonError", "serve"]
 
@@ -259,7 +264,14 @@ class Daemon:
         """The exit status the process ends with when the stop outlives ``stop_bound``
         (``serve``: ``EXIT_STOP_UNFINISHED``); None, run inside another program: logged only."""
         self._stop_bound: StopBound | None = None
-        """The stop's watchdog, from the stop's start until the journal is closed."""
+        """The stop's watchdog, armed at the stop's start, disarmed once the journal is closed."""
+        self._journal: Journal | None = None
+        self._calls: Calls | None = None
+        """What the watchdog's log line names, once there (``_pending``)."""
+        self._serving = False
+        """The socket answers: a signal stops the daemon (before: it ends the start-up)."""
+        self._startup = trio.CancelScope()
+        """The start-up and the serving, cancelled by a signal that comes before the serving."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not peer_credentials_supported():
@@ -280,15 +292,33 @@ class Daemon:
                 )
             except ValueError as exc:
                 raise DaemonError(f"console: {exc}") from None
-        self._lock = lock = claim_socket_path(self.socket_path)
-        try:
-            with serving():  # its files' warnings: root here is the broker (journal.exposure)
-                await self._run(task_status)
-        finally:
-            if self._stop_bound is not None:  # the journal is closed: nothing left to bound
-                self._stop_bound.disarm()
-            os.close(lock)  # only now may another daemon take the path
+        self._stop_bound = StopBound(self._pending, self.exit_when_stop_unfinished)
+        token = trio.lowlevel.current_trio_token()
+        with StopSignals(functools.partial(self._signalled, token)):
+            self._lock = lock = claim_socket_path(self.socket_path)
+            try:
+                # (``serving``: its files' warnings: root here is the broker, journal.exposure)
+                with self._startup, serving():
+                    await self._run(task_status)
+            finally:
+                self._stop_bound.disarm()  # the journal is closed: nothing left to bound
+                os.close(lock)  # only now may another daemon take the path
         log.info("stopped")
+
+    def _signalled(self, token: trio.lowlevel.TrioToken, signum: int) -> None:
+        """SIGTERM or SIGINT, on the thread that took it (``stopsignals``), whatever the loop
+        is doing: the stop's bound starts now, then the loop is asked to stop -- it may never
+        get to it (held in a read of a journal that stopped answering): the bound ends it."""
+        self._arm_stop_bound()
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(self._stop, signum)
+
+    def _stop(self, signum: int) -> None:
+        """On the loop: a signal's stop -- the serving's (``shutdown``), or the start-up's."""
+        log.info("received %s", signal.Signals(signum).name)
+        self.shutdown.set()
+        if not self._serving:  # start-up recovery and the rest: cancelled, the journal closed
+            self._startup.cancel()
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         owner = f"affidavit serve (pid {os.getpid()}) on {self.socket_path}"
@@ -296,62 +326,72 @@ class Daemon:
         async with Broker.open(
             config=self.config, owner=owner, settings=settings, exposed=self.exposed
         ) as broker:
-            _refuse_unusable_segments(broker)
-            recovered = await broker.recover()
-            if recovered:
-                log.warning(
-                    "start-up recovery closed %d record(s) a stopped broker left open: %s",
-                    len(recovered),
-                    ", ".join(f"{r.invocation_id} {r.outcome.value}" for r in recovered),
-                )
-            calls = Calls(self.config.service.max_calls)
-            api = Api(broker, self.policy, calls)
-            console = None
-            if self.console_address is not None:
-                console = _bind_tcp(*self.console_address)
-                port = console.socket.getsockname()[1]
-                bound = console_origin(self.console_address[0], port)
-                public = self.config.service.console_public_origin
-                api.console_url = public or bound  # where login links lead
-                api.tokens = TokenStore(token_dir(self.config.journal.path))
-                proxy = self.config.service.console_proxy_user
-                self.console = Console(
-                    broker,
-                    api.read,
-                    api.tokens,
-                    origin=bound,
-                    public_origin=public,
-                    proxy_uid=proxy,
-                    summary=api.summary,
-                    read_summarized=api.read_summarized,
-                    slot=calls.console,
-                )
-                log.info("operator console on %s", api.console_url)
-                if public is not None and proxy is None and is_loopback(self.console_address[0]):
-                    log.warning(
-                        "operator console: direct connections to %s are not owner-checked "
-                        "(console_public_origin is set, so the cookie is the only proof): any "
-                        "local user holding an operator's cookie or login link can act as "
-                        "that operator; set [service] console_proxy_user to the proxy's user",
-                        bound,
-                    )
-            listener, inode = bind_socket(self.socket_path)
-            note_state(self._lock, "serving")
-            log.info(
-                "listening on %s (allow uids %s, gids %s); journal %s",
-                self.socket_path,
-                sorted(self.policy.uids),
-                sorted(self.policy.gids),
-                journal_where(self.config.journal.location),
-            )
-            warn_if_no_group_reaches(self.socket_path, inode, self.policy.gids)
+            self._journal = broker.journal
             try:
-                await self._serve(api, calls, listener, inode, console, task_status)
-            finally:
-                listener.socket.close()
-                if console is not None:
-                    console.socket.close()
-                unlink_if_ours(self.socket_path, inode)
+                await self._broker_run(broker, task_status)
+            except BaseException:
+                # A stop no signal started (a failure, a cancellation): closing the journal,
+                # next, is bounded all the same.
+                self._arm_stop_bound()
+                raise
+
+    async def _broker_run(self, broker: Broker, task_status: trio.TaskStatus[None]) -> None:
+        _refuse_unusable_segments(broker)
+        recovered = await broker.recover()
+        if recovered:
+            log.warning(
+                "start-up recovery closed %d record(s) a stopped broker left open: %s",
+                len(recovered),
+                ", ".join(f"{r.invocation_id} {r.outcome.value}" for r in recovered),
+            )
+        calls = self._calls = Calls(self.config.service.max_calls)
+        api = Api(broker, self.policy, calls)
+        console = None
+        if self.console_address is not None:
+            console = _bind_tcp(*self.console_address)
+            port = console.socket.getsockname()[1]
+            bound = console_origin(self.console_address[0], port)
+            public = self.config.service.console_public_origin
+            api.console_url = public or bound  # where login links lead
+            api.tokens = TokenStore(token_dir(self.config.journal.path))
+            proxy = self.config.service.console_proxy_user
+            self.console = Console(
+                broker,
+                api.read,
+                api.tokens,
+                origin=bound,
+                public_origin=public,
+                proxy_uid=proxy,
+                summary=api.summary,
+                read_summarized=api.read_summarized,
+                slot=calls.console,
+            )
+            log.info("operator console on %s", api.console_url)
+            if public is not None and proxy is None and is_loopback(self.console_address[0]):
+                log.warning(
+                    "operator console: direct connections to %s are not owner-checked "
+                    "(console_public_origin is set, so the cookie is the only proof): any "
+                    "local user holding an operator's cookie or login link can act as "
+                    "that operator; set [service] console_proxy_user to the proxy's user",
+                    bound,
+                )
+        listener, inode = bind_socket(self.socket_path)
+        note_state(self._lock, "serving")
+        log.info(
+            "listening on %s (allow uids %s, gids %s); journal %s",
+            self.socket_path,
+            sorted(self.policy.uids),
+            sorted(self.policy.gids),
+            journal_where(self.config.journal.location),
+        )
+        warn_if_no_group_reaches(self.socket_path, inode, self.policy.gids)
+        try:
+            await self._serve(api, calls, listener, inode, console, task_status)
+        finally:
+            listener.socket.close()
+            if console is not None:
+                console.socket.close()
+            unlink_if_ours(self.socket_path, inode)
 
     async def _serve(
         self,
@@ -399,53 +439,63 @@ class Daemon:
             assert self.console is not None
             await serve_console_stream(self.console, hconfig, context, stream)
 
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio.open_nursery() as outer:
-                outer.start_soon(self._watch_signals, signals)
-                await outer.start(calls.run)
-                await outer.start(dispatch_approvals, api.broker, calls)
-                async with trio.open_nursery() as connections:
-                    accepting = trio.CancelScope()
-                    accepting_console = trio.CancelScope()
-                    connections.start_soon(_accept, listener, connection, connections, accepting)
-                    if console is not None:
-                        connections.start_soon(
-                            _accept, console, console_connection, connections, accepting_console
-                        )
-                    # Upkeep once the socket answers, never before (a shutdown cancels it).
-                    outer.start_soon(_reclaim_chunks, api.broker)
-                    outer.start_soon(_prune_view_readers, api.broker)
-                    task_status.started()
-                    await self.shutdown.wait()
-                    self._arm_stop_bound(api, calls)
-                    # Stop accepting: no new connection, and the socket file goes at once (a
-                    # client sees "no daemon", not a hang), before the grace starts.
-                    accepting.cancel()
-                    accepting_console.cancel()
-                    await listener.aclose()
-                    if console is not None:
-                        await console.aclose()
-                    unlink_if_ours(self.socket_path, inode)
-                    # A daemon started on the path now is told the truth: this one stops.
-                    until = time.time() + self.config.service.shutdown_grace + ANSWER_WAIT
-                    note_state(self._lock, "stopping", until)
-                    await self._drain(calls, server, context, connections)
-                outer.cancel_scope.cancel()
+        async with trio.open_nursery() as outer:
+            await outer.start(calls.run)
+            await outer.start(dispatch_approvals, api.broker, calls)
+            async with trio.open_nursery() as connections:
+                accepting = trio.CancelScope()
+                accepting_console = trio.CancelScope()
+                connections.start_soon(_accept, listener, connection, connections, accepting)
+                if console is not None:
+                    connections.start_soon(
+                        _accept, console, console_connection, connections, accepting_console
+                    )
+                # Upkeep once the socket answers, never before (a shutdown cancels it).
+                outer.start_soon(_reclaim_chunks, api.broker)
+                outer.start_soon(_prune_view_readers, api.broker)
+                self._serving = True
+                task_status.started()
+                await self.shutdown.wait()
+                self._arm_stop_bound()
+                # Stop accepting: no new connection, and the socket file goes at once (a
+                # client sees "no daemon", not a hang), before the grace starts.
+                accepting.cancel()
+                accepting_console.cancel()
+                await listener.aclose()
+                if console is not None:
+                    await console.aclose()
+                unlink_if_ours(self.socket_path, inode)
+                # A daemon started on the path now is told the truth: this one stops.
+                # The latest it ends: its bound's end.
+                assert self._stop_bound is not None
+                note_state(self._lock, "stopping", self._stop_bound.deadline)
+                await self._drain(calls, server, context, connections)
+            outer.cancel_scope.cancel()
 
-    def _arm_stop_bound(self, api: Api, calls: Calls) -> None:
-        """From here the stop has ``stop_bound`` seconds, whatever the journal does."""
-        journal = api.broker.journal
-
-        def pending() -> str:
-            running = [c.control.invocation_id or "none accepted" for c in list(calls.running)]
-            return pending_words(journal.unanswered_writes(), running)
-
-        bound = stop_bound(
-            self.config.service.shutdown_grace,
-            ANSWER_WAIT,
-            self.config.journal.reconnect if journal.backend.shared else None,
+    def _arm_stop_bound(self) -> None:
+        """From here the stop has ``stop_bound`` seconds, whatever the journal does (the first
+        call counts; any thread)."""
+        assert self._stop_bound is not None
+        shared = self.config.journal.url is not None
+        self._stop_bound.arm(
+            stop_bound(
+                self.config.service.shutdown_grace,
+                ANSWER_WAIT,
+                self.config.journal.reconnect if shared else None,
+            )
         )
-        self._stop_bound = StopBound(bound, pending, self.exit_when_stop_unfinished)
+
+    def _pending(self) -> str:
+        """The watchdog's account of what the stop still waited for (its thread)."""
+        journal, calls = self._journal, self._calls
+        running = (
+            [c.control.invocation_id or "none accepted" for c in list(calls.running)]
+            if calls
+            else []
+        )
+        if journal is None:
+            return pending_words([], running)
+        return pending_words(journal.unanswered_writes(), running, journal.last_answered_ago())
 
     async def _drain(
         self, calls: Calls, server: Server, context: WorkerContext, connections: trio.Nursery
@@ -459,11 +509,6 @@ class Daemon:
         server.close()
         await context.terminated.set()
         connections.cancel_scope.deadline = trio.current_time() + ANSWER_WAIT
-
-    async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
-        async for signum in signals:
-            log.info("received %s", signal.Signals(signum).name)
-            self.shutdown.set()
 
 
 def console_http_config() -> HypercornConfig:

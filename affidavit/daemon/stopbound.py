@@ -9,7 +9,9 @@ holds its connection open and never answers (stopped: the kernel still acknowled
 packets, so neither keepalives nor ``tcp_user_timeout`` notice, and its ``statement_timeout``
 runs in the stopped process) -- each held the stop for ever.
 
-So once the stop starts, a watchdog thread (``StopBound``) gives it ``stop_bound`` seconds: the
+So once the stop starts -- when the signal arrives, taken by a thread of its own
+(``stopsignals``): the event loop may be the thing that hangs, in a read of a journal that
+stopped answering -- a watchdog thread (``StopBound``) gives it ``stop_bound`` seconds: the
 phases the stop has anyway -- ``shutdown_grace`` for the calls, as long again (at least 5 s)
 for the stopped ones to record where they stood (``Calls.drain``), ``ANSWER_WAIT`` for their
 answers -- and ``CLOSE_WAIT`` for the journal to take what was queued, or the journal's own
@@ -17,9 +19,11 @@ answers -- and ``CLOSE_WAIT`` for the journal to take what was queued, or the jo
 retries that long before it answers: a write that would land is let land).  A fixed bound, not
 a knob: each part is one the operator already sets or one no healthy journal comes near (its
 close commits what is queued in one transaction).  Past it, one log line names what was still
-pending -- the journal's unanswered writes (invocation id and event kind) and the calls still
-running (invocation id): never a row's attributes -- and the process ends at once with
-``EXIT_STOP_UNFINISHED`` (sysexits' EX_IOERR), not 0: the journal was not closed.
+pending -- the journal's unanswered writes (invocation id and event kind), the calls still
+running (invocation id), how long ago the journal last finished a transaction: never a row's
+attributes -- and the process ends with ``EXIT_STOP_UNFINISHED`` (sysexits' EX_IOERR), not 0:
+the journal was not closed.  The line is written by a thread of its own, waited for
+``LOG_WAIT`` at most: a stderr nobody reads does not keep the process alive.
 
 Why exiting so claims nothing: a write not answered was not reported durable to anyone -- its
 call is still waiting for it, so no answer went out for it (its connection is closed
@@ -37,9 +41,17 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 
-__all__ = ["CLOSE_WAIT", "EXIT_STOP_UNFINISHED", "StopBound", "pending_words", "stop_bound"]
+__all__ = [
+    "CLOSE_WAIT",
+    "EXIT_STOP_UNFINISHED",
+    "LOG_WAIT",
+    "StopBound",
+    "pending_words",
+    "stop_bound",
+]
 
 log = logging.getLogger("affidavit.daemon")
 
@@ -48,6 +60,8 @@ CLOSE_WAIT = 5.0
 EXIT_STOP_UNFINISHED = 74
 """``affidavit serve``'s exit status when its stop ran out of ``stop_bound``: sysexits'
 EX_IOERR (the journal's storage did not answer) -- neither 0 (stopped) nor 2 (refused)."""
+LOG_WAIT = 2.0
+"""Seconds the exit waits for its log line to be written, at most."""
 NAMED = 20
 """Pending writes and calls the log line names at most (then "and N more")."""
 
@@ -60,24 +74,40 @@ def stop_bound(grace: float, answer_wait: float, reconnect: float | None) -> flo
 
 
 class StopBound:
-    """A watchdog thread, armed when the stop starts and disarmed once the journal is closed:
-    if ``bound`` seconds pass first, it logs what was pending (``pending()``'s words) and ends
-    the process with ``exit_status`` (None: a daemon run inside another program -- a test's
-    -- only logs).  A thread, not a task: the loop itself may be what waits for the storage (a
-    close run on it, a read), and a task would wait with it."""
+    """A watchdog thread, armed when the stop starts (``arm``: the first call counts; from the
+    stop's signal thread, ``stopsignals``, or the loop) and disarmed once the journal is
+    closed: if ``bound`` seconds pass first, it logs what was pending (``pending()``'s words)
+    and ends the process with ``exit_status`` (None: a daemon run inside another program -- a
+    test's -- only logs).  A thread, not a task: the loop itself may be what waits for the
+    storage (a close run on it, a read), and a task would wait with it."""
 
-    def __init__(self, bound: float, pending: Callable[[], str], exit_status: int | None) -> None:
-        self.bound = bound
+    def __init__(self, pending: Callable[[], str], exit_status: int | None) -> None:
         self._pending = pending
         self._exit_status = exit_status
         self._disarmed = threading.Event()
-        self._thread = threading.Thread(
-            target=self._watch, name="affidavit-stop-bound", daemon=True
-        )
-        self._thread.start()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.bound = 0.0
+        self.deadline: float | None = None
+        """Epoch seconds by which the process will have ended (None: not armed)."""
+
+    def arm(self, bound: float) -> None:
+        with self._lock:
+            if self._thread is not None or self._disarmed.is_set():
+                return
+            self.bound = bound
+            self.deadline = time.time() + bound
+            self._thread = threading.Thread(
+                target=self._watch, name="affidavit-stop-bound", daemon=True
+            )
+            self._thread.start()
 
     def disarm(self) -> None:
-        self._disarmed.set()
+        with self._lock:
+            self._disarmed.set()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
 
     def _watch(self) -> None:
         if self._disarmed.wait(self.bound):
@@ -87,30 +117,52 @@ class StopBound:
         except Exception as exc:  # the type only; the exit happens all the same
             what = f"what was pending could not be read ({type(exc).__name__})"
         status = self._exit_status
-        log.critical(
-            "stop unfinished after %gs: %s; %s (the next start's recovery closes their records "
-            "with what the journal holds)",
-            self.bound,
-            what,
-            "not exiting: not run by `affidavit serve`"
-            if status is None
-            else f"exiting {status} without closing the journal",
-        )
         if status is None:
+            _say(self.bound, what, "not exiting: not run by `affidavit serve`")
             return
-        for handler in logging.getLogger().handlers:
-            with contextlib.suppress(Exception):  # a broken stderr must not keep us alive
-                handler.flush()
+        # The exit does not wait for the log: a stderr nobody reads (a full pipe, a stopped
+        # journald) would block the line, and the line must not keep the process alive.
+        said = threading.Thread(
+            target=_say,
+            args=(self.bound, what, f"exiting {status} without closing the journal"),
+            name="affidavit-stop-bound-log",
+            daemon=True,
+        )
+        said.start()
+        said.join(LOG_WAIT)
         os._exit(status)
 
 
-def pending_words(writes: list[tuple[str, str]], calls: list[str]) -> str:
-    """The log line's account: the journal's unanswered writes (invocation id, event kind) and
-    the calls still running (invocation id)."""
+def _say(bound: float, what: str, then: str) -> None:
+    log.critical(
+        "stop unfinished after %gs: %s; %s (the next start's recovery closes their records "
+        "with what the journal holds)",
+        bound,
+        what,
+        then,
+    )
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):  # a broken stderr must not keep us alive
+            handler.flush()
+
+
+def pending_words(
+    writes: list[tuple[str, str]], calls: list[str], answered_ago: float | None = None
+) -> str:
+    """The log line's account: the journal's unanswered writes (invocation id, event kind), the
+    calls still running (invocation id), and how long ago the journal last finished a
+    transaction (``answered_ago`` seconds; None: not once) -- a journal that stopped answering
+    told from a slow one."""
+    last = (
+        "the journal finished no transaction since it opened"
+        if answered_ago is None
+        else f"the journal last finished a transaction {answered_ago:.1f}s ago"
+    )
     return "; ".join(
         (
             _listed("journal writes unanswered", [f"{iid} {kind}" for iid, kind in writes]),
             _listed("calls still running", calls),
+            last,
         )
     )
 

@@ -17,11 +17,14 @@ from __future__ import annotations
 import re
 import signal
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from affidavit.api.client import Client
+from affidavit.api.wire import ClientError, DaemonUnavailable
 from affidavit.daemon.server import ANSWER_WAIT
 from affidavit.daemon.stopbound import EXIT_STOP_UNFINISHED, stop_bound
 from affidavit.journal import JournalReader
@@ -32,6 +35,7 @@ from tests.postgres import Cluster, Proxy
 from .kit import (
     HUNG,
     Run,
+    action,
     action_bytes,
     api_target,
     client_env,
@@ -45,6 +49,10 @@ from .kit import (
 GRACE = 0.5
 BOUND = stop_bound(GRACE, ANSWER_WAIT, None)
 MARGIN = 20.0
+EARLY = 0.5
+"""Under the bound: the watchdog's timer and ours started apart (a floor, not a measure)."""
+QUIET = 1.0
+"""Seconds a frozen database is left alone before the read, to tell its packets apart."""
 """Beyond the bound: a loaded machine's time to notice the exit (a ceiling, not a measure)."""
 HELD = "test hook: a DISPATCH_STARTED write holds"
 
@@ -140,12 +148,7 @@ async def test_a_stop_held_by_a_database_that_never_answers_ends_within_its_boun
     says dispatched and nothing more -- no result, no delivery, the remote asked once."""
     proxy = Proxy(pg.port)
     socket = tmp_path / "affidavit.sock"
-    journal = {
-        "url": proxy.url(pg, pg_url),
-        "key_file": str(tmp_path / "shared.key"),
-        "signing_key": str(tmp_path / "signing.key"),
-        "reconnect": 1,
-    }
+    journal = _through(proxy, pg, pg_url, tmp_path)
     try:
         async with HostileServer.running(scripts.held(Reply(200, body=b"ok"))) as srv:
             config = write_daemon_config(
@@ -190,6 +193,86 @@ async def test_a_stop_held_by_a_database_that_never_answers_ends_within_its_boun
         proxy.close()
     assert "DISPATCH_STARTED" in kinds, kinds
     assert not {"RESULT_COMMITTED", "RESULT_DELIVERED"} & set(kinds), kinds
+
+
+async def test_sigterm_while_the_loop_waits_for_a_database_read_ends_within_its_bound(
+    tmp_path: Path, token: str, pg: Cluster, pg_url: str
+) -> None:
+    """The event loop itself is held: a result read runs on it (``Engine.fetch_result``:
+    ``recorder.read(journal.record)``), sent to a PostgreSQL that takes the packets and never
+    answers, so trio never runs again -- and a signal receiver that is one of its tasks never
+    hears SIGTERM.  The daemon's own signal thread (``stopsignals``) takes it and starts the
+    bound: exit 74 within it, not before, and the loop never got to the stop (no "received
+    SIGTERM" line: that is logged on the loop).  The reader's wait is unanswered, not refused."""
+    proxy = Proxy(pg.port)
+    socket = tmp_path / "affidavit.sock"
+    bound = stop_bound(GRACE, ANSWER_WAIT, 1.0)
+    try:
+        async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+            config = write_daemon_config(
+                tmp_path,
+                api_target(srv.url),
+                socket=socket,
+                service={"shutdown_grace": GRACE},
+                journal=_through(proxy, pg, pg_url, tmp_path),
+            )
+            held = await start_daemon(config, socket, tmp_path / "held.log", token)
+            read: list[BaseException] = []
+            try:
+                async with Client.open(socket) as client:
+                    iid = (await client.call(action()))["invocation_id"]
+                    await wait_until(lambda: _delivered(client, iid), "the delivery recorded")
+                    proxy.freeze()
+                    await trio.sleep(QUIET)
+                    before = proxy.swallowed  # (the daemon's own upkeep, if any)
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(_read, client, iid, read)
+                        await wait_until(lambda: proxy.swallowed > before, "the read sent")
+                        signalled = time.monotonic()
+                        held.signal(signal.SIGTERM)
+                        status = await held.wait(bound + MARGIN)
+                        elapsed = time.monotonic() - signalled
+            finally:
+                if held.proc.poll() is None:
+                    held.proc.kill()
+                    held.proc.wait(timeout=HUNG)
+    finally:
+        proxy.close()
+    log = held.log_text()
+    assert status == EXIT_STOP_UNFINISHED, log
+    assert bound - EARLY <= elapsed <= bound + MARGIN, (elapsed, bound)
+    assert "received SIGTERM" not in log, log  # the loop was held: the thread stopped it
+    pending = re.search(r"CRITICAL stop unfinished after ([\d.]+)s: .*", log)
+    assert pending is not None, log
+    assert float(pending.group(1)) == bound
+    assert "the journal last finished a transaction " in pending.group(0)
+    assert token not in log
+    # No answer at all: its connection closed with the process, and the client's one retry
+    # of a read found no daemon.
+    (lost,) = read
+    assert isinstance(lost, DaemonUnavailable), repr(lost)
+    assert len(srv.requests) == 1
+
+
+async def _delivered(client: Client, iid: str) -> bool:
+    return "RESULT_DELIVERED" in {e["kind"] for e in await client.events(iid)}
+
+
+async def _read(client: Client, iid: str, read: list[BaseException]) -> None:
+    try:
+        await client.fetch_result(iid)
+    except ClientError as exc:
+        read.append(exc)
+
+
+def _through(proxy: Proxy, pg: Cluster, pg_url: str, tmp_path: Path) -> dict[str, Any]:
+    """A shared journal reached through ``proxy`` (``reconnect`` 1 s: under ``CLOSE_WAIT``)."""
+    return {
+        "url": proxy.url(pg, pg_url),
+        "key_file": str(tmp_path / "shared.key"),
+        "signing_key": str(tmp_path / "signing.key"),
+        "reconnect": 1,
+    }
 
 
 async def _call(socket: Path, answered: list[Run]) -> None:
