@@ -18,8 +18,6 @@ import trio
 from .errors import CommitUnknown, JournalWriteError, ResultStoreFailed, ResultStoreUnknown
 
 if TYPE_CHECKING:
-    from affidavit.statemachine import Event
-
     from .txn import Txn
 
 __all__ = [
@@ -113,8 +111,9 @@ class Req(Generic[T]):
         self.error: BaseException | None = None
         self.meanwhile: Callable[[], None] | None = None
         self.after: tuple[Req[Any], ...] | None = None
-        self.about: Event | None = None
-        """A checked write's (``op``) event, for naming it only (``Writer.unanswered``)."""
+        self.about: tuple[str, str] | None = None
+        """A checked write's (``op``) invocation id and event kind (or what it writes), for
+        naming it only (``Writer.unanswered``)."""
 
     def invocations(self) -> set[str]:
         """The invocations a plain append's rows are about (none for an ``op``)."""

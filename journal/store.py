@@ -468,7 +468,7 @@ class Journal(JournalReader):
             meanwhile=meanwhile,
             cancellable=cancellable,
             after=pre,
-            about=event,
+            about=(event.invocation_id, event.kind.value),
         )
 
     async def post(
@@ -551,7 +551,7 @@ class Journal(JournalReader):
         if not (ttl > 0 and math.isfinite(ttl)):
             raise ValueError("ttl must be a positive number of seconds")
         op = leases.acquire_op(invocation_id, holder, ttl, self._clock, kind, same_key)
-        return await self._writer.submit(op, barrier=True)
+        return await self._writer.submit(op, barrier=True, about=(invocation_id, kind.value))
 
     async def bind_idempotency(
         self,
@@ -572,7 +572,8 @@ class Journal(JournalReader):
         op = leases.bind_op(
             scope, key, fingerprint, invocation_id, expires_at, self._clock, send_by, target
         )
-        return await self._writer.submit(op, barrier=True)
+        binding = (invocation_id, "idempotency binding")
+        return await self._writer.submit(op, barrier=True, about=binding)
 
     async def put_result_chunk(
         self,
@@ -742,7 +743,9 @@ class Journal(JournalReader):
         if writer is not None:
             await writer.flush()
         try:
-            return await self._writer.submit(op, barrier=True, result_store=True)
+            return await self._writer.submit(
+                op, barrier=True, result_store=True, about=(event.invocation_id, event.kind.value)
+            )
         except CommitUnknown:
             # Its rows, naming the bytes in ``writer``'s segments, may be recovered after a
             # crash: keep those segments locked from a compaction until a later commit is

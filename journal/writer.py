@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from affidavit.statemachine import Event, Projector
+from affidavit.statemachine import Projector
 
 from . import checkpoints
 from .backend import Backend
@@ -55,6 +55,9 @@ T = TypeVar("T")
 
 MAX_BATCH = 2048
 MAX_QUEUED = MAX_BATCH * 4
+UNANSWERED_TRIES = 100
+"""Reads of the queue ``unanswered`` tries before it names what it read (hand-offs are
+microseconds of Python on the loop: a reader that meets one a hundred times is not met)."""
 
 
 class Writer:
@@ -83,6 +86,9 @@ class Writer:
         """Transactions this writer committed that appended rows.  On SQLite each is written
         over the frames a COMMIT that raised before it left in the -wal (``CommitUnknown``):
         those are recovered by no open after it (``SegmentStore.doubt``)."""
+        self._handoffs = 0
+        """Hand-offs begun and ended (odd: one under way): ``unanswered`` reads a consistent
+        pair of ``_inflight`` and ``_pending`` from another thread by it."""
         self.answered_at: float | None = None
         """``time.monotonic()`` when the writer thread last finished a transaction (None: not
         yet): how long a stop that ran out of time waited on a journal that stopped answering."""
@@ -299,8 +305,11 @@ class Writer:
         woken, self._woken = self._woken, False
         if woken or self._inflight is not None or not self._pending or self._dead is not None:
             return  # (woken: the writers a commit woke have not run yet; they do next)
+        # Odd while the batch is in neither ``_pending`` nor ``_inflight`` (``unanswered``).
+        self._handoffs += 1
         handoff = _Handoff(self._take())
         self._inflight = handoff
+        self._handoffs += 1
         self._batches.put(handoff)
 
     def _take(self) -> list[Req[Any]]:
@@ -415,7 +424,7 @@ class Writer:
         meanwhile: Callable[[], None] | None = None,
         cancellable: bool = False,
         after: tuple[Req[Any], ...] | None = None,
-        about: Event | None = None,
+        about: tuple[str, str] | None = None,
     ) -> T:
         """Queue a write and wait for its transaction's answer.  ``shield``: a wait for room in
         a full queue is not cancellable either, so the whole call is -- a shielded cancel scope
@@ -428,8 +437,8 @@ class Writer:
         raise and must not depend on the write being durable: work the submitter would do
         right after it (issue 15, c=1: the loop is idle during the fsync).  ``after``: earlier
         writes it presupposes, failed with the first's error if one failed (``Req.after``).
-        ``about``: a checked write's event, named if a stop finds it unanswered
-        (``unanswered``)."""
+        ``about``: (invocation id, event kind or what it is) of a checked write, named if a stop
+        finds it unanswered (``unanswered``)."""
         if cancellable and (op is not None or meanwhile is not None or result_store):
             # A checked write (a lease's, an expiry's), a result or a callback during the
             # COMMIT: each is a boundary its caller acts on -- never answered unread.
@@ -468,25 +477,34 @@ class Writer:
     # -- what a stop that ran out of time left ------------------------------------------------
 
     def unanswered(self) -> list[tuple[str, str]]:
-        """(invocation id, event kind) of each write taken and not yet answered -- the batch in
-        the writer thread first, then the queue -- a checked append by its ``about`` event, and
-        ("-", "other write") for one that is neither (a lease's, a result chunk's): ids and
-        kinds only, never a row's attributes.  Safe from any thread, the loop's hung or not
-        (``affidavit.daemon.stopbound``): each container is copied in one step, under the GIL."""
-        inflight = self._inflight
-        reqs = [*(inflight.batch if inflight is not None else ()), *list(self._pending)]
+        """(invocation id, what) of each write taken and not yet answered -- the batch in the
+        writer thread first, then the queue: a checked write by its ``about``, a plain append
+        by its rows' event kinds, and ("-", "other write") for one that is neither (a result
+        chunk's): ids and kinds only, never a row's attributes.  Safe from any thread, the
+        loop's hung or not (``affidavit.daemon.stopbound``): each container is copied in one
+        step, under the GIL, and read again if a hand-off moved a batch from one to the other
+        meanwhile (``_handoffs``; a few tries, then what was read)."""
+        for _ in range(UNANSWERED_TRIES):
+            began = self._handoffs
+            inflight = self._inflight
+            pending = list(self._pending)
+            if began % 2 == 0 and self._handoffs == began:
+                break
+            time.sleep(0.001)
+        reqs = [*(inflight.batch if inflight is not None else ()), *pending]
         named: list[tuple[str, str]] = []
         for r in reqs:
             if r.finished:
                 continue
             if r.about is not None:
-                named.append((r.about.invocation_id, r.about.kind.value))
-                continue
-            if r.op is not None or not r.args:
+                named.append(r.about)
+            elif r.op is not None or not r.args:
                 named.append(("-", "other write"))
-                continue
-            for row in r.args if r.many else (r.args,):
-                named.append((row[0].invocation_id, row[0].kind.value))
+            else:
+                named.extend(
+                    (row[0].invocation_id, row[0].kind.value)
+                    for row in (r.args if r.many else (r.args,))
+                )
         return named
 
     # -- the cached projections ----------------------------------------------------------------

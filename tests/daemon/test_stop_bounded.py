@@ -59,19 +59,18 @@ HELD = "test hook: a DISPATCH_STARTED write holds"
 HOLD = f"""
 import sys, threading
 from affidavit.journal import writer
-from affidavit.statemachine import EventKind
 
 real = writer.attempts
 
 def kinds(batch):
     for r in batch:
         if r.about is not None:
-            yield r.about.kind
+            yield r.about[1]
         elif r.op is None and r.args:
-            yield from (row[0].kind for row in (r.args if r.many else (r.args,)))
+            yield from (row[0].kind.value for row in (r.args if r.many else (r.args,)))
 
 def attempts(w, batch, barrier):
-    if EventKind.DISPATCH_STARTED in set(kinds(batch)):
+    if "DISPATCH_STARTED" in set(kinds(batch)):
         print({HELD!r}, file=sys.stderr, flush=True)
         threading.Event().wait()  # for ever: a disk that stopped answering
     return real(w, batch, barrier)
