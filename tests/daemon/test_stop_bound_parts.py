@@ -1,0 +1,196 @@
+"""The stop's bound in parts (``stopbound``, ``stopsignals``): what it counts, what its line
+says, that a disarmed watchdog leaves nothing running, that the exit does not wait for a log
+line nobody takes, and that a signal reaches the stop through a thread of its own."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from affidavit.config import load_config
+from affidavit.daemon.server import ANSWER_WAIT, Daemon
+from affidavit.daemon.stopbound import (
+    CLOSE_WAIT,
+    EXIT_STOP_UNFINISHED,
+    LOG_WAIT,
+    NAMED,
+    StopBound,
+    pending_words,
+    stop_bound,
+)
+
+from .kit import HUNG, api_target, write_daemon_config
+
+WAIT = 10.0
+
+
+def test_the_bound_counts_the_grace_the_recording_the_answers_and_the_close() -> None:
+    assert stop_bound(30.0, 5.0, None) == 30 + 30 + 5 + CLOSE_WAIT
+    assert stop_bound(1.0, 5.0, None) == 1 + 5 + 5 + CLOSE_WAIT  # the recording: at least 5 s
+    assert stop_bound(1.0, 5.0, 30.0) == 1 + 5 + 5 + 30  # a reconnect longer than the close
+    assert stop_bound(1.0, 5.0, 2.0) == 1 + 5 + 5 + CLOSE_WAIT
+
+
+@pytest.mark.parametrize(
+    ("shared", "reconnect"), [(False, None), (True, 30.0)], ids=["sqlite", "shared"]
+)
+def test_the_reconnect_counts_for_a_shared_journal_only(
+    tmp_path: Path, shared: bool, reconnect: float | None
+) -> None:
+    """``[journal] reconnect`` is a shared journal's writer's wait; a SQLite journal's close
+    has no such wait, so its bound does not grow with a setting it ignores."""
+    journal: dict[str, object] = {"reconnect": 30}
+    if shared:  # (never connected to: the bound is computed from the configuration)
+        journal["url"] = "postgresql://affidavit@127.0.0.1:9/affidavit"
+        journal["key_file"] = str(tmp_path / "shared.key")
+        journal["signing_key"] = str(tmp_path / "signing.key")
+    config = write_daemon_config(
+        tmp_path,
+        api_target("http://127.0.0.1:9"),
+        socket=tmp_path / "s.sock",
+        service={"shutdown_grace": 15},
+        journal=journal,
+    )
+    daemon = Daemon(load_config(config))
+    daemon._stop_bound = watchdog = StopBound(lambda: "", None)
+    daemon._arm_stop_bound()
+    watchdog.disarm()
+    assert watchdog.bound == stop_bound(15.0, ANSWER_WAIT, reconnect)
+
+
+def test_the_line_names_at_most_named_writes_and_calls_and_the_last_transaction() -> None:
+    writes = [(f"inv-{i}", "DISPATCH_STARTED") for i in range(NAMED + 5)]
+    words = pending_words(writes, [], 12.34)
+    assert words.startswith(f"journal writes unanswered: {NAMED + 5} (inv-0 DISPATCH_STARTED, ")
+    assert f"inv-{NAMED - 1} DISPATCH_STARTED and 5 more)" in words
+    assert f"inv-{NAMED} " not in words
+    assert "calls still running: none" in words
+    assert words.endswith("the journal last finished a transaction 12.3s ago")
+    calls = [f"inv-c{i}" for i in range(NAMED)]
+    assert f"calls still running: {NAMED} ({', '.join(calls)})" in pending_words([], calls, None)
+    assert "no transaction since it opened" in pending_words([], [], None)
+
+
+def test_a_watchdog_run_inside_another_program_only_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.CRITICAL, logger="affidavit.daemon"):
+        watchdog = StopBound(lambda: "journal writes unanswered: none", None)
+        watchdog.arm(0.05)
+        deadline = time.monotonic() + WAIT
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.01)
+        watchdog.disarm()  # (the thread has ended: disarm joins it)
+    (record,) = caplog.records
+    assert "stop unfinished after 0.05s: journal writes unanswered: none" in record.message
+    assert "not exiting: not run by `affidavit serve`" in record.message
+    assert not _watchdogs()
+
+
+def test_a_pending_account_that_fails_is_named_by_its_type_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def pending() -> str:
+        raise RuntimeError("canary-secret")
+
+    with caplog.at_level(logging.CRITICAL, logger="affidavit.daemon"):
+        watchdog = StopBound(pending, None)
+        watchdog.arm(0.01)
+        deadline = time.monotonic() + WAIT
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.01)
+        watchdog.disarm()
+    (record,) = caplog.records
+    assert "what was pending could not be read (RuntimeError)" in record.message
+    assert "canary-secret" not in record.message
+
+
+def test_a_disarmed_watchdog_leaves_no_thread_and_cannot_be_armed_again() -> None:
+    watchdog = StopBound(lambda: "", EXIT_STOP_UNFINISHED)
+    watchdog.arm(60.0)
+    assert watchdog.deadline is not None and len(_watchdogs()) == 1
+    watchdog.arm(0.01)  # the first arming counts
+    assert watchdog.bound == 60.0
+    watchdog.disarm()
+    assert not _watchdogs()
+    watchdog.arm(0.01)
+    time.sleep(0.05)
+    assert not _watchdogs()  # (and this process is still here)
+    never = StopBound(lambda: "", EXIT_STOP_UNFINISHED)
+    never.disarm()  # disarmed unarmed: nothing to join
+    never.arm(0.01)
+    assert not _watchdogs() and never.deadline is None
+
+
+BLOCKED_LOG = """
+import logging, sys, threading, time
+from affidavit.daemon.stopbound import StopBound
+
+class Stuck(logging.Handler):
+    def emit(self, record):
+        threading.Event().wait()  # a stderr nobody reads: the write never returns
+
+logging.getLogger().addHandler(Stuck())
+StopBound(lambda: "none", int(sys.argv[1])).arm(0.1)
+time.sleep(60)
+sys.exit(3)
+"""
+
+
+def test_the_exit_does_not_wait_for_a_log_line_that_cannot_be_written() -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED_LOG, str(EXIT_STOP_UNFINISHED)],
+        capture_output=True,
+        timeout=HUNG,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    assert done.returncode == EXIT_STOP_UNFINISHED, done.stderr
+    assert elapsed >= 0.1 + LOG_WAIT  # it waited for the line, that long and no longer
+
+
+SIGNALLED = """
+import os, signal, sys, threading
+from affidavit.daemon.stopsignals import StopSignals
+
+taken, got = [], threading.Event()
+
+def on_signal(signum):
+    taken.append((signal.Signals(signum).name, threading.current_thread().name))
+    got.set()
+
+before = signal.getsignal(signal.SIGTERM)
+mask = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+with StopSignals(on_signal):
+    assert {signal.SIGTERM, signal.SIGINT} <= signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        got.clear()
+        os.kill(os.getpid(), signum)
+        assert got.wait(10), signum
+assert signal.getsignal(signal.SIGTERM) == before, "handler restored"
+assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == mask, "mask restored"
+assert threading.enumerate() == [threading.main_thread()], threading.enumerate()
+print(taken)
+"""
+
+
+def test_a_signal_is_taken_by_a_thread_of_its_own_and_everything_is_restored_after() -> None:
+    """In a process of its own: as in ``affidavit serve``, no thread exists before (a test
+    process's own threads, which do not block the signals, would take some of them)."""
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNALLED], capture_output=True, timeout=HUNG, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    taken = "[('SIGTERM', 'affidavit-stop-signals'), ('SIGINT', 'affidavit-stop-signals')]"
+    assert done.stdout.decode().strip() == taken
+
+
+def _watchdogs() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "affidavit-stop-bound" and t.is_alive()]
