@@ -2,15 +2,17 @@
 disk that stopped answering holds the writer thread in its transaction, every call waits for
 its write uncancellably, and the journal's close waits for them -- the stop waited for ever.
 
-The hang is real, in a real ``affidavit serve`` process: the writer thread's transaction
-(``journal.writer.attempts``) is replaced, before the daemon starts, by one that holds for
-ever any batch carrying a DISPATCH_STARTED (``HOLD``: the tests' injection, as a ``-c``
-script around ``affidavit.cli.main``).  SIGTERM: the process is gone within ``stop_bound``
-(the grace, the stopped calls' recording, their answers, the close), exit 74
-(``EXIT_STOP_UNFINISHED``), one log line naming the write that was pending.  Nothing claims
-more than the journal holds: the caller got no envelope, the remote got no request (the
-request leaves only once DISPATCH_STARTED is durable), and the daemon started again on the
-same socket and journal closes the record as what its events prove -- not dispatched."""
+The hang is real, in a real ``affidavit serve`` process: the writer thread's transaction that
+carries a DISPATCH_STARTED holds for ever once its rows are inserted, before its COMMIT
+(``HOLD``: ``journal.writer.attempts`` wrapped to set ``before_commit`` for that batch, as a
+``-c`` script around ``affidavit.cli.main``), so the process ends inside the transaction.
+SIGTERM: the process is gone within ``stop_bound`` (the grace, the stopped calls' recording,
+their answers, the close) and not before, exit 74 (``EXIT_STOP_UNFINISHED``), one log line
+naming the write that was pending.  Nothing claims more than the journal holds: the caller got
+no envelope (its connection closed unanswered), the remote got no request (the request leaves
+only once DISPATCH_STARTED is durable), and the daemon started again on the same socket and
+journal finds a journal that verifies and closes the record as what its events prove -- not
+dispatched."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from affidavit.daemon.server import ANSWER_WAIT
 from affidavit.daemon.stopbound import EXIT_STOP_UNFINISHED, stop_bound
 from affidavit.journal import JournalReader
 from affidavit.statemachine import EventKind
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import HostileServer, Peer, Reply, scripts
 from tests.postgres import Cluster, Proxy
 
 from .kit import (
@@ -51,6 +53,8 @@ BOUND = stop_bound(GRACE, ANSWER_WAIT, None)
 MARGIN = 20.0
 EARLY = 0.5
 """Under the bound: the watchdog's timer and ours started apart (a floor, not a measure)."""
+SLOW = 2.5
+"""Seconds the slow stop's remote takes to answer: most of its call's grace."""
 QUIET = 1.0
 """Seconds a frozen database is left alone before the read, to tell its packets apart."""
 """Beyond the bound: a loaded machine's time to notice the exit (a ceiling, not a measure)."""
@@ -69,10 +73,15 @@ def kinds(batch):
         elif r.op is None and r.args:
             yield from (row[0].kind.value for row in (r.args if r.many else (r.args,)))
 
-def attempts(w, batch, barrier):
-    if "DISPATCH_STARTED" in set(kinds(batch)):
-        print({HELD!r}, file=sys.stderr, flush=True)
+def holding(w):
+    def hold(_batch):
+        print({HELD!r}, "in a transaction:", w.conn.in_transaction, file=sys.stderr, flush=True)
         threading.Event().wait()  # for ever: a disk that stopped answering
+    return hold
+
+def attempts(w, batch, barrier):
+    # Held inside the transaction: its rows inserted, its COMMIT not sent.
+    w.before_commit = holding(w) if "DISPATCH_STARTED" in set(kinds(batch)) else None
     return real(w, batch, barrier)
 
 writer.attempts = attempts
@@ -101,14 +110,18 @@ async def test_a_stop_held_by_a_hung_journal_write_ends_within_its_bound(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_call, socket, answered)
                 await wait_until(lambda: HELD in held.log_text(), "the held write", watch=[held])
+                signalled = time.monotonic()
                 held.signal(signal.SIGTERM)
                 status = await held.wait(BOUND + MARGIN)
+                elapsed = time.monotonic() - signalled
         finally:
             if held.proc.poll() is None:  # it outlived its bound: the test fails, not hangs
                 held.proc.kill()
                 held.proc.wait(timeout=HUNG)
         log = held.log_text()
         assert status == EXIT_STOP_UNFINISHED, log
+        assert f"{HELD} in a transaction: True" in log  # the process ends inside it
+        assert BOUND - EARLY <= elapsed <= BOUND + MARGIN, (elapsed, BOUND)
         pending = re.search(r"stop unfinished after ([\d.]+)s: journal writes unanswered: .*", log)
         assert pending is not None, log
         assert float(pending.group(1)) == BOUND
@@ -118,8 +131,7 @@ async def test_a_stop_held_by_a_hung_journal_write_ends_within_its_bound(
         assert token not in log
         # Nothing was answered as if it were durable, and nothing was sent.
         (caller,) = answered
-        assert caller.returncode != 0
-        assert b'"result"' not in caller.stdout and b"committed" not in caller.stdout
+        _lost(caller)
         assert srv.requests == []
 
         # The next start on the same socket and journal: the locks went with the process.
@@ -158,20 +170,26 @@ async def test_a_stop_held_by_a_database_that_never_answers_ends_within_its_boun
                 journal=journal,
             )
             held = await start_daemon(config, socket, tmp_path / "held.log", token)
+            answered: list[Run] = []
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_call, socket, [])
+                    nursery.start_soon(_call, socket, answered)
                     with trio.fail_after(HUNG):
                         await srv.event("received").wait()  # dispatched: DISPATCH_STARTED durable
                     proxy.freeze()
+                    signalled = time.monotonic()
                     held.signal(signal.SIGTERM)
                     status = await held.wait(BOUND + MARGIN)
+                    elapsed = time.monotonic() - signalled
             finally:
                 if held.proc.poll() is None:
                     held.proc.kill()
                     held.proc.wait(timeout=HUNG)
             log = held.log_text()
             assert status == EXIT_STOP_UNFINISHED, log
+            assert BOUND - EARLY <= elapsed <= BOUND + MARGIN, (elapsed, BOUND)
+            (caller,) = answered
+            _lost(caller)
             pending = re.search(r"stop unfinished after ([\d.]+)s: .*", log)
             assert pending is not None, log
             assert float(pending.group(1)) == BOUND  # (reconnect 1 s < CLOSE_WAIT)
@@ -272,6 +290,58 @@ def _through(proxy: Proxy, pg: Cluster, pg_url: str, tmp_path: Path) -> dict[str
         "signing_key": str(tmp_path / "signing.key"),
         "reconnect": 1,
     }
+
+
+async def test_a_slow_stop_of_a_healthy_journal_exits_0_with_nothing_critical(
+    tmp_path: Path, token: str
+) -> None:
+    """The bound ends only stops that cannot end: a call that uses most of its grace (its
+    remote answers after ``SLOW`` s) and a journal that answers -- the call's answer goes out,
+    the watchdog is disarmed once the journal is closed, exit 0, no CRITICAL line."""
+    socket = tmp_path / "affidavit.sock"
+    grace = SLOW + 1.0
+
+    async def slow(peer: Peer) -> None:
+        if await peer.read_request() is not None:
+            peer.server.event("received").set()
+            await trio.sleep(SLOW)
+            await peer.respond(Reply(200, body=b"done"))
+
+    async with HostileServer.running(slow) as srv:
+        config = write_daemon_config(
+            tmp_path, api_target(srv.url), socket=socket, service={"shutdown_grace": grace}
+        )
+        daemon = await start_daemon(config, socket, tmp_path / "daemon.log", token)
+        answered: list[Run] = []
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_call, socket, answered)
+                with trio.fail_after(HUNG):
+                    await srv.event("received").wait()
+                signalled = time.monotonic()
+                daemon.signal(signal.SIGTERM)
+                status = await daemon.wait(stop_bound(grace, ANSWER_WAIT, None) + MARGIN)
+                elapsed = time.monotonic() - signalled
+        finally:
+            if daemon.proc.poll() is None:
+                daemon.proc.kill()
+                daemon.proc.wait(timeout=HUNG)
+    log = daemon.log_text()
+    assert status == 0, log
+    assert elapsed >= SLOW - EARLY  # it waited for the call
+    assert "CRITICAL" not in log and "stop unfinished" not in log, log
+    assert "grace ran out" not in log
+    (caller,) = answered
+    assert caller.returncode == 0, caller
+    assert caller.json()["result"]["body"] == "done"
+
+
+def _lost(caller: Run) -> None:
+    """The caller got no envelope at all: the daemon closed its connection unanswered, which
+    ``affidavit call`` says with the client's code for it (``ANSWER_LOST``), exit 2."""
+    assert caller.returncode == 2, caller
+    assert caller.stdout == b"", caller.stdout
+    assert caller.stderr.startswith(b"affidavit: ANSWER_LOST: "), caller.stderr
 
 
 async def _call(socket: Path, answered: list[Run]) -> None:
