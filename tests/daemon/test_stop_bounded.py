@@ -41,6 +41,7 @@ from .kit import (
     action_bytes,
     api_target,
     client_env,
+    launch,
     run,
     start_daemon,
     stop,
@@ -334,6 +335,62 @@ async def test_a_slow_stop_of_a_healthy_journal_exits_0_with_nothing_critical(
     (caller,) = answered
     assert caller.returncode == 0, caller
     assert caller.json()["result"]["body"] == "done"
+
+
+RECOVERING = "test hook: start-up recovery holds"
+
+SLOW_RECOVERY = f"""
+import sys, trio
+from affidavit.api.broker import Broker
+
+async def recover(self):
+    print({RECOVERING!r}, file=sys.stderr, flush=True)
+    await trio.sleep_forever()  # a long start-up recovery
+
+Broker.recover = recover
+from affidavit.cli import main
+sys.exit(main(["serve", "--config", sys.argv[1]]))
+"""
+
+
+async def test_a_signal_during_the_start_up_ends_it_with_the_journal_closed(
+    tmp_path: Path, token: str
+) -> None:
+    """SIGTERM while the start-up recovery runs (the socket not bound yet): the start-up is
+    cancelled, the journal closed, exit 0 -- within the stop's bound, armed by the signal's
+    thread.  (Before, the signal's default action ended the process mid-recovery.)"""
+    socket = tmp_path / "affidavit.sock"
+    config = write_daemon_config(
+        tmp_path, api_target("http://127.0.0.1:9"), socket=socket, service={"shutdown_grace": GRACE}
+    )
+    starting = launch(
+        config,
+        socket,
+        tmp_path / "starting.log",
+        token,
+        command=[sys.executable, "-c", SLOW_RECOVERY, str(config)],
+    )
+    try:
+        await wait_until(
+            lambda: RECOVERING in starting.log_text(),
+            "the recovery",
+            timeout=HUNG,
+            watch=[starting],
+        )
+        starting.signal(signal.SIGTERM)
+        status = await starting.wait(BOUND + MARGIN)
+    finally:
+        if starting.proc.poll() is None:
+            starting.proc.kill()
+            starting.proc.wait(timeout=HUNG)
+    log = starting.log_text()
+    assert status == 0, log
+    assert "received SIGTERM" in log and "stopped" in log
+    assert "CRITICAL" not in log
+    assert not socket.exists()
+    after = await start_daemon(config, socket, tmp_path / "after.log", token)
+    stop(after)
+    assert after.proc.returncode == 0, after.log_text()
 
 
 def _lost(caller: Run) -> None:
