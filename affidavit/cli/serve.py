@@ -9,7 +9,9 @@ a ``file:`` or ``systemd:`` credential (by its mode bits or its POSIX ACL's entr
 user owning one, or to write the config, a file that decides whom the broker trusts (a target's
 ``ca_file`` or ``known_hosts``, the auditor's public key) or a directory on the path to any of
 them (FILES_EXPOSED, unless ``--allow-exposed-files``) -- the message says which.
-Log lines go to stderr; none carries a secret (only ids, uids, codes and counts).  The process
+Log lines go to stderr; none carries a secret (only ids, uids, codes and counts).  Under systemd,
+when stderr is the journal's stream, each line starts with its syslog priority (``<2>`` for
+CRITICAL): journald files it at that priority (``journalctl -p crit``).  The process
 runs with umask 077: the files it creates are readable by its own user only; it writes no core
 file (``affidavit.coredump``: the command line forbids them before this runs).
 """
@@ -17,16 +19,52 @@ file (``affidavit.coredump``: the command line forbids them before this runs).
 from __future__ import annotations
 
 import argparse
+import io
+import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TextIO
 
 from affidavit.cli import SECRETS_ALWAYS, UsageError, config_refusal, journal_refusal, refusal
 
 if TYPE_CHECKING:
     from affidavit.journal import Exposure
 
-__all__ = ["add_commands"]
+__all__ = ["LOG_FORMAT", "add_commands", "log_handler"]
+
+LOG_FORMAT = "%(asctime)s affidavit serve[%(process)d] %(levelname)s %(message)s"
+PRIORITIES = {
+    logging.CRITICAL: 2,
+    logging.ERROR: 3,
+    logging.WARNING: 4,
+    logging.INFO: 6,
+    logging.DEBUG: 7,
+}
+"""syslog's priority of each logging level (sd-daemon(3)'s ``<N>`` prefixes)."""
+
+
+class _Prioritized(logging.Formatter):
+    """A line that journald files at its level's priority (``SyslogLevelPrefix=``, on by
+    default), not all at ``info``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{PRIORITIES.get(record.levelno, 6)}>{super().format(record)}"
+
+
+def log_handler(environ: Mapping[str, str], stream: TextIO) -> logging.Handler:
+    """The daemon's log: ``stream`` (stderr), its lines prefixed with their priority when it is
+    the journal's stream -- ``$JOURNAL_STREAM`` (systemd.exec(5)) names its device and inode;
+    a stderr redirected elsewhere by the unit or a shell is not, and gets plain lines."""
+    handler = logging.StreamHandler(stream)
+    journal = environ.get("JOURNAL_STREAM", "")
+    try:
+        st = os.fstat(stream.fileno())
+        to_journal = journal == f"{st.st_dev}:{st.st_ino}"
+    except (OSError, ValueError, io.UnsupportedOperation):
+        to_journal = False
+    handler.setFormatter((_Prioritized if to_journal else logging.Formatter)(LOG_FORMAT))
+    return handler
 
 
 def add_commands(sub: Any) -> None:
@@ -54,7 +92,6 @@ def add_commands(sub: Any) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     import functools
-    import logging
 
     import trio
 
@@ -85,11 +122,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     tune_collector()  # this process serves calls at concurrency: engine/collector.py
     heap_left = keep_freed_buffers()  # large results' read buffers reused: affidavit/heap.py
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format="%(asctime)s affidavit serve[%(process)d] %(levelname)s %(message)s",
-    )
+    logging.basicConfig(level=logging.INFO, handlers=[log_handler(os.environ, sys.stderr)])
     for words in heap_left:
         logging.getLogger("affidavit.serve").warning("heap: %s", words)
     for words in _systemd_unready(config):

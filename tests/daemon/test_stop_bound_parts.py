@@ -5,6 +5,7 @@ line nobody takes, and that a signal reaches the stop through a thread of its ow
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from affidavit.cli.serve import log_handler
 from affidavit.config import load_config
 from affidavit.daemon.server import ANSWER_WAIT, Daemon
 from affidavit.daemon.stopbound import (
@@ -194,3 +196,26 @@ def test_a_signal_is_taken_by_a_thread_of_its_own_and_everything_is_restored_aft
 
 def _watchdogs() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "affidavit-stop-bound" and t.is_alive()]
+
+
+def test_the_critical_line_reaches_journald_at_crit_priority(tmp_path: Path) -> None:
+    """Under systemd, stderr is the journal's stream (``$JOURNAL_STREAM``: its device and
+    inode): each line starts with its syslog priority, CRITICAL ``<2>``, so ``journalctl -p
+    crit`` finds the stop's line.  Any other stderr gets the plain line."""
+    with (tmp_path / "stderr").open("w", encoding="utf-8") as stream:
+        st = os.fstat(stream.fileno())
+        ours = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+        elsewhere = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino + 1}"}
+        for environ, critical, info in (
+            (ours, "<2>", "<6>"),
+            (elsewhere, "", ""),
+            ({}, "", ""),
+        ):
+            handler = log_handler(environ, stream)
+            for level, prefix in ((logging.CRITICAL, critical), (logging.INFO, info)):
+                record = logging.LogRecord("affidavit.daemon", level, "", 0, "stop", (), None)
+                line = handler.format(record)
+                assert line.startswith(prefix) and line[len(prefix)].isdigit(), (prefix, line)
+                assert line.endswith(
+                    f"affidavit serve[{os.getpid()}] {logging.getLevelName(level)} stop"
+                )
