@@ -202,11 +202,12 @@ def _lock(path: Path) -> int:
 
 def note_state(lock: int, state: str, until: float | None = None) -> None:
     """Write the holder's state into its lock file -- ``<pid> starting|serving|stopping
-    [<until>]`` (``until``: epoch seconds by which a stopping daemon will have let its calls
-    finish and answered) -- so that a daemon refused on the path can say what is true.  Only
-    the daemon's user can read it (``0600``); it holds no secret.  Best effort: an unwritten
-    state leaves the refusal saying only that the lock is held."""
-    line = f"{os.getpid()} {state}" + ("" if until is None else f" {until:.0f}") + "\n"
+    [<until>]`` (``until``: epoch seconds by which a stopping daemon will have exited at the
+    latest, its stop's bound: ``stopbound``; rounded up) -- so that a daemon refused on the
+    path can say what is true.  Only the daemon's user can read it (``0600``); it holds no
+    secret.  Best effort: an unwritten state leaves the refusal saying only that the lock is
+    held."""
+    line = f"{os.getpid()} {state}" + ("" if until is None else f" {math.ceil(until)}") + "\n"
     with contextlib.suppress(OSError):
         os.pwrite(lock, line.encode("ascii"), 0)
         os.ftruncate(lock, len(line))
@@ -221,15 +222,15 @@ def _held(path: Path, lock: Path, fd: int) -> DaemonError:
     pid = words[0] if words and words[0].isdigit() else "?"
     state = words[1] if len(words) > 1 else ""
     if state == "stopping":
-        when = "the end of its [service] shutdown_grace"
+        when = "the end of its stop's bound ([service] shutdown_grace and what follows it)"
         if len(words) > 2 and words[2].isdigit():
             # Words only: a time no clock function takes (a torn or edited file) is not shown.
             with contextlib.suppress(OverflowError, OSError, ValueError):
                 when = _instant(int(words[2]))
         return DaemonError(
             f"the daemon (pid {pid}) on {path} is shutting down: it no longer accepts calls, "
-            f"and lets those in flight finish until {when} (its shutdown grace and their "
-            f"answers); start again once it has exited",
+            f"lets those in flight finish within its shutdown grace, and will have exited by "
+            f"{when} at the latest (its stop's bound); start again once it has exited",
             "DAEMON_STOPPING",
         )
     if state == "starting":

@@ -29,7 +29,8 @@ import trio
 
 from affidavit.api.client import Client
 from affidavit.daemon import socketfile
-from affidavit.daemon.server import DaemonError
+from affidavit.daemon.server import ANSWER_WAIT, DaemonError
+from affidavit.daemon.stopbound import stop_bound
 from tests.external import require_root
 from tests.http.hostile import HostileServer, Peer, Reply, scripts
 
@@ -228,7 +229,7 @@ def test_a_stopping_daemon_s_end_is_a_utc_instant_and_seconds_from_now(tmp_path:
         os.close(held)
     assert caught.value.code == "DAEMON_STOPPING"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
-    found = re.search(rf"finish until {stamp}, in (\d+) s \(its shutdown grace", str(caught.value))
+    found = re.search(rf"exited by {stamp}, in (\d+) s at the latest", str(caught.value))
     assert found, str(caught.value)
     assert 25 <= int(found.group(1)) <= 30
 
@@ -496,8 +497,14 @@ async def test_a_daemon_started_while_another_drains_is_told_it_is_shutting_down
                 nursery.start_soon(client.call, action())
                 with trio.fail_after(WAIT):
                     await held.wait()
+                signalled = time.time()
                 old.signal(signal.SIGTERM)
                 await wait_until(lambda: not sock.exists(), "the old daemon's socket is gone")
+                # "stopping" until the latest it exits: its stop's bound, from the signal.
+                words = (tmp_path / "affidavit.sock.lock").read_text().split()
+                bound = stop_bound(GRACE, ANSWER_WAIT, None)
+                assert words[1] == "stopping"
+                assert signalled + bound <= int(words[2]) <= time.time() + bound + 1, words
                 new_cfg = daemon_config(tmp_path, "new", srv.url, sock)
                 serve = [sys.executable, "-m", "affidavit", "serve", "--config", str(new_cfg)]
                 refused = await run(serve, env=daemon_env(token))
