@@ -85,7 +85,9 @@ class StopBound:
         self._pending = pending
         self._exit_status = exit_status
         self._disarmed = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        """(Re-entrant: ``arm`` may run in a signal's Python handler, on the main thread, in
+        the middle of that thread's own ``arm`` or ``disarm``.)"""
         self._thread: threading.Thread | None = None
         self.bound = 0.0
         self.deadline: float | None = None

@@ -16,6 +16,8 @@ stop's bound first (``stopbound.StopBound``: a thread too), then wakes the loop
 exactly as before; a hung one is ended by the bound.  A Python handler stays installed as
 well, forwarding to ``on_signal``, for a signal delivered to a thread that existed before the
 daemon (one of a host program's, the daemon run inside it): only the main thread runs it.
+A process started meanwhile would inherit the mask (the daemon starts none): one that should
+take SIGTERM itself must unblock it first.
 """
 
 from __future__ import annotations

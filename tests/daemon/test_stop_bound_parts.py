@@ -219,3 +219,20 @@ def test_the_critical_line_reaches_journald_at_crit_priority(tmp_path: Path) -> 
                 assert line.endswith(
                     f"affidavit serve[{os.getpid()}] {logging.getLevelName(level)} stop"
                 )
+
+
+def test_arming_inside_an_arming_does_not_deadlock() -> None:
+    """A signal's Python handler runs on the main thread between two bytecodes -- possibly in
+    the middle of that thread's own ``arm`` or ``disarm``, its lock held -- and arms again."""
+    watchdog = StopBound(lambda: "", None)
+    done = threading.Event()
+
+    def nested() -> None:
+        with watchdog._lock:  # as the interrupted ``arm`` holds it
+            watchdog.arm(60.0)
+        done.set()
+
+    threading.Thread(target=nested, daemon=True).start()
+    assert done.wait(WAIT)
+    watchdog.disarm()
+    assert not _watchdogs()
