@@ -16,6 +16,7 @@ import pytest
 
 from affidavit.cli.serve import log_handler
 from affidavit.config import load_config
+from affidavit.daemon import server
 from affidavit.daemon.server import ANSWER_WAIT, Daemon
 from affidavit.daemon.stopbound import (
     CLOSE_WAIT,
@@ -235,4 +236,27 @@ def test_arming_inside_an_arming_does_not_deadlock() -> None:
     threading.Thread(target=nested, daemon=True).start()
     assert done.wait(WAIT)
     watchdog.disarm()
+    assert not _watchdogs()
+
+
+async def test_a_stop_no_signal_started_is_bounded_from_the_journal_s_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure while the journal is open (here the start-up's, after the journal opened):
+    no signal, so nobody armed the bound -- the failure does, before the journal's close,
+    which a journal that stopped answering would hold for ever."""
+
+    def fail(_broker: object) -> None:
+        raise RuntimeError("a failure while serving")
+
+    monkeypatch.setattr(server, "_refuse_unusable_segments", fail)
+    config = write_daemon_config(
+        tmp_path, api_target("http://127.0.0.1:9"), socket=tmp_path / "s.sock"
+    )
+    daemon = Daemon(load_config(config))
+    with pytest.raises(RuntimeError, match="a failure while serving"):
+        await daemon.run()
+    watchdog = daemon._stop_bound
+    assert watchdog is not None and watchdog.deadline is not None  # armed, then disarmed
+    assert watchdog.bound == stop_bound(30.0, ANSWER_WAIT, None)
     assert not _watchdogs()
