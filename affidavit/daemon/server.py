@@ -309,9 +309,11 @@ class Daemon:
         """SIGTERM or SIGINT, on the thread that took it (``stopsignals``), whatever the loop
         is doing: the stop's bound starts now, then the loop is asked to stop -- it may never
         get to it (held in a read of a journal that stopped answering): the bound ends it."""
-        self._arm_stop_bound()
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(self._stop, signum)
+        try:
+            self._arm_stop_bound()  # (may fail: no thread left to start)
+        finally:  # the stop is asked for all the same
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._stop, signum)
 
     def _stop(self, signum: int) -> None:
         """On the loop: a signal's stop -- the serving's (``shutdown``), or the start-up's."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import trio
 
 from affidavit.cli.serve import log_handler
 from affidavit.config import load_config
@@ -160,39 +162,79 @@ def test_the_exit_does_not_wait_for_a_log_line_that_cannot_be_written() -> None:
 
 
 SIGNALLED = """
-import os, signal, sys, threading
+import logging, os, signal, sys, threading
 from affidavit.daemon.stopsignals import StopSignals
 
+logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(message)s")
 taken, got = [], threading.Event()
 
 def on_signal(signum):
     taken.append((signal.Signals(signum).name, threading.current_thread().name))
     got.set()
+    if len(taken) == 1:
+        raise RuntimeError("can't start new thread")  # as StopBound.arm's, threads run out
 
 before = signal.getsignal(signal.SIGTERM)
-mask = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+wakeup = signal.set_wakeup_fd(-1)
 with StopSignals(on_signal):
-    assert {signal.SIGTERM, signal.SIGINT} <= signal.pthread_sigmask(signal.SIG_BLOCK, set())
     for signum in (signal.SIGTERM, signal.SIGINT):
         got.clear()
         os.kill(os.getpid(), signum)
         assert got.wait(10), signum
 assert signal.getsignal(signal.SIGTERM) == before, "handler restored"
-assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == mask, "mask restored"
+assert signal.set_wakeup_fd(-1) == wakeup, "wakeup descriptor restored"
+assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == set(), "nothing blocked"
 assert threading.enumerate() == [threading.main_thread()], threading.enumerate()
 print(taken)
 """
 
 
 def test_a_signal_is_taken_by_a_thread_of_its_own_and_everything_is_restored_after() -> None:
-    """In a process of its own: as in ``affidavit serve``, no thread exists before (a test
-    process's own threads, which do not block the signals, would take some of them)."""
+    """In a process of its own (the test process's handlers untouched).  The first
+    ``on_signal`` raises (``StopBound.arm`` when no thread can be started): logged by its
+    type, and the next signal is taken all the same."""
     done = subprocess.run(
         [sys.executable, "-c", SIGNALLED], capture_output=True, timeout=HUNG, check=False
     )
     assert done.returncode == 0, done.stderr
-    taken = "[('SIGTERM', 'affidavit-stop-signals'), ('SIGINT', 'affidavit-stop-signals')]"
-    assert done.stdout.decode().strip() == taken
+    logged, taken = done.stdout.decode().strip().splitlines()
+    assert logged == "ERROR SIGTERM: the stop's start failed (RuntimeError)"
+    assert taken == "[('SIGTERM', 'affidavit-stop-signals'), ('SIGINT', 'affidavit-stop-signals')]"
+
+
+INHERITED = """
+import signal, subprocess, trio
+from affidavit.daemon.stopsignals import StopSignals
+
+async def daemon():
+    with StopSignals(lambda signum: None):
+        await trio.to_thread.run_sync(lambda: None)  # a worker made while the daemon runs
+
+def child():
+    sleeper = subprocess.Popen(["sleep", "30"])
+    sleeper.terminate()
+    try:
+        return signal.pthread_sigmask(signal.SIG_BLOCK, set()), sleeper.wait(10)
+    finally:
+        sleeper.kill()
+
+async def later():
+    return await trio.to_thread.run_sync(child)  # the same worker: idle ones are kept ~10 s
+
+trio.run(daemon)
+print(trio.run(later))
+"""
+
+
+def test_after_an_embedded_daemon_a_child_started_from_a_trio_worker_takes_sigterm() -> None:
+    """trio's worker threads outlive the run that made them and are shared by every run in the
+    process: one made while the daemon ran must block nothing, nor the processes it starts
+    (``trio.run_process``) -- a signal mask would have been inherited by both."""
+    done = subprocess.run(
+        [sys.executable, "-c", INHERITED], capture_output=True, timeout=HUNG, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().strip() == f"(set(), {-signal.SIGTERM})"
 
 
 def _watchdogs() -> list[threading.Thread]:
@@ -260,3 +302,29 @@ async def test_a_stop_no_signal_started_is_bounded_from_the_journal_s_close(
     assert watchdog is not None and watchdog.deadline is not None  # armed, then disarmed
     assert watchdog.bound == stop_bound(30.0, ANSWER_WAIT, None)
     assert not _watchdogs()
+
+
+async def test_a_signal_whose_bound_cannot_start_still_stops_the_daemon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``StopBound.arm`` fails when no thread can be started: the loop is asked to stop all the
+    same (the signal thread logs the failure's type and goes on taking signals)."""
+    arms: list[float] = []
+
+    def arm_once_failing(watchdog: StopBound, bound: float) -> None:
+        arms.append(bound)
+        if len(arms) == 1:
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(StopBound, "arm", arm_once_failing)
+    caplog.set_level(logging.INFO, "affidavit.daemon")
+    config = write_daemon_config(
+        tmp_path, api_target("http://127.0.0.1:9"), socket=tmp_path / "s.sock"
+    )
+    daemon = Daemon(load_config(config))
+    with trio.fail_after(WAIT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(daemon.run)
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert "SIGTERM: the stop's start failed (RuntimeError)" in caplog.text
+    assert "received SIGTERM" in caplog.text
