@@ -86,8 +86,10 @@ class StopBound:
         self._exit_status = exit_status
         self._disarmed = threading.Event()
         self._lock = threading.RLock()
-        """(Re-entrant: ``arm`` may run in a signal's Python handler, on the main thread, in
-        the middle of that thread's own ``arm`` or ``disarm``.)"""
+        """(Re-entrant, and ``_armed`` set before any call: ``arm`` is called from more than one
+        thread, and one re-entered on its own thread -- by a Python signal handler, which runs
+        between two bytecodes -- must neither deadlock nor start a second watchdog.)"""
+        self._armed = False
         self._thread: threading.Thread | None = None
         self.bound = 0.0
         self.deadline: float | None = None
@@ -95,8 +97,9 @@ class StopBound:
 
     def arm(self, bound: float) -> None:
         with self._lock:
-            if self._thread is not None or self._disarmed.is_set():
+            if self._armed or self._disarmed.is_set():
                 return
+            self._armed = True
             self.bound = bound
             self.deadline = time.time() + bound
             self._thread = threading.Thread(
@@ -105,11 +108,13 @@ class StopBound:
             self._thread.start()
 
     def disarm(self) -> None:
+        """No exit from now on; returns once the watchdog ended, or after ``LOG_WAIT`` when it
+        is writing its line (``exit_status`` None) to a stderr that does not take it."""
         with self._lock:
             self._disarmed.set()
             thread = self._thread
         if thread is not None:
-            thread.join()
+            thread.join(LOG_WAIT)
 
     def _watch(self) -> None:
         if self._disarmed.wait(self.bound):

@@ -12,13 +12,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import trio
 
 from affidavit.cli.serve import log_handler
 from affidavit.config import load_config
-from affidavit.daemon import server
+from affidavit.daemon import server, stopbound
 from affidavit.daemon.server import ANSWER_WAIT, Daemon
 from affidavit.daemon.stopbound import (
     CLOSE_WAIT,
@@ -279,6 +280,54 @@ def test_arming_inside_an_arming_does_not_deadlock() -> None:
     assert done.wait(WAIT)
     watchdog.disarm()
     assert not _watchdogs()
+
+
+def test_an_arming_re_entered_on_its_own_thread_starts_one_watchdog(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Re-entered at the first call after its check (a Python signal handler runs between
+    two bytecodes): the inner arming counts, the outer one starts nothing more."""
+    watchdog = StopBound(lambda: "", None)
+    entered: list[float] = []
+
+    def time_re_entering() -> float:
+        if not entered:
+            entered.append(time.time())
+            watchdog.arm(60.0)
+        return time.time()
+
+    monkeypatch.setattr(stopbound, "time", SimpleNamespace(time=time_re_entering))
+    watchdog.arm(60.0)
+    assert entered and len(_watchdogs()) == 1
+    watchdog.disarm()
+    assert not _watchdogs()
+
+
+def test_disarming_does_not_wait_for_a_line_nobody_takes() -> None:
+    """A watchdog that only logs (``exit_status`` None) writes its line on its own thread: a
+    stderr that never takes it holds that thread, not the disarming, past ``LOG_WAIT``."""
+    writing, release = threading.Event(), threading.Event()
+
+    class Stuck(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            writing.set()
+            release.wait(HUNG)
+
+    stuck = Stuck()
+    logging.getLogger("affidavit.daemon").addHandler(stuck)
+    try:
+        watchdog = StopBound(lambda: "", None)
+        watchdog.arm(0.01)
+        assert writing.wait(WAIT)
+        started = time.monotonic()
+        disarming = threading.Thread(target=watchdog.disarm, daemon=True)
+        disarming.start()
+        disarming.join(LOG_WAIT + WAIT)
+        assert not disarming.is_alive()
+        assert LOG_WAIT <= time.monotonic() - started < LOG_WAIT + WAIT
+    finally:
+        release.set()
+        logging.getLogger("affidavit.daemon").removeHandler(stuck)
 
 
 async def test_a_stop_no_signal_started_is_bounded_from_the_journal_s_close(
