@@ -31,7 +31,7 @@ from affidavit.daemon.stopbound import (
     stop_bound,
 )
 
-from .kit import HUNG, api_target, write_daemon_config
+from .kit import HUNG, PYTHON, api_target, start_daemon, write_daemon_config
 
 WAIT = 10.0
 
@@ -265,6 +265,35 @@ def test_the_critical_line_reaches_journald_at_crit_priority(tmp_path: Path) -> 
                 assert line.endswith(
                     f"affidavit serve[{os.getpid()}] {logging.getLevelName(level)} stop"
                 )
+
+
+async def test_serve_prefixes_its_lines_when_its_stderr_is_the_journal_s_stream(
+    tmp_path: Path,
+) -> None:
+    """``affidavit serve`` itself (not only ``log_handler``): started with ``$JOURNAL_STREAM``
+    naming its stderr's device and inode, as systemd starts it, each line has its priority."""
+    log = tmp_path / "daemon.log"
+    log.touch()
+    st = os.stat(log)
+    socket = tmp_path / "s.sock"
+    config = write_daemon_config(tmp_path, api_target("http://127.0.0.1:9"), socket=socket)
+    command = [
+        "env",
+        f"JOURNAL_STREAM={st.st_dev}:{st.st_ino}",
+        PYTHON,
+        "-m",
+        "affidavit",
+        "serve",
+        "--config",
+        str(config),
+    ]
+    daemon = await start_daemon(config, socket, log, None, command=command)
+    daemon.signal(signal.SIGTERM)
+    assert await daemon.wait() == 0
+    lines = daemon.log_text().splitlines()
+    listening = [line for line in lines if " INFO listening on " in line]
+    assert listening and all(line.startswith("<6>") for line in listening), lines
+    assert lines[-1].startswith("<6>") and lines[-1].endswith(" INFO stopped"), lines
 
 
 def test_arming_inside_an_arming_does_not_deadlock() -> None:
