@@ -342,7 +342,9 @@ class Engine:
         transactions (group commit) -- one after the other, a journal a crash left with many
         open records took a transaction, and its fsync, per record, and the daemon answered
         nothing until the last (minutes for tens of thousands).  The first failure stops the
-        rest and is raised as itself, as the one-by-one loop raised it."""
+        rest and is raised as itself, as the one-by-one loop raised it; stopped part-way (a
+        failure, a cancellation: the daemon's start-up stopped by SIGTERM), it logs the records it
+        had closed, which the caller's account of its result never names."""
         todo = [r for r in self.journal.list_actions() if not r.final]
         closed: list[Record | None] = [None] * len(todo)
         failed: list[Exception] = []
@@ -367,11 +369,16 @@ class Engine:
                 # otherwise outlive it (keyed by a dead task) for the daemon's life.
                 self.recorder.done()
 
-        async with trio.open_nursery() as nursery:
-            for _ in range(min(RECOVERY_WORKERS, len(todo))):
-                nursery.start_soon(worker, nursery.cancel_scope)
-        if failed:
-            raise failed[0]
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(min(RECOVERY_WORKERS, len(todo))):
+                    nursery.start_soon(worker, nursery.cancel_scope)
+            if failed:
+                raise failed[0]
+        except BaseException as exc:  # a cancellation (the daemon's start-up stopped) or a failure
+            # What was closed before stays closed: said, or the caller's line never names it.
+            _log_closed_before(exc, [r for r in closed if r is not None])
+            raise
         return [r for r in closed if r is not None]
 
     def lease_ttl(self, target: Any, timeout: float | None) -> float:
@@ -379,3 +386,23 @@ class Engine:
         when shorter) plus ``settings.lease_margin``."""
         total = target.timeout.total if timeout is None else min(timeout, target.timeout.total)
         return float(total) + self.settings.lease_margin
+
+
+def _log_closed_before(exc: BaseException, closed: list[Record]) -> None:
+    """The records a recovery that did not finish closed before it stopped (ids and outcomes
+    only), each as it now stands in the journal."""
+    if closed:
+        log.warning(
+            "recovery stopped (%s) after closing %d record(s): %s",
+            _why(exc),
+            len(closed),
+            ", ".join(f"{r.invocation_id} {r.outcome.value}" for r in closed),
+        )
+
+
+def _why(exc: BaseException) -> str:
+    """``cancelled``, or the failure's type (a nursery groups what its tasks raised)."""
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(trio.Cancelled)
+        return "cancelled" if rest is None else _why(rest.exceptions[0])
+    return "cancelled" if isinstance(exc, trio.Cancelled) else f"failed: {type(exc).__name__}"

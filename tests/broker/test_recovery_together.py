@@ -97,3 +97,34 @@ async def test_a_fetch_that_closes_a_stale_record_releases_what_the_recorder_kep
             envelope = await broker.fetch_result("inv-stale")
         assert envelope is not None and envelope["error"]["outcome"] == "unknown", envelope
         assert broker._engine.recorder._writing == {}
+
+
+async def test_a_recovery_cancelled_part_way_says_what_it_had_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon's start-up stopped by SIGTERM cancels its recovery: the records closed until
+    then stay closed, and the log names them -- the caller's own line never comes."""
+    cfg = write_config(tmp_path, {"payments": http_target("http://127.0.0.1:9")})
+    real = engine_module.recover_stale
+    reached = trio.Event()
+
+    async def recover_stale(recorder: Any, record: Any, **kwargs: Any) -> Any:
+        if record.invocation_id == "inv-open-005":
+            reached.set()
+            await trio.sleep_forever()  # a close held until the cancellation
+        return await real(recorder, record, **kwargs)
+
+    async with open_broker(cfg) as broker:
+        iids = await _left_open(broker)
+        monkeypatch.setattr(engine_module, "recover_stale", recover_stale)
+        others = [iid for iid in iids if iid != "inv-open-005"]
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(broker._engine.recover_orphans)
+                await reached.wait()
+                while not all(broker.record(iid).final for iid in others):
+                    await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()
+    stopped = [r.getMessage() for r in caplog.records if "recovery stopped" in r.getMessage()]
+    closed = ", ".join(f"{iid} unknown" for iid in others)
+    assert stopped == [f"recovery stopped (cancelled) after closing {OPEN - 1} record(s): {closed}"]
