@@ -205,6 +205,58 @@ def test_a_signal_is_taken_by_a_thread_of_its_own_and_everything_is_restored_aft
     assert taken == "[('SIGTERM', 'affidavit-stop-signals'), ('SIGINT', 'affidavit-stop-signals')]"
 
 
+DURING_EXIT = """
+import os, signal, threading, time
+from affidavit.daemon import stopsignals
+
+host, ours, injected, active = [], [], [], []
+signal.signal(signal.SIGTERM, lambda signum, frame: host.append(signum))
+
+class Injecting:
+    # the module __exit__ calls: a SIGTERM sent before and after each of its calls
+    def __init__(self, module):
+        self._module = module
+    def __getattr__(self, name):
+        real = getattr(self._module, name)
+        if not callable(real) or isinstance(real, type):
+            return real
+        def call(*args, **kwargs):
+            inject = active and threading.current_thread() is threading.main_thread()
+            if inject:
+                injected.append(name)
+                os.kill(os.getpid(), signal.SIGTERM)
+            try:
+                return real(*args, **kwargs)
+            finally:
+                if inject:
+                    injected.append(name)
+                    os.kill(os.getpid(), signal.SIGTERM)
+        return call
+
+stopsignals.signal = Injecting(signal)
+stopsignals.os = Injecting(os)
+taking = stopsignals.StopSignals(ours.append)
+taking.__enter__()
+active.append(True)
+taking.__exit__(None, None, None)
+active.clear()
+time.sleep(0.1)
+assert len(host) + len(ours) >= len(injected) > 0, (host, ours, injected)
+print(len(injected))
+"""
+
+
+def test_a_signal_during_the_exit_reaches_the_daemon_or_the_handler_found_at_entry() -> None:
+    """A SIGTERM before and after each call ``__exit__`` makes: each is acted on -- by
+    ``on_signal`` or by the host's own handler, put back first -- none swallowed (with the
+    handlers put back last, those after the thread ended reached neither)."""
+    done = subprocess.run(
+        [sys.executable, "-c", DURING_EXIT], capture_output=True, timeout=HUNG, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) >= 8  # (a send before and after 4 calls at least)
+
+
 INHERITED = """
 import signal, subprocess, trio
 from affidavit.daemon.stopsignals import StopSignals
