@@ -55,7 +55,7 @@ import os
 import resource
 import signal
 import socket
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import h11
@@ -293,17 +293,40 @@ class Daemon:
             except ValueError as exc:
                 raise DaemonError(f"console: {exc}") from None
         self._stop_bound = StopBound(self._pending, self.exit_when_stop_unfinished)
-        token = trio.lowlevel.current_trio_token()
-        with StopSignals(functools.partial(self._signalled, token)):
-            self._lock = lock = claim_socket_path(self.socket_path)
+        if self.exit_when_stop_unfinished is not None:  # the process is ours (``serve``)
+            token = trio.lowlevel.current_trio_token()
+            with StopSignals(functools.partial(self._signalled, token)):
+                await self._claimed(task_status)
+        else:  # run inside another program: trio's receiver, a task (``stopsignals``)
             try:
-                # (``serving``: its files' warnings: root here is the broker, journal.exposure)
-                with self._startup, serving():
-                    await self._run(task_status)
-            finally:
-                self._stop_bound.disarm()  # the journal is closed: nothing left to bound
-                os.close(lock)  # only now may another daemon take the path
+                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._watch_signals, signals)
+                        await self._claimed(task_status)
+                        nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:  # (the watcher raises nothing: the daemon's)
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
         log.info("stopped")
+
+    async def _claimed(self, task_status: trio.TaskStatus[None]) -> None:
+        """The daemon's life on its socket's path, the path's lock held throughout."""
+        assert self._stop_bound is not None
+        self._lock = lock = claim_socket_path(self.socket_path)
+        try:
+            # (``serving``: its files' warnings: root here is the broker, journal.exposure)
+            with self._startup, serving():
+                await self._run(task_status)
+        finally:
+            try:
+                self._stop_bound.disarm()  # the journal is closed: nothing left to bound
+            finally:
+                os.close(lock)  # only now may another daemon take the path
+
+    async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            self._stop(signum)
 
     def _signalled(self, token: trio.lowlevel.TrioToken, signum: int) -> None:
         """SIGTERM or SIGINT, on the thread that took it (``stopsignals``), whatever the loop

@@ -62,6 +62,9 @@ EXIT_STOP_UNFINISHED = 74
 EX_IOERR (the journal's storage did not answer) -- neither 0 (stopped) nor 2 (refused)."""
 LOG_WAIT = 2.0
 """Seconds the exit waits for its log line to be written, at most."""
+EXIT_WAIT = 2 * LOG_WAIT
+"""Seconds a disarm that came too late waits for the watchdog's exit, at most: its account of
+what was pending (a read of two queues), then its line (``LOG_WAIT``)."""
 NAMED = 20
 """Pending writes and calls the log line names at most (then "and N more")."""
 
@@ -86,11 +89,15 @@ class StopBound:
         self._exit_status = exit_status
         self._disarmed = threading.Event()
         self._lock = threading.RLock()
-        """(Re-entrant, and ``_armed`` set before any call: ``arm`` is called from more than one
-        thread, and one re-entered on its own thread -- by a Python signal handler, which runs
-        between two bytecodes -- must neither deadlock nor start a second watchdog.)"""
+        """(``arm`` is called from the stop-signal thread and from the loop.  No handler of
+        ours arms: re-entrant, and ``_armed`` set before any call, only so that code a host
+        runs on the arming thread meanwhile -- its own Python signal handler, between two
+        bytecodes -- can neither deadlock nor start a second watchdog.)"""
         self._armed = False
         self._thread: threading.Thread | None = None
+        """The watchdog, once started (never one whose start failed)."""
+        self._exiting = False
+        """The watchdog's bound ran out before any disarm: it logs, and exits if it may."""
         self.bound = 0.0
         self.deadline: float | None = None
         """Epoch seconds by which the process will have ended (None: not armed)."""
@@ -102,23 +109,33 @@ class StopBound:
             self._armed = True
             self.bound = bound
             self.deadline = time.time() + bound
-            self._thread = threading.Thread(
-                target=self._watch, name="affidavit-stop-bound", daemon=True
-            )
-            self._thread.start()
+            thread = threading.Thread(target=self._watch, name="affidavit-stop-bound", daemon=True)
+            try:
+                thread.start()
+            except BaseException:  # (no thread left): unarmed, so a later arm tries again
+                self._armed = False
+                self.deadline = None
+                raise
+            self._thread = thread
 
     def disarm(self) -> None:
-        """No exit from now on; returns once the watchdog ended, or after ``LOG_WAIT`` when it
-        is writing its line (``exit_status`` None) to a stderr that does not take it."""
+        """No exit from now on -- unless the bound ran out first: then it waits for the exit
+        (``EXIT_WAIT`` at most).  Otherwise it returns once the watchdog ended, or after
+        ``LOG_WAIT`` when it is writing its line (``exit_status`` None) to a stderr that does
+        not take it."""
         with self._lock:
             self._disarmed.set()
-            thread = self._thread
+            thread, exiting = self._thread, self._exiting
         if thread is not None:
-            thread.join(LOG_WAIT)
+            thread.join(EXIT_WAIT if exiting and self._exit_status is not None else LOG_WAIT)
 
     def _watch(self) -> None:
         if self._disarmed.wait(self.bound):
             return
+        with self._lock:  # a disarm that landed after the wait ran out still counts
+            if self._disarmed.is_set():
+                return
+            self._exiting = True
         try:
             what = self._pending()
         except Exception as exc:  # the type only; the exit happens all the same
@@ -135,9 +152,11 @@ class StopBound:
             name="affidavit-stop-bound-log",
             daemon=True,
         )
-        said.start()
-        said.join(LOG_WAIT)
-        os._exit(status)
+        try:
+            said.start()
+            said.join(LOG_WAIT)
+        finally:  # (no thread for the line: the exit all the same)
+            os._exit(status)
 
 
 def _say(bound: float, what: str, then: str) -> None:

@@ -25,9 +25,19 @@ The wakeup descriptor changes nothing a thread or a child inherits.
 
 trio installs its own wakeup descriptor for the length of ``trio.run`` (its ``WakeupSocketpair``,
 so that a signal wakes the loop's ``epoll``) and puts back whatever it found when the run ends:
-ours is set inside the run and the one found -- trio's -- is put back at exit, so the two never
-fight; meanwhile each byte read is forwarded to it, so that any other signal with a Python
-handler (one of trio's own ``open_signal_receiver``) still wakes the loop.
+ours is set inside the run and the one found -- trio's -- is put back at exit (with
+``warn_on_full_buffer=False``, trio's own choice: Python cannot tell what the one found had), so
+the two never fight; meanwhile each byte of any other signal is forwarded to it, so that a
+signal with a Python handler (one of trio's own ``open_signal_receiver``) still wakes the loop.
+The stop's own signals are not forwarded: a host's loop would act on them a second time.
+
+Used only where the process is the daemon's own (``affidavit serve``: ``Daemon.run`` with
+``exit_when_stop_unfinished`` set).  A daemon run inside another program -- a host's, a test's,
+two in one process, one in a forked child -- keeps trio's signal receiver: the process's
+signal handlers and wakeup descriptor are the host's, and a second owner of them (another
+daemon's ``StopSignals``, a wakeup descriptor put back by trio without our flag) is a fight
+with no right answer.  Its watchdog only logs anyway (``StopBound``: ``exit_status`` None),
+and it is armed once the loop saw the signal.
 """
 
 from __future__ import annotations
@@ -45,8 +55,9 @@ __all__ = ["STOP_SIGNALS", "StopSignals"]
 log = logging.getLogger("affidavit.daemon")
 
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
-_CLOSING = 0
-"""The byte ``__exit__`` writes to end the thread (no signal has the number 0)."""
+JOIN_WAIT = 2.0
+"""Seconds the exit waits for the thread to act on the signals taken before it, at most (an
+``on_signal`` that hangs leaves the thread behind, not the exit)."""
 
 
 class StopSignals:
@@ -55,7 +66,8 @@ class StopSignals:
     logged (its type) and the next signal is taken all the same.  ``on_signal`` must not wait
     for the loop.  Entered and left on the main thread (``signal``'s rule); the handlers and
     the wakeup descriptor are restored at exit, the handlers first: a signal from then on goes
-    to the handler found at entry."""
+    to the handler found at entry.  An entry that fails part-way (a KeyboardInterrupt
+    included) puts back all it did."""
 
     def __init__(self, on_signal: Callable[[int], None]) -> None:
         self._on_signal = on_signal
@@ -63,26 +75,28 @@ class StopSignals:
             target=self._take, name="affidavit-stop-signals", daemon=True
         )
         self._read = self._write = -1
-        self._wakeup = -1
-        """The wakeup descriptor found at entry (trio's, in ``trio.run``; -1: none)."""
+        self._wakeup: int | None = None
+        """The wakeup descriptor found at entry (trio's, in ``trio.run``; -1: none; None: ours
+        not set)."""
         self._handlers: dict[signal.Signals, object] = {}
+        self._lock = threading.Lock()
+        self._ended = False
+        """The thread is past its last read."""
+        self._left = False
+        """The exit gave up waiting for the thread: the pipe's read end is the thread's to
+        close (closed under it, its number could be another file's by its next read)."""
 
     def __enter__(self) -> StopSignals:
-        self._read, self._write = os.pipe()  # (not inherited by a child: O_CLOEXEC)
-        os.set_blocking(self._write, False)  # (set_wakeup_fd's rule: a full pipe never blocks)
         try:
+            self._read, self._write = os.pipe()  # (not inherited by a child: O_CLOEXEC)
+            os.set_blocking(self._write, False)  # (set_wakeup_fd's rule: never blocks)
             self._wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
-            try:
-                self._thread.start()
-            except BaseException:
-                signal.set_wakeup_fd(self._wakeup)
-                raise
+            self._thread.start()
+            for signum in STOP_SIGNALS:
+                self._handlers[signum] = signal.signal(signum, _nothing)
         except BaseException:
-            os.close(self._read)
-            os.close(self._write)
+            self._restore()
             raise
-        for signum in STOP_SIGNALS:
-            self._handlers[signum] = signal.signal(signum, _nothing)
         return self
 
     def __exit__(
@@ -91,33 +105,52 @@ class StopSignals:
         _exc: BaseException | None,
         _tb: TracebackType | None,
     ) -> None:
-        for signum, handler in self._handlers.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
-        signal.set_wakeup_fd(self._wakeup)
-        # Every signal taken before is already in the pipe, ahead of this byte: each is acted
-        # on before the thread ends.
-        os.write(self._write, bytes([_CLOSING]))
-        self._thread.join()
-        os.close(self._read)
-        os.close(self._write)
+        self._restore()
+
+    def _restore(self) -> None:
+        """Whatever entry did, undone: the handlers, the wakeup descriptor, then the pipe's
+        write end -- its end of file, after every signal taken before, ends the thread."""
+        try:
+            for signum, handler in self._handlers.items():
+                signal.signal(signum, handler)  # type: ignore[arg-type]
+            if self._wakeup is not None:
+                signal.set_wakeup_fd(self._wakeup, warn_on_full_buffer=False)
+        finally:
+            if self._write != -1:
+                os.close(self._write)
+            if self._thread.ident is not None:
+                self._thread.join(JOIN_WAIT)
+            with self._lock:
+                if self._read != -1 and (self._thread.ident is None or self._ended):
+                    os.close(self._read)
+                else:
+                    self._left = True
 
     def _take(self) -> None:
-        while True:
-            for signum in os.read(self._read, 64):
-                if signum == _CLOSING:
-                    return
-                with contextlib.suppress(OSError):  # (trio's loop: woken by our call anyway)
-                    if self._wakeup != -1:
-                        os.write(self._wakeup, bytes([signum]))
-                if signum in STOP_SIGNALS:
-                    try:
-                        self._on_signal(signum)
-                    except Exception as exc:  # the type only: the next signal still counts
-                        log.error(
-                            "%s: the stop's start failed (%s)",
-                            signal.Signals(signum).name,
-                            type(exc).__name__,
-                        )
+        try:
+            while chunk := os.read(self._read, 64):  # (b"": the write end closed, the exit)
+                for signum in chunk:
+                    self._took(signum)
+        finally:
+            with self._lock:
+                self._ended = True
+                if self._left:
+                    os.close(self._read)
+
+    def _took(self, signum: int) -> None:
+        if signum not in STOP_SIGNALS:  # another signal's: to the loop it was meant to wake
+            with contextlib.suppress(OSError):  # (full, or gone: as Python's own handler does)
+                if self._wakeup is not None and self._wakeup != -1:
+                    os.write(self._wakeup, bytes([signum]))
+            return
+        try:
+            self._on_signal(signum)
+        except Exception as exc:  # the type only: the next signal still counts
+            log.error(
+                "%s: the stop's bound could not be armed (%s)",
+                signal.Signals(signum).name,
+                type(exc).__name__,
+            )
 
 
 def _nothing(_signum: int, _frame: FrameType | None) -> None:

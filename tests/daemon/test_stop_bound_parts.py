@@ -4,6 +4,7 @@ line nobody takes, and that a signal reaches the stop through a thread of its ow
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import signal
@@ -165,7 +166,7 @@ def test_the_exit_does_not_wait_for_a_log_line_that_cannot_be_written() -> None:
 
 
 SIGNALLED = """
-import logging, os, signal, sys, threading
+import logging, os, select, signal, sys, threading
 from affidavit.daemon.stopsignals import StopSignals
 
 logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(message)s")
@@ -177,32 +178,92 @@ def on_signal(signum):
     if len(taken) == 1:
         raise RuntimeError("can't start new thread")  # as StopBound.arm's, threads run out
 
-before = signal.getsignal(signal.SIGTERM)
-wakeup = signal.set_wakeup_fd(-1)
+def drained(fd):
+    out = b""
+    while select.select([fd], [], [], 0)[0]:
+        out += os.read(fd, 64)
+    return out
+
+# a host's wakeup descriptor (trio's, under serve), and a signal of its own it wants woken by
+found_read, found = os.pipe()
+os.set_blocking(found, False)
+signal.set_wakeup_fd(found)
+signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 with StopSignals(on_signal):
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert select.select([found_read], [], [], 10)[0], "SIGUSR1 forwarded to the found fd"
     for signum in (signal.SIGTERM, signal.SIGINT):
         got.clear()
         os.kill(os.getpid(), signum)
         assert got.wait(10), signum
-assert signal.getsignal(signal.SIGTERM) == before, "handler restored"
-assert signal.set_wakeup_fd(-1) == wakeup, "wakeup descriptor restored"
+assert {s: signal.getsignal(s) for s in before} == before, "handlers restored"
+assert signal.set_wakeup_fd(-1) == found, "wakeup descriptor restored"
 assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == set(), "nothing blocked"
 assert threading.enumerate() == [threading.main_thread()], threading.enumerate()
 print(taken)
+print(list(drained(found_read)))
 """
 
 
 def test_a_signal_is_taken_by_a_thread_of_its_own_and_everything_is_restored_after() -> None:
     """In a process of its own (the test process's handlers untouched).  The first
     ``on_signal`` raises (``StopBound.arm`` when no thread can be started): logged by its
-    type, and the next signal is taken all the same."""
+    type, and the next signal is taken all the same.  The host's wakeup descriptor is put
+    back, and meanwhile got the bytes of its own signal -- not the stop's (a host's loop
+    would act on those a second time)."""
     done = subprocess.run(
         [sys.executable, "-c", SIGNALLED], capture_output=True, timeout=HUNG, check=False
     )
     assert done.returncode == 0, done.stderr
-    logged, taken = done.stdout.decode().strip().splitlines()
-    assert logged == "ERROR SIGTERM: the stop's start failed (RuntimeError)"
+    logged, taken, forwarded = done.stdout.decode().strip().splitlines()
+    assert logged == "ERROR SIGTERM: the stop's bound could not be armed (RuntimeError)"
     assert taken == "[('SIGTERM', 'affidavit-stop-signals'), ('SIGINT', 'affidavit-stop-signals')]"
+    assert forwarded == f"[{int(signal.SIGUSR1)}]"
+
+
+INTERRUPTED_ENTRY = """
+import os, signal, threading
+from affidavit.daemon import stopsignals
+
+class Interrupting:
+    # KeyboardInterrupt at the first handler's install: after the pipe, the wakeup fd, the thread
+    def __getattr__(self, name):
+        return getattr(signal, name)
+    def signal(self, signum, handler):
+        if handler is stopsignals._nothing:
+            raise KeyboardInterrupt
+        return signal.signal(signum, handler)
+
+found_read, found = os.pipe()
+os.set_blocking(found, False)
+signal.set_wakeup_fd(found)
+fds = sorted(os.listdir("/proc/self/fd"))
+before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+stopsignals.signal = Interrupting()
+try:
+    stopsignals.StopSignals(lambda signum: None).__enter__()
+except KeyboardInterrupt:
+    pass
+else:
+    raise AssertionError("entered")
+stopsignals.signal = signal
+assert {s: signal.getsignal(s) for s in before} == before, "handlers"
+assert signal.set_wakeup_fd(-1) == found, "wakeup descriptor"
+assert threading.enumerate() == [threading.main_thread()], threading.enumerate()
+assert sorted(os.listdir("/proc/self/fd")) == fds, "the pipe closed"
+print("rolled back")
+"""
+
+
+def test_an_entry_interrupted_part_way_puts_back_all_it_did() -> None:
+    """A KeyboardInterrupt between the wakeup descriptor and the handlers' install: the pipe,
+    the thread and the wakeup descriptor are undone (before, all three were left)."""
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_ENTRY], capture_output=True, timeout=HUNG, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().strip() == "rolled back"
 
 
 DURING_EXIT = """
@@ -368,8 +429,9 @@ def test_arming_inside_an_arming_does_not_deadlock() -> None:
 def test_an_arming_re_entered_on_its_own_thread_starts_one_watchdog(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Re-entered at the first call after its check (a Python signal handler runs between
-    two bytecodes): the inner arming counts, the outer one starts nothing more."""
+    """Re-entered on the arming thread at the first call after its check -- no handler of
+    ours arms, but a host's Python signal handler runs between any two bytecodes: the inner
+    arming counts, the outer one starts nothing more."""
     watchdog = StopBound(lambda: "", None)
     entered: list[float] = []
 
@@ -439,24 +501,90 @@ async def test_a_stop_no_signal_started_is_bounded_from_the_journal_s_close(
 async def test_a_signal_whose_bound_cannot_start_still_stops_the_daemon(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``StopBound.arm`` fails when no thread can be started: the loop is asked to stop all the
-    same (the signal thread logs the failure's type and goes on taking signals)."""
-    arms: list[float] = []
+    """The daemon of ``serve`` (``exit_when_stop_unfinished`` set: its own signals' thread).
+    The watchdog's thread cannot start once (the real ``Thread.start`` fails, as when no
+    thread is left): the signal thread logs it and the loop is asked to stop all the same;
+    the arming after the shutdown starts the watchdog, the stop disarms it, the path's lock
+    is let go and the daemon says it stopped (before: the failed arming stayed "armed", so no
+    watchdog ever ran, and disarm raised joining a thread never started)."""
+    real_start = threading.Thread.start
+    failed: list[str] = []
+    started: list[str] = []
 
-    def arm_once_failing(watchdog: StopBound, bound: float) -> None:
-        arms.append(bound)
-        if len(arms) == 1:
+    def start_failing_once(thread: threading.Thread) -> None:
+        if thread.name == "affidavit-stop-bound" and not failed:
+            failed.append(thread.name)
             raise RuntimeError("can't start new thread")
+        real_start(thread)
+        started.append(thread.name)
 
-    monkeypatch.setattr(StopBound, "arm", arm_once_failing)
+    monkeypatch.setattr(threading.Thread, "start", start_failing_once)
     caplog.set_level(logging.INFO, "affidavit.daemon")
     config = write_daemon_config(
         tmp_path, api_target("http://127.0.0.1:9"), socket=tmp_path / "s.sock"
     )
     daemon = Daemon(load_config(config))
+    daemon.exit_when_stop_unfinished = EXIT_STOP_UNFINISHED
     with trio.fail_after(WAIT):
         async with trio.open_nursery() as nursery:
             await nursery.start(daemon.run)
             os.kill(os.getpid(), signal.SIGTERM)
-    assert "SIGTERM: the stop's start failed (RuntimeError)" in caplog.text
+    assert failed and "affidavit-stop-bound" in started  # the next arming's watchdog ran
+    assert "SIGTERM: the stop's bound could not be armed (RuntimeError)" in caplog.text
     assert "received SIGTERM" in caplog.text
+    assert daemon._stop_bound is not None and daemon._stop_bound.deadline is not None
+    assert caplog.records[-1].getMessage() == "stopped"
+    assert not _watchdogs()
+    with open(f"{tmp_path / 's.sock'}.lock", "rb") as lock:  # let go: another may take it
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+DISARM_AT_THE_BOUND = """
+import sys, threading, time
+from affidavit.daemon.stopbound import LOG_WAIT, StopBound
+
+class DisarmedAsTheWaitRanOut(threading.Event):
+    def wait(self, timeout=None):
+        self.set()  # the journal closed, and disarm came, just as the bound ran out
+        return False
+
+reading = threading.Event()
+
+def pending():
+    reading.set()
+    if sys.argv[1] == "once exiting":
+        time.sleep(LOG_WAIT + 0.5)  # the account is slow: the disarm comes after it started
+    return "slow"
+
+watchdog = StopBound(pending, 74)
+if sys.argv[1] == "before the re-check":
+    watchdog._disarmed = DisarmedAsTheWaitRanOut()
+    watchdog.arm(0.01)
+else:
+    watchdog.arm(0.01)
+    assert reading.wait(10)
+watchdog.disarm()
+print("stopped")
+"""
+
+
+@pytest.mark.parametrize(
+    ("when", "status", "said"),
+    [("before the re-check", 0, "stopped"), ("once exiting", EXIT_STOP_UNFINISHED, "")],
+)
+def test_a_disarm_as_the_bound_runs_out_either_stops_the_exit_or_waits_for_it(
+    when: str, status: int, said: str
+) -> None:
+    """A disarm that lands after the watchdog's wait ran out: before the watchdog's re-check
+    (under the lock) it counts -- no exit, no CRITICAL line; once the watchdog is exiting,
+    disarm waits for the exit (``EXIT_WAIT`` at most) rather than return to a "stopped" line
+    and exit 0 while the watchdog logs "exiting 74"."""
+    done = subprocess.run(
+        [sys.executable, "-c", DISARM_AT_THE_BOUND, when],
+        capture_output=True,
+        timeout=HUNG,
+        check=False,
+    )
+    assert done.returncode == status, done.stderr
+    assert done.stdout.decode().strip() == said
+    assert (b"CRITICAL" in done.stderr or b"stop unfinished" in done.stderr) == bool(status)
