@@ -28,7 +28,10 @@ TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["escape_char", "pieces", "printable", "utc_time"]
+NAMED = 20
+"""Items a log line names at most (then "and N more"): a line stays a line."""
+
+__all__ = ["NAMED", "escape_char", "named", "pieces", "printable", "utc_time"]
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _SHOWN_ESCAPED = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
@@ -94,3 +97,9 @@ def utc_time(at: object, fmt: str) -> str:
         return datetime.fromtimestamp(at, UTC).strftime(fmt)
     except (OverflowError, ValueError, OSError):
         return f"{at!r} (not a time)"
+
+
+def named(items: list[str], limit: int = NAMED) -> str:
+    """``items`` comma-separated, the first ``limit`` of them, then "and N more" if any."""
+    more = len(items) - limit
+    return ", ".join(items[:limit]) + (f" and {more} more" if more > 0 else "")

@@ -44,6 +44,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from affidavit.text import named
+
 __all__ = [
     "CLOSE_WAIT",
     "EXIT_STOP_UNFINISHED",
@@ -65,8 +67,6 @@ LOG_WAIT = 2.0
 EXIT_WAIT = 2 * LOG_WAIT
 """Seconds a disarm that came too late waits for the watchdog's exit, at most: its account of
 what was pending (a read of two queues), then its line (``LOG_WAIT``)."""
-NAMED = 20
-"""Pending writes and calls the log line names at most (then "and N more")."""
 
 
 def stop_bound(grace: float, answer_wait: float, reconnect: float | None) -> float:
@@ -196,6 +196,4 @@ def pending_words(
 def _listed(what: str, items: list[str]) -> str:
     if not items:
         return f"{what}: none"
-    more = len(items) - NAMED
-    tail = f" and {more} more" if more > 0 else ""
-    return f"{what}: {len(items)} ({', '.join(items[:NAMED])}{tail})"
+    return f"{what}: {len(items)} ({named(items)})"

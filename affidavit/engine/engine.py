@@ -45,6 +45,7 @@ from affidavit.journal import (
 )
 from affidavit.protocols import Binding
 from affidavit.statemachine import Event, Record
+from affidavit.text import named
 
 from . import approval, delivery, invocation, operations
 from .approval import ApprovalBoard
@@ -396,7 +397,7 @@ def _log_closed_before(exc: BaseException, closed: list[Record]) -> None:
             "recovery stopped (%s) after closing %d record(s): %s",
             _why(exc),
             len(closed),
-            ", ".join(f"{r.invocation_id} {r.outcome.value}" for r in closed),
+            named([f"{r.invocation_id} {r.outcome.value}" for r in closed]),
         )
 
 

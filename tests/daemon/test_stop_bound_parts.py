@@ -26,11 +26,11 @@ from affidavit.daemon.stopbound import (
     CLOSE_WAIT,
     EXIT_STOP_UNFINISHED,
     LOG_WAIT,
-    NAMED,
     StopBound,
     pending_words,
     stop_bound,
 )
+from affidavit.text import NAMED
 
 from .kit import HUNG, PYTHON, api_target, start_daemon, write_daemon_config
 
