@@ -33,8 +33,9 @@ Life of the daemon:
    admission.py), and one that has not sent a whole request head within ``CONSOLE_HEAD_WAIT``
    of opening (or of its last answer) is closed: a flood of them can neither take the
    descriptors the journal and the socket need nor keep places for long.
-4. SIGTERM or SIGINT (taken by a thread of the daemon's own, ``stopsignals.py``, whatever the
-   event loop is doing; during the start-up, they end it: the journal closed, exit 0): stop
+4. SIGTERM or SIGINT (under ``affidavit serve`` taken by a thread of the daemon's own,
+   ``stopsignals.py``, whatever the event loop is doing; run inside another program, by trio's
+   receiver on the loop; during the start-up, they end it: the journal closed, exit 0): stop
    accepting (the socket file goes; ``<socket>.lock`` says "stopping" until the latest the
    process ends, so a daemon started on the path meanwhile is told so), answer 503 to new calls
    on open connections, let calls in flight finish within ``[service] shutdown_grace``, then
