@@ -588,3 +588,63 @@ def test_a_disarm_as_the_bound_runs_out_either_stops_the_exit_or_waits_for_it(
     assert done.returncode == status, done.stderr
     assert done.stdout.decode().strip() == said
     assert (b"CRITICAL" in done.stderr or b"stop unfinished" in done.stderr) == bool(status)
+
+
+HELD_ON_SIGNAL = """
+import os, signal, threading, time
+from affidavit.daemon.stopsignals import JOIN_WAIT, StopSignals
+
+entered, release = threading.Event(), threading.Event()
+
+def on_signal(signum):
+    entered.set()
+    release.wait(60)  # an on_signal that hangs
+
+fds = sorted(os.listdir("/proc/self/fd"))
+with StopSignals(on_signal):
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert entered.wait(10)
+    started = time.monotonic()
+took = time.monotonic() - started
+assert JOIN_WAIT <= took < JOIN_WAIT + 5, took
+release.set()  # the thread ends, and closes the read end it was left
+deadline = time.monotonic() + 10
+while sorted(os.listdir("/proc/self/fd")) != fds and time.monotonic() < deadline:
+    time.sleep(0.01)
+assert sorted(os.listdir("/proc/self/fd")) == fds, "the pipe closed"
+assert threading.enumerate() == [threading.main_thread()], threading.enumerate()
+print("bounded")
+"""
+
+
+def test_the_exit_waits_for_a_held_on_signal_join_wait_at_most() -> None:
+    """An ``on_signal`` that never returns holds its thread, not the exit: ``JOIN_WAIT``, then
+    the pipe's read end is the thread's to close once it ends (before: an unbounded join)."""
+    done = subprocess.run(
+        [sys.executable, "-c", HELD_ON_SIGNAL], capture_output=True, timeout=HUNG, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().strip() == "bounded"
+
+
+async def test_a_daemon_run_inside_another_program_leaves_the_signals_to_trio(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No ``exit_when_stop_unfinished``: trio's receiver takes SIGTERM on the loop (no thread
+    of ours, no handler of ours), and the stop's bound is armed once the loop saw it."""
+    caplog.set_level(logging.INFO, "affidavit.daemon")
+    config = write_daemon_config(
+        tmp_path, api_target("http://127.0.0.1:9"), socket=tmp_path / "s.sock"
+    )
+    daemon = Daemon(load_config(config))
+    with trio.fail_after(WAIT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(daemon.run)
+            names = [t.name for t in threading.enumerate()]
+            handler = signal.getsignal(signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert "affidavit-stop-signals" not in names
+    assert getattr(handler, "__module__", "") != "affidavit.daemon.stopsignals"
+    assert "received SIGTERM" in caplog.text and caplog.records[-1].getMessage() == "stopped"
+    assert daemon._stop_bound is not None and daemon._stop_bound.deadline is not None
+    assert not _watchdogs()
