@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from affidavit.api.client import Client
-from affidavit.api.wire import ClientError, DaemonUnavailable
+from affidavit.api.wire import AnswerLost, ClientError, DaemonUnavailable
 from affidavit.daemon.server import ANSWER_WAIT
 from affidavit.daemon.stopbound import EXIT_STOP_UNFINISHED, stop_bound
 from affidavit.journal import JournalReader
@@ -265,10 +265,11 @@ async def test_sigterm_while_the_loop_waits_for_a_database_read_ends_within_its_
     assert float(pending.group(1)) == bound
     assert "the journal last finished a transaction " in pending.group(0)
     assert token not in log
-    # No answer at all: its connection closed with the process, and the client's one retry
-    # of a read found no daemon.
+    # No answer at all: its connection closed with the process -- seen as the connection
+    # reset (AnswerLost) or, when the client's one retry of a read ran after the exit, as no
+    # daemon; which of the two is a race with the kernel's teardown (1 run in ~5 saw a reset).
     (lost,) = read
-    assert isinstance(lost, DaemonUnavailable), repr(lost)
+    assert isinstance(lost, (AnswerLost, DaemonUnavailable)), repr(lost)
     assert len(srv.requests) == 1
 
 
