@@ -401,8 +401,12 @@ class Daemon:
             with self._hung_up_at_stop():
                 answer = await self.client.poll_operation(operation_id)
             return _stopped_before_answer(_LOST_POLL) if answer is None else answer
-        except ApiError as exc:  # the daemon's refusal (OVERLOADED too): as embedded
-            return act_refused(exc.code, exc.message, exc.field, "operation_id", exc.retry_after)
+        except ApiError as exc:
+            if _refused(exc):  # the daemon's refusal (OVERLOADED too): as embedded
+                return act_refused(
+                    exc.code, exc.message, exc.field, "operation_id", exc.retry_after
+                )
+            return _client_failure(exc, _LOST_POLL)  # a 5xx: the linked call may have queried
         except Exception as exc:
             return _client_failure(exc, _LOST_POLL)
 
@@ -416,8 +420,12 @@ class Daemon:
             with self._hung_up_at_stop():
                 answer = await self.client.reconcile(invocation_id, query=True)
             return _stopped_before_answer(_LOST_QUERY) if answer is None else answer
-        except ApiError as exc:  # the daemon's refusal (OVERLOADED too): as embedded
-            return act_refused(exc.code, exc.message, exc.field, "invocation_id", exc.retry_after)
+        except ApiError as exc:
+            if _refused(exc):  # the daemon's refusal (OVERLOADED too): as embedded
+                return act_refused(
+                    exc.code, exc.message, exc.field, "invocation_id", exc.retry_after
+                )
+            return _client_failure(exc, _LOST_QUERY)  # a 5xx: the linked call may have queried
         except Exception as exc:
             return _client_failure(exc, _LOST_QUERY)
 
@@ -487,6 +495,13 @@ def _stopped_before_answer(lost: Lost) -> dict[str, Any]:
         sent=True,
         retry=retry,
     )
+
+
+def _refused(exc: Any) -> bool:
+    """Whether the daemon's ``ApiError`` for a poll or a query proves nothing was sent: a code
+    of ``NOT_SENT`` or a 4xx refusal.  Any other (500 INTERNAL, 503 JOURNAL_UNAVAILABLE, 500
+    RESULT_UNVERIFIED) may come after the linked invocation queried the remote: ``unknown``."""
+    return exc.code in NOT_SENT or 400 <= exc.status < 500
 
 
 _BAD_PARAMETER = frozenset({"BAD_REQUEST", "INVALID_FIELD"})

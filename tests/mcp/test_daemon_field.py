@@ -74,6 +74,7 @@ ASKS: dict[str, Callable[[Daemon], Awaitable[dict[str, Any]]]] = {
     "get_record": lambda d: d.record("act_1"),
     "fetch_result": lambda d: d.fetch_result("act_1", None, None, Exchange()),
     "poll_operation": lambda d: d.poll_operation("op_1"),
+    "reconcile_query": lambda d: d.reconcile_query("act_1"),
 }
 
 
@@ -111,6 +112,7 @@ LOST: dict[str, tuple[str, str, str]] = {
     # tool: (outcome, retry, words the message must hold)
     "call": ("unknown", "reconcile", "list_actions (session s-7) finds it"),
     "poll_operation": ("unknown", "backoff", "poll_operation with the same operation_id"),
+    "reconcile_query": ("unknown", "backoff", "reconcile_query with the same invocation_id"),
     "list_actions": ("not_attempted", "backoff", ""),
     "get_record": ("not_attempted", "backoff", ""),
     "fetch_result": ("not_attempted", "backoff", ""),
@@ -130,6 +132,29 @@ async def test_an_answer_lost_says_whether_the_request_may_have_run(
     assert words in error["message"], error
     if tool != "call":  # a key resumes a call, never a poll or a read
         assert "idempotency_key" not in error["message"], error
+
+
+def failed(status: str, code: str) -> tuple[bytes, bytes]:
+    head = f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n".encode()
+    return head, json.dumps({"api_error": {"code": code, "message": "it failed"}}).encode()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        failed("500 Internal Server Error", "INTERNAL"),
+        failed("503 Service Unavailable", "JOURNAL_UNAVAILABLE"),
+        failed("500 Internal Server Error", "RESULT_UNVERIFIED"),
+    ],
+)
+@pytest.mark.parametrize("tool", ["poll_operation", "reconcile_query"])
+async def test_a_linked_call_s_5xx_may_have_queried_never_not_attempted(
+    tmp_path: Path, tool: str, reply: tuple[bytes, bytes]
+) -> None:
+    """A poll or a query the daemon answered 5xx: its linked invocation may have asked the
+    remote -- ``unknown``, ask again later (as embedded answers it), never ``not_attempted``."""
+    error = (await ask(tmp_path, tool, reply))["api_error"]
+    assert (error["outcome"], error["retry"]) == ("unknown", "backoff"), error
 
 
 BAD_LIMIT = (
