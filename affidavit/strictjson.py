@@ -16,10 +16,11 @@ import json
 import json.encoder
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "DuplicateField",
+    "Members",
     "NotJsonNumber",
     "TooLarge",
     "compact_encoder",
@@ -224,33 +225,60 @@ def prescan(text: str, max_depth: int, max_nodes: int, pos: int = 0) -> None:
 
 MEMBER_STRINGS = 50_000
 """Strings ``members`` steps over at most (about 50 ms): a message's own members come first in
-every client seen, and one with more strings before its ``id`` is answered without it."""
+every client seen; ``members`` says when it stopped there (``Members.end`` ``cut``)."""
+
+_BRACKET = re.compile(r"[\[\]{}]")
+_SPACE = re.compile(r"[ \t\n\r]*+")
+_VALUE_AT = re.compile(r"[ \t\n\r]*+:[ \t\n\r]*+")
 
 
-def members(text: str) -> list[tuple[str | None, int]]:
-    """The members of the JSON object ``text`` holds, read without parsing their values: (the
-    name, or None when it is no valid JSON string; where its value starts), in order -- what
+class Members(NamedTuple):
+    """What ``members`` read: the members, and how the reading ended."""
+
+    found: list[tuple[str | None, int]]
+    """(the name, or None when it is no valid JSON string; where its value starts), in order."""
+    end: str
+    """``closed``: the object ended, nothing but whitespace after it; ``more``: something
+    follows its end (a second value), or it never ends -- no JSON text; ``cut``: stopped after
+    ``MEMBER_STRINGS`` strings, members may be unread; ``none``: ``text`` is no object."""
+
+
+def _closing(text: str, pos: int, end: int, depth: int) -> int | None:
+    """Just after the bracket in ``text[pos:end]`` (no string there) that brings ``depth`` to 0,
+    or None when none does."""
+    for m in _BRACKET.finditer(text, pos, end):
+        depth += 1 if m.group() in "[{" else -1
+        if depth == 0:
+            return m.end()
+    return None
+
+
+def members(text: str) -> Members:
+    """The members of the JSON object ``text`` holds, read without parsing their values -- what
     reads a message's ``id`` when the whole would overflow a parser.  Nesting between strings is
     counted by ``str.count`` (100,000 levels in about a millisecond), strings are stepped over
-    one by one, at most ``MEMBER_STRINGS`` of them.  Stops at the object's end; ``[]`` when
-    ``text`` is no object."""
+    one by one, at most ``MEMBER_STRINGS`` of them.  Stops at the first bracket that closes the
+    object: a member after it belongs to no object of ``text`` (``end`` ``more``)."""
     first = _TOKEN.match(text)
     if first is None or first.lastgroup != "open" or text[first.end() - 1] != "{":
-        return []
+        return Members([], "none")
     found: list[tuple[str | None, int]] = []
     depth, pos = 1, first.end()
     for _ in range(MEMBER_STRINGS):
         quote = text.find('"', pos)
         end = len(text) if quote < 0 else quote  # no string between: every bracket counts
-        depth += text.count("[", pos, end) + text.count("{", pos, end)
-        depth -= text.count("]", pos, end) + text.count("}", pos, end)
-        if depth <= 0 or quote < 0:
-            break
+        closes = text.count("]", pos, end) + text.count("}", pos, end)
+        if closes >= depth and (closed := _closing(text, pos, end, depth)) is not None:
+            whole = _SPACE.match(text, closed).end() == len(text)  # type: ignore[union-attr]
+            return Members(found, "closed" if whole else "more")
+        depth += text.count("[", pos, end) + text.count("{", pos, end) - closes
+        if quote < 0:
+            return Members(found, "more")  # never closed
         pos = _string_end(text, quote + 1)
-        if depth == 1 and (name_end := _NAME_END.match(text, pos)) is not None:
+        if depth == 1 and (value_at := _VALUE_AT.match(text, pos)) is not None:
             try:
                 name = json.loads(text[quote:pos])
             except ValueError:
                 name = None
-            found.append((name if isinstance(name, str) else None, name_end.end()))
-    return found
+            found.append((name if isinstance(name, str) else None, value_at.end()))
+    return Members(found, "cut")

@@ -480,24 +480,36 @@ def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | No
     the id was readable -- the client waited for ever): the id from its top-level members,
     the part at fault the member in whose value the scan passed its bound.  None for a
     notification."""
-    found = strictjson.members(text)
+    scan = strictjson.members(text)
+    if scan.end == "more":  # a second value after the object, or no end: as the small one
+        return PARSE_ERROR, None, "not valid JSON"
+    found = scan.found
     names = {name for name, _ in found}
-    if "id" not in names:
+    ids = [at for name, at in found if name == "id"]
+    what = f"nested deeper than {MAX_DEPTH} levels" if exc.deep else f"more than {MAX_NODES} values"
+    if len(ids) > 1:  # which of its ids? neither: under null, as a message in bounds
+        return (
+            INVALID_REQUEST,
+            None,
+            f"INVALID_FIELD at message.id: {strictjson.DuplicateField.what}",
+        )
+    if not ids:
+        if scan.end == "cut":  # its id may lie past the strings read: answered, under null
+            return (
+                INVALID_REQUEST,
+                None,
+                f"{what}; no id in its first {strictjson.MEMBER_STRINGS} strings",
+            )
         return None if "method" in names else (INVALID_REQUEST, None, "not a JSON-RPC request")
-    request_id: Any = None
-    for name, at in found:
-        if name == "id":
-            try:
-                value = json.JSONDecoder(parse_int=_int, parse_constant=_NotNumber).raw_decode(
-                    text, at
-                )[0]
-            except (ValueError, RecursionError):
-                value = []  # unreadable: answered under null
-            request_id = value if _id_fault(value) is None else None
-            break
+    try:
+        value = json.JSONDecoder(parse_int=_int, parse_constant=_NotNumber).raw_decode(
+            text, ids[0]
+        )[0]
+    except (ValueError, RecursionError):
+        value = []  # unreadable: answered under null
+    request_id = value if _id_fault(value) is None else None
     # The part at fault: the member whose value holds where the scan passed its bound.
     where = next((name for name, at in reversed(found) if at <= exc.at), None)
-    what = f"nested deeper than {MAX_DEPTH} levels" if exc.deep else f"more than {MAX_NODES} values"
     in_params = where == "params" and "method" in names
     return (INVALID_PARAMS if in_params else INVALID_REQUEST), request_id, what
 

@@ -296,7 +296,7 @@ async def test_a_duplicate_leaves_the_first_request_s_bookkeeping_alone() -> Non
 # -- malformed messages ---------------------------------------------------------------------------
 
 CANARY = "secret-canary-4f1d"
-ID = re.compile(rb'"id":(\d+|"\w+")')
+ID = re.compile(rb'"id"\s*:\s*(\d+|"\w+")')
 MALFORMED: list[tuple[bytes, int, str]] = [
     (
         b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"http_request",'
@@ -404,6 +404,23 @@ MALFORMED: list[tuple[bytes, int, str]] = [
         + b"[" * 100_000
         + b"]" * 100_000
         + b'},"id":"after"}',
+        -32602,
+        "nested deeper than 200 levels",
+    ),
+    (  # Python's json.dumps spacing: the id after ": " (it was answered under null)
+        b'{"jsonrpc": "2.0", "id": 15, "method": "ping", "params": {"a": '
+        + b"[" * 300
+        + b"]" * 300
+        + b"}}",
+        -32602,
+        "nested deeper than 200 levels",
+    ),
+    (
+        b'{"jsonrpc" :"2.0" , "id"\t:\t"spaced" , "method" : "tools/call" , "params" : '
+        b'{"name" : "http_request" , "arguments" : {"headers" : '
+        + b"[" * 300
+        + b"]" * 300
+        + b"}}}",
         -32602,
         "nested deeper than 200 levels",
     ),
