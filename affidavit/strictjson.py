@@ -253,13 +253,14 @@ def _closing(text: str, pos: int, end: int, depth: int) -> int | None:
     return None
 
 
-def members(text: str) -> Members:
+def members(text: str, pos: int = 0) -> Members:
     """The members of the JSON object ``text`` holds, read without parsing their values -- what
     reads a message's ``id`` when the whole would overflow a parser.  Nesting between strings is
     counted by ``str.count`` (100,000 levels in about a millisecond), strings are stepped over
     one by one, at most ``MEMBER_STRINGS`` of them.  Stops at the first bracket that closes the
-    object: a member after it belongs to no object of ``text`` (``end`` ``more``)."""
-    first = _TOKEN.match(text)
+    object: a member after it belongs to no object of ``text`` (``end`` ``more``).  ``pos``:
+    where the object starts (a member's value: ``end`` is then ``more``, ``text`` goes on)."""
+    first = _TOKEN.match(text, pos)
     if first is None or first.lastgroup != "open" or text[first.end() - 1] != "{":
         return Members([], "none")
     found: list[tuple[str | None, int]] = []

@@ -511,7 +511,25 @@ def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | No
     # The part at fault: the member whose value holds where the scan passed its bound.
     where = next((name for name, at in reversed(found) if at <= exc.at), None)
     in_params = where == "params" and "method" in names
+    if in_params and _in_arguments(text, found, exc.at):
+        what = f"PAYLOAD_LIMIT at action: {what}"  # a tool's arguments are ``action``
     return (INVALID_PARAMS if in_params else INVALID_REQUEST), request_id, what
+
+
+def _in_arguments(text: str, found: list[tuple[str | None, int]], at: int) -> bool:
+    """Whether ``at`` lies in the ``arguments`` of a ``tools/call`` request's ``params`` (read
+    from its members, as ``_too_large`` reads them): the transport's bound passed in the
+    action, answered with the code an action's limits have (``PAYLOAD_LIMIT``)."""
+    values = dict((name, at) for name, at in found)  # one method, one params: else unparsed
+    if len(values) != len(found) or "method" not in values or "params" not in values:
+        return False
+    try:
+        method = json.JSONDecoder().raw_decode(text, values["method"])[0]
+    except (ValueError, RecursionError):  # not a string: nested past the parser
+        return False
+    inner = strictjson.members(text, values["params"]).found
+    where = next((name for name, start in reversed(inner) if start <= at), None)
+    return method == "tools/call" and where == "arguments"
 
 
 def _diagnose(line: bytes) -> tuple[int, Any, str] | None:

@@ -85,3 +85,27 @@ def test_a_request_whose_id_lies_past_the_strings_read_is_answered_under_null() 
 def test_a_notification_too_large_is_not_answered() -> None:
     text = '{"jsonrpc":"2.0","method":"notifications/x","params":{"a":' + DEEP + "}}"
     assert answer(text) is None
+
+
+CALL = '{"jsonrpc":"2.0","id":8,"method":"%s","params":{"name":"http_request",%s}}'
+
+
+@pytest.mark.parametrize(
+    ("method", "member", "payload_limit"),
+    [
+        ("tools/call", '"arguments" : {"headers":' + DEEP + "}", True),
+        ("tools/call", '"_meta":' + DEEP + ',"arguments":{}', False),
+        ("prompts/get", '"arguments":{"a":' + DEEP + "}", False),
+    ],
+    ids=["arguments", "meta", "another_method"],
+)
+def test_a_bound_passed_in_a_tool_s_arguments_is_payload_limit_at_action(
+    method: str, member: str, payload_limit: bool
+) -> None:
+    """The code and field an action's own limits get, for the transport's (200 levels, 11,000
+    values): only where the fault is inside the tool's arguments."""
+    found = answer(CALL % (method, member))
+    assert found is not None
+    assert found[:2] == (-32602, 8), found
+    assert found[2].startswith("PAYLOAD_LIMIT at action: ") is payload_limit, found
+    assert "nested deeper than 200 levels" in found[2], found
