@@ -50,12 +50,14 @@ CONTRACT = (
     "`reconcile` check the remote state yourself and never repeat the call; `never` do not. "
     "An `operation` (a job a 202 accepted) is followed with poll_operation, never resubmitted. "
     "No envelope: `api_error` {code, message, outcome, retry, field, retry_after} -- the "
-    "broker could not answer; the same `outcome` and `retry` (`unknown`: the action may have "
-    "run, never resend it blindly; `retry_after`: seconds to wait). Codes: OVERLOADED, "
-    "SHUTTING_DOWN, DAEMON_UNAVAILABLE, JOURNAL_READ_DECLINED, ANSWERS_IN_FLIGHT (nothing "
-    "done, call again later); ANSWER_LOST, CALLER_GONE (the answer lost on its way: read "
-    "list_actions for the action's session, then fetch_result); INTERNAL, JOURNAL_UNAVAILABLE, "
-    "JOURNAL_UNREADABLE, RESULT_UNVERIFIED and the daemon's refusals (read `outcome`)."
+    "broker could not answer; the same `outcome` and `retry` decide (`unknown`: the action may "
+    "have run, never resend it blindly; `retry_after`: seconds to wait), never its code: one "
+    "code may come before a call was sent or after (SHUTTING_DOWN, JOURNAL_READ_DECLINED), so "
+    "read `outcome` and `retry`. Codes: OVERLOADED, SHUTTING_DOWN, DAEMON_UNAVAILABLE, "
+    "JOURNAL_READ_DECLINED, ANSWERS_IN_FLIGHT, ANSWER_LOST, CALLER_GONE (an answer lost on its "
+    "way: list_actions for the action's session, then fetch_result), INTERNAL, "
+    "JOURNAL_UNAVAILABLE, JOURNAL_UNREADABLE, RESULT_UNVERIFIED, CLIENT_ERROR and the daemon's "
+    "refusals."
 )
 
 

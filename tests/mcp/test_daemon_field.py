@@ -21,6 +21,7 @@ import pytest
 import trio
 
 from affidavit.mcp.backends import Daemon, Exchange
+from affidavit.mcp.tools import CONTRACT
 
 from .kit import WAIT
 
@@ -106,6 +107,16 @@ async def test_a_daemon_refusal_s_field_reaches_the_agent(tmp_path: Path, tool: 
 async def test_the_daemon_s_retry_after_reaches_the_agent(tmp_path: Path, tool: str) -> None:
     error = (await ask(tmp_path, tool, DECLINED))["api_error"]
     assert (error["code"], error["retry_after"]) == ("JOURNAL_READ_DECLINED", 7), error
+    # One code, two outcomes (it can end a dispatched call): the outcome field decides.
+    sent = tool in ("call", "poll_operation", "reconcile_query")
+    assert error["outcome"] == ("unknown" if sent else "not_attempted"), error
+
+
+def test_the_contract_says_an_api_error_s_outcome_decides_never_its_code() -> None:
+    """SHUTTING_DOWN and JOURNAL_READ_DECLINED come before a call was sent and after it
+    (``_stopped_before_answer``): the description once promised "nothing done" per code."""
+    assert "nothing done" not in CONTRACT
+    assert "read `outcome` and `retry`" in CONTRACT
 
 
 LOST: dict[str, tuple[str, str, str]] = {
