@@ -160,8 +160,10 @@ class Embedded:
             except JournalError as exc:
                 # No durable record to render an envelope from: the daemon's answer to the
                 # same, so that a client hears the same whichever broker it has.
+                # No invocation id: the engine dispatches only once it named one to
+                # ``control`` (``invocation.run``, the same key's ``resume``) -- nothing sent.
                 _, code, message = call_failure(exc, control.invocation_id)
-                return self._api_error(code, message, sent=True)
+                return self._api_error(code, message, sent=control.invocation_id is not None)
             except Exception as exc:
                 return self._internal(exc, control, "a call")
 
@@ -260,7 +262,7 @@ class Embedded:
             _status, code, message = poll_failure(exc, operation_id)
             return self._api_error(code, message, operation_id, sent=True, retry="backoff")
         except Exception as exc:
-            return self._internal(exc, control, "a poll")
+            return self._internal(exc, control, "a poll", retry="backoff")
 
     async def reconcile_query(
         self, invocation_id: str, exchange: Exchange | None = None
@@ -283,7 +285,7 @@ class Embedded:
             _status, code, message = service.failure(exc, invocation_id)
             return self._api_error(code, message, invocation_id, sent=True, retry="backoff")
         except Exception as exc:
-            return self._internal(exc, control, "a reconciliation")
+            return self._internal(exc, control, "a reconciliation", retry="backoff")
 
     def stop(self) -> None:
         """The process is told to stop: every call is stopped where it is, recorded
@@ -292,17 +294,21 @@ class Embedded:
         for control in list(self._controls):
             control.stop()
 
-    def _internal(self, exc: Exception, control: Any, what: str) -> dict[str, Any]:
+    def _internal(
+        self, exc: Exception, control: Any, what: str, retry: str = "reconcile"
+    ) -> dict[str, Any]:
         """A call, a poll or a query that failed inside the broker (a bug, not the journal's),
         answered as the daemon answers it: the type only (its text may quote remote bytes) and
-        the invocation the engine recorded for it, closed at once (``Engine._answered``)."""
+        the invocation the engine recorded for it, closed at once (``Engine._answered``).
+        ``retry``: a poll or a query (which never repeats the call) is asked again, ``backoff``
+        as docs/mcp.md says; a call is never resent blindly (``reconcile``)."""
         from affidavit.engine import internal_failure
 
         name = type(exc).__name__
         iid = control.invocation_id  # set by the engine once it wrote for one
         log.error("%s ended without an answer (%s): %s", what, iid or "none recorded", name)
         _, code, message = internal_failure(name, iid, FETCH_RESULT)
-        return self._api_error(code, message, sent=True)
+        return self._api_error(code, message, sent=True, retry=retry)
 
     def _journal_error(self, exc: Exception, what: str, echoed: str = "") -> dict[str, Any]:
         """A read the journal could not answer, as the daemon answers it

@@ -100,6 +100,7 @@ NOT_SENT: dict[str, str] = {
     "BAD_REQUEST": "after_correction",
     "INVALID_FIELD": "after_correction",
     "BODY_TOO_LARGE": "after_correction",
+    "BODIES_IN_FLIGHT": "backoff",  # the daemon did not read the body (http.py)
     "DAEMON_SOCKET_UNSAFE": "never",
     # a poll's or a reconciliation query's refusals (``act_refused``)
     "STILL_RUNNING": "backoff",
@@ -113,7 +114,11 @@ NOT_SENT: dict[str, str] = {
 }
 """Codes with which the daemon (or this process) refuses a request before its action is sent
 -- what ``api_error`` says of them with ``sent=False`` -- and the retry hint each gets.  Any
-other code refusing a read (nothing is sent for one) is ``backoff``."""
+other code refusing a read (nothing is sent for one) is ``backoff``, but ``STANDING``'s."""
+
+STANDING = frozenset({"JOURNAL_UNREADABLE", "RESULT_UNVERIFIED"})
+"""A journal's failure that no outage explains, met again until an operator restores the journal
+(``engine.call_failure``): a read failing so is ``never``, not ``backoff``."""
 
 
 def api_error(
@@ -138,7 +143,8 @@ def api_error(
     if sent:
         error["outcome"], error["retry"] = "unknown", retry or "reconcile"
     else:
-        error["outcome"], error["retry"] = "not_attempted", retry or NOT_SENT.get(code, "backoff")
+        standing = "never" if code in STANDING else "backoff"
+        error["outcome"], error["retry"] = "not_attempted", retry or NOT_SENT.get(code, standing)
     if retry_after is not None:
         error["retry_after"] = retry_after
     return {"api_error": error}

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.mcp.backends import Daemon, Exchange
+from affidavit.api.wire import ApiError
+from affidavit.mcp.backends import Daemon, Exchange, _client_failure, _lost_call
 from affidavit.mcp.tools import CONTRACT
 
 from .kit import WAIT
@@ -166,6 +167,25 @@ async def test_a_linked_call_s_5xx_may_have_queried_never_not_attempted(
     remote -- ``unknown``, ask again later (as embedded answers it), never ``not_attempted``."""
     error = (await ask(tmp_path, tool, reply))["api_error"]
     assert (error["outcome"], error["retry"]) == ("unknown", "backoff"), error
+
+
+def test_bodies_in_flight_is_a_body_the_daemon_did_not_read() -> None:
+    """503 BODIES_IN_FLIGHT: the daemon refused the body unread -- nothing was sent."""
+    error = _client_failure(ApiError(503, "BODIES_IN_FLIGHT", "later"), _lost_call("s"))
+    assert (error["api_error"]["outcome"], error["api_error"]["retry"]) == (
+        "not_attempted",
+        "backoff",
+    )
+
+
+@pytest.mark.parametrize("code", ["JOURNAL_UNREADABLE", "RESULT_UNVERIFIED"])
+@pytest.mark.parametrize("tool", ["list_actions", "get_record", "fetch_result"])
+async def test_a_read_the_journal_cannot_vouch_for_is_never_retried(
+    tmp_path: Path, tool: str, code: str
+) -> None:
+    """Met again until an operator restores the journal (``call_failure``): ``never``."""
+    error = (await ask(tmp_path, tool, failed("500 Internal Server Error", code)))["api_error"]
+    assert (error["outcome"], error["retry"]) == ("not_attempted", "never"), error
 
 
 BAD_LIMIT = (

@@ -1,0 +1,64 @@
+"""Embedded, a call, a poll or a query that ended without an answer says what its code path
+proves: a poll or a query that failed inside the broker (INTERNAL) is asked again
+(``backoff``, as docs/mcp.md says -- it never repeats the call), a call's is never resent
+blindly (``reconcile``); a call the journal ended before the engine named an invocation was
+never dispatched (``not_attempted``), one it ended after may have run (``unknown``).
+
+The broker's method is replaced by one that fails as the engine would (a bug: RuntimeError; the
+journal's: JournalReplaced, with or without the invocation named to the call's control)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.journal import JournalReplaced
+from affidavit.mcp.backends import Embedded, Exchange
+from tests.broker.helpers import TOKEN_ENV
+
+from .conftest import Remotes
+from .kit import WAIT
+
+
+async def bug(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("a bug in the broker")
+
+
+@pytest.mark.parametrize("tool", ["poll_operation", "reconcile_query"])
+async def test_a_poll_or_query_that_failed_inside_the_broker_is_asked_again(
+    tmp_path: Path, remotes: Remotes, token: str, monkeypatch: pytest.MonkeyPatch, tool: str
+) -> None:
+    monkeypatch.setenv(TOKEN_ENV, token)
+    with trio.fail_after(WAIT):
+        async with Embedded.open(str(remotes.config(tmp_path))) as backend:
+            monkeypatch.setattr(backend.broker, "poll_operation", bug)
+            monkeypatch.setattr(backend.broker, "reconcile", bug)
+            answer = await getattr(backend, tool)("op_or_act_1")
+    error = answer["api_error"]
+    assert (error["code"], error["outcome"], error["retry"]) == ("INTERNAL", "unknown", "backoff")
+
+
+@pytest.mark.parametrize(("named", "outcome"), [(None, "not_attempted"), ("act_1", "unknown")])
+async def test_a_call_the_journal_ended_is_unknown_only_once_the_engine_named_it(
+    tmp_path: Path,
+    remotes: Remotes,
+    token: str,
+    monkeypatch: pytest.MonkeyPatch,
+    named: str | None,
+    outcome: str,
+) -> None:
+    async def replaced(action: Any, *, deliver: Any, control: Any) -> Any:
+        control.invocation_id = named  # the engine names it before any dispatch
+        raise JournalReplaced("the journal's file was replaced")
+
+    monkeypatch.setenv(TOKEN_ENV, token)
+    with trio.fail_after(WAIT):
+        async with Embedded.open(str(remotes.config(tmp_path))) as backend:
+            monkeypatch.setattr(backend.broker, "call", replaced)
+            answer = await backend.call({"target": "ok", "method": "GET", "path": "/"}, Exchange())
+    error = answer["api_error"]
+    assert (error["code"], error["outcome"]) == ("JOURNAL_REPLACED", outcome), error
+    assert not remotes.ok.requests
