@@ -39,6 +39,7 @@ from .wire import (
     READ_SIZE,
     AnswerLost,
     DaemonUnavailable,
+    NotSent,
     Response,
     approval_path,
     check_peer,
@@ -53,6 +54,14 @@ from .wire import (
 )
 
 __all__ = ["Client", "ResponseReader", "encode_request"]
+
+
+def _timeout(value: float | None) -> float | None:
+    """``check_timeout``, its refusal a ``NotSent``: the request was never sent."""
+    try:
+        return check_timeout(value)
+    except ValueError as exc:
+        raise NotSent(str(exc)) from None
 
 
 def encode_request(
@@ -194,10 +203,13 @@ class Client:
         self, action: Mapping[str, Any], *, timeout: float | None = None
     ) -> dict[str, Any]:
         """Perform one action in the daemon; return its envelope (as ``Broker.call``)."""
-        timeout = check_timeout(timeout)
+        timeout = _timeout(timeout)
         # allow_nan=False: an overflowed float (``1e400`` read as inf) is refused here, never
         # sent re-encoded as ``Infinity`` -- words the caller never wrote.
-        body = json.dumps(action, allow_nan=False).encode("utf-8")
+        try:
+            body = json.dumps(action, allow_nan=False).encode("utf-8")
+        except ValueError as exc:
+            raise NotSent(str(exc)) from None
         response = await self._request(
             "POST", target("/v1/calls", {"timeout": timeout}), body, retry=False
         )
@@ -213,9 +225,9 @@ class Client:
         ``chunks=M``, one page of at most M chunks of each stream (1 to
         ``MAX_RESULT_PAGE_CHUNKS``), whose ``result.resume.next_chunk`` names the next."""
         if from_chunk is not None and from_chunk < 0:
-            raise ValueError("from_chunk must be >= 0")
+            raise NotSent("from_chunk must be >= 0")
         if chunks is not None and not 1 <= chunks <= MAX_RESULT_PAGE_CHUNKS:
-            raise ValueError(f"chunks must be from 1 to {MAX_RESULT_PAGE_CHUNKS}")
+            raise NotSent(f"chunks must be from 1 to {MAX_RESULT_PAGE_CHUNKS}")
         path = invocation_path(invocation_id, "/result")
 
         async def page(at: int, size: int = chunks or MAX_RESULT_PAGE_CHUNKS) -> Any:
@@ -239,7 +251,7 @@ class Client:
         a job with nothing to query; (409 ``POLL_PENDING``, no field) while the operation's
         poll the target's approval covers awaits an operator or is being sent -- nothing more
         was asked or sent: poll again once it is decided."""
-        timeout = check_timeout(timeout)
+        timeout = _timeout(timeout)
         path = "/v1/operations/" + quote(operation_id, safe="") + "/poll"
         response = await self._request("POST", target(path, {"timeout": timeout}), b"", retry=False)
         answer: dict[str, Any] = response.json()
@@ -345,7 +357,7 @@ class Client:
         """As ``Broker.reconcile``: ``query=True`` (any peer the daemon admits) or
         ``attest="committed" | "rejected"`` with a ``note`` (operators only)."""
         body: dict[str, Any] = {"query": True} if query else {"attest": attest, "note": note}
-        timeout = check_timeout(timeout)
+        timeout = _timeout(timeout)
         path = target(invocation_path(invocation_id, "/reconcile"), {"timeout": timeout})
         return await self._post_json(path, body)
 

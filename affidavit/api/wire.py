@@ -45,6 +45,7 @@ __all__ = [
     "ClientError",
     "DaemonUidInvalid",
     "DaemonUnavailable",
+    "NotSent",
     "Response",
     "SocketUnsafe",
     "approval_path",
@@ -112,6 +113,12 @@ class AnswerLost(ClientError):
     ``idempotency_key`` lets the caller resume the same invocation instead of a second one.
     (A refusal the daemon answered before closing -- 503 ``TOO_MANY_CONNECTIONS``, the request
     not read -- is an ``ApiError``, even when it broke the request's send.)"""
+
+
+class NotSent(ValueError):
+    """A request this client refused before a byte of it went out (a timeout no caller may
+    give, an action JSON cannot carry -- ``1e400`` read as infinity --, a page out of range):
+    nothing was sent.  A ValueError, as such refusals were before."""
 
 
 class ApiError(ClientError):

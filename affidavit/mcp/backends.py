@@ -514,14 +514,20 @@ _BAD_PARAMETER = frozenset({"BAD_REQUEST", "INVALID_FIELD"})
 """The daemon's codes for a query parameter it refuses (docs/deployment.md)."""
 
 
+def _bad_json(exc: Any) -> bool:
+    """The daemon's 400 BAD_JSON: an action refused before it was journaled."""
+    return bool(exc.status == 400 and exc.code == "BAD_JSON")
+
+
 def _client_failure(exc: Exception, lost: Lost | None) -> dict[str, Any]:
     """A request the client could not complete.  ``lost``: what it may have done if it was
     sent (an action, a poll, a query); None for a read, which sends nothing to any remote."""
-    from affidavit.api.wire import AnswerLost, ApiError, ClientError, DaemonUnavailable
+    from affidavit.api.wire import AnswerLost, ApiError, ClientError, DaemonUnavailable, NotSent
 
-    if isinstance(exc, ApiError) and exc.action_code is not None:
+    if isinstance(exc, ApiError) and exc.action_code is not None and _bad_json(exc):
         # The action's JSON refused before it was journaled: the embedded broker's code and
         # field for the same fault, in the validation error it answers (with no record here).
+        # Only a 400 BAD_JSON says so: an action_code on another answer proves nothing.
         return refusal(exc.action_code, exc.field or "action", exc.message)
     if isinstance(exc, ApiError) and lost is None and exc.code in _BAD_PARAMETER and exc.field:
         # A read's parameter the daemon refused (its socket API's codes): the tool's argument
@@ -538,10 +544,10 @@ def _client_failure(exc: Exception, lost: Lost | None) -> dict[str, Any]:
         return api_error("ANSWER_LOST", str(exc) + words, sent=lost is not None, retry=retry)
     if isinstance(exc, DaemonUnavailable):
         return api_error(getattr(exc, "code", "DAEMON_UNAVAILABLE"), str(exc), sent=False)
-    if isinstance(exc, ValueError):
-        # Refused here, before a byte went out (``check_timeout``, an id no path can name).
+    if isinstance(exc, NotSent):
+        # Refused by the client before a byte went out (a timeout, 1e400, a page's bounds).
         return api_error("CLIENT_ERROR", str(exc), sent=False, retry="after_correction")
-    if isinstance(exc, ClientError):  # an answer that is not JSON: sent, and answered
+    if isinstance(exc, ClientError | ValueError):  # an answer not JSON, or a fault past sending
         words, retry = lost if lost is not None else ("", "backoff")
         return api_error("CLIENT_ERROR", str(exc) + words, sent=lost is not None, retry=retry)
     raise exc

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.api.wire import ApiError
+from affidavit.api.wire import ApiError, NotSent
 from affidavit.mcp.backends import Daemon, Exchange, _client_failure, _lost_call
 from affidavit.mcp.tools import CONTRACT
 
@@ -176,6 +176,29 @@ def test_bodies_in_flight_is_a_body_the_daemon_did_not_read() -> None:
         "not_attempted",
         "backoff",
     )
+
+
+def test_only_the_client_s_own_refusal_is_not_sent() -> None:
+    """``NotSent`` (refused before a byte went out) is not_attempted; any other ValueError met
+    on a call's way may have come after it was sent -- never taken for a refusal."""
+    lost = _lost_call("s")
+    refused = _client_failure(NotSent("no timeout"), lost)["api_error"]
+    assert (refused["outcome"], refused["retry"]) == ("not_attempted", "after_correction")
+    other = _client_failure(ValueError("odd"), lost)["api_error"]
+    assert (other["outcome"], other["retry"]) == ("unknown", "reconcile"), other
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "refused"), [(400, "BAD_JSON", True), (500, "X", False)]
+)
+def test_an_action_code_counts_on_a_400_bad_json_only(
+    status: int, code: str, refused: bool
+) -> None:
+    exc = ApiError(status, code, "words", "action", action_code="PAYLOAD_LIMIT")
+    answer = _client_failure(exc, _lost_call("s"))
+    assert ("error" in answer) is refused, answer
+    if not refused:
+        assert answer["api_error"]["outcome"] == "unknown", answer
 
 
 @pytest.mark.parametrize("code", ["JOURNAL_UNREADABLE", "RESULT_UNVERIFIED"])
