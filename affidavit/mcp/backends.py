@@ -161,9 +161,13 @@ class Embedded:
                 # No durable record to render an envelope from: the daemon's answer to the
                 # same, so that a client hears the same whichever broker it has.
                 # No invocation id: the engine dispatches only once it named one to
-                # ``control`` (``invocation.run``, the same key's ``resume``) -- nothing sent.
+                # ``control`` (``invocation.run``, the same key's ``resume``) -- this request
+                # sent nothing.  With an idempotency_key an earlier one under it may have run
+                # (its binding unread): unknown, as the key's action is.
                 _, code, message = call_failure(exc, control.invocation_id)
-                return self._api_error(code, message, sent=control.invocation_id is not None)
+                keyed = action.get("idempotency_key") is not None
+                sent = control.invocation_id is not None or keyed
+                return self._api_error(code, message, sent=sent)
             except Exception as exc:
                 return self._internal(exc, control, "a call")
 

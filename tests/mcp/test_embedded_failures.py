@@ -2,7 +2,8 @@
 proves: a poll or a query that failed inside the broker (INTERNAL) is asked again
 (``backoff``, as docs/mcp.md says -- it never repeats the call), a call's is never resent
 blindly (``reconcile``); a call the journal ended before the engine named an invocation was
-never dispatched (``not_attempted``), one it ended after may have run (``unknown``).
+never dispatched (``not_attempted``) -- unless an earlier call under its idempotency_key
+may have run --, one it ended after may have run (``unknown``).
 
 The broker's method is replaced by one that fails as the engine would (a bug: RuntimeError; the
 journal's: JournalReplaced, with or without the invocation named to the call's control)."""
@@ -41,13 +42,22 @@ async def test_a_poll_or_query_that_failed_inside_the_broker_is_asked_again(
     assert (error["code"], error["outcome"], error["retry"]) == ("INTERNAL", "unknown", "backoff")
 
 
-@pytest.mark.parametrize(("named", "outcome"), [(None, "not_attempted"), ("act_1", "unknown")])
+@pytest.mark.parametrize(
+    ("named", "key", "outcome"),
+    [
+        (None, None, "not_attempted"),
+        ("act_1", None, "unknown"),
+        # An earlier call under the key may have run (tests/mcp/test_tools.py's removed binding).
+        (None, "k1", "unknown"),
+    ],
+)
 async def test_a_call_the_journal_ended_is_unknown_only_once_the_engine_named_it(
     tmp_path: Path,
     remotes: Remotes,
     token: str,
     monkeypatch: pytest.MonkeyPatch,
     named: str | None,
+    key: str | None,
     outcome: str,
 ) -> None:
     async def replaced(action: Any, *, deliver: Any, control: Any) -> Any:
@@ -58,7 +68,8 @@ async def test_a_call_the_journal_ended_is_unknown_only_once_the_engine_named_it
     with trio.fail_after(WAIT):
         async with Embedded.open(str(remotes.config(tmp_path))) as backend:
             monkeypatch.setattr(backend.broker, "call", replaced)
-            answer = await backend.call({"target": "ok", "method": "GET", "path": "/"}, Exchange())
+            action = {"target": "ok", "method": "GET", "path": "/", "idempotency_key": key}
+            answer = await backend.call(action, Exchange())
     error = answer["api_error"]
     assert (error["code"], error["outcome"]) == ("JOURNAL_REPLACED", outcome), error
     assert not remotes.ok.requests
