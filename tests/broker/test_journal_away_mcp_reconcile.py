@@ -46,6 +46,8 @@ async def test_reconcile_query_answers_journal_unavailable_and_the_server_lives_
                     "api_error": {
                         "code": "JOURNAL_UNAVAILABLE",
                         "message": unread(f"the record of {iid}"),
+                        "outcome": "unknown",
+                        "retry": "backoff",
                     }
                 }, answer
                 clean(str(result.content), pg.password)

@@ -102,7 +102,14 @@ async def test_mcp_poll_operation_answers_journal_unavailable_and_the_server_liv
                 answer = structured(result)
                 assert result.is_error is True, answer
                 assert answer == {
-                    "api_error": {"code": "JOURNAL_UNAVAILABLE", "message": _away(op_id)}
+                    "api_error": {
+                        "code": "JOURNAL_UNAVAILABLE",
+                        "message": _away(op_id),
+                        # may have been sent, as far as the answer can tell: never a blind
+                        # resend, poll again later (the journal proves it was not: below)
+                        "outcome": "unknown",
+                        "retry": "backoff",
+                    }
                 }, answer
                 clean(str(result.content), pg.password)
                 assert len(srv.requests) == 1  # the submission; no query was sent

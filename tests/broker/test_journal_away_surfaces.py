@@ -130,6 +130,13 @@ async def test_mcp_embedded_answers_journal_unavailable_naming_the_invocation(
             answer = structured(result)
             assert result.is_error is True, answer
     iid = _only_invocation(pg_url)
-    assert answer == {"api_error": {"code": "JOURNAL_UNAVAILABLE", "message": unrecorded(iid)}}
+    assert answer == {
+        "api_error": {
+            "code": "JOURNAL_UNAVAILABLE",
+            "message": unrecorded(iid),
+            "outcome": "unknown",  # named and maybe dispatched: never resent blind
+            "retry": "reconcile",
+        }
+    }
     text = log.read_text(encoding="utf-8", errors="replace")
     assert "Traceback" not in text and pg.password not in text

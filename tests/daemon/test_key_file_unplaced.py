@@ -160,6 +160,8 @@ async def test_no_embedded_mcp_answer_names_a_key_file_kept_away_from_the_journa
     assert got["api_error"] == {
         "code": "RESULT_UNVERIFIED",
         "message": _unverified(old.iid),
+        "outcome": "not_attempted",  # a read: nothing to send, nothing sent
+        "retry": "never",  # the stored result fails verification: asking again cannot help
     }, got
     shown = json.dumps(got) + "".join(getattr(c, "text", "") for c in answer.content)
     assert CANARY not in shown, shown
