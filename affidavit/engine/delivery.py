@@ -506,17 +506,29 @@ recorded to receive (``read_by_another``)."""
 
 
 def read_by_another(engine: Engine, record: Record, defer: bool) -> dict[str, Any]:
-    """``record``'s stored result as read by another uid than its requester: the record as
-    its stored result left it -- without its RESULT_DELIVERY_FAILED rows, which are about the
-    requester's answer, not this reader's (their ``retry: fetch_result`` would send this reader
-    to fetch again, for ever) -- and ``delivery`` saying that no delivery is recorded.  What
-    the remote answered (committed, or its rejection's own code and hint) stands as stored."""
+    """``record``'s stored result as read by another uid than its requester: the record as the
+    journal holds it -- its state, ``record_seq`` and every row, never a view the journal never
+    had -- with only its ``error`` judged without the RESULT_DELIVERY_FAILED rows, which are
+    about the requester's answer, not this reader's (their ``retry: fetch_result`` would send
+    this reader to fetch again, for ever): none for a committed result, the remote's own code
+    and hint for a rejection.  ``delivery`` says that this read records nothing and, if the
+    requester's answer failed, at which seq the journal says so."""
     recorder = engine.recorder
     events = list(engine.journal.events(record.invocation_id))
-    kept = [e for e in events if e.kind is not E.RESULT_DELIVERY_FAILED]
-    view = recorder.projected(kept, recorder.hint_now()) if len(kept) < len(events) else record
-    envelope = recorder.envelope(view, whole=True, defer=defer)
-    envelope["delivery"] = dict(NOT_THE_REQUESTER)
+    failed = [e for e in events if e.kind is E.RESULT_DELIVERY_FAILED]
+    envelope = recorder.envelope(record, whole=True, defer=defer)
+    delivery: dict[str, Any] = dict(NOT_THE_REQUESTER)
+    if failed:
+        kept = [e for e in events if e.kind is not E.RESULT_DELIVERY_FAILED]
+        error = recorder.render(recorder.projected(kept, recorder.hint_now())).get("error")
+        if error is None:
+            envelope.pop("error", None)
+        else:
+            envelope["error"] = error
+        seq = failed[-1].seq
+        delivery["requester_answer_failed_at_seq"] = seq
+        delivery["why"] += f"; the requester's answer failed (RESULT_DELIVERY_FAILED, seq {seq})"
+    envelope["delivery"] = delivery
     return envelope
 
 

@@ -106,3 +106,25 @@ async def test_another_uid_reads_a_rejection_as_the_remote_classified_it(
             assert read["delivery"]["recorded"] is False
             await broker.settled()
             assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
+
+
+async def test_another_uid_is_shown_the_record_the_journal_holds(
+    tmp_path: Path, token: str
+) -> None:
+    """The read's evidence is the real record -- its state and ``record_seq``, the
+    RESULT_DELIVERY_FAILED row's seq included -- never a view folded without that row (which
+    would say stored_committed at the seq before it: a state and seq the journal does not hold);
+    ``delivery`` names the seq at which the requester's answer failed."""
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"done"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            iid = await _undelivered(broker, REQUESTER)
+            record = broker.record(iid)
+            assert record is not None and record.state == "delivery_failed_committed"
+            failed = [e for e in broker.events(iid) if e.kind.value == "RESULT_DELIVERY_FAILED"]
+            read = await broker.fetch_result(iid, reader=REQUESTER + 1)
+            assert read is not None and "error" not in read
+            assert read["evidence"]["state"] == record.state
+            assert read["evidence"]["record_seq"] == record.last_seq == failed[-1].seq
+            assert read["delivery"]["requester_answer_failed_at_seq"] == failed[-1].seq
+            assert f"seq {failed[-1].seq}" in read["delivery"]["why"]
