@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -287,8 +288,14 @@ def _result(args: argparse.Namespace) -> int:
         async with Broker.open(config=config) as broker:
             try:
                 # The operator's read (the journal's owner): every target's, as ``record``.
+                # Delivered only if this uid asked for it (``requested_by``): the operator
+                # reading a call an agent made through the daemon reads it, recording nothing.
                 return await broker.fetch_result(
-                    args.invocation_id, from_chunk=args.from_chunk, deliver=deliver, operator=True
+                    args.invocation_id,
+                    from_chunk=args.from_chunk,
+                    deliver=deliver,
+                    operator=True,
+                    reader=os.getuid(),
                 )
             except JournalError as exc:  # as the daemon answers it, not JOURNAL_UNUSABLE
                 raise _result_refusal(exc, args.invocation_id) from None
@@ -349,7 +356,11 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
     async with Broker.open(config=config) as broker:
         try:  # the marker and summary, verified; else the stored envelope
             stored = broker.result_stream(iid)
-            envelope = await broker.fetch_result(iid, operator=True) if stored is None else None
+            envelope = (
+                await broker.fetch_result(iid, operator=True, reader=os.getuid())
+                if stored is None
+                else None
+            )
         except JournalError as exc:
             raise _result_refusal(exc, iid) from None
         if stored is None:

@@ -482,10 +482,11 @@ def requested_by(engine: Engine, record: Record, reader: int | None) -> bool:
     """Whether the uid ``reader`` is who asked for ``record``'s invocation: the uid its
     ACTION_ACCEPTED names (``requester``) -- authenticated by the kernel (the daemon's socket
     peer).  A session is a label any caller may send: it proves nothing and decides nothing
-    here.  True without a ``reader`` (an in-process read: this process is the caller) or a
-    requester on record (a call made in-process, or an older journal's: read as before)."""
-    if reader is None:
-        return True
+    here.  A record naming no requester (a call made in-process, or an older journal's) is
+    delivered by any read, as before.  One that names one is delivered only to a ``reader``
+    of that uid: an in-process reader (the operator's ``affidavit result``, an embedded MCP
+    server) passes its own (``os.getuid()``) -- on a journal shared with the daemon, a read
+    without one is not the requester's (it would record a delivery to whoever read)."""
     requester = None
     for event in engine.journal.events(record.invocation_id):
         if event.kind is E.ACTION_ACCEPTED:
@@ -493,7 +494,7 @@ def requested_by(engine: Engine, record: Record, reader: int | None) -> bool:
             break
     if not isinstance(requester, Mapping) or "uid" not in requester:
         return True
-    return bool(requester["uid"] == reader)
+    return reader is not None and bool(requester["uid"] == reader)
 
 
 NOT_THE_REQUESTER = {

@@ -21,6 +21,7 @@ journal, the config and the credentials (tests/mcp/test_modes.py).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
@@ -194,8 +195,14 @@ class Embedded:
         from affidavit.journal import JournalError
 
         try:
+            # This process's uid reads (``requested_by``): on a journal shared with the
+            # daemon, a call another uid made through it is only read here.
             envelope = await self.broker.fetch_result(
-                invocation_id, from_chunk=from_chunk, chunks=chunks, deliver=exchange.deliver
+                invocation_id,
+                from_chunk=from_chunk,
+                chunks=chunks,
+                deliver=exchange.deliver,
+                reader=os.getuid(),
             )
         except JournalError as exc:  # as the daemon answers it (``result_failure``)
             _status, code, message = result_failure(exc, invocation_id)
