@@ -172,6 +172,7 @@ def acquire_op(
     clock: Callable[[], float],
     kind: EventKind = EventKind.RETRY_LEASE_ACQUIRED,
     same_key: bool = False,
+    requester: int | None = None,
 ) -> Callable[[Txn], Lease | Fail]:
     """Bump the generation, write the lease row and the lease's event (see
     ``Journal.acquire_lease``).  ``same_key``: a resend with the record's idempotency key --
@@ -179,7 +180,9 @@ def acquire_op(
     hint, computed here by the database's clock, is still ``same_idempotency_key``: the
     caller decided by a reading taken before this transaction.  On either backend refused too
     when the hint would no longer be ``same_idempotency_key`` when the lease ends (``ttl``
-    from now): the key's retention could run out while the retry may still send it."""
+    from now): the key's retention could run out while the retry may still send it.
+    ``requester``: the uid whose call takes the lease (the daemon's socket peer), recorded on
+    the event: the asker this attempt answers (``delivery.requested_by``)."""
     if kind not in LEASE_KINDS:
         raise ValueError(f"{kind.value} is not a lease event")
 
@@ -237,6 +240,8 @@ def acquire_op(
         boot = boot_stamp(ttl)  # its end by the boot clock too, for recovery on this boot
         if boot is not None:
             attrs["lease_boot"] = boot
+        if requester is not None:
+            attrs["requester"] = {"uid": requester}
         ev = Event(kind, invocation_id, attrs=attrs, at=now)
         stored = txn.insert(*row_args(ev))
         assert stored.seq is not None

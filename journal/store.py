@@ -538,6 +538,7 @@ class Journal(JournalReader):
         *,
         kind: EventKind = EventKind.RETRY_LEASE_ACQUIRED,
         same_key: bool = False,
+        requester: int | None = None,
     ) -> Lease:
         """Take the invocation's lease: bump the generation, write the lease row and its event
         -- RETRY_LEASE_ACQUIRED for a retry, DISPATCH_LEASE_ACQUIRED for the dispatch of an
@@ -547,10 +548,11 @@ class Journal(JournalReader):
         ``ImpossibleEvent`` if the lifecycle refuses the event; ``same_key``: a resend with the
         record's idempotency key, ``KeyRetentionPassed`` on a shared journal whose clock says
         the key's retention has passed, or on either backend when it would pass before the
-        lease (``ttl``) ends (``leases.acquire_op``)."""
+        lease (``ttl``) ends (``leases.acquire_op``).  ``requester``: the uid whose call takes
+        it, recorded on the event (the asker this attempt answers)."""
         if not (ttl > 0 and math.isfinite(ttl)):
             raise ValueError("ttl must be a positive number of seconds")
-        op = leases.acquire_op(invocation_id, holder, ttl, self._clock, kind, same_key)
+        op = leases.acquire_op(invocation_id, holder, ttl, self._clock, kind, same_key, requester)
         return await self._writer.submit(op, barrier=True, about=(invocation_id, kind.value))
 
     async def bind_idempotency(

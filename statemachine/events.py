@@ -126,8 +126,9 @@ class EventKind(StrEnum):
     """An operator denied the invocation.  attrs: code (APPROVAL_DENIED), operator, note."""
     DISPATCH_LEASE_ACQUIRED = "DISPATCH_LEASE_ACQUIRED"
     """The process that will dispatch an approved invocation took its lease (attrs: generation,
-    strictly increasing; holder; expires_at).  Its dispatch gate checks the lease, so two
-    processes never both send; no retry budget is spent."""
+    strictly increasing; holder; expires_at; requester ({uid}) when a waiting caller took it --
+    the asker its answer goes to, absent for the daemon's dispatcher).  Its dispatch gate checks
+    the lease, so two processes never both send; no retry budget is spent."""
     CREDENTIAL_FAILED = "CREDENTIAL_FAILED"
     """The credential could not be obtained or injected.  attrs: code, field (the setting to
     fix: ``targets.<name>.credential``, or ``service.max_pending_approvals`` for
@@ -157,7 +158,8 @@ class EventKind(StrEnum):
     # --- retries, leases, reconciliation ---------------------------------------------------------
     RETRY_LEASE_ACQUIRED = "RETRY_LEASE_ACQUIRED"
     """A worker took the invocation's retry lease.  attrs: generation (strictly increasing),
-    holder, expires_at."""
+    holder, expires_at; requester ({uid}: the daemon's socket peer whose same-key call retries
+    -- the asker this attempt answers; absent from in-process calls and older records)."""
     LEASE_LOST = "LEASE_LOST"
     """A worker whose lease is no longer the invocation's was stopped: at a dispatch gate (its
     first hop's or a redirect's next hop's), or -- after its dispatch -- when what it received

@@ -265,7 +265,9 @@ async def request_approval(
     board.open.add(iid)
     if timeout is not None:
         timeout = max(0.0, timeout - (trio.current_time() - started))
-    return await await_grant(engine, iid, target, policy.wait, timeout, control)
+    return await await_grant(
+        engine, iid, target, policy.wait, timeout, control, requester=requester
+    )
 
 
 async def _over_limit(
@@ -328,6 +330,7 @@ async def await_grant(
     timeout: float | None,
     control: CallControl | None,
     joined: bool = False,
+    requester: int | None = None,
 ) -> tuple[tuple[Lease, float], Grant, float | None] | dict[str, Any]:
     """Wait (at most ``wait_s`` and the caller's timeout) for the decision; once approved, take
     the dispatch lease.  The lease (with its end by this broker's clock: ``claim``), the grant
@@ -336,7 +339,8 @@ async def await_grant(
     (approved, and dispatched by whoever holds its lease -- or, the caller having run out of
     time or gone away, left to the daemon's dispatcher).  ``joined``: a same-key caller's
     wait; the lease it takes is sized by the target alone (its dispatch is not bounded by the
-    joiner's deadline: ``resume``)."""
+    joiner's deadline: ``resume``).  ``requester``: the uid of the caller waiting, recorded on
+    the dispatch lease it takes (``claim``)."""
     started = trio.current_time()
     seconds = wait_s if timeout is None else min(wait_s, timeout)
     board = engine.approvals
@@ -351,7 +355,8 @@ async def await_grant(
         gone = control is not None and control.gone
         if record.state != "approved" or grant is None or gone or timeout == 0.0:
             return engine.recorder.envelope(record)
-        claimed = await claim(engine, iid, engine.lease_ttl(target, None if joined else timeout))
+        ttl = engine.lease_ttl(target, None if joined else timeout)
+        claimed = await claim(engine, iid, ttl, requester)
     finally:
         board.waiting.discard(iid)
     if claimed is None:
@@ -406,14 +411,17 @@ async def expire_if_due(recorder: Recorder, record: Record) -> Record:
     return await recorder.record(record.invocation_id)
 
 
-async def claim(engine: Engine, iid: str, ttl: float) -> tuple[Lease, float] | None:
+async def claim(
+    engine: Engine, iid: str, ttl: float, requester: int | None = None
+) -> tuple[Lease, float] | None:
     """The dispatch lease of an approved invocation and when it ends by this broker's clock
     (``held_until``), or None when another process holds a live one (or the invocation moved
-    on: decided otherwise, expired, dispatched)."""
+    on: decided otherwise, expired, dispatched).  ``requester``: the uid of the caller that
+    will dispatch and be answered (none for the daemon's dispatcher: it answers no one)."""
     taken = time.time()
     try:
         lease = await engine.journal.acquire_lease(
-            iid, engine.holder, ttl, kind=E.DISPATCH_LEASE_ACQUIRED
+            iid, engine.holder, ttl, kind=E.DISPATCH_LEASE_ACQUIRED, requester=requester
         )
     except (LeaseBusy, ImpossibleEvent):
         return None

@@ -478,20 +478,25 @@ async def _delivery_failed(engine: Engine, iid: str, channel: str) -> Record:
     return await recorder.record(iid)
 
 
+_ASKED = frozenset({E.ACTION_ACCEPTED, E.RETRY_LEASE_ACQUIRED, E.DISPATCH_LEASE_ACQUIRED})
+"""The rows that start an asker's attempt, each naming its ``requester`` when one asked."""
+
+
 def requested_by(engine: Engine, record: Record, reader: int | None) -> bool:
-    """Whether the uid ``reader`` is who asked for ``record``'s invocation: the uid its
-    ACTION_ACCEPTED names (``requester``) -- authenticated by the kernel (the daemon's socket
-    peer).  A session is a label any caller may send: it proves nothing and decides nothing
-    here.  A record naming no requester (a call made in-process, or an older journal's) is
+    """Whether the uid ``reader`` is who asked for ``record``'s invocation: the uid the latest
+    row that started an asker's attempt names (``requester``: ACTION_ACCEPTED's, or a same-key
+    retry's or a joined waiter's lease, ``_ASKED``) -- authenticated by the kernel (the daemon's
+    socket peer); a lease taken by no asker (the daemon's dispatcher) changes nothing.
+    A session is a label any caller may send: it proves nothing and decides nothing here.  A
+    record naming no requester (a call made in-process, or an older journal's) is
     delivered by any read, as before.  One that names one is delivered only to a ``reader``
     of that uid: an in-process reader (the operator's ``affidavit result``, an embedded MCP
     server) passes its own (``os.getuid()``) -- on a journal shared with the daemon, a read
     without one is not the requester's (it would record a delivery to whoever read)."""
     requester = None
     for event in engine.journal.events(record.invocation_id):
-        if event.kind is E.ACTION_ACCEPTED:
-            requester = event.attrs.get("requester")
-            break
+        if event.kind in _ASKED and "requester" in event.attrs:
+            requester = event.attrs["requester"]  # the latest asker's: its attempt is the answer
     if not isinstance(requester, Mapping) or "uid" not in requester:
         return True
     return reader is not None and bool(requester["uid"] == reader)

@@ -493,7 +493,14 @@ async def resume(
             control.joined = True
         policy = getattr(target, "approval", None)
         granted = await await_grant(
-            engine, iid, target, policy.wait if policy else 0.0, timeout, control, joined=True
+            engine,
+            iid,
+            target,
+            policy.wait if policy else 0.0,
+            timeout,
+            control,
+            joined=True,
+            requester=requester,
         )
         if isinstance(granted, dict):
             return granted
@@ -516,7 +523,9 @@ async def resume(
         ttl, taken = engine.lease_ttl(target, timeout), time.time()
         same_key = decision is Decision.RETRY_SAME_KEY
         try:
-            lease = await engine.journal.acquire_lease(iid, engine.holder, ttl, same_key=same_key)
+            lease = await engine.journal.acquire_lease(
+                iid, engine.holder, ttl, same_key=same_key, requester=requester
+            )
         except KeyRetentionPassed as exc:
             # The key's retention ran out by the journal's clock between our read and the
             # lease, or would before the lease (``ttl``: the time this retry may still send)

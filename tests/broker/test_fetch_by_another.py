@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from affidavit.api import Broker
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import HostileServer, Peer, Reply, scripts
 
 from .helpers import http_target, open_broker, write_config
 
@@ -128,3 +128,47 @@ async def test_another_uid_is_shown_the_record_the_journal_holds(
             assert read["evidence"]["record_seq"] == record.last_seq == failed[-1].seq
             assert read["delivery"]["requester_answer_failed_at_seq"] == failed[-1].seq
             assert f"seq {failed[-1].seq}" in read["delivery"]["why"]
+
+
+async def test_a_same_key_retry_s_answer_is_its_asker_s_to_fetch(
+    tmp_path: Path, token: str
+) -> None:
+    """The requester is the latest asker's: a same-key retry by another uid records that uid on
+    its RETRY_LEASE_ACQUIRED, and its lost answer is that uid's to fetch (recorded with its
+    uid); the first asker's fetch is a read.  Before, the requester stayed the first
+    ACTION_ACCEPTED's: the retrying uid was told ``recorded: false`` for ever and the first
+    asker's fetch recorded the delivery of an attempt it never made."""
+    served = []
+
+    async def cut_then_serve(peer: Peer) -> None:
+        served.append(peer)
+        if len(served) == 1:  # the first attempt: applied, no answer -- outcome unknown
+            await scripts.apply_then_close()(peer)
+        else:
+            await scripts.serve(Reply(200, body=b"done"))(peer)
+
+    keyed = {"header": "Idempotency-Key", "scope": "s", "retention": "24h"}
+    action = {**ACTION, "idempotency_key": "k1"}
+    async with HostileServer.running(cut_then_serve) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=keyed)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(10):
+                first = await broker.call(action, requester=REQUESTER)
+                assert first["error"]["outcome"] == "unknown"
+                await broker.call(action, deliver=_gone, requester=REQUESTER + 1)
+            iid = first["invocation_id"]
+            lease = next(e for e in broker.events(iid) if e.kind.value == "RETRY_LEASE_ACQUIRED")
+            assert lease.attrs["requester"] == {"uid": REQUESTER + 1}
+            assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
+
+            read = await broker.fetch_result(iid, reader=REQUESTER)
+            assert read is not None and read["delivery"]["recorded"] is False
+            await broker.settled()
+            assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
+            own = await broker.fetch_result(iid, reader=REQUESTER + 1)
+            assert own is not None and own["result"]["body"] == "done" and "delivery" not in own
+            await broker.settled()
+            assert _delivery(broker, iid) == [
+                ("RESULT_DELIVERY_FAILED", None),
+                ("RESULT_DELIVERED", {"uid": REQUESTER + 1}),
+            ]
