@@ -438,14 +438,17 @@ async def deliver_linked(
         await deliver(answer)
     except Exception as exc:
         log.warning("delivery of the answer carrying %s failed: %s", linked, type(exc).__name__)
+        with trio.CancelScope(shield=True):  # what happened to the answer is recorded
+            if await _just_stored(engine, linked):
+                assert linked is not None
+                await _delivery_failed(engine, linked, "deliver")
+        return answer
+    # Shielded from the read on: the answer is written whole, and a cancel arriving now (the
+    # grace's end) must not lose the row that says so.
+    with trio.CancelScope(shield=True):
         if await _just_stored(engine, linked):
             assert linked is not None
-            await _delivery_failed(engine, linked, "deliver")
-        return answer
-    if await _just_stored(engine, linked):
-        assert linked is not None
-        delivered = Event(E.RESULT_DELIVERED, linked, {"channel": "deliver"})
-        with trio.CancelScope(shield=True):
+            delivered = Event(E.RESULT_DELIVERED, linked, {"channel": "deliver"})
             await engine.recorder.deliver_later(delivered)
     return answer
 
