@@ -15,6 +15,7 @@ from typing import Any
 import trio
 
 from affidavit.api.client import Client
+from affidavit.journal import JournalReader
 from tests.broker.approvalkit import reconcile_target
 from tests.http.hostile import HostileServer, Peer, Reply
 from tests.mcp.test_linked_delivery import OPERATIONS, held_polls
@@ -82,6 +83,12 @@ async def test_a_poll_whose_answer_was_written_is_delivered_once(
         polled = await client.poll_operation(op)
         assert polled["operation"]["state"] == "succeeded"
         assert await _deliveries(client, submission) == [("RESULT_DELIVERED", "deliver")]
+        poll = polled["poll"]["invocation_id"]
+    # Once the daemon stopped (every queued write settled): exactly one delivery row, not the
+    # first of several.
+    with JournalReader.open(daemon.journal, key_file=Path(f"{daemon.journal}.key")) as r:
+        rows = [e.kind.value for e in r.events(poll) if e.kind.value.startswith("RESULT_DELIVER")]
+    assert rows == ["RESULT_DELIVERED"]
 
 
 async def held_queries(peer: Peer) -> None:
