@@ -453,6 +453,20 @@ async def deliver_linked(
     return answer
 
 
+async def taken_up(
+    engine: Engine, envelope: Mapping[str, Any], requester: int | None
+) -> str | None:
+    """The id of a poll or query another request asked and this one took up (``envelope``:
+    its answer), when ``requester`` is who asked for it (``requested_by``): the answer that
+    carries it is then its delivery (``deliver_linked``'s ``linked``).  None for another uid's
+    take-up: it reads the result, recording nothing."""
+    iid = envelope.get("invocation_id")
+    if not isinstance(iid, str):
+        return None
+    record = await engine.recorder.record(iid)
+    return iid if requested_by(engine, record, requester) else None
+
+
 async def _just_stored(engine: Engine, iid: str | None) -> bool:
     """Whether ``iid`` holds a result stored and not yet delivered, nor failed to be."""
     return iid is not None and (await engine.recorder.record(iid)).state in _STORED

@@ -32,7 +32,7 @@ from affidavit.text import echoed
 
 from .approval import needs_approval
 from .contracts import contracts_of
-from .delivery import Deliver, deliver_linked, linked_deliver
+from .delivery import Deliver, deliver_linked, linked_deliver, taken_up
 from .ids import new_invocation_id
 from .readable import unreadable
 from .recovery import act_failure
@@ -152,7 +152,9 @@ async def poll(
     # A poll still open is taken up, never asked for twice (``takeup``).
     envelope = await _earlier(engine, record, op_id, target, control, timeout)
     asked = envelope is not None
-    ran = None  # the poll this request runs (not one taken up): its delivery is this answer's
+    # The poll this request runs, or one it took up that its asker asked: its delivery is this
+    # answer's.
+    ran = None if envelope is None else await taken_up(engine, envelope, requester)
     if envelope is None:
         poll_id = new_invocation_id()
         claim = None

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy, check_note
 from affidavit.engine.approval import needs_approval
-from affidavit.engine.delivery import Deliver, deliver_linked, linked_deliver
+from affidavit.engine.delivery import Deliver, deliver_linked, linked_deliver, taken_up
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.readable import OTHER_ORIGIN, PARTIAL_BODY, unreadable
 from affidavit.engine.recovery import act_failure, recover_stale
@@ -239,7 +239,9 @@ async def query(
     # A query still open is taken up, never asked for twice (``approved``).
     answer = await approved.earlier(engine, record, control, timeout)
     taken = asked = answer is not None  # a taken-up query: open until this reads it
-    ran = None  # the query this request runs (not one taken up): its delivery is this answer's
+    # The query this request runs, or one it took up that its asker asked: its delivery is
+    # this answer's.
+    ran = None if answer is None else await taken_up(engine, answer, requester)
     if answer is None:
         values = {
             "invocation_id": invocation_id,

@@ -1,0 +1,46 @@
+"""A poll taken up -- asked by one request, approved, sent by the daemon's dispatcher (stored,
+reaching no one), its answer carried by the next poll -- is delivered by that answer when its
+asker is the one who asked (seed: "Mark RESULT_DELIVERED only after the protocol has confirmed
+complete transfer"): RESULT_DELIVERED (channel ``deliver``) once written whole.  Another uid's
+take-up reads it, recording nothing.  Before, a taken-up poll was never recorded delivered,
+whoever's answer carried it.  A taken-up query goes through the same ``taken_up``
+(reconcile/service.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from .approvalkit import OPS
+from .http_rows import LIMIT
+from .test_poll_approval import _jobs
+
+ASKER = 5151
+
+
+async def _written(answer: dict[str, Any]) -> None:
+    """The answer went out whole."""
+
+
+@pytest.mark.parametrize(
+    ("taker", "recorded"),
+    [(ASKER, ["RESULT_DELIVERED"]), (ASKER + 1, [])],
+    ids=["its-asker", "another-uid"],
+)
+async def test_a_taken_up_poll_is_delivered_only_to_its_asker(
+    tmp_path: Path, token: str, taker: int, recorded: list[str]
+) -> None:
+    async with _jobs(tmp_path) as (_srv, broker, op_id):
+        with trio.fail_after(LIMIT):
+            first = await broker.poll_operation(op_id, requester=ASKER)
+            poll_id = first["poll"]["invocation_id"]
+            await broker.approve(poll_id, note="read it", operator=OPS)
+            assert await broker.dispatch_approved(poll_id) is not None  # stored, reaching no one
+            answer = await broker.poll_operation(op_id, requester=taker, deliver=_written)
+            await broker.settled()
+        assert answer["poll"]["invocation_id"] == poll_id  # taken up, not asked again
+        rows = [e.kind.value for e in broker.events(poll_id)]
+        assert [k for k in rows if k.startswith("RESULT_DELIVER")] == recorded
