@@ -272,9 +272,7 @@ class Api:
         deliver = self.answering(req)
         try:
             # Refused OVERLOADED past ``max_calls`` and stopped at the grace's end, as a call.
-            with self.calls.linked() as running:
-                deliver.running = running
-                control = running.control
+            with self.calls.linked() as control:
                 answer = await self.broker.poll_operation(
                     operation_id,
                     timeout=timeout,
@@ -603,20 +601,15 @@ def _echo_bounded(problem: ApiProblem, ids: tuple[str, ...]) -> ApiProblem:
 class Answering:
     """The ``deliver`` of a linked call's asker (a poll, a reconciliation query): the broker
     writes the answer through it (``engine.deliver_linked``), and records the linked result
-    delivered only once it was written whole; ``ClientGone`` otherwise.  ``running``: the
-    linked call (``Calls.linked``), set before the broker runs it: the write goes through its
-    ``delivery`` scope, which the grace's end cancels -- a client that stopped reading neither
-    keeps its ``max_calls`` slot past the grace nor leaves the answer unrecorded."""
+    delivered only once it was written whole; ``ClientGone`` otherwise."""
 
     def __init__(self, req: Request) -> None:
         self.req = req
         self.tried = False
-        self.running: Running | None = None
 
     async def __call__(self, answer: dict[str, Any]) -> None:
         self.tried = True
-        assert self.running is not None, "deliver called outside its linked call"
-        await _deliver(self.req, answer, self.running.delivery)
+        await _deliver(self.req, answer, trio.CancelScope())
 
     async def unless_tried(self, answer: dict[str, Any]) -> None:
         """Answer with ``answer`` unless the broker tried to already: never written twice."""

@@ -103,21 +103,19 @@ class Calls:
         return call
 
     @contextlib.contextmanager
-    def linked(self, capped: bool = True) -> Iterator[Running]:
+    def linked(self, capped: bool = True) -> Iterator[CallControl]:
         """The control of a poll or a reconciliation query that its request's handler runs
         itself (a linked call to the remote): counted among the calls in flight, so the grace
         waits for it and its end stops it where it is (BROKER_SHUTDOWN) -- never left to be
         cut off later as if its caller had gone.  ``Overloaded`` when ``limit`` calls are
         running, as a call is: each reaches the remote, and the cap is on what is in flight
         (the call a poll follows has ended, so it holds no slot then).  ``capped=False``: an
-        operator's attestation, which sends nothing, is counted but never refused.  Its
-        ``Running``: the answer its asker writes goes through its ``delivery`` (``Answering``),
-        so the grace's end cuts a write to a client that stopped reading."""
+        operator's attestation, which sends nothing, is counted but never refused."""
         self._room(capped)
         call = Running()
         self._add(call)
         try:
-            yield call
+            yield call.control
         finally:
             self._over(call)
 
@@ -136,8 +134,8 @@ class Calls:
             self._room(capped)
         except ApiProblem as exc:
             raise Refused(exc.status, exc.message, exc.code) from None
-        with self.linked(capped) as call:  # (no checkpoint since the check: room is left)
-            yield call.control
+        with self.linked(capped) as control:  # (no checkpoint since the check: room is left)
+            yield control
 
     def _room(self, capped: bool) -> None:
         """``Overloaded`` when ``limit`` calls are running and this one is ``capped``."""
