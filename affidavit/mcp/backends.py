@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -411,40 +411,39 @@ class Daemon:
     async def poll_operation(
         self, operation_id: str, exchange: Exchange | None = None
     ) -> dict[str, Any]:
-        from affidavit.api.wire import ApiError
-
-        try:
-            answer: dict[str, Any] | None = None
-            with self._hung_up_at_stop():
-                answer = await self.client.poll_operation(operation_id)
-            return _stopped_before_answer(_LOST_POLL) if answer is None else answer
-        except ApiError as exc:
-            if _refused(exc):  # the daemon's refusal (OVERLOADED too): as embedded
-                return act_refused(
-                    exc.code, exc.message, exc.field, "operation_id", exc.retry_after
-                )
-            return _client_failure(exc, _LOST_POLL)  # a 5xx: the linked call may have queried
-        except Exception as exc:
-            return _client_failure(exc, _LOST_POLL)
+        return await self._linked(
+            lambda: self.client.poll_operation(operation_id), _LOST_POLL, "operation_id"
+        )
 
     async def reconcile_query(
         self, invocation_id: str, exchange: Exchange | None = None
     ) -> dict[str, Any]:
+        return await self._linked(
+            lambda: self.client.reconcile(invocation_id, query=True), _LOST_QUERY, "invocation_id"
+        )
+
+    async def _linked(
+        self,
+        ask: Callable[[], Awaitable[dict[str, Any] | None]],
+        lost: Lost,
+        argument: str,
+    ) -> dict[str, Any]:
+        """A poll or a reconciliation query through the daemon: its answer; the daemon's own
+        refusal (OVERLOADED too) as embedded; any other failure -- a 5xx, a lost answer -- as
+        one after which the linked call may have queried the remote (``lost``'s hint)."""
         from affidavit.api.wire import ApiError
 
         try:
             answer: dict[str, Any] | None = None
             with self._hung_up_at_stop():
-                answer = await self.client.reconcile(invocation_id, query=True)
-            return _stopped_before_answer(_LOST_QUERY) if answer is None else answer
+                answer = await ask()
+            return _stopped_before_answer(lost) if answer is None else answer
         except ApiError as exc:
-            if _refused(exc):  # the daemon's refusal (OVERLOADED too): as embedded
-                return act_refused(
-                    exc.code, exc.message, exc.field, "invocation_id", exc.retry_after
-                )
-            return _client_failure(exc, _LOST_QUERY)  # a 5xx: the linked call may have queried
+            if _refused(exc):
+                return act_refused(exc.code, exc.message, exc.field, argument, exc.retry_after)
+            return _client_failure(exc, lost)
         except Exception as exc:
-            return _client_failure(exc, _LOST_QUERY)
+            return _client_failure(exc, lost)
 
     def stopped(self) -> bool:
         """Whether ``stop`` was called (a method: it may turn true across an ``await``)."""
