@@ -481,7 +481,7 @@ class Writer:
         writer thread first, then the queue: a checked write by its ``about``, a plain append
         by its rows' event kinds, and ("-", "other write") for one that is neither (a result
         chunk's): ids and kinds only, never a row's attributes.  Safe from any thread, the
-        loop's hung or not (``affidavit.daemon.stopbound``): each container is copied in one
+        loop's hung or not (``affidavit.stopping.bound``): each container is copied in one
         step, under the GIL, and read again if a hand-off moved a batch from one to the other
         meanwhile (``_handoffs``; a few tries, then what was read)."""
         for _ in range(UNANSWERED_TRIES):

@@ -58,6 +58,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # Who else a file's POSIX ACL lets in: a leaf the journal's exposure checks and the
     # secret-file reads (``affidavit.privatefile``) both judge by.
     "affidavit.acl": frozenset(),
+    # A broker process's stop (signals off the loop, its bound): the daemon's and the embedded
+    # MCP server's, neither importing the other.
+    "affidavit.stopping": frozenset({"affidavit.text"}),
     # A small file read without blocking, bounded -- and, for a secret, only if no one else
     # can reach it: one rule for the credentials, the vault's unlock key and the journal's key
     # files, which the journal reads itself.
@@ -159,6 +162,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
             "affidavit.config",
             "affidavit.console",
             "affidavit.views",
+            "affidavit.stopping",
             *SERVICE_BASE,
         }
     ),
@@ -177,6 +181,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
             "affidavit.views",
             "affidavit.journal",
             "affidavit.session",
+            "affidavit.stopping",  # embedded: its signals and its stop's bound
         }
     ),
     "affidavit.docgen": frozenset({"affidavit.statemachine", "affidavit.adapters"}),

@@ -2,7 +2,7 @@
 
 Runs until SIGTERM or SIGINT, then stops accepting, lets calls in flight finish within
 ``[service] shutdown_grace`` and exits 0 -- or 74 when a journal write never returned: the stop
-is bounded (``affidavit.daemon.stopbound``, docs/deployment.md). Exit 2 when it cannot start: a
+is bounded (``affidavit.stopping.bound``, docs/deployment.md). Exit 2 when it cannot start: a
 bad config, a journal another process writes, a live daemon already on the socket, group or
 others able to reach the journal (its lock, its result segments), a key, the vault (its lock) or
 a ``file:`` or ``systemd:`` credential (by its mode bits or its POSIX ACL's entries) or another

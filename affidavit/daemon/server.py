@@ -34,17 +34,17 @@ Life of the daemon:
    of opening (or of its last answer) is closed: a flood of them can neither take the
    descriptors the journal and the socket need nor keep places for long.
 4. SIGTERM or SIGINT (under ``affidavit serve`` taken by a thread of the daemon's own,
-   ``stopsignals.py``, whatever the event loop is doing; run inside another program, by trio's
-   receiver on the loop; during the start-up, they end it: the journal closed, exit 0): stop
-   accepting (the socket file goes; ``<socket>.lock`` says "stopping" until the latest the
-   process ends, so a daemon started on the path meanwhile is told so), answer 503 to new calls
-   on open connections, let calls in flight finish within ``[service] shutdown_grace``, then
-   stop the rest (``calls.py``), close idle connections, let the answers go out, close the journal.
-   The whole stop is bounded (``stopbound.py``), from the signal's arrival -- or, for a stop no
-   signal started (a failure, a cancellation), from when the journal's close begins: a journal
-   write or read that never returns -- a disk that stopped answering, a database that holds its
-   connection and never answers -- ends the process past ``stop_bound`` with one log line
-   naming what was pending, exit 74.
+   ``affidavit.stopping.signals``, whatever the event loop is doing; run inside another program,
+   by trio's receiver on the loop; during the start-up, they end it: the journal closed, exit
+   0): stop accepting (the socket file goes; ``<socket>.lock`` says "stopping" until the latest
+   the process ends, so a daemon started on the path meanwhile is told so), answer 503 to new
+   calls on open connections, let calls in flight finish within ``[service] shutdown_grace``,
+   then stop the rest (``calls.py``), close idle connections, let the answers go out, close the
+   journal. The whole stop is bounded (``affidavit.stopping.bound``), from the signal's arrival
+   -- or, for a stop no signal started (a failure, a cancellation), from when the journal's
+   close begins: a journal write or read that never returns -- a disk that stopped answering, a
+   database that holds its connection and never answers -- ends the process past ``stop_bound``
+   with one log line naming what was pending, exit 74.
 """
 
 from __future__ import annotations
@@ -79,6 +79,8 @@ from affidavit.journal import Exposure, Journal, JournalError
 from affidavit.journal.backend import where as journal_where
 from affidavit.journal.compact import NOT_A_DIRECTORY, not_a_directory, refusal_message
 from affidavit.journal.exposure import serving
+from affidavit.stopping.bound import EXIT_STOP_UNFINISHED, StopBound, pending_words, stop_bound
+from affidavit.stopping.signals import StopSignals
 
 from .admission import ConsoleCap, Server
 from .app import Api
@@ -96,8 +98,6 @@ from .socketfile import (
     unlink_if_ours,
     warn_if_no_group_reaches,
 )
-from .stopbound import EXIT_STOP_UNFINISHED, StopBound, pending_words, stop_bound
-from .stopsignals import StopSignals
 
 __all__ = ["Daemon", "DaemonError", "serve"]
 
@@ -298,7 +298,7 @@ class Daemon:
             token = trio.lowlevel.current_trio_token()
             with StopSignals(functools.partial(self._signalled, token)):
                 await self._claimed(task_status)
-        else:  # run inside another program: trio's receiver, a task (``stopsignals``)
+        else:  # run inside another program: trio's receiver, a task (``stopping.signals``)
             try:
                 with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                     async with trio.open_nursery() as nursery:
@@ -330,7 +330,7 @@ class Daemon:
             self._stop(signum)
 
     def _signalled(self, token: trio.lowlevel.TrioToken, signum: int) -> None:
-        """SIGTERM or SIGINT, on the thread that took it (``stopsignals``), whatever the loop
+        """SIGTERM or SIGINT, on the thread that took it (``stopping.signals``), whatever the loop
         is doing: the stop's bound starts now, then the loop is asked to stop -- it may never
         get to it (held in a read of a journal that stopped answering): the bound ends it."""
         try:

@@ -203,7 +203,7 @@ def _lock(path: Path) -> int:
 def note_state(lock: int, state: str, until: float | None = None) -> None:
     """Write the holder's state into its lock file -- ``<pid> starting|serving|stopping
     [<until>]`` (``until``: epoch seconds by which a stopping daemon will have exited at the
-    latest, its stop's bound: ``stopbound``; rounded up) -- so that a daemon refused on the
+    latest, its stop's bound: ``stopping.bound``; rounded up) -- so that a daemon refused on the
     path can say what is true.  Only the daemon's user can read it (``0600``); it holds no
     secret.  Best effort: an unwritten state leaves the refusal saying only that the lock is
     held."""

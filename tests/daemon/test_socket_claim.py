@@ -30,7 +30,7 @@ import trio
 from affidavit.api.client import Client
 from affidavit.daemon import socketfile
 from affidavit.daemon.server import ANSWER_WAIT, DaemonError
-from affidavit.daemon.stopbound import stop_bound
+from affidavit.stopping.bound import stop_bound
 from tests.external import require_root
 from tests.http.hostile import HostileServer, Peer, Reply, scripts
 

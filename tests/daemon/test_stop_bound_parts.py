@@ -1,6 +1,6 @@
-"""The stop's bound in parts (``stopbound``, ``stopsignals``): what it counts, what its line
-says, that a disarmed watchdog leaves nothing running, that the exit does not wait for a log
-line nobody takes, and that a signal reaches the stop through a thread of its own."""
+"""The stop's bound in parts (``affidavit.stopping``: ``bound``, ``signals``): what it counts,
+what its line says, that a disarmed watchdog leaves nothing running, that the exit does not wait
+for a log line nobody takes, and that a signal reaches the stop through a thread of its own."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ import trio
 
 from affidavit.cli.serve import log_handler
 from affidavit.config import load_config
-from affidavit.daemon import server, stopbound
+from affidavit.daemon import server
 from affidavit.daemon.server import ANSWER_WAIT, Daemon
-from affidavit.daemon.stopbound import (
+from affidavit.stopping import bound as stopbound
+from affidavit.stopping.bound import (
     CLOSE_WAIT,
     EXIT_STOP_UNFINISHED,
     LOG_WAIT,
@@ -87,7 +88,7 @@ def test_the_line_names_at_most_named_writes_and_calls_and_the_last_transaction(
 def test_a_watchdog_run_inside_another_program_only_logs(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.CRITICAL, logger="affidavit.daemon"):
+    with caplog.at_level(logging.CRITICAL, logger="affidavit.stopping"):
         watchdog = StopBound(lambda: "journal writes unanswered: none", None)
         watchdog.arm(0.05)
         deadline = time.monotonic() + WAIT
@@ -96,7 +97,7 @@ def test_a_watchdog_run_inside_another_program_only_logs(
         watchdog.disarm()  # (the thread has ended: disarm joins it)
     (record,) = caplog.records
     assert "stop unfinished after 0.05s: journal writes unanswered: none" in record.message
-    assert "not exiting: not run by `affidavit serve`" in record.message
+    assert "not exiting: run inside another program" in record.message
     assert not _watchdogs()
 
 
@@ -106,7 +107,7 @@ def test_a_pending_account_that_fails_is_named_by_its_type_only(
     def pending() -> str:
         raise RuntimeError("canary-secret")
 
-    with caplog.at_level(logging.CRITICAL, logger="affidavit.daemon"):
+    with caplog.at_level(logging.CRITICAL, logger="affidavit.stopping"):
         watchdog = StopBound(pending, None)
         watchdog.arm(0.01)
         deadline = time.monotonic() + WAIT
@@ -137,7 +138,7 @@ def test_a_disarmed_watchdog_leaves_no_thread_and_cannot_be_armed_again() -> Non
 
 BLOCKED_LOG = """
 import logging, sys, threading, time
-from affidavit.daemon.stopbound import StopBound
+from affidavit.stopping.bound import StopBound
 
 class Stuck(logging.Handler):
     def emit(self, record):
@@ -167,7 +168,7 @@ def test_the_exit_does_not_wait_for_a_log_line_that_cannot_be_written() -> None:
 
 SIGNALLED = """
 import logging, os, select, signal, sys, threading
-from affidavit.daemon.stopsignals import StopSignals
+from affidavit.stopping.signals import StopSignals
 
 logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(message)s")
 taken, got = [], threading.Event()
@@ -224,7 +225,7 @@ def test_a_signal_is_taken_by_a_thread_of_its_own_and_everything_is_restored_aft
 
 INTERRUPTED_ENTRY = """
 import os, signal, threading
-from affidavit.daemon import stopsignals
+from affidavit.stopping import signals as stopsignals
 
 class Interrupting:
     # KeyboardInterrupt at the first handler's install: after the pipe, the wakeup fd, the thread
@@ -268,7 +269,7 @@ def test_an_entry_interrupted_part_way_puts_back_all_it_did() -> None:
 
 DURING_EXIT = """
 import os, signal, threading, time
-from affidavit.daemon import stopsignals
+from affidavit.stopping import signals as stopsignals
 
 host, ours, injected, active = [], [], [], []
 signal.signal(signal.SIGTERM, lambda signum, frame: host.append(signum))
@@ -320,7 +321,7 @@ def test_a_signal_during_the_exit_reaches_the_daemon_or_the_handler_found_at_ent
 
 INHERITED = """
 import signal, subprocess, trio
-from affidavit.daemon.stopsignals import StopSignals
+from affidavit.stopping.signals import StopSignals
 
 async def daemon():
     with StopSignals(lambda signum: None):
@@ -459,7 +460,7 @@ def test_disarming_does_not_wait_for_a_line_nobody_takes() -> None:
             release.wait(HUNG)
 
     stuck = Stuck()
-    logging.getLogger("affidavit.daemon").addHandler(stuck)
+    logging.getLogger("affidavit.stopping").addHandler(stuck)
     try:
         watchdog = StopBound(lambda: "", None)
         watchdog.arm(0.01)
@@ -472,7 +473,7 @@ def test_disarming_does_not_wait_for_a_line_nobody_takes() -> None:
         assert LOG_WAIT <= time.monotonic() - started < LOG_WAIT + WAIT
     finally:
         release.set()
-        logging.getLogger("affidavit.daemon").removeHandler(stuck)
+        logging.getLogger("affidavit.stopping").removeHandler(stuck)
 
 
 async def test_a_stop_no_signal_started_is_bounded_from_the_journal_s_close(
@@ -541,7 +542,7 @@ async def test_a_signal_whose_bound_cannot_start_still_stops_the_daemon(
 
 DISARM_AT_THE_BOUND = """
 import sys, threading, time
-from affidavit.daemon.stopbound import LOG_WAIT, StopBound
+from affidavit.stopping.bound import LOG_WAIT, StopBound
 
 class DisarmedAsTheWaitRanOut(threading.Event):
     def wait(self, timeout=None):
@@ -592,7 +593,7 @@ def test_a_disarm_as_the_bound_runs_out_either_stops_the_exit_or_waits_for_it(
 
 HELD_ON_SIGNAL = """
 import os, signal, threading, time
-from affidavit.daemon.stopsignals import JOIN_WAIT, StopSignals
+from affidavit.stopping.signals import JOIN_WAIT, StopSignals
 
 entered, release = threading.Event(), threading.Event()
 
@@ -644,7 +645,7 @@ async def test_a_daemon_run_inside_another_program_leaves_the_signals_to_trio(
             handler = signal.getsignal(signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGTERM)
     assert "affidavit-stop-signals" not in names
-    assert getattr(handler, "__module__", "") != "affidavit.daemon.stopsignals"
+    assert getattr(handler, "__module__", "") != "affidavit.stopping.signals"
     assert "received SIGTERM" in caplog.text and caplog.records[-1].getMessage() == "stopped"
     assert daemon._stop_bound is not None and daemon._stop_bound.deadline is not None
     assert not _watchdogs()

@@ -1,6 +1,7 @@
-"""A daemon's stop has a bound even when a journal write never returns (``stopbound.py``): a
-disk that stopped answering holds the writer thread in its transaction, every call waits for
-its write uncancellably, and the journal's close waits for them -- the stop waited for ever.
+"""A daemon's stop has a bound even when a journal write never returns
+(``affidavit.stopping.bound``): a disk that stopped answering holds the writer thread in its
+transaction, every call waits for its write uncancellably, and the journal's close waits for
+them -- the stop waited for ever.
 
 The hang is real, in a real ``affidavit serve`` process: the writer thread's transaction that
 carries a DISPATCH_STARTED holds for ever once its rows are inserted, before its COMMIT
@@ -28,9 +29,9 @@ import trio
 from affidavit.api.client import Client
 from affidavit.api.wire import AnswerLost, ClientError, DaemonUnavailable
 from affidavit.daemon.server import ANSWER_WAIT
-from affidavit.daemon.stopbound import EXIT_STOP_UNFINISHED, stop_bound
 from affidavit.journal import JournalReader
 from affidavit.statemachine import EventKind
+from affidavit.stopping.bound import EXIT_STOP_UNFINISHED, stop_bound
 from tests.http.hostile import HostileServer, Peer, Reply, scripts
 from tests.postgres import Cluster, Proxy
 
@@ -219,7 +220,7 @@ async def test_sigterm_while_the_loop_waits_for_a_database_read_ends_within_its_
     """The event loop itself is held: a result read runs on it (``Engine.fetch_result``:
     ``recorder.read(journal.record)``), sent to a PostgreSQL that takes the packets and never
     answers, so trio never runs again -- and a signal receiver that is one of its tasks never
-    hears SIGTERM.  The daemon's own signal thread (``stopsignals``) takes it and starts the
+    hears SIGTERM.  The daemon's own signal thread (``stopping.signals``) takes it and starts the
     bound: exit 74 within it, not before, and the loop never got to the stop (no "received
     SIGTERM" line: that is logged on the loop).  The reader's wait is unanswered, not refused."""
     proxy = Proxy(pg.port)

@@ -1,4 +1,7 @@
-"""The daemon's stop has a bound, even when its journal stops answering.
+"""A broker process's stop has a bound, even when its journal stops answering.
+
+Written for the daemon (``affidavit serve``, whose stop is told here); the embedded ``affidavit
+mcp`` stops through the same phases and is bounded the same way (``affidavit.mcp.stop``).
 
 A stop (SIGTERM, SIGINT) waits for things only storage can end: a call's journal write is
 waited for uncancellably once queued (``Writer.submit``: a caller never loses track of a
@@ -10,7 +13,7 @@ packets, so neither keepalives nor ``tcp_user_timeout`` notice, and its ``statem
 runs in the stopped process) -- each held the stop for ever.
 
 So once the stop starts -- when the signal arrives, taken by a thread of its own
-(``stopsignals``): the event loop may be the thing that hangs, in a read of a journal that
+(``signals``): the event loop may be the thing that hangs, in a read of a journal that
 stopped answering -- a watchdog thread (``StopBound``) gives it ``stop_bound`` seconds: the
 phases the stop has anyway -- ``shutdown_grace`` for the calls, as long again (at least 5 s)
 for the stopped ones to record where they stood (``Calls.drain``), ``ANSWER_WAIT`` for their
@@ -55,13 +58,14 @@ __all__ = [
     "stop_bound",
 ]
 
-log = logging.getLogger("affidavit.daemon")
+log = logging.getLogger("affidavit.stopping")
 
 CLOSE_WAIT = 5.0
 """Seconds the journal's close may take at least once the answers are out."""
 EXIT_STOP_UNFINISHED = 74
-"""``affidavit serve``'s exit status when its stop ran out of ``stop_bound``: sysexits'
-EX_IOERR (the journal's storage did not answer) -- neither 0 (stopped) nor 2 (refused)."""
+"""The exit status of ``affidavit serve`` and of ``affidavit mcp`` embedded when the stop ran
+out of ``stop_bound``: sysexits' EX_IOERR (the journal's storage did not answer) -- neither 0
+(stopped) nor 2 (refused)."""
 LOG_WAIT = 2.0
 """Seconds the exit waits for its log line to be written, at most."""
 EXIT_WAIT = 2 * LOG_WAIT
@@ -78,7 +82,7 @@ def stop_bound(grace: float, answer_wait: float, reconnect: float | None) -> flo
 
 class StopBound:
     """A watchdog thread, armed when the stop starts (``arm``: the first call counts; from the
-    stop's signal thread, ``stopsignals``, or the loop) and disarmed once the journal is
+    stop's signal thread, ``signals``, or the loop) and disarmed once the journal is
     closed: if ``bound`` seconds pass first, it logs what was pending (``pending()``'s words)
     and ends the process with ``exit_status`` (None: a daemon run inside another program -- a
     test's -- only logs).  A thread, not a task: the loop itself may be what waits for the
@@ -142,7 +146,7 @@ class StopBound:
             what = f"what was pending could not be read ({type(exc).__name__})"
         status = self._exit_status
         if status is None:
-            _say(self.bound, what, "not exiting: not run by `affidavit serve`")
+            _say(self.bound, what, "not exiting: run inside another program")
             return
         # The exit does not wait for the log: a stderr nobody reads (a full pipe, a stopped
         # journald) would block the line, and the line must not keep the process alive.

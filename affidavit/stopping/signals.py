@@ -1,4 +1,5 @@
-"""SIGTERM and SIGINT reach the daemon through one thread of its own, not through its loop.
+"""SIGTERM and SIGINT reach a broker process (``affidavit serve``, ``affidavit mcp`` embedded)
+through one thread of its own, not through its loop.
 
 A signal's Python handler runs on the main thread, between two bytecodes -- and the main
 thread is the event loop's, which may be the very thing a stop must not wait for: a shared
@@ -7,11 +8,11 @@ connection open and never answers (a stopped server) keeps the loop in a socket 
 long as it likes.  trio's signal receiver is a task on that loop: the stop it would start
 never starts, and SIGTERM does nothing at all.
 
-So while the daemon runs, the signals' wakeup descriptor (``signal.set_wakeup_fd``) is a pipe
+So while the broker runs, the signals' wakeup descriptor (``signal.set_wakeup_fd``) is a pipe
 of ours, read by a thread of ours.  Python's C-level handler writes the signal's number to it
 at once, on whichever thread the kernel chose, whatever the main thread is doing (blocked in a
 C call included); the thread reads it and calls ``on_signal`` -- which starts the stop's bound
-first (``stopbound.StopBound``: a thread too), then wakes the loop
+first (``bound.StopBound``: a thread too), then wakes the loop
 (``trio.lowlevel.TrioToken.run_sync_soon``: it never waits for the loop).  A healthy loop stops
 exactly as before; a hung one is ended by the bound.  The Python handler installed for the two
 signals does nothing: the thread does it all, and a signal is acted on once.
@@ -31,8 +32,10 @@ the two never fight; meanwhile each byte of any other signal is forwarded to it,
 signal with a Python handler (one of trio's own ``open_signal_receiver``) still wakes the loop.
 The stop's own signals are not forwarded: a host's loop would act on them a second time.
 
-Used only where the process is the daemon's own (``affidavit serve``: ``Daemon.run`` with
-``exit_when_stop_unfinished`` set).  A daemon run inside another program -- a host's, a test's,
+Used only where the process is the broker's own: ``affidavit serve`` (``Daemon.run`` with
+``exit_when_stop_unfinished`` set) and ``affidavit mcp`` run embedded (``affidavit.mcp.stop``;
+its proxy, ``--socket``, keeps trio's receiver: its loop waits on no storage).  A daemon run
+inside another program -- a host's, a test's,
 two in one process, one in a forked child -- keeps trio's signal receiver: the process's
 signal handlers and wakeup descriptor are the host's, and a second owner of them (another
 daemon's ``StopSignals``, a wakeup descriptor put back by trio without our flag) is a fight
@@ -52,7 +55,7 @@ from types import FrameType, TracebackType
 
 __all__ = ["STOP_SIGNALS", "StopSignals"]
 
-log = logging.getLogger("affidavit.daemon")
+log = logging.getLogger("affidavit.stopping")
 
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 JOIN_WAIT = 2.0
