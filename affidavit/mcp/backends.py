@@ -172,6 +172,11 @@ class Embedded:
             except Exception as exc:
                 return self._internal(exc, control, "a call")
 
+    def running_ids(self) -> list[str]:
+        """The invocation id of each call running (a poll, a query: its own linked call), or
+        "none accepted" -- read from the stop's watchdog thread (``stop.EmbeddedStop``)."""
+        return [c.invocation_id or "none accepted" for c in list(self._controls)]
+
     @contextmanager
     def _control(self) -> Iterator[Any]:
         """A control for a call (or a poll, a reconciliation query: a linked call of its own)

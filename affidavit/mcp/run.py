@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import logging
 
+from affidavit.stopping.signals import StopSignals
+
 from .backends import Daemon, Embedded
 from .server import DEFAULT_GRACE, new_session_id, serve
+from .stop import EmbeddedStop
 from .transport import StdioTransport
 
 __all__ = ["run"]
@@ -32,8 +35,25 @@ async def run(
             log.info("session %s, through the daemon at %s", session, socket)
             await serve(daemon, transport, session, grace=DEFAULT_GRACE if grace is None else grace)
         return
-    async with Embedded.open(config) as embedded, StdioTransport.claim() as transport:
-        log.info("session %s, embedded on %s", session, embedded.broker.journal.where)
-        service = embedded.broker.config.service
-        grace = service.shutdown_grace if grace is None else grace
-        await serve(embedded, transport, session, service.max_calls, grace)
+    stop = EmbeddedStop(grace)
+    with StopSignals(stop.signalled):
+        try:
+            with stop.starting:
+                await _embedded(config, grace, session, stop)
+        finally:
+            stop.bound.disarm()  # the journal is closed: nothing left to bound
+
+
+async def _embedded(
+    config: str | None, grace: float | None, session: str, stop: EmbeddedStop
+) -> None:
+    async with Embedded.open(config) as embedded:
+        try:
+            service = embedded.broker.config.service
+            grace = service.shutdown_grace if grace is None else grace
+            stop.opened(embedded, grace)
+            async with StdioTransport.claim() as transport:
+                log.info("session %s, embedded on %s", session, embedded.broker.journal.where)
+                await serve(embedded, transport, session, service.max_calls, grace, stop)
+        finally:
+            stop.arm()  # the journal's close, next, is bounded whatever ended the session

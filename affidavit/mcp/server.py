@@ -36,7 +36,7 @@ import logging
 import secrets
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
 import trio
@@ -60,6 +60,9 @@ from .tools import (
     visible_name,
 )
 from .transport import StdioTransport, shown_id
+
+if TYPE_CHECKING:
+    from .stop import EmbeddedStop
 
 __all__ = ["McpSession", "new_session_id", "serve"]
 
@@ -312,12 +315,17 @@ async def serve(
     session_id: str,
     max_calls: int = DEFAULT_MAX_CALLS,
     grace: float = DEFAULT_GRACE,
+    stop: EmbeddedStop | None = None,
 ) -> None:
     """Serve one MCP connection over ``transport`` until its input ends or a signal arrives;
     then let the calls in flight finish within ``grace`` seconds, stop the rest and return (the
     module docstring).  At most ``max_calls`` tool requests run at once in tasks of their own;
-    one more is answered OVERLOADED at once, and nothing runs for it."""
+    one more is answered OVERLOADED at once, and nothing runs for it.  ``stop``: the embedded
+    process's (its signals taken off the loop, its end bounded); None, the proxy's: trio's
+    signal receiver, a task."""
     session = McpSession(backend, transport, session_id, max_calls)
+    if stop is not None:
+        stop.attach(session)
     server = build_server(session)
     options = server.create_initialization_options(NotificationOptions())
     found = await session.catalog()  # the tools, how large a message may be (retried if failed)
@@ -332,12 +340,15 @@ async def serve(
             error.get("message"),
         )
     async with trio.open_nursery() as top:
-        top.start_soon(_stop_on_signal, session)
+        if stop is None:
+            top.start_soon(_stop_on_signal, session)
         async with trio.open_nursery() as calls:
             session.nursery = calls
             async with trio.open_nursery() as connection:
                 connection.start_soon(_converse, server, transport, options, session)
                 await session.ending.wait()
+                if stop is not None:  # whatever ended it (a signal armed it already)
+                    stop.arm()
                 if left := session.running:
                     log.info("the session ended; %d call(s) still running (grace %gs)", left, grace)
                 stopped = await session.drain(grace)

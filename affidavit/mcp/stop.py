@@ -1,0 +1,117 @@
+"""The embedded ``affidavit mcp``'s stop: taken off the event loop, and bounded.
+
+Embedded, this process opens the broker and its journal itself, so its stop waits for what only
+storage can end, exactly as ``affidavit serve``'s does (``affidavit.stopping.bound`` says
+what): the stopped calls' journal writes are waited for uncancellably, and the journal's close
+waits for every queued write.  And a shared journal's reads run on the event loop: a PostgreSQL
+that holds its connection and never answers keeps the loop in a socket read, where trio's signal
+receiver -- a task on that loop -- never hears SIGTERM.
+
+So, as the daemon does, the signals are taken by a thread of the process's own
+(``StopSignals``), which arms the stop's bound (``StopBound``, ``EXIT_STOP_UNFINISHED``) first
+and then asks the loop to end the session (``McpSession.end``, through the trio token: a
+second signal stops the rest at once).  The bound is the MCP stop's own phases -- the grace,
+``max(grace, STOP_WAIT)`` for the stopped calls to record where they stood, no answer wait
+(the connection is cut once they did), the journal's close -- which is ``stop_bound`` with no
+answer wait.  A session that ends without a signal (the client gone, a failure) arms it too,
+when it ends.  The bound is disarmed once the journal is closed; past it, one log line names
+the journal's unanswered writes and the calls still running, and the process exits 74.
+
+Used only by the embedded path of ``affidavit mcp`` (``run``): the process is ours, a CLI
+entry.  The proxy (``--socket``) keeps trio's receiver: its loop waits on no storage, only on
+its sockets, so it always gets to the signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from affidavit.stopping.bound import (
+    EXIT_STOP_UNFINISHED,
+    StopBound,
+    pending_words,
+    stop_bound,
+)
+
+from .server import DEFAULT_GRACE
+
+if TYPE_CHECKING:
+    from affidavit.journal import Journal
+
+    from .backends import Embedded
+    from .server import McpSession
+
+__all__ = ["EmbeddedStop"]
+
+log = logging.getLogger("affidavit.mcp")
+
+ANSWER_WAIT = 0.0
+"""The embedded stop has no wait for answers of its own: the connection is cut once the stopped
+calls recorded where they stood (``serve``)."""
+
+
+class EmbeddedStop:
+    """One embedded process's stop.  Made on the loop (its token); ``signalled`` is called on
+    the signal thread; ``attach``, ``arm`` and ``disarm`` on the loop."""
+
+    def __init__(self, grace: float | None) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self.bound = StopBound(self._pending, EXIT_STOP_UNFINISHED)
+        self.grace = DEFAULT_GRACE if grace is None else grace
+        """Until the config is read (``attached``): the command line's, else the default."""
+        self.reconnect: float | None = None
+        """A shared journal's ``[journal] reconnect`` (None: SQLite, or not opened yet)."""
+        self.starting = trio.CancelScope()
+        """The start-up, cancelled by a signal that comes before the session exists."""
+        self._embedded: Embedded | None = None
+        self._journal: Journal | None = None
+        self._session: McpSession | None = None
+
+    def opened(self, embedded: Embedded, grace: float) -> None:
+        """The broker is open: its journal is what the bound's line names, its grace and
+        reconnect window what the bound counts."""
+        self._embedded, self._journal = embedded, embedded.broker.journal
+        journal = embedded.broker.config.journal
+        self.grace, self.reconnect = grace, journal.reconnect if journal.url else None
+
+    def attach(self, session: McpSession) -> None:
+        """The session a signal ends from now on."""
+        self._session = session
+
+    def arm(self) -> None:
+        """From here the stop has ``stop_bound`` seconds, whatever the journal does (the first
+        call counts; any thread)."""
+        self.bound.arm(stop_bound(self.grace, ANSWER_WAIT, self.reconnect))
+
+    def signalled(self, signum: int) -> None:
+        """SIGTERM or SIGINT, on the thread that took it (``StopSignals``): the bound starts
+        now, then the loop is asked to stop -- it may never get to it (held in a read of a
+        journal that stopped answering): the bound ends it."""
+        try:
+            self.arm()  # (may fail: no thread left to start)
+        finally:  # the stop is asked for all the same
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(self._end, signum)
+
+    def _end(self, signum: int) -> None:
+        """On the loop: the session's end (a second signal: the rest stopped at once), or the
+        start-up's (the journal closed, exit 0)."""
+        session = self._session
+        if session is None:
+            log.info("signal %d: stopping the start-up", signum)
+            self.starting.cancel()
+            return
+        log.info("signal %d: stopping (%d call(s) running)", signum, session.running)
+        session.end()
+
+    def _pending(self) -> str:
+        """The watchdog's account of what the stop still waited for (its thread)."""
+        embedded, journal = self._embedded, self._journal
+        running = embedded.running_ids() if embedded is not None else []
+        if journal is None:
+            return pending_words([], running)
+        return pending_words(journal.unanswered_writes(), running, journal.last_answered_ago())

@@ -1,0 +1,194 @@
+"""``affidavit mcp`` run embedded opens its journal itself, so its stop is bounded as the
+daemon's is (``affidavit.mcp.stop``): a journal that never answers cannot hold it for ever.
+
+Real ``affidavit mcp`` processes spoken to in raw JSON-RPC lines, with a short
+``--shutdown-grace``.  A journal write that never returns (the daemon test's hook, in a ``-c``
+script around ``affidavit.cli.main``: the writer's transaction carrying DISPATCH_STARTED holds
+before its COMMIT), then SIGTERM or the client gone: exit 74 within ``stop_bound`` and not
+before, one line naming the write and the call.  A PostgreSQL that takes every packet and never
+answers (``Proxy.freeze``) while the loop itself waits in a result read: trio's receiver, a task
+on that loop, would never hear SIGTERM; the process's own signal thread does.  A healthy stop,
+by SIGTERM or SIGINT: the call's answer goes out, exit 0, nothing critical."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.stopping.bound import EXIT_STOP_UNFINISHED, stop_bound
+from tests.broker.helpers import http_target, write_config
+from tests.daemon.kit import wait_until
+from tests.daemon.test_stop_bounded import HELD, HOLD, _through
+from tests.http.hostile import HostileServer, Peer, Reply
+from tests.postgres import Cluster, Proxy
+
+from .conftest import Remotes
+from .kit import PYTHON, WAIT
+from .test_protocol import FAST, INIT, Raw, call
+
+GRACE = 0.5
+BOUND = stop_bound(GRACE, 0.0, None)
+"""The embedded stop's phases: no answer wait of its own (``affidavit.mcp.stop``)."""
+EARLY = 0.5
+"""Under the bound: the watchdog's timer and ours started apart (a floor, not a measure)."""
+MARGIN = 20.0
+"""Beyond the bound: a loaded machine's time to notice the exit (a ceiling, not a measure)."""
+SLOW = 1.5
+"""Seconds the healthy stop's remote takes to answer, within its grace."""
+HOLD_MCP = HOLD.replace('["serve", "--config", sys.argv[1]]', '["mcp", *sys.argv[1:]]')
+
+
+@asynccontextmanager
+async def started(argv: list[str], env: dict[str, str], log: Path) -> AsyncIterator[Raw]:
+    """A real ``affidavit mcp`` process, initialized; killed at the end if still running (the
+    test then fails on its status, never hangs)."""
+    with log.open("ab") as errlog:
+        proc = await trio.lowlevel.open_process(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog, env=env
+        )
+    raw = Raw(proc, log)
+    try:
+        await raw.send(INIT)
+        await raw.answer(0)
+        await raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        yield raw
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        with trio.move_on_after(WAIT, shield=True):
+            await proc.wait()
+
+
+async def exit_within(raw: Raw, bound: float) -> tuple[int, float]:
+    """The exit status and the seconds from now to the exit (at most ``bound + MARGIN``)."""
+    started_at = time.monotonic()
+    with trio.fail_after(bound + MARGIN):
+        status = await raw.proc.wait()
+    return status, time.monotonic() - started_at
+
+
+def unfinished(log: str, bound: float) -> str:
+    """The bound's one line, checked for what every such line says."""
+    found = re.search(r"CRITICAL stop unfinished after ([\d.]+)s: .*", log)
+    assert found is not None, log
+    assert float(found.group(1)) == bound, found.group(0)
+    assert f"exiting {EXIT_STOP_UNFINISHED} without closing the journal" in found.group(0)
+    return found.group(0)
+
+
+@pytest.mark.parametrize("ending", ["SIGTERM", "end of input"])
+async def test_a_stop_held_by_a_hung_journal_write_exits_74_within_its_bound(
+    tmp_path: Path, remotes: Remotes, token: str, ending: str
+) -> None:
+    """The call's DISPATCH_STARTED write never returns: the call waits for it uncancellably,
+    and the journal's close waits for it.  Whatever ended the session -- a signal, or the
+    client gone -- the process is gone within the bound, exit 74, the write and the call named;
+    the remote was asked nothing (the request leaves only once DISPATCH_STARTED is durable)."""
+    cfg = write_config(tmp_path, remotes.targets())
+    argv = [PYTHON, "-c", HOLD_MCP, "--config", str(cfg), "--shutdown-grace", str(GRACE)]
+    async with started(argv, remotes.env(token), tmp_path / "mcp.log") as raw:
+        await raw.send(call(1, "http_request", FAST))
+        await wait_until(lambda: HELD in raw.stderr(), "the held write")
+        if ending == "SIGTERM":
+            raw.proc.send_signal(signal.SIGTERM)
+        else:
+            await raw.proc.stdin.aclose()  # type: ignore[union-attr]
+        status, elapsed = await exit_within(raw, BOUND)
+    log = raw.stderr()
+    assert status == EXIT_STOP_UNFINISHED, log
+    assert elapsed >= BOUND - EARLY, (elapsed, BOUND)
+    line = unfinished(log, BOUND)
+    iid = re.search(r"journal writes unanswered: 1 \((\S+) DISPATCH_STARTED\)", line)
+    assert iid is not None, line
+    assert f"calls still running: 1 ({iid.group(1)})" in line
+    assert token not in log
+    assert remotes.ok.requests == []
+
+
+async def test_sigterm_while_the_loop_waits_for_a_database_read_exits_74_within_its_bound(
+    tmp_path: Path, remotes: Remotes, token: str, pg: Cluster, pg_url: str
+) -> None:
+    """A shared journal whose PostgreSQL stops answering while a ``fetch_result`` reads it on
+    the event loop: the loop never runs again, so the stop is not started there (no "signal
+    15: stopping" line: that is logged on the loop) -- the process's signal thread arms the
+    bound (its ``reconnect`` of 1 s under ``CLOSE_WAIT``), which ends it: exit 74."""
+    proxy = Proxy(pg.port)
+    bound = stop_bound(GRACE, 0.0, 1.0)
+    try:
+        journal = _through(proxy, pg, pg_url, tmp_path)
+        cfg = write_config(tmp_path, remotes.targets(), journal=journal)
+        argv = [PYTHON, "-m", "affidavit", "mcp", "--config", str(cfg)]
+        argv += ["--shutdown-grace", str(GRACE)]
+        async with started(argv, remotes.env(token), tmp_path / "mcp.log") as raw:
+            await raw.send(call(1, "http_request", FAST))
+            answer: dict[str, Any] = (await raw.answer(1))["result"]["structuredContent"]
+            iid = answer["invocation_id"]
+
+            async def delivered() -> bool:
+                await raw.send(call("r", "get_record", {"invocation_id": iid}))
+                events = (await raw.answer("r"))["result"]["structuredContent"]["events"]
+                return "RESULT_DELIVERED" in {e["kind"] for e in events}
+
+            await wait_until(delivered, "the delivery recorded")
+            proxy.freeze()
+            before = proxy.swallowed
+            await raw.send(call(2, "fetch_result", {"invocation_id": iid}))
+            await wait_until(lambda: proxy.swallowed > before, "the read sent")
+            raw.proc.send_signal(signal.SIGTERM)
+            status, elapsed = await exit_within(raw, bound)
+    finally:
+        proxy.close()
+    log = raw.stderr()
+    assert status == EXIT_STOP_UNFINISHED, log
+    assert bound - EARLY <= elapsed, (elapsed, bound)
+    assert "signal 15: stopping" not in log, log  # the loop was held: the thread stopped it
+    line = unfinished(log, bound)
+    assert "the journal last finished a transaction " in line
+    assert token not in log
+    assert len(remotes.ok.requests) == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_a_healthy_stop_by_a_signal_drains_its_call_and_exits_0(
+    tmp_path: Path, token: str, remotes: Remotes, signum: signal.Signals
+) -> None:
+    """The bound ends only stops that cannot end: a call whose remote answers within the grace
+    gets its answer out, the journal closes, the watchdog is disarmed -- exit 0, no CRITICAL
+    line; SIGINT (Ctrl-C) as SIGTERM."""
+    grace = SLOW + 2.0
+
+    async def slow(peer: Peer) -> None:
+        if await peer.read_request() is not None:
+            peer.server.event("received").set()
+            await trio.sleep(SLOW)
+            await peer.respond(Reply(200, body=b"done"))
+
+    async with HostileServer.running(slow) as srv:
+        cfg = write_config(tmp_path, {"slow": http_target(srv.url)})
+        argv = [PYTHON, "-m", "affidavit", "mcp", "--config", str(cfg)]
+        argv += ["--shutdown-grace", str(grace)]
+        async with started(argv, remotes.env(token), tmp_path / "mcp.log") as raw:
+            await raw.send(
+                call(1, "http_request", {"target": "slow", "method": "GET", "path": "/"})
+            )
+            with trio.fail_after(WAIT):
+                await srv.event("received").wait()
+            raw.proc.send_signal(signum)
+            answer: dict[str, Any] = (await raw.answer(1))["result"]["structuredContent"]
+            status, _ = await exit_within(raw, stop_bound(grace, 0.0, None))
+    log = raw.stderr()
+    assert status == 0, log
+    assert answer["result"]["body"] == "done", answer
+    assert f"signal {int(signum)}: stopping (1 call(s) running)" in log
+    assert "CRITICAL" not in log and "stop unfinished" not in log, log
+    assert "grace ran out" not in log
+    assert len(srv.requests) == 1
