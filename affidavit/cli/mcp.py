@@ -5,7 +5,9 @@ With ``--socket`` or ``$AFFIDAVIT_SOCKET``, a proxy to ``affidavit serve`` that 
 sets how long calls in flight may finish once it stops (the proxy reads no config).  Runs until
 the client closes its end or SIGTERM/SIGINT arrives.  Log lines go to stderr -- stdout is the
 protocol's -- and name ids, codes and counts, never a secret.  Exit 2 when it cannot start (a
-bad config, a journal another process writes), with the reason on stderr.
+bad config, a journal another process writes), with the reason on stderr; embedded, exit 74
+when its stop ran out of its bound because the journal did not answer
+(``affidavit.mcp.stop``, docs/mcp.md).
 """
 
 from __future__ import annotations

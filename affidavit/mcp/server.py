@@ -27,7 +27,11 @@ the rest are stopped, each recorded BROKER_SHUTDOWN with what its evidence prove
 dispatched, never not_attempted), and the process exits.  After a signal the input is still read
 and answers are still written until the calls are over.  A signal once the input has ended or
 the grace runs (a host that closed the input and then signals, or a second signal) stops the
-rest at once.
+rest at once.  Embedded, the signals are taken by a thread of the process's own, never on the
+event loop (which a shared journal's read may hold), and the whole stop is bounded: past
+``stop_bound`` (the grace, the stopped calls' recording, the journal's close) the process exits
+74 with one line naming what was pending (``stop.py``).  The proxy takes them with trio's
+receiver (``_stop_on_signal``): its loop waits on no storage.
 """
 
 from __future__ import annotations
