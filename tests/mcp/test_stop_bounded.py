@@ -48,18 +48,21 @@ HOLD_MCP = HOLD.replace('["serve", "--config", sys.argv[1]]', '["mcp", *sys.argv
 
 
 @asynccontextmanager
-async def started(argv: list[str], env: dict[str, str], log: Path) -> AsyncIterator[Raw]:
-    """A real ``affidavit mcp`` process, initialized; killed at the end if still running (the
-    test then fails on its status, never hangs)."""
+async def started(
+    argv: list[str], env: dict[str, str], log: Path, initialize: bool = True
+) -> AsyncIterator[Raw]:
+    """A real ``affidavit mcp`` process, initialized (unless not ``initialize``); killed at the
+    end if still running (the test then fails on its status, never hangs)."""
     with log.open("ab") as errlog:
         proc = await trio.lowlevel.open_process(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog, env=env
         )
     raw = Raw(proc, log)
     try:
-        await raw.send(INIT)
-        await raw.answer(0)
-        await raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        if initialize:
+            await raw.send(INIT)
+            await raw.answer(0)
+            await raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         yield raw
     finally:
         if proc.returncode is None:
@@ -192,3 +195,41 @@ async def test_a_healthy_stop_by_a_signal_drains_its_call_and_exits_0(
     assert "CRITICAL" not in log and "stop unfinished" not in log, log
     assert "grace ran out" not in log
     assert len(srv.requests) == 1
+
+
+OPENED = "test hook: the broker is open, the session not begun"
+SLOW_START = f"""
+import contextlib, sys, trio
+from affidavit.mcp import backends
+
+real = backends.Embedded.open
+
+@contextlib.asynccontextmanager
+async def opening(config):
+    async with real(config) as embedded:
+        print({OPENED!r}, file=sys.stderr, flush=True)
+        await trio.sleep_forever()  # a long start-up
+        yield embedded
+
+backends.Embedded.open = opening
+from affidavit.cli import main
+sys.exit(main(["mcp", *sys.argv[1:]]))
+"""
+
+
+async def test_a_signal_before_the_session_began_ends_the_start_up_with_the_journal_closed(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """SIGTERM while the broker is open and no session has begun: the signal thread cancels the
+    start-up and the process ends through the broker's close, exit 0, nothing critical.
+    (Before, the signal's default action killed the process there: status -15.)"""
+    cfg = write_config(tmp_path, remotes.targets())
+    argv = [PYTHON, "-c", SLOW_START, "--config", str(cfg), "--shutdown-grace", str(GRACE)]
+    log = tmp_path / "mcp.log"
+    async with started(argv, remotes.env(token), log, initialize=False) as raw:
+        await wait_until(lambda: OPENED in raw.stderr(), "the start-up")
+        raw.proc.send_signal(signal.SIGTERM)
+        status, _ = await exit_within(raw, BOUND)
+    assert status == 0, raw.stderr()
+    assert "signal 15: stopping the start-up" in raw.stderr()
+    assert "CRITICAL" not in raw.stderr()
