@@ -35,8 +35,8 @@ class EventKind(StrEnum):
     request_fingerprint when a key is bound (the request alone, keyed: a same-key call under a
     changed configuration is CONFIG_CHANGED by it, not IDEMPOTENCY_MISMATCH -- absent from
     older records), idempotency contract or None, budget), session; requester ({uid}: the
-    daemon's socket peer that asked -- absent from in-process calls and older records).  The
-    contract: key,
+    daemon's socket peer that asked, or this process's user for a call made in-process --
+    absent from older records, whose results no read delivers).  The contract: key,
     scope, header, retention_s, expires_at (when the remote forgets the key) and send_window
     (seconds a retry with the target's default timeout may send: its lease; the hint says
     same_idempotency_key only while the key outlasts it -- absent from older records, which
@@ -96,9 +96,10 @@ class EventKind(StrEnum):
     """The caller's channel confirmed complete transfer.  attrs: channel (return: the envelope
     handed back in process; deliver: the daemon's or MCP's answer written whole -- for a poll
     or a reconciliation query, the poll's or the query's answer that carries its envelope;
-    fetch: a whole read by the requesting uid -- ACTION_ACCEPTED's requester, the socket peer;
-    a session is a label any caller may send and decides nothing; another uid's fetch is a read
-    and records nothing); reader ({uid}), on a fetch the daemon served.  Delivered means
+    fetch: a whole read by the requesting uid -- the latest asker's requester, the socket peer
+    or an in-process caller's own uid; a session is a label any caller may send and decides
+    nothing; another uid's fetch, or any fetch of a record naming no requester, is a read and
+    records nothing); reader ({uid}), the uid whose fetch it was.  Delivered means
     answered whole to the requesting uid.  Not a barrier: written after the hand-over
     and queued without waiting for its commit (the call returns first).  The broker's async
     reads wait for it (a fetch right after records no second delivery; a view no longer than
@@ -158,8 +159,9 @@ class EventKind(StrEnum):
     # --- retries, leases, reconciliation ---------------------------------------------------------
     RETRY_LEASE_ACQUIRED = "RETRY_LEASE_ACQUIRED"
     """A worker took the invocation's retry lease.  attrs: generation (strictly increasing),
-    holder, expires_at; requester ({uid}: the daemon's socket peer whose same-key call retries
-    -- the asker this attempt answers; absent from in-process calls and older records)."""
+    holder, expires_at; requester ({uid}: the daemon's socket peer whose same-key call retries,
+    or this process's user for an in-process one -- the asker this attempt answers; absent
+    from older records)."""
     LEASE_LOST = "LEASE_LOST"
     """A worker whose lease is no longer the invocation's was stopped: at a dispatch gate (its
     first hop's or a redirect's next hop's), or -- after its dispatch -- when what it received

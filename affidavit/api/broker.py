@@ -286,7 +286,8 @@ class Broker:
         ``JournalError`` if the stored result fails verification (never altered bytes).  A whole
         result that had not reached its caller is recorded RESULT_DELIVERED by this read (after
         ``deliver``, when given, has handed the envelope over) -- unless ``reader`` (the uid that
-        reads: the daemon's peer) is not the uid that asked for it: only a read."""
+        reads: the daemon's peer; default this process's user) is not the uid that asked for it:
+        only a read."""
         return await self._engine.fetch_result(
             invocation_id,
             from_chunk=from_chunk,

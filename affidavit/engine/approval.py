@@ -32,7 +32,6 @@ import contextlib
 import functools
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from affidavit.protocols import Binding, Prepared, get
 from affidavit.protocols.actions import ActionInvalid, fingerprint, parse_action
 from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
 
+from .asker import asker
 from .control import CallControl
 from .credential import Preamble, prepare_after
 from .recorder import Recorder
@@ -233,7 +233,7 @@ async def request_approval(
     """Write the preamble and APPROVAL_REQUESTED (the credential resolved for its version and
     injection, not yet used), then wait for the decision (``await_grant``)."""
     policy, requester = approval
-    uid = os.getuid() if requester is None else requester
+    uid = asker(requester)
     recorder, board = engine.recorder, engine.approvals
     started = trio.current_time()
     board.reserved[iid] = uid  # before the count: a concurrent request of this uid counts it

@@ -499,24 +499,28 @@ _ASKED = frozenset({E.ACTION_ACCEPTED, E.RETRY_LEASE_ACQUIRED, E.DISPATCH_LEASE_
 """The rows that start an asker's attempt, each naming its ``requester`` when one asked."""
 
 
-def requested_by(engine: Engine, record: Record, reader: int | None) -> bool:
-    """Whether the uid ``reader`` is who asked for ``record``'s invocation: the uid the latest
-    row that started an asker's attempt names (``requester``: ACTION_ACCEPTED's, or a same-key
-    retry's or a joined waiter's lease, ``_ASKED``) -- authenticated by the kernel (the daemon's
-    socket peer); a lease taken by no asker (the daemon's dispatcher) changes nothing.
-    A session is a label any caller may send: it proves nothing and decides nothing here.  A
-    record naming no requester (a call made in-process, or an older journal's) is
-    delivered by any read, as before.  One that names one is delivered only to a ``reader``
-    of that uid: an in-process reader (the operator's ``affidavit result``, an embedded MCP
-    server) passes its own (``os.getuid()``) -- on a journal shared with the daemon, a read
-    without one is not the requester's (it would record a delivery to whoever read)."""
+def _requester(engine: Engine, record: Record) -> object:
+    """The uid the latest row that started an asker's attempt names (``requester``:
+    ACTION_ACCEPTED's, or a same-key retry's or a joined waiter's lease, ``_ASKED``), or None
+    when none names one; a lease taken by no asker (the daemon's dispatcher) changes nothing."""
     requester = None
     for event in engine.journal.events(record.invocation_id):
         if event.kind in _ASKED and "requester" in event.attrs:
             requester = event.attrs["requester"]  # the latest asker's: its attempt is the answer
-    if not isinstance(requester, Mapping) or "uid" not in requester:
-        return True
-    return reader is not None and bool(requester["uid"] == reader)
+    return requester.get("uid") if isinstance(requester, Mapping) else None
+
+
+def requested_by(engine: Engine, record: Record, reader: int | None) -> bool:
+    """Whether the uid ``reader`` is who asked for ``record``'s invocation (``_requester``) --
+    authenticated by the kernel (the daemon's socket peer), or this process's user for a call
+    made in-process (``asker``).  A session is a label any caller may send: it proves nothing
+    and decides nothing here.  A record naming no requester (an older journal's) is delivered
+    to no reader: the journal does not say who asked, so no read can be shown to be the
+    asker's -- before, any uid's read recorded its delivery.  An in-process reader (the
+    operator's ``affidavit result``, an embedded MCP server) reads as its own uid
+    (``asker``)."""
+    requester = _requester(engine, record)
+    return requester is not None and reader is not None and requester == reader
 
 
 NOT_THE_REQUESTER = {
@@ -527,20 +531,30 @@ NOT_THE_REQUESTER = {
 """An envelope's ``delivery`` when another uid read a result its requester has not been
 recorded to receive (``read_by_another``)."""
 
+NO_REQUESTER = {
+    "recorded": False,
+    "why": "the record names no requester (written before requesters were recorded): no read "
+    "can be shown to be its asker's, so this one is a read, recording nothing; the journal "
+    "does not say the asker received this result",
+}
+"""An envelope's ``delivery`` when a record naming no requester was read (``read_by_another``)."""
+
 
 def read_by_another(engine: Engine, record: Record, defer: bool) -> dict[str, Any]:
-    """``record``'s stored result as read by another uid than its requester: the record as the
-    journal holds it -- its state, ``record_seq`` and every row, never a view the journal never
-    had -- with only its ``error`` judged without the RESULT_DELIVERY_FAILED rows, which are
-    about the requester's answer, not this reader's (their ``retry: fetch_result`` would send
-    this reader to fetch again, for ever): none for a committed result, the remote's own code
-    and hint for a rejection.  ``delivery`` says that this read records nothing and, if the
-    requester's answer failed, at which seq the journal says so."""
+    """``record``'s stored result as read by another uid than its requester (or by anyone, when
+    it names none: ``NO_REQUESTER``): the record as the journal holds it -- its state,
+    ``record_seq`` and every row, never a view the journal never had -- with only its ``error``
+    judged without the RESULT_DELIVERY_FAILED rows, which are about the requester's answer,
+    not this reader's (their ``retry: fetch_result`` would send this reader to fetch again, for
+    ever): none for a committed result, the remote's own code and hint for a rejection.
+    ``delivery`` says that this read records nothing and, if the requester's answer failed, at
+    which seq the journal says so."""
     recorder = engine.recorder
     events = list(engine.journal.events(record.invocation_id))
     failed = [e for e in events if e.kind is E.RESULT_DELIVERY_FAILED]
     envelope = recorder.envelope(record, whole=True, defer=defer)
-    delivery: dict[str, Any] = dict(NOT_THE_REQUESTER)
+    named = _requester(engine, record) is not None
+    delivery: dict[str, Any] = dict(NOT_THE_REQUESTER if named else NO_REQUESTER)
     if failed:
         kept = [e for e in events if e.kind is not E.RESULT_DELIVERY_FAILED]
         error = recorder.render(recorder.projected(kept, recorder.hint_now())).get("error")

@@ -49,6 +49,7 @@ from affidavit.text import named
 
 from . import approval, delivery, invocation, operations
 from .approval import ApprovalBoard
+from .asker import asker
 from .control import CallControl
 from .delivery import deliver_stored
 from .recorder import Recorder
@@ -115,8 +116,10 @@ class Engine:
         there is recorded as RESULT_DELIVERY_FAILED and the result stays fetchable.
         ``control`` (optional) lets the host running the call for a caller -- the daemon --
         withdraw or stop it, recorded with its cause at the boundary the evidence proves.
-        ``requester``: the uid asking (the daemon's socket peer; default this process's), kept
-        with an approval request -- it may not approve itself (``affidavit.approvals``).
+        ``requester``: the uid asking (the daemon's socket peer; default this process's:
+        ``asker``), recorded on ACTION_ACCEPTED and on any lease the call takes -- the uid its
+        result is delivered to (``delivery.requested_by``) -- and with an approval request: it
+        may not approve itself (``affidavit.approvals``).
         ``invocation_id``: the new invocation's id, fresh from ``new_invocation_id``.
         ``claim``: the row naming it on the record it serves (a reconciliation query's, a
         poll's), written in its first journal write, before its ACTION_ACCEPTED: refused (another
@@ -138,7 +141,15 @@ class Engine:
             check_claim(claim, invocation_id, link)
         return await self._answered(
             invocation.start(
-                self, action, timeout, deliver, link, control, requester, invocation_id, claim
+                self,
+                action,
+                timeout,
+                deliver,
+                link,
+                control,
+                asker(requester),
+                invocation_id,
+                claim,
             ),
             control,
         )
@@ -234,8 +245,9 @@ class Engine:
         byte (``NotAnswered``) raises that, nothing recorded; a resumed read (``from_chunk``)
         records nothing.  None for an unknown id -- and, unless ``operator`` (the console, the
         embedded CLI), for one a caller may not read (``callable_by_caller``): the same answer,
-        so ids cannot be probed.  ``reader``: the uid that reads (the daemon's peer); a read
-        by another uid than the call's requester records nothing (``delivery.requested_by``)."""
+        so ids cannot be probed.  ``reader``: the uid that reads (the daemon's peer; default this
+        process's: ``asker``); a read by another uid than the call's requester records nothing
+        (``delivery.requested_by``)."""
         if from_chunk is not None and from_chunk < 0:
             raise ValueError("from_chunk must be >= 0")
         if chunks is not None and (chunks < 1 or from_chunk is None):
@@ -270,7 +282,7 @@ class Engine:
                 return self.recorder.envelope(
                     record, from_chunk=from_chunk, to_chunk=to_chunk, defer=defer
                 )
-            return await deliver_stored(self, record, deliver, defer=defer, reader=reader)
+            return await deliver_stored(self, record, deliver, defer=defer, reader=asker(reader))
         finally:
             self.recorder.done()  # as a call's: nothing kept for this task once it is over
 
@@ -316,7 +328,7 @@ class Engine:
                 operation_id,
                 timeout=timeout,
                 control=control,
-                requester=requester,
+                requester=asker(requester),
                 deliver=deliver,
             )
         finally:

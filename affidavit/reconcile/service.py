@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy, check_note
 from affidavit.engine.approval import needs_approval
+from affidavit.engine.asker import asker
 from affidavit.engine.delivery import Deliver, deliver_linked, linked_deliver, taken_up
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.readable import OTHER_ORIGIN, PARTIAL_BODY, unreadable
@@ -214,7 +215,9 @@ async def query(
     record stays, linked.  ``OperatorError`` is raised only before the query is sent.
     ``deliver``: the surface's (the daemon's answer, MCP's), through which the answer is
     written -- the query's result is recorded delivered only once it was written whole
-    (``deliver_linked``); None: returned in-process, which is the transfer."""
+    (``deliver_linked``); None: returned in-process, which is the transfer.  ``requester``:
+    the uid asking (default this process's: ``asker``)."""
+    requester = asker(requester)
     record = await _unknown_at_rest(engine, invocation_id)
     target = engine.config.targets.get(record.target or "")
     spec = get(target.kind) if target is not None else None

@@ -5,24 +5,28 @@ call the daemon runs records its requester (the socket peer's uid) on ACTION_ACC
 and its answer is true for that reader -- the result as stored, ``delivery.recorded: false``,
 never RESULT_DELIVERY_FAILED's ``retry: fetch_result`` (fetching again would loop).  The
 requester's own fetch delivers it, recorded with the reader's uid; a session names no one.  A
-record without a requester (a call made in-process, an older journal) is delivered by any
-fetch, as before.  Before, any caller's fetch recorded RESULT_DELIVERED {channel: fetch}: the
-journal claimed the requester got a result another agent had read.  Through the daemon's
+call made in-process asks as this process's uid (recorded as the daemon records its peer's); a
+record naming no requester (an older journal's) is delivered to no reader.  Before, any
+caller's fetch recorded RESULT_DELIVERED {channel: fetch}: the journal claimed the requester
+got a result another agent had read.  Through the daemon's
 socket: tests/daemon/test_fetch_by_another.py."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from affidavit.api import Broker
+from affidavit.engine import invocation
 from tests.http.hostile import HostileServer, Peer, Reply, scripts
 
 from .helpers import http_target, open_broker, write_config
 
 REQUESTER = 4242
+OTHER = 7777
 ACTION = {"target": "api", "method": "GET", "path": "/thing", "session": "agentA"}
 
 
@@ -72,20 +76,57 @@ async def test_only_the_requester_s_fetch_delivers_its_result(tmp_path: Path, to
             ]
 
 
-async def test_a_record_without_a_requester_is_delivered_by_any_fetch(
+async def test_an_in_process_call_is_delivered_only_to_this_process_s_uid(
     tmp_path: Path, token: str
 ) -> None:
-    """A call made in-process (embedded: this process is its one caller), or recorded before
-    requesters were: as before."""
+    """A call made in-process (``affidavit call``, an embedded MCP server, a library) asks as
+    this process's uid: its ACTION_ACCEPTED names it, another uid's fetch (a daemon peer on a
+    shared journal) is a read, and this process's own fetch (no ``reader``: its uid) delivers
+    it.  Before, an in-process call named no requester and uid 7777's fetch recorded
+    RESULT_DELIVERED {uid: 7777}."""
     async with HostileServer.running(scripts.serve(Reply(200, body=b"done"))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         async with open_broker(cfg) as broker:
             iid = await _undelivered(broker, None)
             accepted = next(e for e in broker.events(iid) if e.kind.value == "ACTION_ACCEPTED")
-            assert "requester" not in accepted.attrs
-            await broker.fetch_result(iid, reader=REQUESTER + 1)
+            assert accepted.attrs["requester"] == {"uid": os.getuid()}
+            read = await broker.fetch_result(iid, reader=OTHER)
+            assert read is not None and read["delivery"]["recorded"] is False
             await broker.settled()
-            assert [k for k, _ in _delivery(broker, iid)][-1] == "RESULT_DELIVERED"
+            assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
+            own = await broker.fetch_result(iid)
+            assert own is not None and own["result"]["body"] == "done" and "delivery" not in own
+            await broker.settled()
+            assert _delivery(broker, iid) == [
+                ("RESULT_DELIVERY_FAILED", None),
+                ("RESULT_DELIVERED", {"uid": os.getuid()}),
+            ]
+
+
+async def test_a_record_naming_no_requester_is_delivered_to_no_reader(
+    tmp_path: Path, token: str
+) -> None:
+    """A record written before requesters were (an older journal's: made here by starting an
+    invocation below ``Engine.call``, which names this process's uid) does not say who asked:
+    no fetch can be its requester's, so every fetch -- this process's own included -- is a
+    read, and its ``delivery`` says why.  Before, any uid's fetch recorded its delivery."""
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"done"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            engine = broker._engine
+            with trio.fail_after(10):
+                envelope = await invocation.start(engine, ACTION, None, _gone)
+            engine.recorder.done()
+            iid = envelope["invocation_id"]
+            accepted = next(e for e in broker.events(iid) if e.kind.value == "ACTION_ACCEPTED")
+            assert "requester" not in accepted.attrs
+            for reader in (OTHER, None, os.getuid()):
+                read = await broker.fetch_result(iid, reader=reader)
+                assert read is not None and read["result"]["body"] == "done"
+                assert read["delivery"]["recorded"] is False
+                assert "names no requester" in read["delivery"]["why"]
+            await broker.settled()
+            assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
 
 
 async def test_another_uid_reads_a_rejection_as_the_remote_classified_it(
@@ -171,4 +212,47 @@ async def test_a_same_key_retry_s_answer_is_its_asker_s_to_fetch(
             assert _delivery(broker, iid) == [
                 ("RESULT_DELIVERY_FAILED", None),
                 ("RESULT_DELIVERED", {"uid": REQUESTER + 1}),
+            ]
+
+
+async def test_an_in_process_same_key_retry_is_this_process_s_to_fetch(
+    tmp_path: Path, token: str
+) -> None:
+    """uid 4242 asks through the daemon (outcome unknown); this process retries the same key
+    in-process and its answer is lost: the retry's RETRY_LEASE_ACQUIRED names this process's
+    uid, 4242's fetch is a read and this process's delivers it.  Before, the retry's lease
+    named no one, the requester stayed 4242's, and 4242's fetch recorded the delivery of an
+    attempt it never made."""
+    served = []
+
+    async def cut_then_serve(peer: Peer) -> None:
+        served.append(peer)
+        if len(served) == 1:  # the first attempt: applied, no answer -- outcome unknown
+            await scripts.apply_then_close()(peer)
+        else:
+            await scripts.serve(Reply(200, body=b"done"))(peer)
+
+    keyed = {"header": "Idempotency-Key", "scope": "s", "retention": "24h"}
+    action = {**ACTION, "idempotency_key": "k1"}
+    async with HostileServer.running(cut_then_serve) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=keyed)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(10):
+                first = await broker.call(action, requester=REQUESTER)
+                assert first["error"]["outcome"] == "unknown"
+                await broker.call(action, deliver=_gone)  # in-process: this process's uid
+            iid = first["invocation_id"]
+            lease = next(e for e in broker.events(iid) if e.kind.value == "RETRY_LEASE_ACQUIRED")
+            assert lease.attrs["requester"] == {"uid": os.getuid()}
+
+            read = await broker.fetch_result(iid, reader=REQUESTER)
+            assert read is not None and read["delivery"]["recorded"] is False
+            await broker.settled()
+            assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
+            own = await broker.fetch_result(iid)
+            assert own is not None and own["result"]["body"] == "done" and "delivery" not in own
+            await broker.settled()
+            assert _delivery(broker, iid) == [
+                ("RESULT_DELIVERY_FAILED", None),
+                ("RESULT_DELIVERED", {"uid": os.getuid()}),
             ]

@@ -2,9 +2,9 @@
 reaching no one), its answer carried by the next poll -- is delivered by that answer when its
 asker is the one who asked (seed: "Mark RESULT_DELIVERED only after the protocol has confirmed
 complete transfer"): RESULT_DELIVERED (channel ``deliver``) once written whole.  Another uid's
-take-up reads it, recording nothing.  Before, a taken-up poll was never recorded delivered,
-whoever's answer carried it.  A taken-up query goes through the same ``taken_up``
-(reconcile/service.py)."""
+take-up reads it, recording nothing -- a poll asked in-process is this process's uid's.
+Before, a taken-up poll was never recorded delivered, whoever's answer carried it.  A taken-up
+query goes through the same ``taken_up`` (reconcile/service.py)."""
 
 from __future__ import annotations
 
@@ -26,16 +26,24 @@ async def _written(answer: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("taker", "recorded"),
-    [(ASKER, ["RESULT_DELIVERED"]), (ASKER + 1, [])],
-    ids=["its-asker", "another-uid"],
+    ("asker", "taker", "recorded"),
+    [
+        (ASKER, ASKER, ["RESULT_DELIVERED"]),
+        (ASKER, ASKER + 1, []),
+        (None, ASKER, []),
+        (None, None, ["RESULT_DELIVERED"]),
+    ],
+    ids=["its-asker", "another-uid", "in-process-asker-another-uid", "in-process-both"],
 )
 async def test_a_taken_up_poll_is_delivered_only_to_its_asker(
-    tmp_path: Path, token: str, taker: int, recorded: list[str]
+    tmp_path: Path, token: str, asker: int | None, taker: int | None, recorded: list[str]
 ) -> None:
+    """``None``: in-process, this process's uid -- a daemon peer of another uid taking up a poll
+    asked in-process reads it (before, the in-process poll named no requester, and any
+    taker's answer recorded its delivery)."""
     async with _jobs(tmp_path) as (_srv, broker, op_id):
         with trio.fail_after(LIMIT):
-            first = await broker.poll_operation(op_id, requester=ASKER)
+            first = await broker.poll_operation(op_id, requester=asker)
             poll_id = first["poll"]["invocation_id"]
             await broker.approve(poll_id, note="read it", operator=OPS)
             assert await broker.dispatch_approved(poll_id) is not None  # stored, reaching no one
