@@ -23,6 +23,7 @@ from affidavit.api import Broker
 from affidavit.engine import invocation
 from tests.http.hostile import HostileServer, Peer, Reply, scripts
 
+from .approvalkit import OPS, approval_config
 from .helpers import http_target, open_broker, write_config
 
 REQUESTER = 4242
@@ -255,4 +256,39 @@ async def test_an_in_process_same_key_retry_is_this_process_s_to_fetch(
             assert _delivery(broker, iid) == [
                 ("RESULT_DELIVERY_FAILED", None),
                 ("RESULT_DELIVERED", {"uid": os.getuid()}),
+            ]
+
+
+async def test_a_joined_waiter_s_dispatch_is_its_to_fetch(tmp_path: Path, token: str) -> None:
+    """uid A asks for an action awaiting approval (answered pending); uid B joins it by its
+    idempotency key once approved, takes the dispatch lease -- which names B (``claim``'s
+    ``requester``) -- and B's answer is lost: B's fetch delivers it (recorded with B's uid), A's
+    is a read.  Dropping the requester from the joined wait or its claim leaves A the asker."""
+    asker, joiner = REQUESTER + 1, REQUESTER + 2  # neither is the operator (OPS, uid 4242)
+    keyed = {"header": "Idempotency-Key", "scope": "s", "retention": "24h"}
+    action = {**ACTION, "idempotency_key": "k2"}
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"done"))) as srv:
+        cfg = approval_config(tmp_path, srv.url, approval={"wait": "0s"}, idempotency=keyed)
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(10):
+                first = await broker.call(action, requester=asker)
+                assert first["error"]["code"] == "APPROVAL_PENDING"
+                iid = first["invocation_id"]
+                await broker.approve(iid, operator=OPS)
+                joined = await broker.call(action, deliver=_gone, requester=joiner)
+            assert joined["invocation_id"] == iid
+            lease = next(e for e in broker.events(iid) if e.kind.value == "DISPATCH_LEASE_ACQUIRED")
+            assert lease.attrs["requester"] == {"uid": joiner}
+            assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
+
+            read = await broker.fetch_result(iid, reader=asker)
+            assert read is not None and read["delivery"]["recorded"] is False
+            await broker.settled()
+            assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
+            own = await broker.fetch_result(iid, reader=joiner)
+            assert own is not None and own["result"]["body"] == "done" and "delivery" not in own
+            await broker.settled()
+            assert _delivery(broker, iid) == [
+                ("RESULT_DELIVERY_FAILED", None),
+                ("RESULT_DELIVERED", {"uid": joiner}),
             ]
