@@ -3,8 +3,10 @@ reaching no one), its answer carried by the next poll -- is delivered by that an
 asker is the one who asked (seed: "Mark RESULT_DELIVERED only after the protocol has confirmed
 complete transfer"): RESULT_DELIVERED (channel ``deliver``) once written whole.  Another uid's
 take-up reads it, recording nothing -- a poll asked in-process is this process's uid's.
-Before, a taken-up poll was never recorded delivered, whoever's answer carried it.  A taken-up
-query goes through the same ``taken_up`` (reconcile/service.py)."""
+Before, a taken-up poll was never recorded delivered, whoever's answer carried it.  A
+reconciliation query taken up the same way (asked, approved, sent by the dispatcher, its answer
+carried by the next query) goes through the same ``taken_up`` (reconcile/service.py): the same
+cases."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import trio
 from .approvalkit import OPS
 from .http_rows import LIMIT
 from .test_poll_approval import _jobs
+from .test_reconcile_approval import _payments
 
 ASKER = 5151
 
@@ -25,7 +28,7 @@ async def _written(answer: dict[str, Any]) -> None:
     """The answer went out whole."""
 
 
-@pytest.mark.parametrize(
+CASES = pytest.mark.parametrize(
     ("asker", "taker", "recorded"),
     [
         (ASKER, ASKER, ["RESULT_DELIVERED"]),
@@ -35,6 +38,9 @@ async def _written(answer: dict[str, Any]) -> None:
     ],
     ids=["its-asker", "another-uid", "in-process-asker-another-uid", "in-process-both"],
 )
+
+
+@CASES
 async def test_a_taken_up_poll_is_delivered_only_to_its_asker(
     tmp_path: Path, token: str, asker: int | None, taker: int | None, recorded: list[str]
 ) -> None:
@@ -51,4 +57,22 @@ async def test_a_taken_up_poll_is_delivered_only_to_its_asker(
             await broker.settled()
         assert answer["poll"]["invocation_id"] == poll_id  # taken up, not asked again
         rows = [e.kind.value for e in broker.events(poll_id)]
+        assert [k for k in rows if k.startswith("RESULT_DELIVER")] == recorded
+
+
+@CASES
+async def test_a_taken_up_query_is_delivered_only_to_its_asker(
+    tmp_path: Path, token: str, asker: int | None, taker: int | None, recorded: list[str]
+) -> None:
+    async with _payments(tmp_path) as (_srv, broker, iid):
+        with trio.fail_after(LIMIT):
+            first = await broker.reconcile(iid, query=True, requester=asker)
+            query_id = first["query"]["invocation_id"]
+            await broker.approve(query_id, note="read it", operator=OPS)
+            assert await broker.dispatch_approved(query_id) is not None  # stored, reaching no one
+            answer = await broker.reconcile(iid, query=True, requester=taker, deliver=_written)
+            await broker.settled()
+        assert answer["query"]["invocation_id"] == query_id  # taken up, not asked again
+        assert answer["reconciled"] is True
+        rows = [e.kind.value for e in broker.events(query_id)]
         assert [k for k in rows if k.startswith("RESULT_DELIVER")] == recorded
