@@ -428,10 +428,13 @@ async def deliver_linked(
     request ran with ``linked_deliver`` (None: it ran none, or took up another's) -- through
     ``deliver``, and record the linked result's delivery by it: seed, "Mark RESULT_DELIVERED
     only after the protocol has confirmed complete transfer".  The answer written whole:
-    RESULT_DELIVERED (channel ``deliver``); not: RESULT_DELIVERY_FAILED -- the result stays
-    stored, fetchable; nothing is sent again.  Only a result just stored is recorded so (a
-    fetch that delivered it meanwhile has said it); an answer carrying none (the call failed,
-    awaits an operator) is written and nothing recorded.  No ``deliver``: ``answer`` as is."""
+    RESULT_DELIVERED (channel ``deliver``) for a result awaiting delivery -- just stored, or
+    one whose earlier answer failed (a fetch cut short, another answer that carried it), as
+    ``deliver_stored`` delivers it; not: RESULT_DELIVERY_FAILED -- the result stays stored,
+    fetchable; nothing is sent again -- for a result just stored only (a failure already on
+    record says it).  A result delivered meanwhile (a fetch) records nothing more; an answer
+    carrying none (the call failed, awaits an operator) is written and nothing recorded.  No
+    ``deliver``: ``answer`` as is."""
     if deliver is None:
         return answer
     try:
@@ -439,7 +442,7 @@ async def deliver_linked(
     except Exception as exc:
         log.warning("delivery of the answer carrying %s failed: %s", linked, type(exc).__name__)
         with trio.CancelScope(shield=True):  # what happened to the answer is recorded
-            if await _just_stored(engine, linked):
+            if await _in(engine, linked, _STORED):
                 assert linked is not None
                 await _delivery_failed(engine, linked, "deliver")
         return answer
@@ -449,7 +452,7 @@ async def deliver_linked(
     # The read checkpoints only while a delivery of ``linked`` is queued or a shared journal
     # reconnects: tests/broker/test_linked_delivery_cancel.py cancels there, both paths.
     with trio.CancelScope(shield=True):
-        if await _just_stored(engine, linked):
+        if await _in(engine, linked, AWAITING_DELIVERY):
             assert linked is not None
             delivered = Event(E.RESULT_DELIVERED, linked, {"channel": "deliver"})
             await engine.recorder.deliver_later(delivered)
@@ -470,9 +473,10 @@ async def taken_up(
     return iid if requested_by(engine, record, requester) else None
 
 
-async def _just_stored(engine: Engine, iid: str | None) -> bool:
-    """Whether ``iid`` holds a result stored and not yet delivered, nor failed to be."""
-    return iid is not None and (await engine.recorder.record(iid)).state in _STORED
+async def _in(engine: Engine, iid: str | None, states: frozenset[str]) -> bool:
+    """Whether ``iid``'s record is in one of ``states`` (``_STORED``: a result stored and not
+    yet delivered, nor failed to be; ``AWAITING_DELIVERY``: or failed to be)."""
+    return iid is not None and (await engine.recorder.record(iid)).state in states
 
 
 async def _delivery_failed(engine: Engine, iid: str, channel: str) -> Record:

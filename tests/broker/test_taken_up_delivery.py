@@ -76,3 +76,33 @@ async def test_a_taken_up_query_is_delivered_only_to_its_asker(
         assert answer["reconciled"] is True
         rows = [e.kind.value for e in broker.events(query_id)]
         assert [k for k in rows if k.startswith("RESULT_DELIVER")] == recorded
+
+
+async def _gone(answer: dict[str, Any]) -> None:
+    raise ConnectionError("the caller hung up")
+
+
+async def test_a_taken_up_poll_whose_fetch_failed_is_delivered_by_the_next_answer(
+    tmp_path: Path, token: str
+) -> None:
+    """Its asker's fetch of the poll was cut (RESULT_DELIVERY_FAILED: the result stays stored,
+    fetchable); its next poll takes the poll up and that answer is written whole: delivered,
+    as a fetch would have been (any state awaiting delivery, not only one just stored).
+    Before, only a result just stored was recorded delivered by the carrying answer: nothing
+    was recorded, the journal kept saying its asker never got it.  (Two polls taking up the
+    same poll, the first one's answer cut, meet the same code.)"""
+    async with _jobs(tmp_path) as (_srv, broker, op_id):
+        with trio.fail_after(LIMIT):
+            first = await broker.poll_operation(op_id, requester=ASKER)
+            poll_id = first["poll"]["invocation_id"]
+            await broker.approve(poll_id, note="read it", operator=OPS)
+            assert await broker.dispatch_approved(poll_id) is not None  # stored, reaching no one
+            await broker.fetch_result(poll_id, reader=ASKER, deliver=_gone)
+            answer = await broker.poll_operation(op_id, requester=ASKER, deliver=_written)
+            await broker.settled()
+        assert answer["poll"]["invocation_id"] == poll_id  # taken up, not asked again
+        rows = [e.kind.value for e in broker.events(poll_id)]
+        assert [k for k in rows if k.startswith("RESULT_DELIVER")] == [
+            "RESULT_DELIVERY_FAILED",
+            "RESULT_DELIVERED",
+        ]
