@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .contract import Code, EvidenceSource
 from .events import Event, EventKind
 from .graph import can_reach, reachable
-from .rules_common import _refuse
+from .rules_common import _refuse, _reopens
 
 if TYPE_CHECKING:
     from .projection import Projector
@@ -227,6 +227,8 @@ def _on_poll(p: Projector, event: Event) -> None:
     if opened and current is not None and current != poll:
         # One poll at a time (engine/takeup.py), checked in the writing transaction.
         _refuse(p, event, f"the poll {current} is still open")
+    if opened:
+        _reopens(p, event, "poll", poll)
     unsent = attrs.get("unsent")
     if unsent is not None and (unsent is not True or opened or current != poll):
         _refuse(p, event, "attrs.unsent must be true, and close the open poll it names")
@@ -252,6 +254,7 @@ def _on_poll(p: Projector, event: Event) -> None:
         p._operation = MappingProxyType(
             {**op, "last_poll": {**last_unsent, "reason": attrs.get("reason")}, "open_poll": None}
         )
+        p._closed_calls.add(poll)
         return
     last: dict[str, Any] = {"invocation_id": poll, "seq": event.seq}
     if event.kind is E.OPERATION_POLLED:
@@ -276,6 +279,8 @@ def _on_poll(p: Projector, event: Event) -> None:
             "open_poll": open_poll,
         }
     )
+    if not opened:
+        p._closed_calls.add(poll)
 
 
 OPERATION_RULES: Mapping[EventKind, Any] = {

@@ -50,6 +50,7 @@ class Projector:
         "_batch",
         "_budget_total",
         "_budget_used",
+        "_closed_calls",
         "_code",
         "_events",
         "_evidence",
@@ -108,6 +109,10 @@ class Projector:
         """The items this invocation sent as a batch and their outcomes (``batch.py``)."""
         self._fenced: Mapping[str, Any] | None = None
         """ACTION_ACCEPTED's ``fenced``: a read-only view, set once (``Record.fenced``)."""
+        self._closed_calls: set[str] = set()
+        """The linked calls (reconciliation queries, polls) a row closed: a row naming one
+        ``open`` after it is stale and refused (``rules_common._reopens``).  The fold's own,
+        never in a record; added to only once a rule has checked its row."""
 
     @property
     def state(self) -> str:

@@ -73,6 +73,17 @@ def _refuse(p: Projector, event: Event, reason: str) -> NoReturn:
     raise ImpossibleEvent(event, p._state, reason)
 
 
+def _reopens(p: Projector, event: Event, what: str, call: object) -> None:
+    """Refuse a row naming the linked call ``call`` (``what``: its kind, for the reason) open
+    once a row closed it: its writer read the call before that row landed -- another asker took
+    it up and closed it (read its answer, or gave it up) -- and its answer is stale.  Folded,
+    it would reopen a call its record shows closed (a denied query open again) and, for a poll,
+    put the stale answer in ``last_poll`` over what the closing row read.  Only a row naming
+    ``open`` is checked: one from before rows named it folds as it was written."""
+    if call in p._closed_calls:
+        _refuse(p, event, f"the {what} {call} was closed by an earlier row; this row is stale")
+
+
 def _stale(p: Projector, event: Event, generation: object) -> NoReturn:
     """Refuse an attempt's event that names a generation other than the record's current one:
     its worker's lease was taken over (seed, "Retry code must be simple and testable": "the

@@ -19,6 +19,7 @@ from .rules_common import (
     _is_int,
     _lease_evidence,
     _refuse,
+    _reopens,
     _resolved_outcome,
 )
 
@@ -127,6 +128,7 @@ def _on_reconcile_inconclusive(p: Projector, event: Event) -> None:
         # One query at a time (affidavit/reconcile/approved.py): a query asked, or still
         # waiting for an operator, is open until a row naming it without ``open`` reads it or
         # gives it up.  Checked here, in the writing transaction: one asker wins, in any process.
+        _reopens(p, event, "reconciliation query", query)
         current = open_query(ev.get("reconcile_queries", ()), p._generation)
         if current is not None and current != query:
             _refuse(p, event, f"the reconciliation query {current} is still open")
@@ -142,6 +144,8 @@ def _on_reconcile_inconclusive(p: Projector, event: Event) -> None:
             _refuse(p, event, "attrs.not_before must be a time in seconds since the epoch")
         item["not_before"] = not_before
     ev["reconcile_queries"] = [*ev.get("reconcile_queries", ()), item]
+    if not item.get("open"):
+        p._closed_calls.add(query)
 
 
 def open_query(items: Iterable[Mapping[str, Any]], generation: int) -> str | None:

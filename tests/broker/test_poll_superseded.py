@@ -8,7 +8,9 @@ refusal was swallowed: ``{operation, poll: APPROVAL_PENDING}`` with no sign of i
 The interleaving, forced: A's poll P comes back APPROVAL_PENDING; before A's row lands an
 operator denies P and B takes P up -- closes it unsent, asks P2; A's row is refused (P2 open).
 Either P2 is still open when A reads the record (named), or it was closed (unsent, as an older
-broker would) by then."""
+broker would) by then -- or before A's row landed: no poll is open then, and A's row is refused
+all the same, for naming a poll a row already closed (before, it reopened P, denied, and put
+its stale APPROVAL_PENDING in ``last_poll``)."""
 
 from __future__ import annotations
 
@@ -38,9 +40,9 @@ async def _close_unsent(broker: Broker, iid: str, op_id: str, poll_id: str) -> N
     await broker.journal.append(row, barrier=True)
 
 
-@pytest.mark.parametrize("p2_closed", [False, True], ids=["p2-open", "p2-closed-since"])
+@pytest.mark.parametrize("p2_closed", ["open", "since", "before"], ids=lambda w: f"p2-{w}")
 async def test_a_returned_poll_whose_row_is_refused_by_another_poll_is_superseded(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, p2_closed: bool
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, p2_closed: str
 ) -> None:
     async with _jobs(tmp_path) as (srv, broker, op_id):
         iid = invocation_of(op_id)
@@ -62,6 +64,8 @@ async def test_a_returned_poll_whose_row_is_refused_by_another_poll_is_supersede
                 await broker.deny(raced[0], note="not now", operator=OPS)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(b_polls)  # B: takes P up (denied), closes it, asks P2
+                if p2_closed == "before":
+                    await _close_unsent(broker, iid, op_id, raced.pop())  # before A's row
                 try:
                     return await real_append(event, *args, **kwargs)
                 except ImpossibleEvent:
@@ -70,7 +74,12 @@ async def test_a_returned_poll_whose_row_is_refused_by_another_poll_is_supersede
             return await real_append(event, *args, **kwargs)
 
         async def record(invocation_id: str, *args: Any, **kwargs: Any) -> Any:
-            if p2_closed and refused.is_set() and len(raced) == 2 and invocation_id == iid:
+            if (
+                p2_closed == "since"
+                and refused.is_set()
+                and len(raced) == 2
+                and invocation_id == iid
+            ):
                 await _close_unsent(broker, iid, op_id, raced.pop())  # before A reads
             return await real_record(invocation_id, *args, **kwargs)
 
@@ -96,7 +105,8 @@ async def test_a_returned_poll_whose_row_is_refused_by_another_poll_is_supersede
         assert broker.events(raced[0])  # P's record stays
         after = broker.record(iid)
         assert after is not None and after.operation is not None
-        if p2_closed:
+        assert after.operation["last_poll"]["invocation_id"] != raced[0]  # A's answer is not it
+        if p2_closed != "open":
             assert after.operation["open_poll"] is None and "has closed since" in message
         else:
             now = after.operation["open_poll"]

@@ -10,7 +10,8 @@ bare ``ImpossibleEvent`` (a 500).
 The interleaving, forced: A's query Q comes back APPROVAL_PENDING; before A's row lands an
 operator denies Q and B takes Q up -- closes it unsent, asks Q2; A's row is refused (Q2 open).
 Either Q2 is still open when A reads the record (named), or it was closed (unsent, as an older
-broker would) by then."""
+broker would) by then -- or before A's row landed: no query is open then, and A's row is refused
+all the same, for naming a query a row already closed (before, it reopened Q, denied)."""
 
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ async def _close_unsent(broker: Broker, iid: str, query_id: str) -> None:
     await broker.journal.append(row, barrier=True)
 
 
-@pytest.mark.parametrize("q2_closed", [False, True], ids=["q2-open", "q2-closed-since"])
+@pytest.mark.parametrize("q2_closed", ["open", "since", "before"], ids=lambda w: f"q2-{w}")
 async def test_a_returned_query_whose_row_is_refused_by_another_query_is_superseded(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, q2_closed: bool
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, q2_closed: str
 ) -> None:
     async with _payments(tmp_path) as (srv, broker, iid):
         recorder = broker._engine.recorder
@@ -60,6 +61,8 @@ async def test_a_returned_query_whose_row_is_refused_by_another_query_is_superse
                 await broker.deny(raced[0], note="not now", operator=OPS)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(b_asks)  # B: takes Q up (denied), closes it, asks Q2
+                if q2_closed == "before":
+                    await _close_unsent(broker, iid, raced.pop())  # Q2 closes before A's row
                 try:
                     return await real_append(event, *args, **kwargs)
                 except ImpossibleEvent:
@@ -68,7 +71,12 @@ async def test_a_returned_query_whose_row_is_refused_by_another_query_is_superse
             return await real_append(event, *args, **kwargs)
 
         async def record(invocation_id: str, *args: Any, **kwargs: Any) -> Any:
-            if q2_closed and refused.is_set() and len(raced) == 2 and invocation_id == iid:
+            if (
+                q2_closed == "since"
+                and refused.is_set()
+                and len(raced) == 2
+                and invocation_id == iid
+            ):
                 await _close_unsent(broker, iid, raced.pop())  # Q2 closes before A reads
             return await real_record(invocation_id, *args, **kwargs)
 
@@ -97,7 +105,7 @@ async def test_a_returned_query_whose_row_is_refused_by_another_query_is_superse
         after = broker.record(iid)
         assert after is not None
         now = open_query(after.evidence["reconcile_queries"], after.generation)
-        if q2_closed:
+        if q2_closed != "open":
             assert now is None and "has closed since" in message, message
         else:
             assert now is not None and now != raced[0], now

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
-from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Projector
+from affidavit.statemachine import Event, EventKind, EvidenceSource, ImpossibleEvent, Projector
 
 from .lifecycle_helpers import IID
 from .test_operation_and_batch import OP_ID, with_operation
 
 E = EventKind
+S = EvidenceSource
 
 
 def _row(seq: int, poll: str, **attrs: Any) -> Event:
@@ -60,6 +61,30 @@ def test_a_poll_approved_and_read_is_counted_once() -> None:
     p.apply(_row(seq + 1, "act_p1", code="HTTP_STATUS"))  # read: closed
     op = p.record().operation
     assert op is not None and (op["polls"], op["open_poll"]) == (1, None)
+
+
+@pytest.mark.parametrize("closing", ["unsent", "read", "failed"])
+def test_a_row_naming_a_closed_poll_open_is_refused(closing: str) -> None:
+    # A stale asker's row lands after another closed its poll and no poll is open: folded, it
+    # would reopen the poll and put its stale answer in ``last_poll`` over the closing row's.
+    p, seq = _opened()
+    if closing == "read":
+        attrs = {"operation_id": OP_ID, "poll_invocation": "act_p1", "state": "pending"}
+        p.apply(Event(E.OPERATION_POLLED, IID, attrs, source=S.REMOTE_QUERY, seq=seq))
+    else:
+        unsent = {"unsent": True} if closing == "unsent" else {}
+        p.apply(_row(seq, "act_p1", code="DENIED", **unsent))
+    before = p.record()
+    for stale in (
+        _row(seq + 1, "act_p1", open=True, code="APPROVAL_PENDING"),
+        _row(seq + 1, "act_p1", open=True),
+    ):
+        with pytest.raises(ImpossibleEvent, match="act_p1 was closed by an earlier row"):
+            p.apply(stale)
+        assert p.record() == before
+    # A row from before rows named ``open`` folds as it was written.
+    p.apply(_row(seq + 1, "act_p1", code="APPROVAL_PENDING"))
+    assert p.record().operation["open_poll"] == "act_p1"  # type: ignore[index]
 
 
 def test_a_poll_awaiting_an_operator_before_open_rows_is_open() -> None:

@@ -26,6 +26,7 @@ from affidavit.statemachine import (
     Retry,
     decide,
     lease_lost_error,
+    open_query,
     render_envelope,
 )
 from affidavit.statemachine.lifecycle import INITIAL, TRANSITIONS, expand
@@ -832,6 +833,22 @@ def test_an_inconclusive_query_leaves_the_invocation_unknown_and_says_so() -> No
     inv.ev(E.RECONCILED, source=S.REMOTE_QUERY, outcome="rejected", query_invocation="act_q3")
     assert inv.rec().evidence["reconciliation"]["query_invocation"] == "act_q3"
     assert inv.refused(E.RECONCILE_INCONCLUSIVE, query_invocation="act_q4")
+
+
+def test_a_row_naming_a_closed_query_open_is_refused() -> None:
+    # A stale asker's row (its query came back awaiting an operator) lands after another
+    # asker closed that query and no other is open: folded, it would reopen a denied query.
+    inv = unknown_post()
+    q = {"query_invocation": "act_q1"}
+    inv.ev(E.RECONCILE_INCONCLUSIVE, **q, code=None, reason="asking", open=True)
+    inv.ev(E.RECONCILE_INCONCLUSIVE, **q, code="APPROVAL_DENIED", reason="unsent")
+    for stale in ({"code": "APPROVAL_PENDING"}, {"code": None, "reason": "asking"}):
+        reason = inv.refused(E.RECONCILE_INCONCLUSIVE, **q, **stale, open=True)
+        assert "act_q1 was closed by an earlier row" in reason, reason
+    # A row from before rows named ``open`` folds as it was written (the query open again).
+    inv.ev(E.RECONCILE_INCONCLUSIVE, **q, code="APPROVAL_PENDING")
+    rec = inv.rec()
+    assert open_query(rec.evidence["reconcile_queries"], rec.generation) == "act_q1"
 
 
 def test_a_reconciliation_observed_before_a_retry_took_the_lease_is_refused() -> None:
