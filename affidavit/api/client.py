@@ -246,7 +246,8 @@ class Client:
     ) -> dict[str, Any]:
         """Query a job's status resource once, in the daemon (as ``Broker.poll_operation``):
         ``{"operation", "poll"}`` (and ``"refused"``, ``POLL_SUPERSEDED``: the row leaving
-        the poll open was refused, another asker closed it meanwhile and opened another).
+        the poll open was refused, another asker closed it meanwhile and opened another, or
+        the job ended meanwhile).
         ``ApiError`` (422 ``OPERATION_ERROR``) for an unknown id or
         a job with nothing to query; (409 ``POLL_PENDING``, no field) while the operation's
         poll the target's approval covers awaits an operator or is being sent -- nothing more

@@ -344,21 +344,35 @@ async def _record_poll(
 async def _poll_refused(
     engine: Engine, iid: str, op_id: str, refused: ImpossibleEvent
 ) -> dict[str, str] | None:
-    """What the refused row of a poll that ran answers: None when the job is no longer
-    pending -- another poll finished first (the table refuses a move out of a terminal state;
-    the journal holds the answer that counted, the operation shows it); ``POLL_SUPERSEDED``
-    when the row leaving the poll open (it awaits an operator) was refused because another
-    asker closed the poll meanwhile and opened another: the poll was asked (its record stays,
-    linked) -- the message names the row that closed it and says only that this answer was not
-    recorded (``takeup.superseded``).  Any other refusal is raised: not a race, a bug."""
+    """What the refused row of a poll that ran answers: ``POLL_SUPERSEDED`` when the row
+    leaving the poll open (it awaits an operator, or is being sent) was refused because another
+    asker closed the poll meanwhile and opened another, or the job ended meanwhile: the poll
+    was asked (its record stays, linked) -- the message names the row that closed it (and the
+    one that ended the job) and says only that this answer was not recorded
+    (``takeup.superseded``).  None for any other row once the job is no longer pending --
+    another poll finished first (the table refuses a move out of a terminal state; the journal
+    holds the answer that counted, the operation shows it).  Any other refusal is raised: not
+    a race, a bug."""
     event = refused.event
     op = (await engine.recorder.record(iid)).operation or {}
-    if op.get("state") != "pending":
-        return None
     poll_id = event.attrs.get("poll_invocation")
+    opened = event.attrs.get("open") is True
+    ended = op.get("state") != "pending"
+    if ended and not opened:
+        return None
     current = op.get("open_poll")
-    if event.attrs.get("open") is not True or current == poll_id:
+    if not opened or (current == poll_id and not ended):
         raise refused
     closer = closed_by(engine, iid, "poll_invocation", poll_id)
-    text = superseded("poll", event, poll_id, closer, current)
+    end = _ended_by(engine, iid) if ended else None
+    text = superseded("poll", event, poll_id, closer, None if ended else current, end)
     return {"code": "POLL_SUPERSEDED", "message": text}
+
+
+def _ended_by(engine: Engine, iid: str) -> Event | None:
+    """The row that ended the operation: the last OPERATION_POLLED (none may follow it)."""
+    found = None
+    for event in engine.journal.events(iid):
+        if event.kind is E.OPERATION_POLLED:
+            found = event
+    return found

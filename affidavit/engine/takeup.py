@@ -181,25 +181,42 @@ def closed_by(engine: Engine, iid: str, name: str, call_id: object) -> Event | N
 
 
 def superseded(
-    what: str, refused: Event, call_id: object, closer: Event | None, now: object
+    what: str,
+    refused: Event,
+    call_id: object,
+    closer: Event | None,
+    now: object,
+    ended: Event | None = None,
 ) -> str:
     """Why the row ``refused`` leaving the linked call ``call_id`` open (its answer returned to
     its asker) was not recorded: ``closer`` (``closed_by``) closed the call meanwhile, and
-    another ``what`` (query, poll) was opened -- ``now``, when it is still open.  It claims no
-    more than the record shows: the call stays on record as asked, and what ``closer`` says
-    of it stands; only this answer was not recorded."""
+    another ``what`` (query, poll) was opened -- ``now``, when it is still open -- or the row
+    ``ended`` ended what the call serves (a poll's job).  It claims no more than the record
+    shows: the call stays on record as asked, and what ``closer`` says of it stands; only this
+    answer was not recorded."""
     if closer is None:
         closed = f"the {what} {call_id} is no longer open"
     else:
-        said = ": ".join(str(closer.attrs[k]) for k in ("code", "reason") if closer.attrs.get(k))
-        closed = f"the {what} {call_id} was closed since by seq {closer.seq}: {closer.kind.value}"
-        closed += f" ({said})" if said else ""
+        closed = f"the {what} {call_id} was closed since by {_named(closer)}"
     other = f"another {what} was opened meanwhile and has closed since"
     if isinstance(now, str):
         other = f"another {what} {now} is open"
+    if ended is not None:
+        other = f"the job ended since by {_named(ended)}"
+        closed = closed if closer is not None else f"the {what} {call_id} was not closed"
     code = refused.attrs.get("code")
     answer = f"this answer of it ({code})" if isinstance(code, str) else "this answer of it"
     return f"{closed}; {other}. Only {answer} was not recorded. {what.capitalize()} again"
+
+
+def _named(row: Event) -> str:
+    """A row as a message names it: its seq and kind, and what it says -- the state it read,
+    its code, its reason."""
+    attrs = row.attrs
+    said = [f"state {attrs['state']}"] if isinstance(attrs.get("state"), str) else []
+    said += [str(attrs[k]) for k in ("code", "reason") if attrs.get(k)]
+    text = f"seq {row.seq}: {row.kind.value}"
+    return text + (f" ({': '.join(said)})" if said else "")
 
 
 async def take_up(

@@ -343,8 +343,9 @@ READ_TOOLS: dict[str, ReadTool] = {
             "POLL_PENDING (an `api_error`: wait, nothing was sent) -- once approved the next poll "
             "sends it or reads its answer. OPERATION_ERROR: check the job by hand. A poll that ran "
             "and came back APPROVAL_PENDING while another asker closed that poll and opened "
-            "another answers `refused` {code POLL_SUPERSEDED, message} beside `poll`: this answer "
-            "was not recorded (the message names the row that closed it, which stands) -- the "
+            "another, or the job ended meanwhile, answers `refused` {code POLL_SUPERSEDED, "
+            "message} beside `poll`: this answer was not recorded (the message names the row "
+            "that closed it, which stands, or the one that ended the job) -- the "
             "APPROVAL_PENDING is not waiting on you: poll again.",
             (Param("operation_id", "the envelope's operation.id", required=True),),
             read_only=False,

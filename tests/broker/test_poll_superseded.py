@@ -115,6 +115,59 @@ async def test_a_returned_poll_whose_row_is_refused_by_another_poll_is_supersede
     assert _gets(srv) == 0  # nothing sent
 
 
+async def test_a_returned_poll_whose_row_is_refused_after_another_ended_the_job_is_superseded(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A's poll P comes back APPROVAL_PENDING; before A's row lands P is denied, B closes it,
+    # asks P2, P2 is approved, sent and reads "done": A's row is refused (the job succeeded).
+    # A's answer is not recorded, and says so -- before, {operation: succeeded, poll:
+    # APPROVAL_PENDING} with nothing saying it (the query path answers NOT_UNKNOWN here).
+    async with _jobs(tmp_path) as (srv, broker, op_id):
+        iid = invocation_of(op_id)
+        assert iid is not None
+        recorder = broker._engine.recorder
+        real_append = recorder.append
+        raced: list[str] = []  # P, then P2
+        refused = trio.Event()
+
+        async def append(event: Event, *args: Any, **kwargs: Any) -> Any:
+            if not raced and event.invocation_id == iid and event.attrs.get("open") is True:
+                raced.append(event.attrs["poll_invocation"])  # A's row for P, about to land
+                await broker.deny(raced[0], note="not now", operator=OPS)
+                asked = await broker.poll_operation(op_id)  # B: closes P, asks P2
+                raced.append(asked["poll"]["invocation_id"])
+                await broker.approve(raced[1], note="read it", operator=OPS)
+                done = await broker.poll_operation(op_id)  # B: sends P2, reads "done"
+                assert done["operation"]["state"] == "succeeded", done
+                try:
+                    return await real_append(event, *args, **kwargs)
+                except ImpossibleEvent:
+                    refused.set()
+                    raise
+            return await real_append(event, *args, **kwargs)
+
+        monkeypatch.setattr(recorder, "append", append)
+        with trio.fail_after(LIMIT):
+            answer = await broker.poll_operation(op_id)  # A
+        assert refused.is_set() and raced[0] == answer["poll"]["invocation_id"]
+        assert answer["poll"]["error"]["code"] == "APPROVAL_PENDING"  # P was asked
+        assert answer["operation"]["state"] == "succeeded"
+        code, message = answer["refused"]["code"], answer["refused"]["message"]
+        assert code == "POLL_SUPERSEDED", message
+        events = broker.events(iid)
+        (closer,) = [
+            e
+            for e in events
+            if e.attrs.get("poll_invocation") == raced[0] and "open" not in e.attrs
+        ]
+        (ended,) = [e for e in events if e.kind is E.OPERATION_POLLED]
+        assert closer.attrs.get("unsent") is True and ended.attrs["poll_invocation"] == raced[1]
+        assert f"closed since by seq {closer.seq}: " in message, message
+        assert f"seq {ended.seq}: OPERATION_POLLED (state succeeded" in message, message
+        assert "this answer of it (APPROVAL_PENDING) was not recorded" in message, message
+    assert _gets(srv) == 1  # P2 only
+
+
 async def test_a_poll_whose_row_is_refused_because_another_ended_the_job_answers_the_end(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
