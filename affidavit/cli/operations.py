@@ -5,15 +5,16 @@ tracked as operations of their own (docs/configuration.md, "Asynchronous jobs").
 naming what (``read_failure``'s words: a shared journal away "cannot be read now", then the
 journal's own).  ``operation poll`` runs one linked invocation that queries the job's status
 resource (``Broker.poll_operation``) and prints ``{"operation": ..., "poll": the poll's
-envelope or null}``.
+envelope or null}`` (and ``"refused"`` when the poll's answer was not recorded).
 
 Exit status: 0 the poll read the job's state (or the job had already ended: nothing was sent);
-1 the poll got no readable answer and the state was kept; 2 usage or config error (an unknown
-operation, or one with no status resource the broker may query), a journal that could not
-take the poll (``poll_failure``'s words, then the journal's own: a shared journal away at the
-opening too) or that could not be opened (the daemon's, unusable...: ``run_journal``'s codes,
-as ``call`` says them); 143 SIGTERM stopped it, the poll's own record closed where it stood
-(``run_journal``).
+1 the poll got no readable answer and the state was kept, or its answer was not recorded
+(``refused``, POLL_SUPERSEDED: the operation shows another asker's poll, not this one); 2
+usage or config error (an unknown operation, or one with no status resource the broker may
+query), a journal that could not take the poll (``poll_failure``'s words, then the journal's
+own: a shared journal away at the opening too) or that could not be opened (the daemon's,
+unusable...: ``run_journal``'s codes, as ``call`` says them); 143 SIGTERM stopped it, the
+poll's own record closed where it stood (``run_journal``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from affidavit.cli import (
 from affidavit.cli.call import acting, load_or_usage, run_journal
 from affidavit.cli.journal import common_options, print_json, reading
 
-__all__ = ["add_commands"]
+__all__ = ["add_commands", "poll_exit"]
 
 
 def add_commands(sub: Any) -> None:
@@ -102,6 +103,14 @@ def _poll(args: argparse.Namespace) -> int:
     # 143), a journal that cannot be opened (the daemon's, unusable) is its own code.
     answer = run_journal(main)
     sys.stdout.write(json.dumps(answer, sort_keys=True, indent=2) + "\n")
+    return poll_exit(answer)
+
+
+def poll_exit(answer: dict[str, Any]) -> int:
+    """``operation poll``'s exit status for ``answer`` (the module's list): 1 whenever it
+    carries ``refused`` -- its ``last_poll`` may then be another asker's poll, which read a
+    state this one did not (as ``reconcile`` exits 1 on ``refused``)."""
+    if "refused" in answer:
+        return 1
     last = answer["operation"]["last_poll"] or {}
-    read_a_state = answer["poll"] is None or "state" in last
-    return 0 if read_a_state else 1
+    return 0 if answer["poll"] is None or "state" in last else 1

@@ -21,6 +21,7 @@ import pytest
 import trio
 
 from affidavit.api.broker import Broker
+from affidavit.cli.operations import poll_exit
 from affidavit.engine import operations as ops
 from affidavit.statemachine import Event, EventKind, ImpossibleEvent, invocation_of
 from tests.http.hostile import HostileServer, scripts
@@ -102,6 +103,7 @@ async def test_a_returned_poll_whose_row_is_refused_by_another_poll_is_supersede
         assert f"closed since by seq {closer[0].seq}: " in message, message
         assert ops.UNSENT in message, message
         assert "this answer of it (APPROVAL_PENDING) was not recorded" in message, message
+        assert poll_exit(answer) == 1  # ``affidavit operation poll``'s exit status
         assert broker.events(raced[0])  # P's record stays
         after = broker.record(iid)
         assert after is not None and after.operation is not None
@@ -165,6 +167,8 @@ async def test_a_returned_poll_whose_row_is_refused_after_another_ended_the_job_
         assert f"closed since by seq {closer.seq}: " in message, message
         assert f"seq {ended.seq}: OPERATION_POLLED (state succeeded" in message, message
         assert "this answer of it (APPROVAL_PENDING) was not recorded" in message, message
+        # ``affidavit operation poll`` exits 1, though the operation's last poll read a state.
+        assert "state" in answer["operation"]["last_poll"] and poll_exit(answer) == 1
     assert _gets(srv) == 1  # P2 only
 
 
