@@ -368,7 +368,7 @@ READ_TOOLS: dict[str, ReadTool] = {
             "retry took it over and ended unknown again: query again), STILL_RUNNING, NOT_UNKNOWN, "
             "QUERY_SUPERSEDED (it came back APPROVAL_PENDING while another asker closed that query "
             "and opened another: this answer was not recorded, the APPROVAL_PENDING is not waiting "
-            "on you -- query again), QUERY_PENDING (another query is open).",
+            "on you -- query again).",
             (_ID,),
             read_only=False,
         ),

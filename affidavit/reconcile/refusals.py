@@ -9,9 +9,9 @@ a stable code (``OperatorError``), never the projection's bare ``ImpossibleEvent
 
 * ``STILL_RUNNING`` -- a retry runs; ``NOT_UNKNOWN`` -- it ended with a result, or another
   observer settled it; ``RETRIED_MEANWHILE`` -- it ended unknown again, under a newer attempt;
-* ``QUERY_PENDING`` -- another query of the invocation is open (one question at a time), or
-  its claim was refused while one was and that one has closed since the refusal (read a
-  moment too late to name it): nothing was asked, and querying again asks anew;
+* ``QUERY_PENDING`` -- a query's claim only (nothing of it asked or sent): another query of the
+  invocation is open (one question at a time), or was when the claim was refused and has
+  closed since the refusal (read a moment too late to name it): querying again asks anew;
 * ``QUERY_SUPERSEDED`` -- the row its asker writes once its query returned (``open``: it
   awaits an operator) was refused because another asker closed that query meanwhile and
   opened another -- open still (named), or closed since: the query was asked (its record
@@ -107,7 +107,10 @@ async def refusal(engine: Engine, refused: ImpossibleEvent, *, claim: bool = Fal
         closer = closed_by(engine, iid, "query_invocation", named)
         text = superseded("query", event, named, closer, current)
         why = OperatorError("QUERY_SUPERSEDED", text, 409)
-    elif why is None and current is not None and current != named:
+    elif why is None and claim and current is not None and current != named:
+        # Only a claim: nothing of its query was asked or sent.  Any other row naming a query
+        # other than the open one is no race the projection has (the open row is the first
+        # branch's): its refusal is raised.
         why = pending(current, iid, "is being asked")
     elif why is None and current is None and opened and claim:
         # A claim refused while another query was open, closed by the time the record was

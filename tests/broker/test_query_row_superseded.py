@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from affidavit.api.broker import Broker
-from affidavit.reconcile import approved
+from affidavit.reconcile import approved, refusals
 from affidavit.statemachine import Event, EventKind, ImpossibleEvent, open_query
 
 from .approvalkit import OPS
@@ -111,3 +111,27 @@ async def test_a_returned_query_whose_row_is_refused_by_another_query_is_superse
             assert now is not None and now != raced[0], now
             assert f"another query {now} is open" in message, message
     assert not any(r.method == "GET" for r in srv.requests)  # nothing sent
+
+
+async def test_a_refused_row_that_is_no_claim_is_never_answered_query_pending(
+    tmp_path: Path, token: str
+) -> None:
+    # QUERY_PENDING says "nothing more was asked or sent": true of a refused claim only.  A
+    # query's closing row refused while another query is open (no race the projection has:
+    # a bug) is the projection's own refusal, raised -- never a retryable QUERY_PENDING for a
+    # query that was sent.
+    async with _payments(tmp_path) as (srv, broker, iid):
+        record = broker.record(iid)
+        assert record is not None
+        at = {"generation": record.generation}
+        other = {"query_invocation": "act_q2", "code": None, "reason": "asking", "open": True}
+        await broker.journal.append(Event(E.RECONCILE_INCONCLUSIVE, iid, {**other, **at}))
+        closing = {"query_invocation": "act_q1", "code": None, "reason": "no match", **at}
+        refused = ImpossibleEvent(Event(E.RECONCILE_INCONCLUSIVE, iid, closing), "x", "a bug")
+        assert await refusals.refusal(broker._engine, refused) is refused
+        claim = ImpossibleEvent(
+            Event(E.RECONCILE_INCONCLUSIVE, iid, {**closing, "open": True}), "x", "r"
+        )
+        answer = await refusals.refusal(broker._engine, claim, claim=True)
+        assert getattr(answer, "code", None) == "QUERY_PENDING", answer  # a claim's, as before
+    assert not any(r.method == "GET" for r in srv.requests)
