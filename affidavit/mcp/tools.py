@@ -342,11 +342,11 @@ READ_TOOLS: dict[str, ReadTool] = {
             "APPROVAL_PENDING in `poll`; until it is decided and read, polling again is refused "
             "POLL_PENDING (an `api_error`: wait, nothing was sent) -- once approved the next poll "
             "sends it or reads its answer. OPERATION_ERROR: check the job by hand. A poll that ran "
-            "and came back APPROVAL_PENDING while another asker closed that poll and opened "
-            "another, or the job ended meanwhile, answers `refused` {code POLL_SUPERSEDED, "
-            "message} beside `poll`: this answer was not recorded (the message names the row "
-            "that closed it, which stands, or the one that ended the job) -- the "
-            "APPROVAL_PENDING is not waiting on you: poll again.",
+            "and came back still open (APPROVAL_PENDING, or being sent) while another asker "
+            "closed that poll and opened another, or the job ended meanwhile, answers `refused` "
+            "{code POLL_SUPERSEDED, message} beside `poll`: this answer was not recorded (the "
+            "message names the row that closed it, which stands, or the one that ended the job) "
+            "-- the poll is not waiting on you: poll again.",
             (Param("operation_id", "the envelope's operation.id", required=True),),
             read_only=False,
         ),
@@ -366,9 +366,9 @@ READ_TOOLS: dict[str, ReadTool] = {
             "ran but whose finding the record no longer takes answers `reconciled` false and "
             "`refused` {code, message} -- what the record shows now: RETRIED_MEANWHILE (a same-key "
             "retry took it over and ended unknown again: query again), STILL_RUNNING, NOT_UNKNOWN, "
-            "QUERY_SUPERSEDED (it came back APPROVAL_PENDING while another asker closed that query "
-            "and opened another: this answer was not recorded, the APPROVAL_PENDING is not waiting "
-            "on you -- query again).",
+            "QUERY_SUPERSEDED (it came back still open -- APPROVAL_PENDING, or being sent -- while "
+            "another asker closed that query and opened another: this answer was not recorded, "
+            "the query is not waiting on you -- query again).",
             (_ID,),
             read_only=False,
         ),
