@@ -285,7 +285,9 @@ def _closer(engine: Engine, record: Record, op_id: str, poll_id: str) -> Close:
             return
         attrs = {"operation_id": op_id, "poll_invocation": poll_id, "code": code}
         event = Event(E.OPERATION_POLL_FAILED, iid, {**attrs, "reason": UNSENT, "unsent": True})
-        with contextlib.suppress(ImpossibleEvent):  # no longer pending: nothing to close
+        # Refused when the poll is no longer open here: the job ended, or another asker
+        # closed this poll between the read above and this append -- nothing to close.
+        with contextlib.suppress(ImpossibleEvent):
             await engine.recorder.append(event, barrier=True)
 
     return close
