@@ -273,6 +273,8 @@ class Daemon:
         """The socket answers: a signal stops the daemon (before: it ends the start-up)."""
         self._startup = trio.CancelScope()
         """The start-up and the serving, cancelled by a signal that comes before the serving."""
+        self._over = False
+        """The journal is closed: a signal's stop that reaches the loop now has nothing to stop."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not peer_credentials_supported():
@@ -296,7 +298,9 @@ class Daemon:
         self._stop_bound = StopBound(self._pending, self.exit_when_stop_unfinished)
         if self.exit_when_stop_unfinished is not None:  # the process is ours (``serve``)
             token = trio.lowlevel.current_trio_token()
-            with StopSignals(functools.partial(self._signalled, token)):
+            # Once stopped, the process only ends: a signal then is ignored, not SIGTERM's
+            # default (killed, -15) nor trio's KeyboardInterrupt (130), with the journal closed.
+            with StopSignals(functools.partial(self._signalled, token), ignored_after=True):
                 await self._claimed(task_status)
         else:  # run inside another program: trio's receiver, a task (``stopping.signals``)
             try:
@@ -320,6 +324,7 @@ class Daemon:
             with self._startup, serving():
                 await self._run(task_status)
         finally:
+            self._over = True
             try:
                 self._stop_bound.disarm()  # the journal is closed: nothing left to bound
             finally:
@@ -340,7 +345,11 @@ class Daemon:
                 token.run_sync_soon(self._stop, signum)
 
     def _stop(self, signum: int) -> None:
-        """On the loop: a signal's stop -- the serving's (``shutdown``), or the start-up's."""
+        """On the loop: a signal's stop -- the serving's (``shutdown``), or the start-up's.
+        Nothing once the journal is closed (a signal the thread took as the daemon stopped
+        reaches the loop after "stopped")."""
+        if self._over:
+            return
         log.info("received %s", signal.Signals(signum).name)
         self.shutdown.set()
         if not self._serving:  # start-up recovery and the rest: cancelled, the journal closed

@@ -69,11 +69,15 @@ class StopSignals:
     logged (its type) and the next signal is taken all the same.  ``on_signal`` must not wait
     for the loop.  Entered and left on the main thread (``signal``'s rule); the handlers and
     the wakeup descriptor are restored at exit, the handlers first: a signal from then on goes
-    to the handler found at entry.  An entry that fails part-way (a KeyboardInterrupt
+    to the handler found at entry -- or, with ``ignored_after``, is ignored (``SIG_IGN``): a
+    process that only ends once the daemon stopped (``affidavit serve``), whose journal is
+    closed, is neither killed by SIGTERM's default action nor interrupted by trio's
+    KeyboardInterrupt on its way out.  An entry that fails part-way (a KeyboardInterrupt
     included) puts back all it did."""
 
-    def __init__(self, on_signal: Callable[[int], None]) -> None:
+    def __init__(self, on_signal: Callable[[int], None], *, ignored_after: bool = False) -> None:
         self._on_signal = on_signal
+        self._ignored_after = ignored_after
         self._thread = threading.Thread(
             target=self._take, name="affidavit-stop-signals", daemon=True
         )
@@ -108,14 +112,15 @@ class StopSignals:
         _exc: BaseException | None,
         _tb: TracebackType | None,
     ) -> None:
-        self._restore()
+        self._restore(ignored=self._ignored_after)
 
-    def _restore(self) -> None:
-        """Whatever entry did, undone: the handlers, the wakeup descriptor, then the pipe's
-        write end -- its end of file, after every signal taken before, ends the thread."""
+    def _restore(self, ignored: bool = False) -> None:
+        """Whatever entry did, undone: the handlers (``ignored``: SIG_IGN instead), the wakeup
+        descriptor, then the pipe's write end -- its end of file, after every signal taken
+        before, ends the thread."""
         try:
             for signum, handler in self._handlers.items():
-                signal.signal(signum, handler)  # type: ignore[arg-type]
+                signal.signal(signum, signal.SIG_IGN if ignored else handler)  # type: ignore[arg-type]
             if self._wakeup is not None:
                 signal.set_wakeup_fd(self._wakeup, warn_on_full_buffer=False)
         finally:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -354,6 +355,16 @@ def test_after_an_embedded_daemon_a_child_started_from_a_trio_worker_takes_sigte
     assert done.stdout.decode().strip() == f"(set(), {-signal.SIGTERM})"
 
 
+@pytest.fixture
+def serve_s_signals() -> Iterator[None]:
+    """A daemon run in this process as ``serve`` runs it leaves SIGTERM and SIGINT ignored once
+    stopped (its process only ends then): the test's process gets the handlers it had back."""
+    found = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for signum, handler in found.items():
+        signal.signal(signum, handler)
+
+
 def _watchdogs() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "affidavit-stop-bound" and t.is_alive()]
 
@@ -408,6 +419,46 @@ async def test_serve_prefixes_its_lines_when_its_stderr_is_the_journal_s_stream(
     listening = [line for line in lines if " INFO listening on " in line]
     assert listening and all(line.startswith("<6>") for line in listening), lines
     assert lines[-1].startswith("<6>") and lines[-1].endswith(" INFO stopped"), lines
+
+
+SIGNALLED_AT_THE_END = """
+import os, signal, sys
+from affidavit.daemon import stopsignals
+
+real_exit = stopsignals.StopSignals.__exit__
+signum = signal.Signals[sys.argv[2]]
+
+def exit_signalled(self, *exc):
+    os.kill(os.getpid(), signum)  # the thread takes it: its stop reaches the loop after the close
+    real_exit(self, *exc)
+    os.kill(os.getpid(), signum)  # and again once the daemon's signals are let go
+    os.kill(os.getpid(), signum)
+
+stopsignals.StopSignals.__exit__ = exit_signalled
+from affidavit.cli import main
+sys.exit(main(["serve", "--config", sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+async def test_a_signal_after_serve_closed_its_journal_changes_nothing(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """``affidavit serve`` stopped cleanly: a second SIGTERM or SIGINT just before its signals'
+    thread ends, and two once it ended, neither end the process (SIGTERM's default, trio's
+    KeyboardInterrupt: exit -15 or 130 after "stopped") nor log a stop after "stopped" -- the
+    process ends anyway, with the journal closed: exit 0, "stopped" the last line."""
+    socket = tmp_path / "s.sock"
+    config = write_daemon_config(tmp_path, api_target("http://127.0.0.1:9"), socket=socket)
+    command = [PYTHON, "-c", SIGNALLED_AT_THE_END, str(config), signum.name]
+    daemon = await start_daemon(config, socket, tmp_path / "daemon.log", None, command=command)
+    daemon.signal(signal.SIGTERM)
+    status = await daemon.wait()
+    lines = daemon.log_text().splitlines()
+    assert status == 0, lines
+    assert lines[-1].endswith(" INFO stopped"), lines
+    received = [line for line in lines if " received SIG" in line]
+    assert len(received) == 1 and received[0].endswith(" SIGTERM"), lines
 
 
 def test_arming_inside_an_arming_does_not_deadlock() -> None:
@@ -500,7 +551,10 @@ async def test_a_stop_no_signal_started_is_bounded_from_the_journal_s_close(
 
 
 async def test_a_signal_whose_bound_cannot_start_still_stops_the_daemon(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    serve_s_signals: None,
 ) -> None:
     """The daemon of ``serve`` (``exit_when_stop_unfinished`` set: its own signals' thread).
     The watchdog's thread cannot start once (the real ``Thread.start`` fails, as when no
