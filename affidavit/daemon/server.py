@@ -367,7 +367,7 @@ class Daemon:
             except BaseException:
                 # A stop no signal started (a failure, a cancellation): closing the journal,
                 # next, is bounded all the same.
-                self._arm_stop_bound()
+                self._arm_on_the_loop()
                 raise
 
     async def _broker_run(self, broker: Broker, task_status: trio.TaskStatus[None]) -> None:
@@ -491,7 +491,7 @@ class Daemon:
                 self._serving = True
                 task_status.started()
                 await self.shutdown.wait()
-                self._arm_stop_bound()
+                self._arm_on_the_loop()
                 # Stop accepting: no new connection, and the socket file goes at once (a
                 # client sees "no daemon", not a hang), before the grace starts.
                 accepting.cancel()
@@ -519,6 +519,19 @@ class Daemon:
                 self.config.journal.reconnect if shared else None,
             )
         )
+
+    def _arm_on_the_loop(self) -> None:
+        """The bound armed by the stop itself: one that cannot be (no thread left to start: a
+        cgroup's ``pids.max``) is logged by its type, and the stop goes on unbounded -- its
+        grace, its calls' recording and the journal's close are not given up for the want of
+        a watchdog, nor is the failure that started it replaced."""
+        try:
+            self._arm_stop_bound()
+        except Exception as exc:
+            log.error(
+                "the stop's bound could not be armed (%s): the stop goes on unbounded",
+                type(exc).__name__,
+            )
 
     def _pending(self) -> str:
         """The watchdog's account of what the stop still waited for (its thread)."""

@@ -15,10 +15,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import trio
 
+from affidavit.api.client import Client
 from affidavit.cli.serve import log_handler
 from affidavit.config import load_config
 from affidavit.daemon import server
@@ -33,8 +35,10 @@ from affidavit.stopping.bound import (
     stop_bound,
 )
 from affidavit.text import NAMED
+from tests.broker.helpers import TOKEN_ENV
+from tests.http.hostile import HostileServer, Peer, Reply
 
-from .kit import HUNG, PYTHON, api_target, start_daemon, write_daemon_config
+from .kit import HUNG, PYTHON, action, api_target, start_daemon, write_daemon_config
 
 WAIT = 10.0
 
@@ -592,6 +596,97 @@ async def test_a_signal_whose_bound_cannot_start_still_stops_the_daemon(
     assert not _watchdogs()
     with open(f"{tmp_path / 's.sock'}.lock", "rb") as lock:  # let go: another may take it
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+SLOW = 1.0
+"""Seconds the remote of the call in flight at the stop takes to answer (under its grace)."""
+
+
+async def test_a_stop_whose_bound_cannot_start_on_the_loop_keeps_its_grace(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    token: str,
+    serve_s_signals: None,
+) -> None:
+    """No thread can be started for the watchdog at all (as under a cgroup's ``pids.max``):
+    neither the signal's thread nor the loop can arm the bound.  The loop's failed arming is
+    logged by its type and the stop goes on unbounded -- the call in flight is given its
+    grace and answered, "stopped", ``run`` returns (before: the RuntimeError left the serving,
+    its calls cancelled without grace, and ``serve`` ended with a traceback, exit 1)."""
+    monkeypatch.setenv(TOKEN_ENV, token)
+
+    async def slow(peer: Peer) -> None:
+        if await peer.read_request() is not None:
+            peer.server.event("received").set()
+            await trio.sleep(SLOW)
+            await peer.respond(Reply(200, body=b"done"))
+
+    _no_watchdog_thread(monkeypatch)
+    caplog.set_level(logging.INFO, "affidavit.daemon")
+    socket = tmp_path / "s.sock"
+    answered: list[dict[str, Any]] = []
+
+    async def call() -> None:
+        async with Client.open(socket) as client:
+            answered.append(await client.call(action()))
+
+    async with HostileServer.running(slow) as srv:
+        config = write_daemon_config(
+            tmp_path, api_target(srv.url), socket=socket, service={"shutdown_grace": WAIT}
+        )
+        daemon = Daemon(load_config(config))
+        daemon.exit_when_stop_unfinished = EXIT_STOP_UNFINISHED
+        with trio.fail_after(3 * WAIT):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(daemon.run)
+                nursery.start_soon(call)
+                await srv.event("received").wait()
+                os.kill(os.getpid(), signal.SIGTERM)
+    said = [r.getMessage() for r in caplog.records]
+    assert "SIGTERM: the stop's bound could not be armed (RuntimeError)" in said
+    assert UNBOUNDED in said, said
+    assert not any("grace ran out" in line for line in said), said
+    assert said[-1] == "stopped"
+    (answer,) = answered
+    assert "error" not in answer and answer["result"]["body"] == "done", answer
+
+
+async def test_a_failure_whose_bound_cannot_start_is_the_failure_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failure while the journal is open arms the bound before the close; that arming
+    failing too is logged, and the failure is what ``run`` raises (before: the arming's
+    RuntimeError, raised inside the handler, replaced it)."""
+
+    def fail(_broker: object) -> None:
+        raise ValueError("a failure while serving")
+
+    monkeypatch.setattr(server, "_refuse_unusable_segments", fail)
+    _no_watchdog_thread(monkeypatch)
+    config = write_daemon_config(
+        tmp_path, api_target("http://127.0.0.1:9"), socket=tmp_path / "s.sock"
+    )
+    daemon = Daemon(load_config(config))
+    with pytest.raises(ValueError, match="a failure while serving"):
+        await daemon.run()
+    assert UNBOUNDED in [r.getMessage() for r in caplog.records]
+
+
+UNBOUNDED = "the stop's bound could not be armed (RuntimeError): the stop goes on unbounded"
+
+
+def _no_watchdog_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog's thread never starts (the real ``Thread.start`` fails, as when no thread
+    is left); every other thread does."""
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "affidavit-stop-bound":
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
 
 
 DISARM_AT_THE_BOUND = """
