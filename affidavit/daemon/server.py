@@ -81,6 +81,7 @@ from affidavit.journal.compact import NOT_A_DIRECTORY, not_a_directory, refusal_
 from affidavit.journal.exposure import serving
 from affidavit.stopping.bound import EXIT_STOP_UNFINISHED, StopBound, pending_words, stop_bound
 from affidavit.stopping.signals import StopSignals
+from affidavit.text import named
 
 from .admission import ConsoleCap, Server
 from .app import Api
@@ -117,10 +118,6 @@ daemon's own use far below it, but calls in flight hold their remotes' connectio
 ANSWER_WAIT = 5.0
 """After the calls are over, how long their answers may take to be written before the
 connections are closed."""
-
-
-LOGGED_IDS = 20
-"""Invocation ids a start-up log line names at most (``_reclaim_chunks``)."""
 
 
 async def _prune_view_readers(broker: Broker) -> None:
@@ -172,13 +169,10 @@ async def _reclaim_chunks(broker: Broker) -> None:
     if dropped:
         # A caller leaves such records by the thousand (every call it cancels mid-body): the
         # first few are named, never one log line of every id.
-        shown = ", ".join(dropped[:LOGGED_IDS])
-        more = len(dropped) - LOGGED_IDS
         log.info(
-            "start-up reclaimed the uncommitted result chunks of %d closed record(s): %s%s",
+            "start-up reclaimed the uncommitted result chunks of %d closed record(s): %s",
             len(dropped),
-            shown,
-            f" and {more} more" if more > 0 else "",
+            named(dropped),
         )
 
 
@@ -373,11 +367,11 @@ class Daemon:
     async def _broker_run(self, broker: Broker, task_status: trio.TaskStatus[None]) -> None:
         _refuse_unusable_segments(broker)
         recovered = await broker.recover()
-        if recovered:
+        if recovered:  # (as many as the reclaim's: the first few named)
             log.warning(
                 "start-up recovery closed %d record(s) a stopped broker left open: %s",
                 len(recovered),
-                ", ".join(f"{r.invocation_id} {r.outcome.value}" for r in recovered),
+                named([f"{r.invocation_id} {r.outcome.value}" for r in recovered]),
             )
         calls = self._calls = Calls(self.config.service.max_calls)
         api = Api(broker, self.policy, calls)

@@ -20,6 +20,7 @@ from affidavit.config import load_config
 from affidavit.daemon.server import Daemon
 from affidavit.journal import JournalReader
 from affidavit.journal.tables import Tables
+from affidavit.text import NAMED
 from tests.broker.helpers import TOKEN_ENV
 from tests.journal import segkit as kit
 from tests.journal.helpers import happy
@@ -97,14 +98,15 @@ async def test_start_up_returns_the_segment_bytes_of_results_that_never_committe
     kit.check(journal)
 
 
-async def test_start_up_names_the_first_records_it_reclaimed_not_every_one(
+async def test_start_up_names_the_first_records_it_recovered_and_reclaimed_not_every_one(
     tmp_path: Path, token: str
 ) -> None:
     """A caller cancelling calls mid-body leaves such records by the thousand between two
-    restarts: the log line counts them all and names the first ``LOGGED_IDS`` (20)."""
+    restarts: the recovery's line and the reclaim's count them all and name the first
+    ``NAMED`` (``affidavit.text.named``)."""
     socket = tmp_path / "affidavit.sock"
     config = write_daemon_config(tmp_path, api_target("http://127.0.0.1:9"), socket=socket)
-    iids = [f"inv-{n:02}" for n in range(23)]
+    iids = [f"inv-{n:02}" for n in range(NAMED + 3)]
     async with Broker.open(config) as broker:
         for iid in iids:
             for ev in happy(iid)[:-1]:  # through REMOTE_RESPONSE_STARTED
@@ -114,10 +116,11 @@ async def test_start_up_names_the_first_records_it_reclaimed_not_every_one(
     await wait_until(lambda: RECLAIMED in daemon.log_text(), "the start-up reclaim")  # background
     stop(daemon)
     log = daemon.log_text()
-    named = ", ".join(iids[:20])
-    line = f"reclaimed the uncommitted result chunks of 23 closed record(s): {named} and 3 more\n"
-    assert line in log, log
-    assert "inv-22" not in log.split("reclaimed the uncommitted", 1)[1].splitlines()[0]
+    n, more = len(iids), f" and {len(iids) - NAMED} more\n"
+    reclaimed = ", ".join(iids[:NAMED])
+    assert f"{RECLAIMED} {n} closed record(s): {reclaimed}{more}" in log, log
+    recovered = ", ".join(f"{iid} unknown" for iid in iids[:NAMED])
+    assert f"recovery closed {n} record(s) a stopped broker left open: {recovered}{more}" in log
 
 
 async def test_start_up_serves_while_the_reclaim_still_reads(
