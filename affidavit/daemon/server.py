@@ -290,6 +290,22 @@ class Daemon:
             except ValueError as exc:
                 raise DaemonError(f"console: {exc}") from None
         self._stop_bound = StopBound(self._pending, self.exit_when_stop_unfinished)
+        try:
+            await self._signals_taken(task_status)
+        finally:
+            # A signal may have armed the bound from the moment it exists -- before the path
+            # was claimed, before the journal opened: however the daemon ended, nothing is
+            # left to bound.
+            try:
+                self._stop_bound.disarm()
+            finally:
+                if self._lock != -1:
+                    os.close(self._lock)  # only now may another daemon take the path
+                    self._lock = -1
+        log.info("stopped")
+
+    async def _signals_taken(self, task_status: trio.TaskStatus[None]) -> None:
+        """The daemon's life with SIGTERM and SIGINT its stop's."""
         if self.exit_when_stop_unfinished is not None:  # the process is ours (``serve``)
             token = trio.lowlevel.current_trio_token()
             # Once stopped, the process only ends: a signal then is ignored, not SIGTERM's
@@ -307,22 +323,17 @@ class Daemon:
                 if len(group.exceptions) == 1:
                     raise group.exceptions[0] from None
                 raise
-        log.info("stopped")
 
     async def _claimed(self, task_status: trio.TaskStatus[None]) -> None:
-        """The daemon's life on its socket's path, the path's lock held throughout."""
-        assert self._stop_bound is not None
-        self._lock = lock = claim_socket_path(self.socket_path)
+        """The daemon's life on its socket's path, the path's lock held throughout (let go by
+        ``run``, once the bound is disarmed)."""
+        self._lock = claim_socket_path(self.socket_path)
         try:
             # (``serving``: its files' warnings: root here is the broker, journal.exposure)
             with self._startup, serving():
                 await self._run(task_status)
         finally:
-            self._over = True
-            try:
-                self._stop_bound.disarm()  # the journal is closed: nothing left to bound
-            finally:
-                os.close(lock)  # only now may another daemon take the path
+            self._over = True  # the journal is closed
 
     async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
         async for signum in signals:

@@ -24,7 +24,7 @@ from affidavit.api.client import Client
 from affidavit.cli.serve import log_handler
 from affidavit.config import load_config
 from affidavit.daemon import server
-from affidavit.daemon.server import ANSWER_WAIT, Daemon
+from affidavit.daemon.server import ANSWER_WAIT, Daemon, DaemonError
 from affidavit.stopping import bound as stopbound
 from affidavit.stopping.bound import (
     CLOSE_WAIT,
@@ -596,6 +596,37 @@ async def test_a_signal_whose_bound_cannot_start_still_stops_the_daemon(
     assert not _watchdogs()
     with open(f"{tmp_path / 's.sock'}.lock", "rb") as lock:  # let go: another may take it
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+async def test_a_bound_armed_before_the_path_is_claimed_is_disarmed_when_the_claim_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, serve_s_signals: None
+) -> None:
+    """A signal between the signals' thread's start and the socket path's claim arms the
+    bound; the claim then refused (another daemon holds the path) still disarms it -- before,
+    only a claimed path's end did, and the watchdog ended the refused process 74 later."""
+    config = write_daemon_config(
+        tmp_path, api_target("http://127.0.0.1:9"), socket=tmp_path / "s.sock"
+    )
+    daemon = Daemon(load_config(config))
+    daemon.exit_when_stop_unfinished = EXIT_STOP_UNFINISHED
+
+    def claim_signalled(_path: Path) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + WAIT
+        while daemon._stop_bound.deadline is None and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.01)
+        raise DaemonError("another daemon holds the path")
+
+    monkeypatch.setattr(server, "claim_socket_path", claim_signalled)
+    with pytest.raises(DaemonError):
+        await daemon.run()
+    watchdog = daemon._stop_bound
+    assert watchdog is not None
+    try:
+        assert watchdog.deadline is not None  # the signal armed it
+        assert not _watchdogs()
+    finally:
+        watchdog.disarm()  # (failing, not this process's end 74 later)
 
 
 SLOW = 1.0
