@@ -238,8 +238,10 @@ async def in_process(
     overrides: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[tuple[Any, Path]]:
     """A scripted remote (``HostileServer``) and a daemon whose target ``api`` is it, run in this
-    process (``Daemon.run``, as ``affidavit serve`` runs it) so that a test can fail or hold its
-    reads on cue: yields the remote and the daemon's socket, where the caller is.  The credential
+    process (``Daemon.run`` as a program embedding the daemon runs it: trio's signal receiver,
+    a watchdog that only logs -- not ``affidavit serve``'s signals' thread nor its exit 74) so
+    that a test can fail or hold its reads on cue: yields the remote and the daemon's socket,
+    where the caller is.  The credential
     is the test's own environment's (``TOKEN_ENV``).  Shut down on leaving, as ``serve`` is on
     SIGTERM.  ``overrides``: of the target's settings."""
     from affidavit.config import load_config

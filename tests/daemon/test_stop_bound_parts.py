@@ -348,10 +348,11 @@ print(trio.run(later))
 """
 
 
-def test_after_an_embedded_daemon_a_child_started_from_a_trio_worker_takes_sigterm() -> None:
+def test_after_stop_signals_a_child_started_from_a_trio_worker_takes_sigterm() -> None:
     """trio's worker threads outlive the run that made them and are shared by every run in the
-    process: one made while the daemon ran must block nothing, nor the processes it starts
-    (``trio.run_process``) -- a signal mask would have been inherited by both."""
+    process: one made while ``StopSignals`` took the signals (``affidavit serve``'s) must block
+    nothing once it is left, nor the processes it starts (``trio.run_process``) -- a signal
+    mask would have been inherited by both (the thread's first design, ``sigwait``)."""
     done = subprocess.run(
         [sys.executable, "-c", INHERITED], capture_output=True, timeout=HUNG, check=False
     )
@@ -485,9 +486,10 @@ def test_arming_inside_an_arming_does_not_deadlock() -> None:
 def test_an_arming_re_entered_on_its_own_thread_starts_one_watchdog(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Re-entered on the arming thread at the first call after its check -- no handler of
-    ours arms, but a host's Python signal handler runs between any two bytecodes: the inner
-    arming counts, the outer one starts nothing more."""
+    """Re-entered on the arming thread just after its check (at its reading of the clock) --
+    no handler of ours arms, but a host's Python signal handler runs between any two
+    bytecodes: the inner arming finds it armed (``_armed``) and returns, the outer one starts
+    the one watchdog."""
     watchdog = StopBound(lambda: "", None)
     entered: list[float] = []
 
@@ -721,20 +723,26 @@ def _no_watchdog_thread(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 DISARM_AT_THE_BOUND = """
-import sys, threading, time
-from affidavit.stopping.bound import LOG_WAIT, StopBound
+import logging, sys, threading
+from affidavit.stopping.bound import StopBound
 
 class DisarmedAsTheWaitRanOut(threading.Event):
     def wait(self, timeout=None):
         self.set()  # the journal closed, and disarm came, just as the bound ran out
         return False
 
+class Held(logging.Handler):
+    def emit(self, record):
+        print(self.format(record), file=sys.stderr, flush=True)
+        threading.Event().wait()  # then a stderr that takes nothing more: LOG_WAIT runs out
+
+logging.getLogger().addHandler(Held())
 reading = threading.Event()
 
 def pending():
     reading.set()
-    if sys.argv[1] == "once exiting":
-        time.sleep(LOG_WAIT + 0.5)  # the account is slow: the disarm comes after it started
+    if sys.argv[1] == "once exiting":  # the disarm comes once the account started
+        assert watchdog._disarmed.wait(10)
     return "slow"
 
 watchdog = StopBound(pending, 74)
@@ -745,7 +753,7 @@ else:
     watchdog.arm(0.01)
     assert reading.wait(10)
 watchdog.disarm()
-print("stopped")
+print("stopped", flush=True)  # (at once: an exit that follows cannot lose it)
 """
 
 
@@ -757,9 +765,11 @@ def test_a_disarm_as_the_bound_runs_out_either_stops_the_exit_or_waits_for_it(
     when: str, status: int, said: str
 ) -> None:
     """A disarm that lands after the watchdog's wait ran out: before the watchdog's re-check
-    (under the lock) it counts -- no exit, no CRITICAL line; once the watchdog is exiting,
-    disarm waits for the exit (``EXIT_WAIT`` at most) rather than return to a "stopped" line
-    and exit 0 while the watchdog logs "exiting 74"."""
+    (under the lock) it counts -- no exit, no CRITICAL line; once the watchdog is exiting
+    (its account of what was pending started before the disarm, and ends after it), disarm
+    waits for the exit (``EXIT_WAIT`` at most: the account, then ``LOG_WAIT`` for a line its
+    stderr does not take) rather than return to a "stopped" line and exit 0 while the
+    watchdog logs "exiting 74"."""
     done = subprocess.run(
         [sys.executable, "-c", DISARM_AT_THE_BOUND, when],
         capture_output=True,
