@@ -34,13 +34,17 @@ The stop's own signals are not forwarded: a host's loop would act on them a seco
 
 Used only where the process is the broker's own: ``affidavit serve`` (``Daemon.run`` with
 ``exit_when_stop_unfinished`` set) and ``affidavit mcp`` run embedded (``affidavit.mcp.stop``;
-its proxy, ``--socket``, keeps trio's receiver: its loop waits on no storage).  A daemon run
-inside another program -- a host's, a test's,
-two in one process, one in a forked child -- keeps trio's signal receiver: the process's
-signal handlers and wakeup descriptor are the host's, and a second owner of them (another
-daemon's ``StopSignals``, a wakeup descriptor put back by trio without our flag) is a fight
-with no right answer.  Its watchdog only logs anyway (``StopBound``: ``exit_status`` None),
-and it is armed once the loop saw the signal.
+its proxy, ``--socket``, keeps trio's receiver: its loop waits on no storage).  Both leave the
+two signals ignored once they stopped (``ignored_after``): the process only ends then.  A
+daemon run inside another program -- a host's, a test's, two in one process, one in a forked
+child -- uses trio's signal receiver instead, a second owner of the wakeup descriptor being a
+fight with no right answer (another daemon's ``StopSignals``, a wakeup descriptor put back by
+trio without our flag).  That receiver is still the daemon's, not the host's: for as long as
+``Daemon.run`` runs, SIGTERM and SIGINT stop the daemon and nothing else -- the host's own
+handlers are set aside (put back when it returns), so Ctrl-C raises no KeyboardInterrupt in the
+host meanwhile -- and of two daemons running at once only the one started last hears them
+(trio's handler for a signal is the last receiver's).  Its watchdog only logs (``StopBound``:
+``exit_status`` None), and it is armed once the loop saw the signal.
 """
 
 from __future__ import annotations
