@@ -36,7 +36,7 @@ async def run(
             await serve(daemon, transport, session, grace=DEFAULT_GRACE if grace is None else grace)
         return
     stop = EmbeddedStop(grace)
-    with StopSignals(stop.signalled):
+    with StopSignals(stop.signalled, ignored_after=True):  # (the process ends once stopped)
         try:
             with stop.starting:
                 await _embedded(config, grace, session, stop)

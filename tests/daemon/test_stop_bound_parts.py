@@ -428,7 +428,7 @@ async def test_serve_prefixes_its_lines_when_its_stderr_is_the_journal_s_stream(
 
 SIGNALLED_AT_THE_END = """
 import os, signal, sys
-from affidavit.daemon import stopsignals
+from affidavit.stopping import signals as stopsignals
 
 real_exit = stopsignals.StopSignals.__exit__
 signum = signal.Signals[sys.argv[2]]
