@@ -66,7 +66,7 @@ def _status(envelope: Mapping[str, Any]) -> str:
 
 
 def _envelope(answer: Mapping[str, Any]) -> list[str]:
-    lines = [_status(answer)]
+    lines = [_status(answer), *_marks(answer)]
     error = answer.get("error")
     if isinstance(error, Mapping):
         lines.append(str(error.get("message", "")))
@@ -83,11 +83,78 @@ def _envelope(answer: Mapping[str, Any]) -> list[str]:
             f"{json.dumps(page.get('next_chunk'))} (fetch_result from_chunk)"
         )
     if isinstance(result, Mapping):
-        for stream in ("body", "stdout", "stderr"):
+        for stream in _STREAMS:
             text = result.get(stream)
             if isinstance(text, str) and text:
                 lines.append(f"{stream}: {_cut(text)}")
     return lines
+
+
+_STREAMS = ("body", "stdout", "stderr")
+
+
+def _marks(envelope: Mapping[str, Any]) -> list[str]:
+    """What else of an envelope decides what its result is worth, one line each: every batch
+    item's outcome (docs/contract.md: per item), a result kept by reference (not shown: fetch
+    it), a delivery this read did not record, a stream given as base64 (not shown), a stream
+    not received whole (it decides nothing).  Without them a by-reference or base64 result read
+    as a 200 with an empty body, and a kept prefix as the whole body."""
+    lines = []
+    items = envelope.get("items")
+    for item in items if isinstance(items, Sequence) and not isinstance(items, str) else ():
+        if isinstance(item, Mapping):
+            lines.append(
+                f"item {json.dumps(item.get('id'))}: outcome {item.get('outcome')}, code "
+                f"{item.get('code') or 'null'}, retry {item.get('retry')}"
+            )
+    result = envelope.get("result")
+    result = result if isinstance(result, Mapping) else {}
+    ref = result.get("by_reference")
+    if isinstance(ref, Mapping):
+        streams = ref.get("streams")
+        sizes = ", ".join(
+            f"{name} {info.get('bytes')} bytes in {info.get('chunks')} chunks"
+            for name, info in (streams.items() if isinstance(streams, Mapping) else ())
+            if isinstance(info, Mapping)
+        )
+        fetch = ref.get("fetch")
+        fetch = fetch if isinstance(fetch, Mapping) else {}
+        lines.append(
+            f"by_reference: {ref.get('bytes')} bytes ({sizes}), sha256 {result.get('sha256')}, "
+            f"{ref.get('reason')}: not shown -- fetch_result invocation_id "
+            f"{fetch.get('invocation_id')} from_chunk {fetch.get('from_chunk')}"
+        )
+    delivery = envelope.get("delivery")
+    if isinstance(delivery, Mapping):
+        extra = "".join(
+            f", {k} {json.dumps(v)}" for k, v in sorted(delivery.items()) if k not in _DELIVERY
+        )
+        lines.append(
+            f"delivery: recorded {json.dumps(delivery.get('recorded'))}{extra}: "
+            f"{delivery.get('why')}"
+        )
+    for name in _STREAMS:
+        b64 = result.get(f"{name}_base64")
+        if isinstance(b64, str):
+            lines.append(
+                f"{name}_base64: {len(b64)} characters of base64 (not UTF-8): the bytes are in "
+                f"the structured content's result.{name}_base64"
+            )
+        if result.get(f"{name}_truncated"):
+            lines.append(
+                f"{name}_truncated: the {name} shown is a prefix, not the whole -- it decides "
+                "nothing"
+            )
+        withheld = result.get(f"{name}_withheld")
+        if withheld is not None:
+            lines.append(
+                f"{name}_withheld: {json.dumps(withheld, sort_keys=True, separators=(',', ':'))}"
+                f" -- the {name} was not received whole: it decides nothing"
+            )
+    return lines
+
+
+_DELIVERY = ("recorded", "why")
 
 
 def _deciding(answer: Mapping[str, Any]) -> list[str]:
@@ -103,6 +170,7 @@ def _deciding(answer: Mapping[str, Any]) -> list[str]:
         inner = answer.get(key)
         if isinstance(inner, Mapping):
             lines.append(f"{key} {inner.get('invocation_id')}: {_status(inner)}")
+            lines.extend(f"{key} {line}" for line in _marks(inner))
     op = answer.get("operation")
     if isinstance(op, Mapping):
         lines.append(f"operation {op.get('id')} state {op.get('state')}")

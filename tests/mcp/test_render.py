@@ -147,6 +147,25 @@ ROWS = [
     ),
     pytest.param(
         {
+            "reconciled": False,
+            "envelope": _env("i-8", "RECONCILE_INCONCLUSIVE", "unknown", "reconcile"),
+            "query": {
+                "invocation_id": "q-8",
+                "result": {"status": 200, "body": LONG, "body_truncated": True},
+                "evidence": {"outcome": "committed"},
+            },
+        },
+        [
+            "reconciled false",
+            "envelope i-8: error RECONCILE_INCONCLUSIVE: phase dispatch, outcome unknown, "
+            "retry reconcile",
+            "query q-8: ok: outcome committed, status 200",
+            "query body_truncated: the body shown is a prefix, not the whole -- it decides nothing",
+        ],
+        id="query_body_truncated",
+    ),
+    pytest.param(
+        {
             "invocation_id": "i-2",
             "result": {"status": 200, "body": LONG, "resume": {"from_chunk": 0, "next_chunk": 4}},
         },
@@ -174,6 +193,102 @@ ROWS = [
         },
         ["daemon error OVERLOADED: outcome not_attempted, retry backoff, retry_after 3", "busy"],
         id="api_error",
+    ),
+    pytest.param(
+        {
+            "invocation_id": "i-3",
+            "result": {
+                "status": 200,
+                "sha256": "ab12",
+                "by_reference": {
+                    "reason": "larger than the inline limit of 1048576 bytes",
+                    "bytes": 5000000,
+                    "streams": {"body": {"bytes": 5000000, "chunks": 77, "sha256": "cd34"}},
+                    "fetch": {"invocation_id": "i-3", "from_chunk": 0},
+                },
+            },
+            "evidence": {"outcome": "committed", "padding": LONG},
+        },
+        [
+            "ok: outcome committed, status 200",
+            "by_reference: 5000000 bytes (body 5000000 bytes in 77 chunks), sha256 ab12, "
+            "larger than the inline limit of 1048576 bytes: not shown -- fetch_result "
+            "invocation_id i-3 from_chunk 0",
+        ],
+        id="by_reference",
+    ),
+    pytest.param(
+        {
+            "invocation_id": "i-4",
+            "result": {"status": 200, "body_base64": "/w==" + "A" * (2 * PREVIEW)},
+            "evidence": {"outcome": "committed"},
+        },
+        [
+            "ok: outcome committed, status 200",
+            f"body_base64: {4 + 2 * PREVIEW} characters of base64 (not UTF-8): the bytes are in "
+            "the structured content's result.body_base64",
+        ],
+        id="body_base64",
+    ),
+    pytest.param(
+        {
+            "invocation_id": "i-5",
+            "result": {
+                "status": 200,
+                "body": LONG,
+                "body_truncated": True,
+                "body_withheld": {"reason": "decoded_size_limit", "content_encoding": "gzip"},
+            },
+            "evidence": {"outcome": "committed"},
+        },
+        [
+            "ok: outcome committed, status 200",
+            "body_truncated: the body shown is a prefix, not the whole -- it decides nothing",
+            'body_withheld: {"content_encoding":"gzip","reason":"decoded_size_limit"} -- the '
+            "body was not received whole: it decides nothing",
+        ],
+        id="body_truncated_withheld",
+    ),
+    pytest.param(
+        {
+            "invocation_id": "i-6",
+            "error": {
+                "code": "REMOTE_RESULT_INCOMPLETE",
+                "phase": "remote",
+                "outcome": "unknown",
+                "retry": "reconcile",
+                "message": "m",
+            },
+            "items": [
+                {"id": "a", "outcome": "committed", "code": None, "retry": "never"},
+                {"id": 7, "outcome": "rejected", "code": "REMOTE_REJECTED", "retry": "never"},
+            ],
+            "evidence": {"outcome": "unknown", "padding": LONG},
+        },
+        [
+            "error REMOTE_RESULT_INCOMPLETE: phase remote, outcome unknown, retry reconcile",
+            'item "a": outcome committed, code null, retry never',
+            "item 7: outcome rejected, code REMOTE_REJECTED, retry never",
+        ],
+        id="batch_items",
+    ),
+    pytest.param(
+        {
+            "invocation_id": "i-7",
+            "result": {"status": 200, "body": LONG},
+            "evidence": {"outcome": "committed"},
+            "delivery": {
+                "recorded": False,
+                "why": "read whole by another uid than the call's requester",
+                "requester_answer_failed_at_seq": 12,
+            },
+        },
+        [
+            "ok: outcome committed, status 200",
+            "delivery: recorded false, requester_answer_failed_at_seq 12: read whole by another "
+            "uid than the call's requester",
+        ],
+        id="delivery_by_another_uid",
     ),
 ]
 
