@@ -40,9 +40,22 @@ def render(answer: Mapping[str, Any]) -> str:
     ):
         return "\n".join(_envelope(answer))
     lines = _deciding(answer)
-    rest = {k: v for k, v in answer.items() if k != "refused"}  # shown whole above
-    lines.append(_cut(json.dumps(rest, sort_keys=True, separators=(",", ":"))))
+    # ``refused`` is shown whole above; a record opens the rest: get_record's {events, record}
+    # sorted ``events`` first, and an earlier attempt's outcome filled the cut.
+    rest = {k: answer[k] for k in sorted(answer, key=lambda k: (k != "record", k))}
+    rest.pop("refused", None)
+    lines.append(_cut(json.dumps(_sorted(rest), separators=(",", ":"))))
     return "\n".join(lines)
+
+
+def _sorted(value: Any, top: bool = True) -> Any:
+    """``value`` with every mapping's keys sorted (the top level's order kept)."""
+    if isinstance(value, Mapping):
+        keys = value if top else sorted(value, key=str)
+        return {k: _sorted(value[k], False) for k in keys}
+    if isinstance(value, list | tuple):
+        return [_sorted(v, False) for v in value]
+    return value
 
 
 def _api_error(api: Mapping[str, Any]) -> list[str]:
@@ -159,7 +172,9 @@ _DELIVERY = ("recorded", "why")
 
 def _deciding(answer: Mapping[str, Any]) -> list[str]:
     """A non-envelope answer's deciding fields, one line each: ``refused`` first, then whether
-    it reconciled, each envelope it holds, its operation's state, a listing's truncation."""
+    it reconciled, each envelope it holds, its operation's state, a listing's session and
+    truncation, a record's state, outcome, retry, code and field (get_record's, and each of
+    list_actions'), each target's name and kind."""
     lines: list[str] = []
     refused = answer.get("refused")
     if isinstance(refused, Mapping):
@@ -174,9 +189,29 @@ def _deciding(answer: Mapping[str, Any]) -> list[str]:
     op = answer.get("operation")
     if isinstance(op, Mapping):
         lines.append(f"operation {op.get('id')} state {op.get('state')}")
+    if isinstance(answer.get("session"), str):
+        lines.append(f"session {answer['session']}")
     if "truncated" in answer:
         lines.append(f"total {answer.get('total')}, truncated {json.dumps(answer['truncated'])}")
+    if isinstance(answer.get("record"), Mapping):  # get_record
+        lines.append(_record_line("record", answer["record"]))
+    for key, each in (("actions", _record_line), ("targets", _target_line)):
+        listed = answer.get(key)
+        if isinstance(listed, list):
+            lines.extend(each(key[:-1], r) for r in listed if isinstance(r, Mapping))
     return lines
+
+
+def _record_line(label: str, record: Mapping[str, Any]) -> str:
+    """A record's deciding fields (``views.record_to_json``), one line."""
+    got = {k: record.get(k) for k in ("state", "outcome", "retry", "code", "field")}
+    return f"{label} {record.get('invocation_id')}: " + ", ".join(
+        f"{k} {'null' if v is None else v}" for k, v in got.items()
+    )
+
+
+def _target_line(label: str, target: Mapping[str, Any]) -> str:
+    return f"{label} {target.get('name')}: kind {target.get('kind')}"
 
 
 def _result_line(result: Any) -> str:

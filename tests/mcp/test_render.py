@@ -112,6 +112,18 @@ def _env(iid: str, code: str, outcome: str, retry: str) -> dict[str, Any]:
     return {"invocation_id": iid, "error": error, "evidence": {"padding": LONG}}
 
 
+def _record(iid: str, state: str, outcome: str, retry: str, code: str) -> dict[str, Any]:
+    return {
+        "invocation_id": iid,
+        "state": state,
+        "outcome": outcome,
+        "retry": retry,
+        "code": code,
+        "field": None,
+        "evidence": {"padding": LONG},
+    }
+
+
 # (answer, the lines that must open its text, in order) -- every answer outgrows the cut.
 ROWS = [
     pytest.param(
@@ -177,9 +189,44 @@ ROWS = [
         id="fetch_result_page",
     ),
     pytest.param(
-        {"actions": [{"note": LONG}], "total": 120, "truncated": True},
-        ["total 120, truncated true"],
+        {
+            "session": "mcp-1",
+            "actions": [_record("i-10", "failed", "rejected", "never", "REMOTE_REJECTED")] * 2,
+            "total": 120,
+            "truncated": True,
+        },
+        [
+            "session mcp-1",
+            "total 120, truncated true",
+            "action i-10: state failed, outcome rejected, retry never, code REMOTE_REJECTED, "
+            "field null",
+            "action i-10: state failed, outcome rejected, retry never, code REMOTE_REJECTED, "
+            "field null",
+        ],
         id="list_actions_truncated",
+    ),
+    pytest.param(
+        {
+            # keys sorted, ``events`` came first: an earlier attempt's outcome, no record
+            "events": [{"kind": "RESULT_STORED", "attrs": {"outcome": "committed", "n": LONG}}],
+            "record": _record("i-9", "unknown_after_dispatch", "unknown", "reconcile", "X"),
+        },
+        [
+            "record i-9: state unknown_after_dispatch, outcome unknown, retry reconcile, "
+            "code X, field null",
+        ],
+        id="get_record",
+    ),
+    pytest.param(
+        {
+            "session": "mcp-2",
+            "targets": [
+                {"name": "api", "kind": "http", "description": LONG},
+                {"name": "box", "kind": "ssh", "description": "a host"},
+            ],
+        },
+        ["session mcp-2", "target api: kind http", "target box: kind ssh"],
+        id="list_targets",
     ),
     pytest.param(
         {
@@ -300,6 +347,15 @@ def test_what_decides_the_next_step_opens_the_text_and_the_rest_is_cut(
     text = render(answer)
     assert text.splitlines()[: len(head)] == head, text
     assert len(text) < PREVIEW + 1000, len(text)
+
+
+def test_a_record_is_shown_ahead_of_its_events() -> None:
+    """get_record answers {events, record}: the record's JSON opens the cut JSON, so the events
+    (an earlier attempt's ``outcome``) never crowd it out."""
+    events = [{"kind": "RESULT_STORED", "attrs": {"outcome": "committed"}, "n": LONG}]
+    record = _record("i-9", "unknown_after_dispatch", "unknown", "reconcile", "X")
+    json_line = render({"events": events, "record": record}).splitlines()[1]
+    assert json_line.startswith('{"record":{'), json_line
 
 
 @pytest.mark.parametrize(
