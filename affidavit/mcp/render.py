@@ -15,6 +15,7 @@ still waiting.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,18 +35,22 @@ def render(answer: Mapping[str, Any]) -> str:
     step (never cut), then an envelope's result or any other answer's compact JSON, cut."""
     api = answer.get("api_error")
     if isinstance(api, Mapping):
-        return "\n".join(_api_error(api))
+        return _lines(_api_error(api))
     if isinstance(answer.get("error"), Mapping) or (
         "result" in answer and answer.get("invocation_id") is not None
     ):
-        return "\n".join(_envelope(answer))
+        return _lines(_envelope(answer))
     lines = _deciding(answer)
     # ``refused`` is shown whole above; a record opens the rest: get_record's {events, record}
     # sorted ``events`` first, and an earlier attempt's outcome filled the cut.
     rest = {k: answer[k] for k in sorted(answer, key=lambda k: (k != "record", k))}
     rest.pop("refused", None)
     lines.append(_cut(json.dumps(_sorted(rest), separators=(",", ":"))))
-    return "\n".join(lines)
+    return _lines(lines)
+
+
+def _lines(lines: list[str]) -> str:
+    return "\n".join(map(_flat, lines))
 
 
 def _sorted(value: Any, top: bool = True) -> Any:
@@ -99,7 +104,7 @@ def _envelope(answer: Mapping[str, Any]) -> list[str]:
         for stream in _STREAMS:
             text = result.get(stream)
             if isinstance(text, str) and text:
-                lines.append(f"{stream}: {_cut(text)}")
+                lines.append(f"{stream}: {_quoted(text)}")
     return lines
 
 
@@ -227,3 +232,23 @@ def _cut(text: str) -> str:
     if len(text) <= PREVIEW:
         return text
     return text[:PREVIEW] + f"… ({len(text)} characters; the whole is in the structured content)"
+
+
+def _quoted(text: str) -> str:
+    """A stream's cut prefix as one JSON string: a remote's bytes never make a line."""
+    shown = json.dumps(text[:PREVIEW], ensure_ascii=False)
+    if len(text) <= PREVIEW:
+        return shown
+    return shown + f"… ({len(text)} characters; the whole is in the structured content)"
+
+
+_BREAKS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+"""What a reader may take for a line break or a control (C0 but the tab, DEL, C1, the line and
+paragraph separators) and lone surrogates (not UTF-8): written as ``\\uXXXX`` -- inside a
+JSON string the same character, elsewhere a text no value can break into lines."""
+
+
+def _flat(line: str) -> str:
+    """``line`` as one line: a message, an id or a path from a caller or a remote cannot print
+    a line of its own (``str.splitlines`` splits on more than newlines)."""
+    return _BREAKS.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
