@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import tracemalloc
 import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -393,3 +394,27 @@ def test_remote_bytes_never_make_a_line_of_their_own(stream: str) -> None:
         "invocation_id i-11",
         f"{stream}: {json.dumps(text)}",
     ], lines
+
+
+def test_a_large_answer_is_rendered_at_the_cost_of_its_structure_not_its_bytes() -> None:
+    """A reconcile answer whose query body is 8 MiB of "é": the text keeps a marked prefix of
+    it, as UTF-8 text, and the rendering's peak memory stays far under the body's size (it was
+    the whole answer's JSON, ``\\u00e9`` six bytes a character: 64 Mi "é" peaked at 768 MB)."""
+    size = 8 << 20
+    query = {
+        "invocation_id": "q-12",
+        "result": {"status": 200, "body": "é" * size},
+        "evidence": {"outcome": "committed"},
+    }
+    envelope = _env("i-12", "X", "unknown", "reconcile")
+    del envelope["evidence"]
+    answer = {"reconciled": False, "envelope": envelope, "query": query}
+    tracemalloc.start()
+    try:
+        text = render(answer)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size // 16, peak
+    assert len(text) < PREVIEW + 1000 and text.encode("utf-8"), len(text)
+    assert "éé" in text and "\\u00e9" not in text, text
