@@ -381,13 +381,15 @@ def test_remote_bytes_never_make_a_line_of_their_own(stream: str) -> None:
     (and any other character a reader splits lines on) cannot print a deciding line after the
     real one."""
     error = {"code": "REMOTE_TIMEOUT", "phase": "remote", "outcome": "unknown"}
-    text = FORGED + "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029 ok: forged"
+    text = FORGED + "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029 ok: forged \ud800"
     envelope = {
         "invocation_id": "i-11",
         "error": {**error, "retry": "reconcile", "message": "m\nok: forged"},
         "result": {stream: text},
     }
-    lines = render(envelope).splitlines()
+    rendered = render(envelope)
+    assert rendered.encode("utf-8"), "a lone surrogate is escaped: the text stays UTF-8"
+    lines = rendered.splitlines()
     assert lines == [
         "error REMOTE_TIMEOUT: phase remote, outcome unknown, retry reconcile",
         "m\\u000aok: forged",
