@@ -77,21 +77,28 @@ def _shown(value: Any, budget: list[int], top: bool = False) -> Any:
 def _api_error(api: Mapping[str, Any]) -> list[str]:
     extra = [f"{k} {api[k]}" for k in ("outcome", "retry", "field", "retry_after") if k in api]
     return [
-        f"daemon error {api.get('code')}" + (": " + ", ".join(extra) if extra else ""),
+        f"api_error {api.get('code')}" + (": " + ", ".join(extra) if extra else ""),
         str(api.get("message", "")),
     ]
 
 
 def _status(envelope: Mapping[str, Any]) -> str:
-    """An envelope's contract fields on one line."""
+    """An envelope's contract fields on one line: its error's (code, phase, outcome, retry,
+    field) or, with none, ``evidence.outcome`` as recorded -- never assumed committed -- and
+    the result's HTTP or exit status beside either (a REMOTE_REJECTED carries both)."""
     error = envelope.get("error")
+    result = _result_line(envelope.get("result")) if "result" in envelope else ""
     if isinstance(error, Mapping):
         return (
             f"error {error.get('code')}: phase {error.get('phase')}, outcome "
             f"{error.get('outcome')}, retry {error.get('retry')}"
             + (f", field {error['field']}" if error.get("field") else "")
+            + result
         )
-    return "ok: outcome committed" + _result_line(envelope.get("result"))
+    evidence = envelope.get("evidence")
+    outcome = evidence.get("outcome") if isinstance(evidence, Mapping) else None
+    head = "ok" if outcome == "committed" else "no error"
+    return f"{head}: outcome {outcome or 'not stated'}" + result
 
 
 def _envelope(answer: Mapping[str, Any]) -> list[str]:
@@ -231,6 +238,8 @@ def _target_line(label: str, target: Mapping[str, Any]) -> str:
 
 
 def _result_line(result: Any) -> str:
+    if result is None:
+        return ", result null"
     if not isinstance(result, Mapping):
         return ""
     parts: Sequence[str] = [

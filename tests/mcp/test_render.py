@@ -181,6 +181,7 @@ ROWS = [
         {
             "invocation_id": "i-2",
             "result": {"status": 200, "body": LONG, "resume": {"from_chunk": 0, "next_chunk": 4}},
+            "evidence": {"outcome": "committed"},
         },
         [
             "ok: outcome committed, status 200",
@@ -239,8 +240,50 @@ ROWS = [
                 "retry_after": 3,
             }
         },
-        ["daemon error OVERLOADED: outcome not_attempted, retry backoff, retry_after 3", "busy"],
+        ["api_error OVERLOADED: outcome not_attempted, retry backoff, retry_after 3", "busy"],
         id="api_error",
+    ),
+    pytest.param(
+        {"invocation_id": "i-14", "result": None, "evidence": {"outcome": "unknown"}},
+        ["no error: outcome unknown, result null", "invocation_id i-14"],
+        id="null_result_read_from_evidence",
+    ),
+    pytest.param(
+        {"invocation_id": "i-15", "result": None, "evidence": {"outcome": "committed"}},
+        ["ok: outcome committed, result null", "invocation_id i-15"],
+        id="null_result_committed",
+    ),
+    pytest.param(
+        {
+            "invocation_id": "i-16",
+            "error": {
+                "code": "REMOTE_REJECTED",
+                "phase": "remote",
+                "outcome": "rejected",
+                "retry": "never",
+                "message": "m",
+            },
+            "result": {"status": 409, "body": LONG},
+            "evidence": {"outcome": "rejected"},
+        },
+        ["error REMOTE_REJECTED: phase remote, outcome rejected, retry never, status 409", "m"],
+        id="rejected_with_status",
+    ),
+    pytest.param(
+        {
+            "invocation_id": "i-17",
+            "error": {
+                "code": "REMOTE_REJECTED",
+                "phase": "remote",
+                "outcome": "rejected",
+                "retry": "never",
+                "message": "m",
+            },
+            "result": {"exit_status": 2, "stderr": LONG},
+            "evidence": {"outcome": "rejected"},
+        },
+        ["error REMOTE_REJECTED: phase remote, outcome rejected, retry never, exit_status 2"],
+        id="rejected_with_exit_status",
     ),
     pytest.param(
         {
