@@ -1,15 +1,18 @@
 """The text block of a tool result: what an agent that reads only text sees.
 
-What decides the agent's next step comes first and is never cut: an envelope's ``error`` {code,
-phase, outcome, retry, field} (and a fetched page's ``result.resume``), an ``api_error``'s code,
-outcome, retry, field and ``retry_after``, a ``refused`` {code, message} beside a query's or a
-poll's answer (a ``reconcile_query`` or ``poll_operation`` refused after it ran:
-QUERY_SUPERSEDED, POLL_SUPERSEDED, RETRIED_MEANWHILE ...), and the status of every envelope an
-answer holds. Only the bulk behind them -- a result's body, the rest of an answer as compact
-JSON -- is cut at ``PREVIEW`` characters; the structured content keeps the whole answer. Before,
-a 4190-character reconcile answer was rendered as compact JSON with sorted keys, cut at 2000:
-``refused`` sorted last and was cut away, and the agent read the query's APPROVAL_PENDING as
-still waiting.
+What decides the agent's next step comes first, one line each, never cut (``render``): a
+``refused`` {code, message} beside a query's or a poll's answer (QUERY_SUPERSEDED,
+POLL_SUPERSEDED, RETRIED_MEANWHILE ...), whether it ``reconciled``, the status of the envelope
+and of every envelope an answer holds (``_status``: its error, or ``evidence.outcome``, and the
+result's status), what else of each decides what its result is worth (``_marks``: batch items,
+``by_reference``, ``delivery``, base64 and truncated or withheld streams), an ``api_error``'s
+code, outcome, retry, field and ``retry_after``, a fetched page's ``result.resume``, and a read
+tool's own (``_deciding``: get_record's record, each listed action and target).  Only the bulk
+behind them -- a stream as one JSON string, the rest of an answer as compact JSON with its
+strings cut first (``_shown``) -- is cut at ``PREVIEW`` characters; the structured content keeps
+the whole answer.  No value makes a line of its own (``_flat``).  Before, a 4190-character
+reconcile answer was rendered as compact JSON with sorted keys, cut at 2000: ``refused`` sorted
+last and was cut away, and the agent read the query's APPROVAL_PENDING as still waiting.
 """
 
 from __future__ import annotations

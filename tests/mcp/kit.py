@@ -28,6 +28,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.shared.message import SessionMessage
 
+from affidavit.mcp.render import render
 from tests.broker.helpers import TOKEN_ENV
 
 __all__ = ["PYTHON", "WAIT", "Connected", "connected", "env_without_secrets", "structured"]
@@ -59,10 +60,12 @@ class Connected:
 
 
 def structured(result: Any) -> dict[str, Any]:
-    """The result's structured content, checked to be what its text block renders from."""
+    """The result's structured content, checked to be what its text block renders from: every
+    end-to-end call checks the text an agent reads (``affidavit/mcp/render.py``)."""
     content = result.structured_content
     assert isinstance(content, dict), result
-    assert result.content and result.content[0].type == "text"
+    assert result.content and result.content[0].type == "text", result
+    assert result.content[0].text == render(content), (result.content[0].text, content)
     return content
 
 
