@@ -76,6 +76,11 @@ MAX_NODES = 11_000
 broker refuses more, journaled) and room for JSON-RPC's own members.  Counted before any
 parser runs (``strictjson.prescan``): a 7 MiB ``[{},{},...]`` took 2.0 s of the loop, 0.013 s
 refused so (tests/benchmarks/mcp_lines.py)."""
+OFF_LOOP = 256 * 1024
+"""A longer message is scanned (``_over_bounds``) in a worker thread: a hostile 64 MiB line
+takes seconds to read for its id (``strictjson.members``), which on the event loop stalled
+every embedded call, lease and answer meanwhile.  A shorter one takes the loop for tens of
+milliseconds at most: it stays there, sparing the common small message a thread's hop."""
 MAX_DIGITS = 4300
 """Nor does it read longer integers (Python's own bound for ``int(str)``)."""
 
@@ -245,11 +250,13 @@ class StdioTransport:
         self, line: bytes, out: MemoryObjectSendStream[SessionMessage | Exception]
     ) -> None:
         """Pass one line to the server, or answer it here: malformed, or a duplicate id."""
-        text = line.decode("utf-8", "surrogateescape")
-        try:  # before any parser builds it: pydantic's and ours (``_ambiguous``) each read it
-            strictjson.prescan(text, MAX_DEPTH, MAX_NODES)
-        except strictjson.TooLarge as exc:
-            fault = _too_large(text, exc)
+        # Bounded before any parser builds it: pydantic's and ours (``_ambiguous``) each read it.
+        scan = partial(_over_bounds, line.decode("utf-8", "surrogateescape"))
+        if len(line) > OFF_LOOP:  # abandoned if cancelled: it only reads a str of its own
+            refused, fault = await trio.to_thread.run_sync(scan, abandon_on_cancel=True)
+        else:
+            refused, fault = scan()
+        if refused:
             if fault is not None:
                 await self._refuse(*fault)
             else:
@@ -474,6 +481,16 @@ def _ambiguous(line: bytes) -> tuple[str, str] | None:
     return None
 
 
+def _over_bounds(text: str) -> tuple[bool, tuple[int, Any, str] | None]:
+    """Whether ``strictjson.prescan`` refuses the message, and if so the error that answers it
+    (``_too_large``)."""
+    try:
+        strictjson.prescan(text, MAX_DEPTH, MAX_NODES)
+    except strictjson.TooLarge as exc:
+        return True, _too_large(text, exc)
+    return False, None
+
+
 def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | None:
     """The error that answers a message ``strictjson.prescan`` refused, read without a parse
     (Python's recurses: past ~1000 levels a RecursionError, once answered under id null though
@@ -527,7 +544,9 @@ def _in_arguments(text: str, found: list[tuple[str | None, int]], at: int) -> bo
         method = json.JSONDecoder().raw_decode(text, values["method"])[0]
     except (ValueError, RecursionError):  # not a string: nested past the parser
         return False
-    inner = strictjson.members(text, values["params"]).found
+    # Only members before ``at`` can hold it: the scan stops there (the text past it was read
+    # once already, by ``_too_large``'s).
+    inner = strictjson.members(text, values["params"], until=at).found
     where = next((name for name, start in reversed(inner) if start <= at), None)
     return method == "tools/call" and where == "arguments"
 

@@ -9,13 +9,18 @@ first (a message over the bounds is refused there, unparsed), then the same two 
 within them.  Lines: ``wide`` (7 MiB of ``[{},{},...]`` in a tool's arguments: refused after),
 ``body`` (a 6 MiB string body: within the bounds, so ``after`` adds the scan to both parses).
 Also the line splitter: 20,000 lines of 512 bytes in one buffer, split by slicing off the rest
-per line (before) and by offset (after).  A script, not a test: it prints figures and asserts
-nothing about time.
+per line (before) and by offset (after).  And reading an oversized message for its id
+(``transport._over_bounds``: ``prescan``, then ``strictjson.members``), once each, before: the
+brackets between strings walked one by one, and a tool's ``params`` read again to their end --
+after: by runs, and ``params`` read only up to the fault.  Lines: ``nest16`` (``[``*N ``]``*N in
+params), ``pairs16`` (``[[],[],...]`` in params), ``args64`` (``[``*N ``]``*N in a tool's
+arguments, 64 MiB).  A script, not a test: it prints figures and asserts nothing about time.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import mcp_types as types
 
 from affidavit import strictjson
+from affidavit.mcp import transport
 from affidavit.mcp.transport import MAX_DEPTH, MAX_NODES, _ambiguous
 
 
@@ -55,6 +61,40 @@ def after(line: bytes) -> None:
     except strictjson.TooLarge:
         return
     before(line)
+
+
+PING = '{"jsonrpc":"2.0","id":1,"method":"ping","params":%s}'
+HALF = 8 << 20
+OVERSIZED = {
+    "nest16": PING % ("[" * HALF + "]" * HALF),
+    "pairs16": PING % ("[" + "[]," * (2 * HALF // 3) + "[]]"),
+    "args64": message(b'{"h":' + b"[" * (4 * HALF - 64) + b"]" * (4 * HALF - 64) + b"}").decode(),
+}
+
+
+BRACKET = re.compile(r"[\[\]{}]")
+
+
+def per_bracket(text: str, pos: int, end: int, depth: int) -> int | None:
+    """``strictjson._closing`` before: every bracket one step."""
+    for m in BRACKET.finditer(text, pos, end):
+        depth += 1 if m.group() in "[{" else -1
+        if depth == 0:
+            return m.end()
+    return None
+
+
+def ids_before(text: str) -> object:
+    members, closing = strictjson.members, strictjson._closing
+
+    def whole(text: str, pos: int = 0, until: int | None = None) -> strictjson.Members:
+        return members(text, pos)  # ``until`` unknown: params read to their end
+
+    strictjson._closing, strictjson.members = per_bracket, whole  # type: ignore[assignment]
+    try:
+        return transport._over_bounds(text)
+    finally:
+        strictjson._closing, strictjson.members = closing, members
 
 
 def split_slicing(buffer: bytearray) -> int:
@@ -97,6 +137,13 @@ def main() -> None:
     new = best(lambda: split_offset(bytearray(lines)), repeat)
     mib = len(lines) / 2**20
     print(f"{'split':<10} {mib:5.1f} {old:9.3f} {new:9.3f} {old / new:12.1f}x")
+    for name, text in OVERSIZED.items():
+        t = time.perf_counter()
+        answer = ids_before(text)
+        old, t = time.perf_counter() - t, time.perf_counter()
+        assert transport._over_bounds(text) == answer, name  # the same answer, sooner
+        new = time.perf_counter() - t
+        print(f"{name:<10} {len(text) / 2**20:5.1f} {old:9.3f} {new:9.3f} {old / new:12.1f}x")
 
 
 if __name__ == "__main__":

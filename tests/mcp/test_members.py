@@ -9,12 +9,15 @@ answered so by the parser's path (tests/mcp/test_protocol.py's MALFORMED)."""
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
 from affidavit import strictjson
-from affidavit.mcp.transport import MAX_DEPTH, MAX_NODES, _too_large
+from affidavit.mcp.transport import MAX_DEPTH, MAX_LINE, MAX_NODES, StdioTransport, _too_large
 
 DEEP = "[" * 300 + "]" * 300
 
@@ -70,6 +73,16 @@ def test_members_stop_at_the_bracket_that_closes_the_object() -> None:
     assert (found.found, found.end) == ([("a", 5)], "more")
 
 
+def test_members_read_until_a_point_leave_the_rest_unread() -> None:
+    """``until``: how ``_in_arguments`` reads a tool's params only up to where the bound was
+    passed (the rest was read once, for the id)."""
+    text = '{"name":"x","arguments":{"a":[[]]},"_meta":{}}'
+    until = text.index("[[")
+    found = strictjson.members(text, 0, until)
+    assert (found.found, found.end) == ([("name", 8), ("arguments", 24)], "cut")
+    assert strictjson.members(text).found[-1] == ("_meta", 43)
+
+
 def test_a_request_whose_id_lies_past_the_strings_read_is_answered_under_null() -> None:
     """``members`` stops after ``MEMBER_STRINGS`` strings and says so: a message with "method"
     seen but no "id" yet was taken for a notification and ignored -- the client waited."""
@@ -109,3 +122,69 @@ def test_a_bound_passed_in_a_tool_s_arguments_is_payload_limit_at_action(
     assert found[:2] == (-32602, 8), found
     assert found[2].startswith("PAYLOAD_LIMIT at action: ") is payload_limit, found
     assert "nested deeper than 200 levels" in found[2], found
+
+
+def per_bracket(text: str, depth: int) -> int | None:
+    """Where ``depth`` comes to 0, bracket by bracket (``strictjson._closing`` reads runs)."""
+    for i, char in enumerate(text):
+        depth += 1 if char in "[{" else -1 if char in "]}" else 0
+        if depth == 0:
+            return i + 1
+    return None
+
+
+def test_brackets_read_by_runs_close_where_read_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Runs, groups that close what they open (up to 4 deep, then deeper ones) and windows'
+    edges cutting them anywhere (windows of 1 to 8 characters): the same bracket closes."""
+    rng = random.Random(3)
+    parts = ["[", "]", "{", "}", ",", "1", "[]", "[[]]", "[[[[[]]]]]", "[{}]", "]]]", "[[["]
+    for case in range(3000):
+        monkeypatch.setattr(strictjson, "SCAN_CHUNK", 1 + case % 8)
+        text = "".join(rng.choice(parts) for _ in range(rng.randrange(1, 30)))
+        depth = rng.randrange(1, 5)
+        expected = per_bracket(text, depth)
+        assert strictjson._closing(text, 0, len(text), depth) == expected, (text, depth)
+
+
+# -- the event loop while a hostile line is read --------------------------------------------------
+
+TICK = 0.005
+STALL = 1.0
+"""The loop's largest gap allowed while a 64 MiB line is read: generous (a busy machine, a
+worker thread taking the GIL in turns); the scan on the loop held it for tens of seconds."""
+
+
+async def test_a_64_mib_line_never_stalls_the_event_loop_and_is_answered_under_its_id() -> None:
+    """A ``tools/call`` just under ``MAX_LINE`` whose arguments hold ``[[],[],...]`` past the
+    bounds: finding its id walks every bracket (seconds), so it is read off the loop; a ticker
+    task's largest gap stays small, and the answer carries the request's id and its fault."""
+    pairs = (MAX_LINE - 200) // 3
+    text = CALL % ("tools/call", '"arguments":{"headers":[' + "[]," * pairs + "[]]}")
+    assert len(text) < MAX_LINE
+    to_server, server_in = trio.testing.memory_stream_one_way_pair()
+    server_out, from_server = trio.testing.memory_stream_one_way_pair()
+    transport = StdioTransport(server_in, server_out)
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = trio.current_time()
+        while True:
+            await trio.sleep(TICK)
+            now = trio.current_time()
+            gaps.append(now - last)
+            last = now
+
+    async with transport.streams() as (read, write), read, write, trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        await to_server.send_all(text.encode() + b"\n")
+        data = b""
+        with trio.fail_after(120):
+            while not data.endswith(b"\n"):
+                data += await from_server.receive_some(65536)
+        nursery.cancel_scope.cancel()
+    found = json.loads(data)
+    assert (found["id"], found["error"]["code"]) == (8, -32602), found
+    assert found["error"]["message"] == "PAYLOAD_LIMIT at action: more than 11000 values"
+    assert len(gaps) > 10 and max(gaps) < STALL, max(gaps)
