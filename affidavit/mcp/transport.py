@@ -494,9 +494,9 @@ def _over_bounds(text: str) -> tuple[bool, tuple[int, Any, str] | None]:
 def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | None:
     """The error that answers a message ``strictjson.prescan`` refused, read without a parse
     (Python's recurses: past ~1000 levels a RecursionError, once answered under id null though
-    the id was readable -- the client waited for ever): the id from its top-level members,
-    the part at fault the member in whose value the scan passed its bound.  None for a
-    notification."""
+    the id was readable -- the client waited for ever): the id from its top-level members
+    when they were read to the object's end (``Members.end`` ``closed``), the part at fault
+    the member in whose value the scan passed its bound.  None for a notification."""
     scan = strictjson.members(text)
     if scan.end == "more":  # a second value after the object, or no end: as the small one
         return PARSE_ERROR, None, "not valid JSON"
@@ -510,13 +510,22 @@ def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | No
             None,
             f"INVALID_FIELD at message.id: {strictjson.DuplicateField.what}",
         )
-    if not ids:
-        if scan.end == "cut":  # its id may lie past the strings read: answered, under null
+    if scan.end == "cut":
+        # Its id may lie past the strings read -- or a second id, or a second value after the
+        # object (the small one is then answered under null): answered, under null.
+        if not ids:
             return (
                 INVALID_REQUEST,
                 None,
                 f"{what}; no id in its first {strictjson.MEMBER_STRINGS} strings",
             )
+        return (
+            INVALID_REQUEST,
+            None,
+            f"{what}; read no further than its first {strictjson.MEMBER_STRINGS} strings, "
+            "where another id or a second value may follow: answered under null",
+        )
+    if not ids:
         return None if "method" in names else (INVALID_REQUEST, None, "not a JSON-RPC request")
     try:
         value = json.JSONDecoder(parse_int=_int, parse_constant=_NotNumber).raw_decode(

@@ -83,16 +83,38 @@ def test_members_read_until_a_point_leave_the_rest_unread() -> None:
     assert strictjson.members(text).found[-1] == ("_meta", 43)
 
 
+STRINGS = ",".join(f'"s{i}":1' for i in range(strictjson.MEMBER_STRINGS))
+
+
 def test_a_request_whose_id_lies_past_the_strings_read_is_answered_under_null() -> None:
     """``members`` stops after ``MEMBER_STRINGS`` strings and says so: a message with "method"
     seen but no "id" yet was taken for a notification and ignored -- the client waited."""
-    strings = ",".join(f'"s{i}":1' for i in range(strictjson.MEMBER_STRINGS))
-    text = '{"jsonrpc":"2.0","method":"ping",' + strings + ',"x":' + DEEP + ',"id":9}'
+    text = '{"jsonrpc":"2.0","method":"ping",' + STRINGS + ',"x":' + DEEP + ',"id":9}'
     assert strictjson.members(text).end == "cut"
     found = answer(text)
     assert found is not None
     assert found[:2] == (-32600, None), found
     assert "no id in its first" in found[2], found
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # A second id past the strings read: the short one is answered under null (two ids).
+        '{"jsonrpc":"2.0","id":1,"method":"ping",' + STRINGS + ',"x":' + DEEP + ',"id":2}',
+        # A second value after the object: the short one is -32700 under null (no JSON text).
+        '{"jsonrpc":"2.0","id":1,"method":"ping",' + STRINGS + ',"x":' + DEEP + '} {"id":2}',
+    ],
+    ids=["second_id", "second_value"],
+)
+def test_an_id_read_before_the_scan_was_cut_is_not_taken_for_its_id(text: str) -> None:
+    """What lies past the strings read is unknown: an id found before it may not be the
+    message's only one, nor the message one JSON text -- answered under null (it was under 1)."""
+    assert strictjson.members(text).end == "cut"
+    found = answer(text)
+    assert found is not None
+    assert found[:2] == (-32600, None), found
+    assert f"read no further than its first {strictjson.MEMBER_STRINGS} strings" in found[2]
 
 
 def test_a_notification_too_large_is_not_answered() -> None:
