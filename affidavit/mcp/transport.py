@@ -42,6 +42,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
@@ -491,6 +492,10 @@ def _over_bounds(text: str) -> tuple[bool, tuple[int, Any, str] | None]:
     return False, None
 
 
+_MEMBER_END = re.compile(r'[ \t\n\r]*+(?:\}|,[ \t\n\r]*+")')
+"""What JSON has after a top-level member's value: the object's end, or the next name."""
+
+
 def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | None:
     """The error that answers a message ``strictjson.prescan`` refused, read without a parse
     (Python's recurses: past ~1000 levels a RecursionError, once answered under id null though
@@ -528,11 +533,18 @@ def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | No
     if not ids:
         return None if "method" in names else (INVALID_REQUEST, None, "not a JSON-RPC request")
     try:
-        value = json.JSONDecoder(parse_int=_int, parse_constant=_NotNumber).raw_decode(
+        value, after = json.JSONDecoder(parse_int=_int, parse_constant=_NotNumber).raw_decode(
             text, ids[0]
-        )[0]
-    except (ValueError, RecursionError):
-        value = []  # unreadable: answered under null
+        )
+    except RecursionError:
+        value, after = [], None  # nested past the parser: answered under null
+    except ValueError:
+        return PARSE_ERROR, None, "not valid JSON"  # ``nul``: no JSON text, as the small one
+    if after is not None and _MEMBER_END.match(text, after) is None:
+        # ``5x``, ``5 6``, ``5,,``: the text breaks off right after the id -- no JSON text, as
+        # the small one.  A break elsewhere goes unseen (``prescan`` skips commas and colons
+        # unchecked, nothing is parsed): answered under the id read (docs/mcp.md).
+        return PARSE_ERROR, None, "not valid JSON"
     request_id = value if _id_fault(value) is None else None
     # The part at fault: the member whose value holds where the scan passed its bound.
     where = next((name for name, at in reversed(found) if at <= exc.at), None)

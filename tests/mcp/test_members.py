@@ -52,6 +52,16 @@ ROWS: list[tuple[str, tuple[int, Any, str]]] = [
     ),
     # A second value after the object: no JSON text, as the small one (it was answered under 42).
     ('{"jsonrpc":"2.0","method":"ping","params":{"a":' + DEEP + '}} {"id":42}', (-32700, None, "")),
+    # An id the JSON text breaks off after: no JSON text, as the small one (they were answered
+    # under 5, the number read before the break, or under null as "an array").
+    *(
+        (
+            '{"jsonrpc":"2.0","id":' + broken + ',"method":"ping","params":{"a":' + DEEP + "}}",
+            (-32700, None, "not valid JSON"),
+        )
+        for broken in ("5x", "5 6", '"a" "b"', "nul", "5,,")
+    ),
+    ('{"jsonrpc":"2.0","method":"ping","params":{"a":' + DEEP + '},"id":}', (-32700, None, "")),
     # Never closed: no JSON text either.
     ('{"jsonrpc":"2.0","id":7,"method":"ping","params":{"a":' + "[" * 300, (-32700, None, "")),
 ]
