@@ -549,15 +549,19 @@ def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | No
     # The part at fault: the member whose value holds where the scan passed its bound.
     where = next((name for name, at in reversed(found) if at <= exc.at), None)
     in_params = where == "params" and "method" in names
-    if in_params and _in_arguments(text, found, exc.at):
+    if in_params and _action_at_fault(text, found, exc):
         what = f"PAYLOAD_LIMIT at action: {what}"  # a tool's arguments are ``action``
     return (INVALID_PARAMS if in_params else INVALID_REQUEST), request_id, what
 
 
-def _in_arguments(text: str, found: list[tuple[str | None, int]], at: int) -> bool:
-    """Whether ``at`` lies in the ``arguments`` of a ``tools/call`` request's ``params`` (read
-    from its members, as ``_too_large`` reads them): the transport's bound passed in the
-    action, answered with the code an action's limits have (``PAYLOAD_LIMIT``)."""
+def _action_at_fault(
+    text: str, found: list[tuple[str | None, int]], exc: strictjson.TooLarge
+) -> bool:
+    """Whether the bound ``exc`` says was passed is the ``arguments``' own, of a ``tools/call``
+    request's ``params`` (read from its members, as ``_too_large`` reads them): nested past it
+    inside them, or holding more values than it on their own -- a count passed in them may be
+    mostly the rest of the message's.  Answered with the code an action's limits have
+    (``PAYLOAD_LIMIT``)."""
     values = dict((name, at) for name, at in found)  # one method, one params: else unparsed
     if len(values) != len(found) or "method" not in values or "params" not in values:
         return False
@@ -565,11 +569,19 @@ def _in_arguments(text: str, found: list[tuple[str | None, int]], at: int) -> bo
         method = json.JSONDecoder().raw_decode(text, values["method"])[0]
     except (ValueError, RecursionError):  # not a string: nested past the parser
         return False
-    # Only members before ``at`` can hold it: the scan stops there (the text past it was read
-    # once already, by ``_too_large``'s).
-    inner = strictjson.members(text, values["params"], until=at).found
-    where = next((name for name, start in reversed(inner) if start <= at), None)
-    return method == "tools/call" and where == "arguments"
+    # Only members before the bound can hold it: the scan stops there (the text past it was
+    # read once already, by ``_too_large``'s).
+    inner = strictjson.members(text, values["params"], until=exc.at).found
+    where = next(((name, start) for name, start in reversed(inner) if start <= exc.at), None)
+    if method != "tools/call" or where is None or where[0] != "arguments":
+        return False
+    if exc.deep:
+        return True
+    try:  # the arguments counted alone: at most about 3 * MAX_NODES tokens (``prescan``)
+        strictjson.prescan(text, MAX_DEPTH, MAX_NODES, where[1])
+    except strictjson.TooLarge as alone:
+        return not alone.deep
+    return False
 
 
 def _diagnose(line: bytes) -> tuple[int, Any, str] | None:

@@ -133,27 +133,45 @@ def test_a_notification_too_large_is_not_answered() -> None:
 
 
 CALL = '{"jsonrpc":"2.0","id":8,"method":"%s","params":{"name":"http_request",%s}}'
+WIDE = '{"h":[' + "1," * 5_999 + "1]}"
+"""6,001 values: over the message's 11,000 twice, within an action's own 10,000 once."""
+DEEPER = "more than 11000 values", "nested deeper than 200 levels"
 
 
 @pytest.mark.parametrize(
-    ("method", "member", "payload_limit"),
+    ("method", "member", "payload_limit", "words"),
     [
-        ("tools/call", '"arguments" : {"headers":' + DEEP + "}", True),
-        ("tools/call", '"_meta":' + DEEP + ',"arguments":{}', False),
-        ("prompts/get", '"arguments":{"a":' + DEEP + "}", False),
+        ("tools/call", '"arguments" : {"headers":' + DEEP + "}", True, DEEPER[1]),
+        ("tools/call", '"_meta":' + DEEP + ',"arguments":{}', False, DEEPER[1]),
+        ("prompts/get", '"arguments":{"a":' + DEEP + "}", False, DEEPER[1]),
+        # The message's count passed in the arguments, which hold 6,001 values: the action is
+        # within its own bounds -- the message is not (it was PAYLOAD_LIMIT at action).
+        ("tools/call", '"_meta":' + WIDE + ',"arguments":' + WIDE, False, DEEPER[0]),
+        ("tools/call", '"arguments":' + WIDE + ',"_meta":' + WIDE, False, DEEPER[0]),
+        ("tools/call", '"arguments":{"a":' + WIDE + ',"b":' + WIDE + "}", True, DEEPER[0]),
+        ("prompts/get", '"arguments":{"a":' + WIDE + ',"b":' + WIDE + "}", False, DEEPER[0]),
     ],
-    ids=["arguments", "meta", "another_method"],
+    ids=[
+        "arguments",
+        "meta",
+        "another_method",
+        "count_meta_then_arguments",
+        "count_arguments_then_meta",
+        "count_arguments",
+        "count_another_method",
+    ],
 )
 def test_a_bound_passed_in_a_tool_s_arguments_is_payload_limit_at_action(
-    method: str, member: str, payload_limit: bool
+    method: str, member: str, payload_limit: bool, words: str
 ) -> None:
     """The code and field an action's own limits get, for the transport's (200 levels, 11,000
-    values): only where the fault is inside the tool's arguments."""
+    values): only where the fault is the tool's arguments' own -- nested past the bound inside
+    them, or holding more values than the bound on their own."""
     found = answer(CALL % (method, member))
     assert found is not None
     assert found[:2] == (-32602, 8), found
     assert found[2].startswith("PAYLOAD_LIMIT at action: ") is payload_limit, found
-    assert "nested deeper than 200 levels" in found[2], found
+    assert words in found[2], found
 
 
 def per_bracket(text: str, depth: int) -> int | None:
