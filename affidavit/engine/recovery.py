@@ -394,14 +394,26 @@ def _holder_at(events: list[Event], generation: int) -> str | None:
     return None
 
 
-def unrecorded(invocation_id: str | None) -> str:
+def _nothing_sent(keyed: bool) -> str:
+    """What a call the journal ended before it named an invocation sent: nothing -- but with an
+    idempotency_key, an earlier call under it may have run (its binding unread), so "nothing was
+    sent" would claim more than this request's own record proves."""
+    if keyed:
+        return "this request sent nothing; an earlier call under its idempotency_key may have run"
+    return "nothing was sent"
+
+
+def unrecorded(invocation_id: str | None, keyed: bool = False) -> str:
     """What a caller is told when the journal could not record its call, so that no envelope
     can be rendered from a durable record (the daemon's 503 JOURNAL_UNAVAILABLE, and
     ``CallNotRecorded``): which invocation, and where its record says -- once the journal is
     back -- whether it was sent; never more.  ``None``: the call wrote nothing, so it sent
-    nothing (a dispatch is preceded by its durable DISPATCH_STARTED)."""
+    nothing (a dispatch is preceded by its durable DISPATCH_STARTED); ``keyed``: the call
+    carries an idempotency_key (``_nothing_sent``)."""
     if invocation_id is None:
-        return "the journal could not record the call before it was accepted: nothing was sent"
+        return (
+            f"the journal could not record the call before it was accepted: {_nothing_sent(keyed)}"
+        )
     return (
         f"the journal could not record the call ({invocation_id}: `affidavit result "
         f"{invocation_id}` once it is back tells whether it was sent)"
@@ -480,7 +492,9 @@ def result_failure(
     return 500, RESULT_UNVERIFIED, str(exc) if operator else told(exc)
 
 
-def call_failure(exc: Exception, invocation_id: str | None) -> tuple[int, str, str]:
+def call_failure(
+    exc: Exception, invocation_id: str | None, keyed: bool = False
+) -> tuple[int, str, str]:
     """A call that ended without an envelope because of the journal, as every surface answers
     it: (HTTP status, code, message).  A row the journal proves altered (``AlteredRow``: a
     removed idempotency binding, a changed event) is 500 JOURNAL_UNREADABLE with the journal's
@@ -496,10 +510,10 @@ def call_failure(exc: Exception, invocation_id: str | None) -> tuple[int, str, s
     the journal's path no longer the one the broker writes (``JournalReplaced``, refused before
     its transaction began): 503 JOURNAL_REPLACED with the journal's words and the invocation:
     one refused past its dispatch may have been sent, and its record is in the file the
-    broker held."""
+    broker held.  ``keyed``: the call carries an idempotency_key (``unrecorded``)."""
     if isinstance(exc, JournalReplaced):
         if invocation_id is None:
-            where = "before the call was accepted: nothing was sent"
+            where = f"before the call was accepted: {_nothing_sent(keyed)}"
         else:  # its record, whatever it says, is in the file the broker held, not at the path
             where = f"{invocation_id}: whether it was sent is recorded in the file this broker held"
         return 503, JournalReplaced.code, f"the call ended without an envelope: {exc} ({where})"
@@ -512,7 +526,7 @@ def call_failure(exc: Exception, invocation_id: str | None) -> tuple[int, str, s
         )
     if isinstance(exc, ReadFailed):
         if invocation_id is None:
-            where = "before the call was accepted: nothing was sent"
+            where = f"before the call was accepted: {_nothing_sent(keyed)}"
         else:
             where = f"{invocation_id}: `affidavit result {invocation_id}` tells whether it was sent"
         return 503, READ_DECLINED, f"the call ended without an envelope: {exc} ({where})"
@@ -523,7 +537,7 @@ def call_failure(exc: Exception, invocation_id: str | None) -> tuple[int, str, s
             f"the call ended without an envelope: {exc} (`affidavit journal verify` lists what "
             "was altered)",
         )
-    return 503, CallNotRecorded.code, unrecorded(invocation_id)
+    return 503, CallNotRecorded.code, unrecorded(invocation_id, keyed)
 
 
 def act_failure(

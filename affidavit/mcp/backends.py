@@ -165,8 +165,8 @@ class Embedded:
                 # ``control`` (``invocation.run``, the same key's ``resume``) -- this request
                 # sent nothing.  With an idempotency_key an earlier one under it may have run
                 # (its binding unread): unknown, as the key's action is.
-                _, code, message = call_failure(exc, control.invocation_id)
                 keyed = action.get("idempotency_key") is not None
+                _, code, message = call_failure(exc, control.invocation_id, keyed)
                 sent = control.invocation_id is not None or keyed
                 return self._api_error(code, message, sent=sent)
             except Exception as exc:

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.journal import JournalReplaced
+from affidavit.engine import call_failure
+from affidavit.journal import JournalError, JournalReplaced, ReadFailed
 from affidavit.mcp.backends import Embedded, Exchange
 from tests.broker.helpers import TOKEN_ENV
 
@@ -42,13 +43,17 @@ async def test_a_poll_or_query_that_failed_inside_the_broker_is_asked_again(
     assert (error["code"], error["outcome"], error["retry"]) == ("INTERNAL", "unknown", "backoff")
 
 
+KEYED = "this request sent nothing; an earlier call under its idempotency_key may have run"
+
+
 @pytest.mark.parametrize(
-    ("named", "key", "outcome"),
+    ("named", "key", "outcome", "words"),
     [
-        (None, None, "not_attempted"),
-        ("act_1", None, "unknown"),
-        # An earlier call under the key may have run (tests/mcp/test_tools.py's removed binding).
-        (None, "k1", "unknown"),
+        (None, None, "not_attempted", "before the call was accepted: nothing was sent"),
+        ("act_1", None, "unknown", "act_1: whether it was sent is recorded"),
+        # An earlier call under the key may have run (tests/mcp/test_tools.py's removed binding):
+        # its message says so too (it said "nothing was sent").
+        (None, "k1", "unknown", f"before the call was accepted: {KEYED}"),
     ],
 )
 async def test_a_call_the_journal_ended_is_unknown_only_once_the_engine_named_it(
@@ -59,6 +64,7 @@ async def test_a_call_the_journal_ended_is_unknown_only_once_the_engine_named_it
     named: str | None,
     key: str | None,
     outcome: str,
+    words: str,
 ) -> None:
     async def replaced(action: Any, *, deliver: Any, control: Any) -> Any:
         control.invocation_id = named  # the engine names it before any dispatch
@@ -72,4 +78,21 @@ async def test_a_call_the_journal_ended_is_unknown_only_once_the_engine_named_it
             answer = await backend.call(action, Exchange())
     error = answer["api_error"]
     assert (error["code"], error["outcome"]) == ("JOURNAL_REPLACED", outcome), error
+    assert words in error["message"], error
+    assert ("nothing was sent" in error["message"]) is (named is None and key is None), error
     assert not remotes.ok.requests
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [JournalReplaced("replaced"), ReadFailed("a statement timeout"), JournalError("away")],
+    ids=["replaced", "read_declined", "unavailable"],
+)
+def test_a_keyed_call_the_journal_ended_unnamed_never_says_nothing_was_sent(
+    exc: Exception,
+) -> None:
+    """Each of ``call_failure``'s words for a call ended before it named an invocation: a keyed
+    one says what this request sent, and that an earlier one under its key may have run."""
+    assert "nothing was sent" in call_failure(exc, None)[2]
+    keyed = call_failure(exc, None, keyed=True)[2]
+    assert KEYED in keyed and "nothing was sent" not in keyed, keyed
