@@ -189,16 +189,29 @@ def test_only_the_client_s_own_refusal_is_not_sent() -> None:
 
 
 @pytest.mark.parametrize(
-    ("status", "code", "refused"), [(400, "BAD_JSON", True), (500, "X", False)]
+    ("status", "code", "outcome"),
+    [
+        (400, "BAD_JSON", None),
+        (500, "X", "unknown"),
+        # Neither the status alone (400) nor the code alone (BAD_JSON) says it.  (An api_error's
+        # outcome follows its code: BAD_JSON is among those that sent nothing, NOT_SENT.)
+        (400, "BAD_REQUEST", "not_attempted"),
+        (413, "BODY_TOO_LARGE", "not_attempted"),
+        (500, "BAD_JSON", "not_attempted"),
+    ],
 )
 def test_an_action_code_counts_on_a_400_bad_json_only(
-    status: int, code: str, refused: bool
+    status: int, code: str, outcome: str | None
 ) -> None:
+    """None: the action refused with its own code (``PAYLOAD_LIMIT``), else the daemon's answer
+    under its code, with what its status proves."""
     exc = ApiError(status, code, "words", "action", action_code="PAYLOAD_LIMIT")
     answer = _client_failure(exc, _lost_call("s"))
-    assert ("error" in answer) is refused, answer
-    if not refused:
-        assert answer["api_error"]["outcome"] == "unknown", answer
+    if outcome is None:
+        assert answer["error"]["code"] == "PAYLOAD_LIMIT", answer
+    else:
+        error = answer["api_error"]
+        assert (error["code"], error["outcome"]) == (code, outcome), answer
 
 
 @pytest.mark.parametrize("code", ["JOURNAL_UNREADABLE", "RESULT_UNVERIFIED"])
