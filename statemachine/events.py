@@ -155,7 +155,10 @@ class EventKind(StrEnum):
     """Storing the result failed; rendered from what the durable record proves.  attrs: stage,
     generation."""
     RESULT_DELIVERY_FAILED = "RESULT_DELIVERY_FAILED"
-    """The stored result could not be delivered; the caller must fetch it."""
+    """The stored result could not be delivered; the caller must fetch it (code
+    RESULT_DELIVERY_FAILED, retry fetch_result).  On a record naming no requester (an older
+    record's: no read delivers it) the code and hint stay the stored result's -- fetching it is
+    a read that can never be recorded as its delivery."""
     # --- retries, leases, reconciliation ---------------------------------------------------------
     RETRY_LEASE_ACQUIRED = "RETRY_LEASE_ACQUIRED"
     """A worker took the invocation's retry lease.  attrs: generation (strictly increasing),

@@ -66,6 +66,7 @@ class Projector:
         "_message",
         "_operation",
         "_protocol",
+        "_requester",
         "_result_code",
         "_retry_after",
         "_session",
@@ -80,6 +81,7 @@ class Projector:
         self._message: str | None = None
         self._field: str | None = None
         self._session: str | None = None
+        self._requester: int | None = None
         self._target: str | None = None
         self._protocol: str | None = None
         self._idempotent = False
@@ -232,12 +234,16 @@ class Projector:
         """The record, with ``evidence`` as its evidence and views of ``attempts``."""
         state = self._state
         phase, outcome, hints = _STATE_INFO[state]
+        hinted = state
+        if self._requester is None and state in _UNDELIVERABLE:
+            hinted = _UNDELIVERABLE[state]  # no read delivers it: its stored result's hint
+            hints = _STATE_INFO[hinted][2]
         code = self._code
         retry = hints[code]
         if now is None:
             now = self._at if self._at is not None else 0.0
         if retry is None:  # the hint depends on the operation, the budget or the clock
-            retry = self._hint(state, outcome, code, now)
+            retry = self._hint(hinted, outcome, code, now)
         batch = self._batch
         # Built in a twin without the frozen __setattr__, then made a Record (events.py,
         # ``unfrozen_twin``, says why and what it saves).
@@ -265,6 +271,7 @@ class Projector:
         r.field = self._field
         r.operation = self._operation
         r.fenced = self._fenced
+        r.requester = self._requester
         if batch is not None:
             # A throttled item: the rule a throttled request gets, on this record's inputs
             # (in the state of a complete rejection: the item's own, not the parent's).
@@ -334,6 +341,15 @@ _STATE_INFO: dict[str, tuple[Phase, Outcome, dict[Code | None, Retry | None]]] =
     for state, spec in STATES.items()
 }
 """Per state: its phase, its outcome and, per code, the retry hint when those alone decide it."""
+
+_UNDELIVERABLE = {
+    "delivery_failed_committed": "stored_committed",
+    "delivery_failed_rejected": "stored_rejected",
+}
+"""A failed delivery of a record naming no requester (``Record.requester``): no read delivers
+it, so its hint is not ``fetch_result`` (seed: "set retry=fetch_result" -- a fetch that can
+never be recorded as the delivery would be asked for again, for ever) but the hint of the
+stored result it holds, as another uid's read shows it (``engine.delivery.read_by_another``)."""
 
 _MEANING: dict[Code | None, str] = {None: "", **{c: CODES[c].meaning for c in Code}}
 

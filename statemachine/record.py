@@ -85,6 +85,13 @@ class Record:
     changed; ``rules`` left out): nothing was sent under the key, and no attempt of its own is
     ever taken in it.  None for a fence written without ``rules`` (``FENCE_RULES``), which
     proves neither: its record is read for what its rows prove."""
+    requester: int | None = None
+    """The uid that asked for the attempt whose result the record holds: ``requester.uid`` of
+    the latest row starting an asker's attempt that names one (ACTION_ACCEPTED, a same-key
+    retry's RETRY_LEASE_ACQUIRED, a joined waiter's DISPATCH_LEASE_ACQUIRED).  None when none
+    does -- a record written before requesters were recorded: no read delivers its result
+    (``engine.delivery.requested_by``), so a failed delivery of it says no ``fetch_result``
+    (``projection``: its hint is its stored result's)."""
 
     @property
     def final(self) -> bool:

@@ -276,6 +276,12 @@ def _on_store_failed(p: Projector, event: Event) -> None:
 
 def _on_delivery_failed(p: Projector, event: Event) -> None:
     p._result_code = p._code
+    if p._requester is None:
+        # A record naming no requester (written before requesters were recorded): no read
+        # delivers it (``engine.delivery.requested_by``), so RESULT_DELIVERY_FAILED's "fetch
+        # it" would send every reader to fetch it again, for ever.  It keeps its stored
+        # result's code, message and hint (``projection``), as another uid's read shows it.
+        return
     _set_error(p, event, _DELIVERY_FAILED)
 
 

@@ -144,6 +144,17 @@ def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
     return type(value) is dict or isinstance(value, Mapping)
 
 
+def _asked_by(p: Projector, event: Event) -> None:
+    """``Record.requester``: the uid an asker's row names (``requester.uid``); a row naming
+    none (the daemon's dispatcher taking a lease) changes nothing, one naming no valid uid
+    leaves no requester -- its attempt's asker is not known."""
+    attrs = event.attrs
+    if "requester" in attrs:
+        named = attrs["requester"]
+        uid = named.get("uid") if _is_mapping(named) else None
+        p._requester = uid if _is_int(uid) else None
+
+
 def _phase_code(p: Projector, event: Event, phase: Phase) -> Code:
     """attrs.code, refused unless it is a known code of ``phase``."""
     code = _code_of(event)

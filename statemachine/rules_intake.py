@@ -23,6 +23,7 @@ from .rules_common import (
     _VALIDATION,
     DEFAULT_BUDGET,
     DEFAULT_MAX_RETRY_AFTER,
+    _asked_by,
     _is_int,
     _is_mapping,
     _is_number,
@@ -89,6 +90,7 @@ def _on_accepted(p: Projector, event: Event) -> None:
         else MappingProxyType({k: v for k, v in fenced.items() if k != "rules"})
     )
     p._session = attrs.get("session")
+    _asked_by(p, event)
     p._target = target
     p._protocol = protocol
     p._idempotent = bool(op.get("idempotent", False))

@@ -16,6 +16,7 @@ from .rules_common import (
     _FENCED,
     _REMOTE_REJECTED,
     _SOURCE,
+    _asked_by,
     _is_int,
     _lease_evidence,
     _refuse,
@@ -47,6 +48,7 @@ def _on_lease(p: Projector, event: Event) -> None:
     p._generation = gen
     p._budget_used += 1
     p._evidence["lease"] = _lease_evidence(event, gen, event.attrs.get("expires_at"))
+    _asked_by(p, event)
 
 
 def _on_dispatch_lease(p: Projector, event: Event) -> None:
@@ -56,6 +58,7 @@ def _on_dispatch_lease(p: Projector, event: Event) -> None:
     # No budget is spent: the approved invocation has not been attempted yet.
     p._generation = gen
     p._evidence["lease"] = _lease_evidence(event, gen, event.attrs.get("expires_at"))
+    _asked_by(p, event)
 
 
 def _on_budget(p: Projector, event: Event) -> None:

@@ -17,10 +17,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from affidavit.api import Broker
 from affidavit.engine import invocation
+from affidavit.views import record_to_json
 from tests.http.hostile import HostileServer, Peer, Reply, scripts
 
 from .approvalkit import OPS, approval_config
@@ -114,20 +116,60 @@ async def test_a_record_naming_no_requester_is_delivered_to_no_reader(
     async with HostileServer.running(scripts.serve(Reply(200, body=b"done"))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         async with open_broker(cfg) as broker:
-            engine = broker._engine
-            with trio.fail_after(10):
-                envelope = await invocation.start(engine, ACTION, None, _gone)
-            engine.recorder.done()
-            iid = envelope["invocation_id"]
-            accepted = next(e for e in broker.events(iid) if e.kind.value == "ACTION_ACCEPTED")
-            assert "requester" not in accepted.attrs
+            iid = await _unnamed(broker)
             for reader in (OTHER, None, os.getuid()):
-                read = await broker.fetch_result(iid, reader=reader)
+                with trio.fail_after(10):
+                    read = await broker.fetch_result(iid, reader=reader)
                 assert read is not None and read["result"]["body"] == "done"
                 assert read["delivery"]["recorded"] is False
                 assert "names no requester" in read["delivery"]["why"]
             await broker.settled()
             assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
+
+
+async def _unnamed(broker: Broker, action: dict[str, Any] = ACTION) -> str:
+    """An undelivered record naming no requester, as an older journal holds one: started below
+    ``Engine.call`` (which names this process's uid), its answer lost."""
+    engine = broker._engine
+    with trio.fail_after(10):
+        envelope = await invocation.start(engine, action, None, _gone)
+    engine.recorder.done()
+    iid: str = envelope["invocation_id"]
+    accepted = next(e for e in broker.events(iid) if e.kind.value == "ACTION_ACCEPTED")
+    assert "requester" not in accepted.attrs
+    assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
+    return iid
+
+
+@pytest.mark.parametrize(
+    ("status", "state", "code", "retry"),
+    [
+        (200, "delivery_failed_committed", None, "never"),
+        (400, "delivery_failed_rejected", "REMOTE_REJECTED", "after_correction"),
+    ],
+    ids=["committed", "rejected"],
+)
+async def test_a_record_naming_no_requester_is_not_sent_to_fetch_for_ever(
+    tmp_path: Path, token: str, status: int, state: str, code: str | None, retry: str
+) -> None:
+    """Its record (``get_record``, ``list_actions``: ``record_to_json``) and a fetch's
+    envelope carry its stored result's code and hint -- as another uid's read shows it -- not
+    RESULT_DELIVERY_FAILED's ``retry: fetch_result``: no read can be recorded as its delivery,
+    so an agent following that hint would fetch, read ``recorded: false`` and be sent to fetch
+    again, for ever.  The state still says its delivery failed."""
+    async with HostileServer.running(scripts.serve(Reply(status, body=b"x"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            iid = await _unnamed(broker)
+            record = broker.record(iid)
+            assert record is not None and record.requester is None
+            view = record_to_json(record)
+            assert (view["state"], view["code"], view["retry"]) == (state, code, retry)
+            with trio.fail_after(10):
+                read = await broker.fetch_result(iid)
+            assert read is not None and read["result"]["body"] == "x"
+            assert read.get("error", {}).get("code") == code
+            assert read.get("error", {}).get("retry", "never") == retry
 
 
 async def test_another_uid_reads_a_rejection_as_the_remote_classified_it(

@@ -155,7 +155,9 @@ def make_event(
     source = EvidenceSource.TRANSPORT_OBSERVED
     observer = observer_seq = None
     if kind is E.ACTION_ACCEPTED:
-        attrs = {"operation": dict(op) if op is not None else operation(), "session": "s1"}
+        # Naming its asker, as every record written now does (``Record.requester``).
+        op = dict(op) if op is not None else operation()
+        attrs = {"operation": op, "session": "s1", "requester": {"uid": 1000}}
     elif kind is E.PREFLIGHT_VALIDATED:
         attrs = {"config_hash": "sha256:c0f1"}
     elif kind is E.PREFLIGHT_FAILED:

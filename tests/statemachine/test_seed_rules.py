@@ -42,10 +42,13 @@ FP = "sha256:aaaa"
 class Inv:
     """An invocation under test: append events with increasing seq, read the record."""
 
-    def __init__(self, **op: Any) -> None:
+    def __init__(self, requester: dict[str, Any] | None = None, **op: Any) -> None:
         self.p = Projector(IID)
         self.seq = 0
-        self.ev(E.ACTION_ACCEPTED, operation=operation(**op))
+        named = {"requester": {"uid": 1000} if requester is None else requester}
+        if requester == {}:  # an older record's: it names no requester
+            named = {}
+        self.ev(E.ACTION_ACCEPTED, operation=operation(**op), **named)
 
     def ev(
         self,
@@ -651,6 +654,38 @@ def test_result_delivery_failure_keeps_committed_and_says_fetch_result() -> None
     )
     assert decide(rec, Operation(idempotent=False)) is Decision.FETCH
     assert rec.evidence["result"]["sha256"] == "sha256:beef"
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "retry"),
+    [(201, None, Retry.NEVER), (400, Code.REMOTE_REJECTED, Retry.AFTER_CORRECTION)],
+)
+def test_a_failed_delivery_of_a_record_naming_no_requester_says_no_fetch(
+    status: int, code: Code | None, retry: Retry
+) -> None:
+    # No read delivers a record naming no requester (an older journal's: engine.delivery):
+    # "fetch it" would be asked again after every fetch.  Its state says the delivery failed;
+    # its code and hint are its stored result's, as another uid's read shows it.
+    outcome = Outcome.COMMITTED if code is None else Outcome.REJECTED
+    inv = Inv(requester={}).authorized().dispatched().complete(outcome, code, status=status)
+    inv.ev(E.RESULT_COMMITTED).ev(E.RESULT_DELIVERY_FAILED)
+    rec = inv.rec()
+    assert rec.requester is None
+    assert rec.state == f"delivery_failed_{outcome.value}"
+    assert (rec.outcome, rec.retry, rec.code) == (outcome, retry, code)
+
+
+def test_the_requester_is_the_latest_asker_s() -> None:
+    # A same-key retry's lease names its asker; the dispatcher's lease names none and changes
+    # nothing; a row naming no valid uid leaves none known.
+    refused = {"code": "CONNECTION_REFUSED", "stage": "tcp"}
+    inv = Inv(requester={"uid": 7}, budget=4).authorized().ev(E.SETUP_FAILED, **refused)
+    assert inv.rec().requester == 7
+    for gen, named, requester in [(1, {"uid": 8}, 8), (2, None, 8), (3, {"uid": True}, None)]:
+        asker = {} if named is None else {"requester": named}
+        inv.ev(E.RETRY_LEASE_ACQUIRED, generation=gen, **asker).ev(E.CREDENTIAL_AUTHORIZED)
+        inv.ev(E.SETUP_FAILED, **refused)
+        assert inv.rec().requester == requester, gen
 
 
 @pytest.mark.parametrize("outcome", [Outcome.COMMITTED, Outcome.REJECTED])

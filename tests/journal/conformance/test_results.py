@@ -220,7 +220,12 @@ async def test_an_altered_stored_result_is_an_error_not_a_result(place: Place) -
 
 async def test_stored_result_then_delivery_failure_means_fetch_result(place: Place) -> None:
     async with place.open() as j:
-        await _completed(j, "inv-1")
+        first, *rest = happy("inv-1")
+        # Naming its asker, as a record written now does: a record naming none is delivered
+        # to no reader, and its hint is not fetch_result (tests/statemachine/test_seed_rules.py).
+        await j.append(Event(first.kind, "inv-1", {**first.attrs, "requester": {"uid": 1000}}))
+        for ev in rest:
+            await j.append(ev)
         await j.put_result_chunk("inv-1", "body", 0, b"ok")
         await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={})
         await j.append(Event(E.RESULT_DELIVERY_FAILED, "inv-1"), barrier=True)
