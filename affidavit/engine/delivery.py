@@ -547,6 +547,10 @@ NO_REQUESTER = {
 """An envelope's ``delivery`` when a record naming no requester was read (``read_by_another``)."""
 
 
+_NO_ASKER = ("answer", "an answer of it")
+"""``delivery``'s key prefix and words for a failed answer of a record naming no requester."""
+
+
 def read_by_another(engine: Engine, record: Record, defer: bool) -> dict[str, Any]:
     """``record``'s stored result as read by another uid than its requester (or by anyone, when
     it names none: ``NO_REQUESTER``): the record as the journal holds it -- its state,
@@ -555,7 +559,8 @@ def read_by_another(engine: Engine, record: Record, defer: bool) -> dict[str, An
     not this reader's (their ``retry: fetch_result`` would send this reader to fetch again, for
     ever): none for a committed result, the remote's own code and hint for a rejection.
     ``delivery`` says that this read records nothing and, if the requester's answer failed, at
-    which seq the journal says so."""
+    which seq the journal says so (``requester_answer_failed_at_seq``; of a record naming no
+    requester, an answer of it: ``answer_failed_at_seq``)."""
     recorder = engine.recorder
     events = list(engine.journal.events(record.invocation_id))
     failed = [e for e in events if e.kind is E.RESULT_DELIVERY_FAILED]
@@ -570,8 +575,10 @@ def read_by_another(engine: Engine, record: Record, defer: bool) -> dict[str, An
         else:
             envelope["error"] = error
         seq = failed[-1].seq
-        delivery["requester_answer_failed_at_seq"] = seq
-        delivery["why"] += f"; the requester's answer failed (RESULT_DELIVERY_FAILED, seq {seq})"
+        # A record naming no requester has no requester whose answer failed: an answer did.
+        key, whose = ("requester_answer", "the requester's answer") if named else _NO_ASKER
+        delivery[f"{key}_failed_at_seq"] = seq
+        delivery["why"] += f"; {whose} failed (RESULT_DELIVERY_FAILED, seq {seq})"
     envelope["delivery"] = delivery
     return envelope
 
