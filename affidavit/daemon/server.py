@@ -362,7 +362,9 @@ class Daemon:
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         owner = f"affidavit serve (pid {os.getpid()}) on {self.socket_path}"
-        settings = EngineSettings(lease_margin=self.config.service.lease_margin)
+        # Every route names its socket peer: one that did not would be refused, never taken
+        # as the daemon's own uid (``EngineSettings.peer_askers``).
+        settings = EngineSettings(lease_margin=self.config.service.lease_margin, peer_askers=True)
         async with Broker.open(
             config=self.config, owner=owner, settings=settings, exposed=self.exposed
         ) as broker:

@@ -233,7 +233,7 @@ async def request_approval(
     """Write the preamble and APPROVAL_REQUESTED (the credential resolved for its version and
     injection, not yet used), then wait for the decision (``await_grant``)."""
     policy, requester = approval
-    uid = asker(requester)
+    uid = asker(requester, engine.settings)
     recorder, board = engine.recorder, engine.approvals
     started = trio.current_time()
     board.reserved[iid] = uid  # before the count: a concurrent request of this uid counts it

@@ -147,7 +147,7 @@ class Engine:
                 deliver,
                 link,
                 control,
-                asker(requester),
+                asker(requester, self.settings),
                 invocation_id,
                 claim,
             ),
@@ -282,7 +282,9 @@ class Engine:
                 return self.recorder.envelope(
                     record, from_chunk=from_chunk, to_chunk=to_chunk, defer=defer
                 )
-            return await deliver_stored(self, record, deliver, defer=defer, reader=asker(reader))
+            return await deliver_stored(
+                self, record, deliver, defer=defer, reader=asker(reader, self.settings)
+            )
         finally:
             self.recorder.done()  # as a call's: nothing kept for this task once it is over
 
@@ -328,7 +330,7 @@ class Engine:
                 operation_id,
                 timeout=timeout,
                 control=control,
-                requester=asker(requester),
+                requester=asker(requester, self.settings),
                 deliver=deliver,
             )
         finally:

@@ -30,6 +30,13 @@ class EngineSettings:
     (its size, hash and where to fetch it: docs/journal.md, "Large results are returned by
     reference")."""
 
+    peer_askers: bool = False
+    """Every call, poll, reconciliation query and whole fetch names its asker or reader (the
+    daemon: its socket peer's uid, the kernel's): one naming none is refused (``asker.NoAsker``)
+    before anything is recorded, never taken as this process's uid -- the daemon's own user,
+    which a peer may also be, so a route that forgot its peer would pass unnoticed.  False (an
+    in-process broker): none named is this process's user."""
+
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lease_margin) and self.lease_margin >= 0):
             raise ValueError("lease_margin must be a finite number of seconds >= 0")

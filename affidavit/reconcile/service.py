@@ -217,7 +217,7 @@ async def query(
     written -- the query's result is recorded delivered only once it was written whole
     (``deliver_linked``); None: returned in-process, which is the transfer.  ``requester``:
     the uid asking (default this process's: ``asker``)."""
-    requester = asker(requester)
+    requester = asker(requester, engine.settings)
     record = await _unknown_at_rest(engine, invocation_id)
     target = engine.config.targets.get(record.target or "")
     spec = get(target.kind) if target is not None else None
