@@ -33,33 +33,32 @@ class EventKind(StrEnum):
     ACTION_ACCEPTED = "ACTION_ACCEPTED"
     """An invocation exists.  attrs: operation (target, protocol, idempotent, fingerprint,
     request_fingerprint when a key is bound (the request alone, keyed: a same-key call under a
-    changed configuration is CONFIG_CHANGED by it, not IDEMPOTENCY_MISMATCH -- absent from
-    older records), idempotency contract or None, budget), session; requester ({uid}: the
-    daemon's socket peer that asked, or this process's user for a call made in-process --
-    absent from older records, whose results no read delivers).  The contract: key,
-    scope, header, retention_s, expires_at (when the remote forgets the key) and send_window
-    (seconds a retry with the target's default timeout may send: its lease; the hint says
-    same_idempotency_key only while the key outlasts it -- absent from older records, which
-    judge the key at the moment itself).  took_over, when this call took over an invocation
-    whose key its binder bound and then stopped before recording anything (nothing was sent
-    under it): why its binder is gone (``only_writer``: this broker is the journal's only
-    writer; ``send_by_passed``: the binder's own send deadline, ``send_by``, bound with the key,
-    had passed at ``judged_at``; ``window_over``, a binding from before that deadline was bound:
-    the window ``window`` seconds from ``bound_at`` was over at ``judged_at``), and
-    ``recorded: nothing``.  fenced, instead, when a call with a
-    different request under the key closed such an invocation before answering
-    IDEMPOTENCY_MISMATCH (the same facts; the operation then names only the binder's target,
-    bound with the key -- ``(unknown)``, which no caller reads, for a binding from before it
-    was bound -- and the binding's key, scope and fingerprint): a binder that resumes is
-    refused its first event.  Its ``rules`` (2, ``FENCE_RULES``) say the record is fenced under
-    the rules below: a record so fenced is recognised by it (``Record.fenced``, the facts
-    without ``rules``), from this first write on: it takes no attempt of its own
-    (PREFLIGHT_VALIDATED, a retry lease, and an attempt's events naming a generation are
-    refused), and its close is PREFLIGHT_FAILED IDEMPOTENCY_MISMATCH with these facts as
-    binder_gone, whoever writes it (any other close -- its binder's SETUP_FAILED, recovery's --
-    is refused).  A fence written before them (no ``rules``) is not
-    ``Record.fenced``: its binder's rows may follow it in an honest journal, and the record
-    shows what they prove (a dispatch among them: sent, outcome unknown)."""
+    changed configuration is CONFIG_CHANGED by it, not IDEMPOTENCY_MISMATCH -- absent from older
+    records), idempotency contract or None, budget), session; requester ({uid}: the daemon's socket
+    peer that asked, or this process's user for a call made in-process, one refused at once included
+    -- absent from older records, whose results no read delivers, and from a fence's: written by the
+    call that fenced it, not by its asker, it holds no result). The contract: key, scope, header,
+    retention_s, expires_at (when the remote forgets the key) and send_window (seconds a retry with
+    the target's default timeout may send: its lease; the hint says same_idempotency_key only while
+    the key outlasts it -- absent from older records, which judge the key at the moment itself).
+    took_over, when this call took over an invocation whose key its binder bound and then stopped
+    before recording anything (nothing was sent under it): why its binder is gone (``only_writer``:
+    this broker is the journal's only writer; ``send_by_passed``: the binder's own send deadline,
+    ``send_by``, bound with the key, had passed at ``judged_at``; ``window_over``, a binding from
+    before that deadline was bound: the window ``window`` seconds from ``bound_at`` was over at
+    ``judged_at``), and ``recorded: nothing``.  fenced, instead, when a call with a different
+    request under the key closed such an invocation before answering IDEMPOTENCY_MISMATCH (the same
+    facts; the operation then names only the binder's target, bound with the key -- ``(unknown)``,
+    which no caller reads, for a binding from before it was bound -- and the binding's key, scope
+    and fingerprint): a binder that resumes is refused its first event.  Its ``rules`` (2,
+    ``FENCE_RULES``) say the record is fenced under the rules below: a record so fenced is
+    recognised by it (``Record.fenced``, the facts without ``rules``), from this first write on: it
+    takes no attempt of its own (PREFLIGHT_VALIDATED, a retry lease, and an attempt's events naming
+    a generation are refused), and its close is PREFLIGHT_FAILED IDEMPOTENCY_MISMATCH with these
+    facts as binder_gone, whoever writes it (any other close -- its binder's SETUP_FAILED,
+    recovery's -- is refused).  A fence written before them (no ``rules``) is not ``Record.fenced``:
+    its binder's rows may follow it in an honest journal, and the record shows what they prove (a
+    dispatch among them: sent, outcome unknown)."""
     PREFLIGHT_VALIDATED = "PREFLIGHT_VALIDATED"
     """The action is valid against the bound config snapshot.  attrs: config_hash, and
     account_hash (the keyed hash of what decides the remote account reached: origin,

@@ -89,7 +89,8 @@ class Record:
     """The uid that asked for the attempt whose result the record holds: ``requester.uid`` of
     the latest row starting an asker's attempt that names one (ACTION_ACCEPTED, a same-key
     retry's RETRY_LEASE_ACQUIRED, a joined waiter's DISPATCH_LEASE_ACQUIRED).  None when none
-    does -- a record written before requesters were recorded: no read delivers its result
+    does -- a record written before requesters were recorded (or a fence's, which holds no
+    result: ``engine.binder.fence``): no read delivers its result
     (``engine.delivery.requested_by``), so a failed delivery of it says no ``fetch_result``
     (``projection``: its hint is its stored result's)."""
 

@@ -221,7 +221,8 @@ async def fence(engine: Engine, bound: IdempotencyRecord, gone: BinderGone) -> R
     answer is ``rebound.refusal``'s, or the fence's when fenced).  The record names the binder's
     target (``IdempotencyRecord.target``; ``UNKNOWN_TARGET`` for a binding from before it:
     never the fencing call's, nor None, which every caller reads) and nothing of the fencing
-    call."""
+    call -- no ``requester`` either: the fencing call did not ask for this invocation, and its
+    asker (the binder's) recorded nothing; the record holds no result to deliver to anyone."""
     iid, recorder = bound.invocation_id, engine.recorder
     operation = {
         "target": UNKNOWN_TARGET if bound.target is None else bound.target,

@@ -127,7 +127,15 @@ async def start(
         parsed = parse_action(action, engine.config)
     except ActionInvalid as exc:
         return await refuse_new(
-            recorder, iid, session, None, exc.code, exc.field, exc.message, refused_session
+            recorder,
+            iid,
+            session,
+            None,
+            exc.code,
+            exc.field,
+            exc.message,
+            refused_session,
+            requester=requester,
         )
 
     target = engine.config.targets[parsed.target]
@@ -141,6 +149,7 @@ async def start(
             Code.UNSUPPORTED_ACTION,
             "target",
             "no adapter for this kind",
+            requester=requester,
         )
     idempotent = is_idempotent(parsed, target)
     fp = fingerprint(parsed, target, engine.snapshot.hash(target))
@@ -209,6 +218,7 @@ async def start(
                     session,
                     target,
                     Event(E.SETUP_FAILED, iid, {"stage": "accepted", "code": code or _CANCELLED}),
+                    requester=requester,
                 )
             if isinstance(found, BinderGone):
                 # "Nothing was sent" holds only once the binder can no longer send: close its
@@ -227,10 +237,19 @@ async def start(
                     "idempotency_key",
                     _MISMATCH_UNSENT,
                     binder=unsent,
+                    requester=requester,
                 )
             no = refusal(engine, exc, found, parsed, target)
             return await refuse_new(
-                recorder, iid, session, target, no.code, no.field, no.message, bound_to=no.bound_to
+                recorder,
+                iid,
+                session,
+                target,
+                no.code,
+                no.field,
+                no.message,
+                bound_to=no.bound_to,
+                requester=requester,
             )
         if bound.invocation_id != iid:
             if claim is not None:
@@ -388,8 +407,11 @@ async def refuse_new(
     refused_session: Mapping[str, Any] | None = None,
     bound_to: str | None = None,
     binder: Mapping[str, Any] | None = None,
+    *,
+    requester: int | None,
 ) -> dict[str, Any]:
-    """Accept and at once refuse a new invocation in validation (nothing attempted).
+    """Accept and at once refuse a new invocation in validation (nothing attempted), asked by
+    ``requester`` (``close_new``).
     ``bound_to``: the invocation the call's idempotency key is bound to, when the refusal
     names it (``rebound.Refusal``); ``binder``: why the binder of the key, which recorded
     nothing, is gone (``BinderGone.evidence``), when the refusal rests on that."""
@@ -404,7 +426,9 @@ async def refuse_new(
             **({"binder_gone": dict(binder)} if binder is not None else {}),
         },
     )
-    return await close_new(recorder, iid, session, target, refused, refused_session)
+    return await close_new(
+        recorder, iid, session, target, refused, refused_session, requester=requester
+    )
 
 
 async def close_new(
@@ -414,9 +438,12 @@ async def close_new(
     target: Any,
     ending: Event,
     refused_session: Mapping[str, Any] | None = None,
+    *,
+    requester: int | None,
 ) -> dict[str, Any]:
     """Accept a new invocation that ends at once with ``ending`` (nothing attempted): its
-    ACTION_ACCEPTED names the target and no request fingerprint."""
+    ACTION_ACCEPTED names the target, no request fingerprint and its asker (``requester``, as
+    ``start`` records it on any call's: None only below ``Engine.call``)."""
     operation = {
         "target": target.name if target is not None else None,
         "protocol": target.kind if target is not None else None,
@@ -426,6 +453,8 @@ async def close_new(
     accepted: dict[str, Any] = {"operation": operation, "session": session}
     if refused_session is not None:
         accepted["refused_session"] = dict(refused_session)
+    if requester is not None:
+        accepted["requester"] = {"uid": requester}
     await recorder.append(Event(E.ACTION_ACCEPTED, iid, accepted))
     return await recorder.finish(iid, ending)
 

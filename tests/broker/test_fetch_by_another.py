@@ -347,3 +347,27 @@ async def test_a_joined_waiter_s_dispatch_is_its_to_fetch(tmp_path: Path, token:
                 ("RESULT_DELIVERY_FAILED", None),
                 ("RESULT_DELIVERED", {"uid": joiner}),
             ]
+
+
+@pytest.mark.parametrize("requester", [REQUESTER, None], ids=["daemon-peer", "in-process"])
+async def test_a_call_refused_in_validation_names_its_asker(
+    tmp_path: Path, token: str, requester: int | None
+) -> None:
+    """Every ACTION_ACCEPTED a call writes names its asker -- also one refused at once
+    (``refuse_new``): an action invalid, and a key bound to another request (a mismatch).
+    Only older records name none.  Before, a refused call's ACTION_ACCEPTED named no one."""
+    keyed = {"header": "Idempotency-Key", "scope": "s", "retention": "24h"}
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"done"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=keyed)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(10):
+                bad = await broker.call({**ACTION, "method": 7}, requester=requester)
+                await broker.call({**ACTION, "idempotency_key": "k1"}, requester=requester)
+                other = {**ACTION, "path": "/other", "idempotency_key": "k1"}
+                mismatch = await broker.call(other, requester=requester)
+            assert bad["error"]["code"] == "INVALID_FIELD"
+            assert mismatch["error"]["code"] == "IDEMPOTENCY_MISMATCH"
+            uid = os.getuid() if requester is None else requester
+            for refused in (bad, mismatch):
+                record = broker.record(refused["invocation_id"])
+                assert record is not None and record.requester == uid
