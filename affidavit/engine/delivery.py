@@ -470,7 +470,7 @@ async def taken_up(
     if not isinstance(iid, str):
         return None
     record = await engine.recorder.record(iid)
-    return iid if requested_by(engine, record, requester) else None
+    return iid if requested_by(record, requester) else None
 
 
 async def _in(engine: Engine, iid: str | None, states: frozenset[str]) -> bool:
@@ -502,23 +502,9 @@ async def _delivery_failed(engine: Engine, iid: str, channel: str) -> Record:
     return await recorder.record(iid)
 
 
-_ASKED = frozenset({E.ACTION_ACCEPTED, E.RETRY_LEASE_ACQUIRED, E.DISPATCH_LEASE_ACQUIRED})
-"""The rows that start an asker's attempt, each naming its ``requester`` when one asked."""
-
-
-def _requester(engine: Engine, record: Record) -> object:
-    """The uid the latest row that started an asker's attempt names (``requester``:
-    ACTION_ACCEPTED's, or a same-key retry's or a joined waiter's lease, ``_ASKED``), or None
-    when none names one; a lease taken by no asker (the daemon's dispatcher) changes nothing."""
-    requester = None
-    for event in engine.journal.events(record.invocation_id):
-        if event.kind in _ASKED and "requester" in event.attrs:
-            requester = event.attrs["requester"]  # the latest asker's: its attempt is the answer
-    return requester.get("uid") if isinstance(requester, Mapping) else None
-
-
-def requested_by(engine: Engine, record: Record, reader: int | None) -> bool:
-    """Whether the uid ``reader`` is who asked for ``record``'s invocation (``_requester``) --
+def requested_by(record: Record, reader: int | None) -> bool:
+    """Whether the uid ``reader`` is who asked for ``record``'s invocation (``Record.requester``:
+    the latest asker's, folded with the record -- no read of its events) --
     authenticated by the kernel (the daemon's socket peer), or this process's user for a call
     made in-process (``asker``).  A session is a label any caller may send: it proves nothing
     and decides nothing here.  A record naming no requester (an older journal's) is delivered
@@ -526,8 +512,7 @@ def requested_by(engine: Engine, record: Record, reader: int | None) -> bool:
     asker's -- before, any uid's read recorded its delivery.  An in-process reader (the
     operator's ``affidavit result``, an embedded MCP server) reads as its own uid
     (``asker``)."""
-    requester = _requester(engine, record)
-    return requester is not None and reader is not None and requester == reader
+    return record.requester is not None and reader is not None and record.requester == reader
 
 
 NOT_THE_REQUESTER = {
@@ -565,7 +550,7 @@ def read_by_another(engine: Engine, record: Record, defer: bool) -> dict[str, An
     events = list(engine.journal.events(record.invocation_id))
     failed = [e for e in events if e.kind is E.RESULT_DELIVERY_FAILED]
     envelope = recorder.envelope(record, whole=True, defer=defer)
-    named = _requester(engine, record) is not None
+    named = record.requester is not None
     delivery: dict[str, Any] = dict(NOT_THE_REQUESTER if named else NO_REQUESTER)
     if failed:
         kept = [e for e in events if e.kind is not E.RESULT_DELIVERY_FAILED]
@@ -604,7 +589,7 @@ async def deliver_stored(
     recorder = engine.recorder
     if record.state not in AWAITING_DELIVERY:
         return recorder.envelope(record, whole=True, defer=defer)
-    if not requested_by(engine, record, reader):
+    if not requested_by(record, reader):
         return read_by_another(engine, record, defer)
     iid = record.invocation_id
     attrs: dict[str, Any] = {"channel": "fetch"}

@@ -46,6 +46,16 @@ async def _undelivered(broker: Broker, requester: int | None) -> str:
     return iid
 
 
+async def _fetch(broker: Broker, iid: str, reader: int | None = None) -> dict[str, Any] | None:
+    with trio.fail_after(10):
+        return await broker.fetch_result(iid, reader=reader)
+
+
+async def _settled(broker: Broker) -> None:
+    with trio.fail_after(10):
+        await broker.settled()
+
+
 def _delivery(broker: Broker, iid: str) -> list[tuple[str, Any]]:
     return [
         (e.kind.value, e.attrs.get("reader"))
@@ -62,17 +72,17 @@ async def test_only_the_requester_s_fetch_delivers_its_result(tmp_path: Path, to
             accepted = next(e for e in broker.events(iid) if e.kind.value == "ACTION_ACCEPTED")
             assert accepted.attrs["requester"] == {"uid": REQUESTER}
             for _ in range(2):  # another uid: a read, and no error sending it to fetch again
-                read = await broker.fetch_result(iid, reader=REQUESTER + 1)
+                read = await _fetch(broker, iid, reader=REQUESTER + 1)
                 assert read is not None and read["result"]["body"] == "done"
                 assert "error" not in read and read["delivery"]["recorded"] is False
                 assert read["evidence"]["outcome"] == "committed"
-            await broker.settled()
+            await _settled(broker)
             assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
             assert broker.record(iid).state == "delivery_failed_committed"  # type: ignore[union-attr]
 
-            own = await broker.fetch_result(iid, reader=REQUESTER)
+            own = await _fetch(broker, iid, reader=REQUESTER)
             assert own is not None and own["result"]["body"] == "done" and "delivery" not in own
-            await broker.settled()
+            await _settled(broker)
             assert _delivery(broker, iid) == [
                 ("RESULT_DELIVERY_FAILED", None),
                 ("RESULT_DELIVERED", {"uid": REQUESTER}),
@@ -93,13 +103,13 @@ async def test_an_in_process_call_is_delivered_only_to_this_process_s_uid(
             iid = await _undelivered(broker, None)
             accepted = next(e for e in broker.events(iid) if e.kind.value == "ACTION_ACCEPTED")
             assert accepted.attrs["requester"] == {"uid": os.getuid()}
-            read = await broker.fetch_result(iid, reader=OTHER)
+            read = await _fetch(broker, iid, reader=OTHER)
             assert read is not None and read["delivery"]["recorded"] is False
-            await broker.settled()
+            await _settled(broker)
             assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
-            own = await broker.fetch_result(iid)
+            own = await _fetch(broker, iid)
             assert own is not None and own["result"]["body"] == "done" and "delivery" not in own
-            await broker.settled()
+            await _settled(broker)
             assert _delivery(broker, iid) == [
                 ("RESULT_DELIVERY_FAILED", None),
                 ("RESULT_DELIVERED", {"uid": os.getuid()}),
@@ -119,8 +129,7 @@ async def test_a_record_naming_no_requester_is_delivered_to_no_reader(
             iid = await _unnamed(broker)
             seq = broker.record(iid).last_seq  # type: ignore[union-attr]
             for reader in (OTHER, None, os.getuid()):
-                with trio.fail_after(10):
-                    read = await broker.fetch_result(iid, reader=reader)
+                read = await _fetch(broker, iid, reader=reader)
                 assert read is not None and read["result"]["body"] == "done"
                 # No requester: an answer of it failed, never "the requester's answer".
                 assert read["delivery"] == {
@@ -131,7 +140,7 @@ async def test_a_record_naming_no_requester_is_delivered_to_no_reader(
                     f"result; an answer of it failed (RESULT_DELIVERY_FAILED, seq {seq})",
                     "answer_failed_at_seq": seq,
                 }
-            await broker.settled()
+            await _settled(broker)
             assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
 
 
@@ -173,8 +182,7 @@ async def test_a_record_naming_no_requester_is_not_sent_to_fetch_for_ever(
             assert record is not None and record.requester is None
             view = record_to_json(record)
             assert (view["state"], view["code"], view["retry"]) == (state, code, retry)
-            with trio.fail_after(10):
-                read = await broker.fetch_result(iid)
+            read = await _fetch(broker, iid)
             assert read is not None and read["result"]["body"] == "x"
             assert read.get("error", {}).get("code") == code
             assert read.get("error", {}).get("retry", "never") == retry
@@ -190,13 +198,13 @@ async def test_another_uid_reads_a_rejection_as_the_remote_classified_it(
         async with open_broker(cfg) as broker:
             iid = await _undelivered(broker, REQUESTER)
             assert broker.record(iid).state == "delivery_failed_rejected"  # type: ignore[union-attr]
-            read = await broker.fetch_result(iid, reader=REQUESTER + 1)
+            read = await _fetch(broker, iid, reader=REQUESTER + 1)
             assert read is not None and read["result"]["body"] == "bad"
             assert read["error"]["outcome"] == "rejected"
             assert read["error"]["code"] != "RESULT_DELIVERY_FAILED"
             assert read["error"]["retry"] != "fetch_result"
             assert read["delivery"]["recorded"] is False
-            await broker.settled()
+            await _settled(broker)
             assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
 
 
@@ -214,7 +222,7 @@ async def test_another_uid_is_shown_the_record_the_journal_holds(
             record = broker.record(iid)
             assert record is not None and record.state == "delivery_failed_committed"
             failed = [e for e in broker.events(iid) if e.kind.value == "RESULT_DELIVERY_FAILED"]
-            read = await broker.fetch_result(iid, reader=REQUESTER + 1)
+            read = await _fetch(broker, iid, reader=REQUESTER + 1)
             assert read is not None and "error" not in read
             assert read["evidence"]["state"] == record.state
             assert read["evidence"]["record_seq"] == record.last_seq == failed[-1].seq
@@ -258,13 +266,13 @@ async def test_a_same_key_retry_s_answer_is_its_asker_s_to_fetch(
             assert lease.attrs["requester"] == {"uid": REQUESTER + 1}
             assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
 
-            read = await broker.fetch_result(iid, reader=REQUESTER)
+            read = await _fetch(broker, iid, reader=REQUESTER)
             assert read is not None and read["delivery"]["recorded"] is False
-            await broker.settled()
+            await _settled(broker)
             assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
-            own = await broker.fetch_result(iid, reader=REQUESTER + 1)
+            own = await _fetch(broker, iid, reader=REQUESTER + 1)
             assert own is not None and own["result"]["body"] == "done" and "delivery" not in own
-            await broker.settled()
+            await _settled(broker)
             assert _delivery(broker, iid) == [
                 ("RESULT_DELIVERY_FAILED", None),
                 ("RESULT_DELIVERED", {"uid": REQUESTER + 1}),
@@ -301,13 +309,13 @@ async def test_an_in_process_same_key_retry_is_this_process_s_to_fetch(
             lease = next(e for e in broker.events(iid) if e.kind.value == "RETRY_LEASE_ACQUIRED")
             assert lease.attrs["requester"] == {"uid": os.getuid()}
 
-            read = await broker.fetch_result(iid, reader=REQUESTER)
+            read = await _fetch(broker, iid, reader=REQUESTER)
             assert read is not None and read["delivery"]["recorded"] is False
-            await broker.settled()
+            await _settled(broker)
             assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
-            own = await broker.fetch_result(iid)
+            own = await _fetch(broker, iid)
             assert own is not None and own["result"]["body"] == "done" and "delivery" not in own
-            await broker.settled()
+            await _settled(broker)
             assert _delivery(broker, iid) == [
                 ("RESULT_DELIVERY_FAILED", None),
                 ("RESULT_DELIVERED", {"uid": os.getuid()}),
@@ -336,13 +344,13 @@ async def test_a_joined_waiter_s_dispatch_is_its_to_fetch(tmp_path: Path, token:
             assert lease.attrs["requester"] == {"uid": joiner}
             assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
 
-            read = await broker.fetch_result(iid, reader=asker)
+            read = await _fetch(broker, iid, reader=asker)
             assert read is not None and read["delivery"]["recorded"] is False
-            await broker.settled()
+            await _settled(broker)
             assert _delivery(broker, iid) == [("RESULT_DELIVERY_FAILED", None)]
-            own = await broker.fetch_result(iid, reader=joiner)
+            own = await _fetch(broker, iid, reader=joiner)
             assert own is not None and own["result"]["body"] == "done" and "delivery" not in own
-            await broker.settled()
+            await _settled(broker)
             assert _delivery(broker, iid) == [
                 ("RESULT_DELIVERY_FAILED", None),
                 ("RESULT_DELIVERED", {"uid": joiner}),
@@ -371,3 +379,36 @@ async def test_a_call_refused_in_validation_names_its_asker(
             for refused in (bad, mismatch):
                 record = broker.record(refused["invocation_id"])
                 assert record is not None and record.requester == uid
+
+
+async def test_an_asker_naming_no_uid_waits_for_its_grant_as_the_uid_it_asked_as(
+    tmp_path: Path, token: str
+) -> None:
+    """Below ``Engine.call`` (an older caller naming no requester) the approval request names
+    this process's uid (``asker``), and the dispatch lease its grant takes names the same uid.
+    Before, the wait got the raw None: APPROVAL_REQUESTED said this uid asked, the lease named
+    no one."""
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"done"))) as srv:
+        cfg = approval_config(tmp_path, srv.url, approval={"wait": "10s"})
+        async with open_broker(cfg) as broker:
+            engine = broker._engine
+
+            async def approve() -> None:
+                while True:
+                    waiting = broker.journal.list_actions()
+                    if waiting and waiting[0].state == "awaiting_approval":
+                        await broker.approve(waiting[0].invocation_id, operator=OPS)
+                        return
+                    await trio.sleep(0.01)
+
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(approve)
+                    envelope = await invocation.start(engine, ACTION, None, None)
+            engine.recorder.done()
+            iid = envelope["invocation_id"]
+            assert envelope["result"]["body"] == "done"
+            kinds = {e.kind.value: e.attrs for e in broker.events(iid)}
+            assert "requester" not in kinds["ACTION_ACCEPTED"]
+            assert kinds["APPROVAL_REQUESTED"]["requester"] == {"uid": os.getuid()}
+            assert kinds["DISPATCH_LEASE_ACQUIRED"]["requester"] == {"uid": os.getuid()}
