@@ -21,6 +21,7 @@ from affidavit.statemachine import (
     EvidenceSource,
     ImpossibleEvent,
     Projector,
+    refuse_reopening,
     stored_event,
 )
 
@@ -318,6 +319,9 @@ class Txn:
                 audit,
             )
         try:
+            # A stale row naming a closed call open: refused here, in the writing transaction,
+            # and folded as a no-op when read (``refuse_reopening``); then the lifecycle's rules.
+            refuse_reopening(proj, stored)
             proj.apply(stored)  # ImpossibleEvent: nothing written, projector unchanged
         except ImpossibleEvent:
             raise

@@ -44,6 +44,7 @@ from .retry import (
     send_window,
     within_send_window,
 )
+from .rules_common import refuse_reopening
 from .rules_lease import open_query
 from .withheld import (
     HOLDER_WITHHELD,
@@ -108,6 +109,7 @@ __all__ = [
     "operation_view",
     "project",
     "project_all",
+    "refuse_reopening",
     "register",
     "registered",
     "render_envelope",

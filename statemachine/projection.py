@@ -113,8 +113,9 @@ class Projector:
         """ACTION_ACCEPTED's ``fenced``: a read-only view, set once (``Record.fenced``)."""
         self._closed_calls: set[str] = set()
         """The linked calls (reconciliation queries, polls) a row closed: a row naming one
-        ``open`` after it is stale and refused (``rules_common._reopens``).  The fold's own,
-        never in a record; added to only once a rule has checked its row."""
+        ``open`` after it is stale -- refused by the writer, a no-op when folded from the
+        journal (``rules_common._reopened``).  The fold's own, never in a record; added to
+        only once a rule has checked its row."""
 
     @property
     def state(self) -> str:

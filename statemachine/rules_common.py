@@ -15,14 +15,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 from .contract import CODES, Code, EvidenceSource, Outcome, Phase
-from .events import Event
+from .events import Event, EventKind
 from .lifecycle import STATES
 from .record import ImpossibleEvent
 
 if TYPE_CHECKING:
     from .projection import Projector
 
-__all__ = ["DEFAULT_BUDGET", "DEFAULT_MAX_RETRY_AFTER", "Rule"]
+__all__ = ["DEFAULT_BUDGET", "DEFAULT_MAX_RETRY_AFTER", "Rule", "refuse_reopening"]
 
 DEFAULT_BUDGET = 3
 DEFAULT_MAX_RETRY_AFTER = 300.0
@@ -73,14 +73,44 @@ def _refuse(p: Projector, event: Event, reason: str) -> NoReturn:
     raise ImpossibleEvent(event, p._state, reason)
 
 
-def _reopens(p: Projector, event: Event, what: str, call: object) -> None:
-    """Refuse a row naming the linked call ``call`` (``what``: its kind, for the reason) open
-    once a row closed it: its writer read the call before that row landed -- another asker took
-    it up and closed it (read its answer, or gave it up) -- and its answer is stale.  Folded,
-    it would reopen a call its record shows closed (a denied query open again) and, for a poll,
-    put the stale answer in ``last_poll`` over what the closing row read.  Only a row naming
-    ``open`` is checked: one from before rows named it folds as it was written."""
-    if call in p._closed_calls:
+_LINKED: dict[EventKind, tuple[str, str, tuple[str, ...]]] = {
+    EventKind.RECONCILE_INCONCLUSIVE: ("reconciliation query", "query_invocation", ("open",)),
+    EventKind.OPERATION_POLL_FAILED: ("poll", "poll_invocation", ("open", "unsent")),
+}
+"""The rows that may name a linked call: its kind (for the reason), the attribute naming it,
+and the flags a row may carry only while the call is open -- ``open`` (it stays open) and, for
+a poll, ``unsent`` (it closes the open poll nothing was sent for)."""
+
+
+def _reopened(p: Projector, event: Event) -> bool:
+    """Whether ``event`` names a linked call (a reconciliation query, a poll) ``open`` (or, a
+    poll, ``unsent``) once a row closed it: its writer read the call before that row landed --
+    another asker took it up and closed it (read its answer, or gave it up) -- and it is stale.
+
+    The writer refuses such a row (``refuse_reopening``); a stored one is folded as a no-op
+    for the call (the rules in ``rules_lease`` and ``operation``): a broker from before the
+    writer refused it wrote it whenever no other call was open, so it is no sign of an altered
+    row, and folded as written it would reopen a call its record shows closed (a denied query
+    open again) and, for a poll, put the stale answer in ``last_poll`` over what the closing
+    row read.  Only a row naming ``open`` (or ``unsent``) is concerned: one from before rows
+    named them folds as it was written."""
+    linked = _LINKED.get(event.kind)
+    if linked is None:
+        return False
+    attrs = event.attrs
+    if not any(attrs.get(flag) is True for flag in linked[2]):
+        return False
+    call = attrs.get(linked[1])
+    return type(call) is str and call in p._closed_calls
+
+
+def refuse_reopening(p: Projector, event: Event) -> None:
+    """The writer's check of a new row, before ``Projector.apply`` (``journal.txn``): refuse
+    (``ImpossibleEvent``, nothing changed) a row naming ``open`` a linked call a row closed
+    (``_reopened``).  Not a rule: a stored row is folded, never refused, for it."""
+    if _reopened(p, event):
+        what, name, _ = _LINKED[event.kind]
+        call = event.attrs.get(name)
         _refuse(p, event, f"the {what} {call} was closed by an earlier row; this row is stale")
 
 

@@ -20,7 +20,7 @@ from .rules_common import (
     _is_int,
     _lease_evidence,
     _refuse,
-    _reopens,
+    _reopened,
     _resolved_outcome,
 )
 
@@ -131,11 +131,14 @@ def _on_reconcile_inconclusive(p: Projector, event: Event) -> None:
         # One query at a time (affidavit/reconcile/approved.py): a query asked, or still
         # waiting for an operator, is open until a row naming it without ``open`` reads it or
         # gives it up.  Checked here, in the writing transaction: one asker wins, in any process.
-        _reopens(p, event, "reconciliation query", query)
         current = open_query(ev.get("reconcile_queries", ()), p._generation)
         if current is not None and current != query:
             _refuse(p, event, f"the reconciliation query {current} is still open")
-    if opened or (opened is None and item["code"] == _APPROVAL_PENDING):
+    if opened and _reopened(p, event):
+        # A stale row a broker from before the writer refused it stored (``_reopened``): the
+        # query stays closed; the row is listed, marked stale.
+        item["stale"] = True
+    elif opened or (opened is None and item["code"] == _APPROVAL_PENDING):
         # A row written before rows named ``open`` left a query awaiting an operator with
         # APPROVAL_PENDING and no ``open``: it was taken up then, so it is open now too (not
         # a second card after an upgrade).  Never refused: a journal folds as it was written.

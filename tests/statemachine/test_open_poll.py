@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from affidavit.statemachine import Event, EventKind, EvidenceSource, ImpossibleEvent, Projector
+from affidavit.statemachine import (
+    Event,
+    EventKind,
+    EvidenceSource,
+    ImpossibleEvent,
+    Projector,
+    refuse_reopening,
+)
 
 from .lifecycle_helpers import IID
 from .test_operation_and_batch import OP_ID, with_operation
@@ -64,9 +71,13 @@ def test_a_poll_approved_and_read_is_counted_once() -> None:
 
 
 @pytest.mark.parametrize("closing", ["unsent", "read", "failed"])
-def test_a_row_naming_a_closed_poll_open_is_refused(closing: str) -> None:
-    # A stale asker's row lands after another closed its poll and no poll is open: folded, it
-    # would reopen the poll and put its stale answer in ``last_poll`` over the closing row's.
+def test_a_row_naming_a_closed_poll_open_is_refused_by_the_writer_and_a_no_op_folded(
+    closing: str,
+) -> None:
+    # A stale asker's row lands after another closed its poll and no poll is open: folded as
+    # written, it would reopen the poll and put its stale answer in ``last_poll`` over the
+    # closing row's.  The writer refuses it; a stored one (a broker from before the writer
+    # refused it wrote it) folds as a no-op for the poll, never as an altered row.
     p, seq = _opened()
     if closing == "read":
         attrs = {"operation_id": OP_ID, "poll_invocation": "act_p1", "state": "pending"}
@@ -75,15 +86,21 @@ def test_a_row_naming_a_closed_poll_open_is_refused(closing: str) -> None:
         unsent = {"unsent": True} if closing == "unsent" else {}
         p.apply(_row(seq, "act_p1", code="DENIED", **unsent))
     before = p.record()
-    for stale in (
+    stale_rows = (
         _row(seq + 1, "act_p1", open=True, code="APPROVAL_PENDING"),
-        _row(seq + 1, "act_p1", open=True),
-    ):
+        _row(seq + 2, "act_p1", open=True),
+        _row(seq + 3, "act_p1", code="DENIED", unsent=True),  # a stale asker's close
+    )
+    for n, stale in enumerate(stale_rows):
         with pytest.raises(ImpossibleEvent, match="act_p1 was closed by an earlier row"):
-            p.apply(stale)
-        assert p.record() == before
+            refuse_reopening(p, stale)
+        p.apply(stale)
+        assert p.record().operation == before.operation
+        assert p.record().events == before.events + n + 1
     # A row from before rows named ``open`` folds as it was written.
-    p.apply(_row(seq + 1, "act_p1", code="APPROVAL_PENDING"))
+    legacy = _row(seq + 4, "act_p1", code="APPROVAL_PENDING")
+    refuse_reopening(p, legacy)
+    p.apply(legacy)
     assert p.record().operation["open_poll"] == "act_p1"  # type: ignore[index]
 
 

@@ -27,6 +27,7 @@ from affidavit.statemachine import (
     decide,
     lease_lost_error,
     open_query,
+    refuse_reopening,
     render_envelope,
 )
 from affidavit.statemachine.lifecycle import INITIAL, TRANSITIONS, expand
@@ -870,16 +871,24 @@ def test_an_inconclusive_query_leaves_the_invocation_unknown_and_says_so() -> No
     assert inv.refused(E.RECONCILE_INCONCLUSIVE, query_invocation="act_q4")
 
 
-def test_a_row_naming_a_closed_query_open_is_refused() -> None:
+def test_a_row_naming_a_closed_query_open_is_refused_by_the_writer_and_a_no_op_folded() -> None:
     # A stale asker's row (its query came back awaiting an operator) lands after another
-    # asker closed that query and no other is open: folded, it would reopen a denied query.
+    # asker closed that query and no other is open: folded as written, it would reopen a
+    # denied query.  The writer refuses it; a stored one (a broker from before the writer
+    # refused it wrote it) is listed, marked stale, and leaves the query closed.
     inv = unknown_post()
     q = {"query_invocation": "act_q1"}
     inv.ev(E.RECONCILE_INCONCLUSIVE, **q, code=None, reason="asking", open=True)
     inv.ev(E.RECONCILE_INCONCLUSIVE, **q, code="APPROVAL_DENIED", reason="unsent")
     for stale in ({"code": "APPROVAL_PENDING"}, {"code": None, "reason": "asking"}):
-        reason = inv.refused(E.RECONCILE_INCONCLUSIVE, **q, **stale, open=True)
-        assert "act_q1 was closed by an earlier row" in reason, reason
+        row = Event(E.RECONCILE_INCONCLUSIVE, IID, {**q, **stale, "open": True}, seq=inv.seq + 1)
+        with pytest.raises(ImpossibleEvent, match="act_q1 was closed by an earlier row"):
+            refuse_reopening(inv.p, row)
+        inv.ev(E.RECONCILE_INCONCLUSIVE, **q, **stale, open=True)
+        rec = inv.rec()
+        assert open_query(rec.evidence["reconcile_queries"], rec.generation) is None
+        last = rec.evidence["reconcile_queries"][-1]
+        assert last["stale"] is True and "open" not in last
     # A row from before rows named ``open`` folds as it was written (the query open again).
     inv.ev(E.RECONCILE_INCONCLUSIVE, **q, code="APPROVAL_PENDING")
     rec = inv.rec()

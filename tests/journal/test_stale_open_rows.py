@@ -1,0 +1,107 @@
+"""A stale ``open`` row already in a journal -- one naming a reconciliation query open after a
+row closed it, which the writer accepted until 530d267 whenever no other query was open -- is
+read as a no-op for the query, never as an altered row: the writer refuses such a row
+(``statemachine.refuse_reopening``, in the writing transaction), the fold of a stored one leaves
+the query closed.  Before, the fold refused it too, so every reader turned it into AlteredRow:
+``record``, ``actions``, ``metrics``, ``sessions`` failed JOURNAL_UNREADABLE (one invocation took
+down the whole views), ``Journal.record`` raised, and a later RECONCILED could never be written
+-- while ``journal verify`` said intact (rv47h finding 1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+
+import affidavit.journal.txn as txn
+from affidavit.cli import main as cli_main
+from affidavit.journal import Journal, JournalReader
+from affidavit.statemachine import Event, EvidenceSource, ImpossibleEvent, open_query
+from affidavit.statemachine import EventKind as E
+
+from .helpers import interrupted
+
+IID = "act_x1"
+QUERY = {"query_invocation": "act_q1"}
+
+
+def _inconclusive(**attrs: object) -> Event:
+    return Event(
+        E.RECONCILE_INCONCLUSIVE,
+        IID,
+        {**QUERY, **attrs},
+        source=EvidenceSource.REMOTE_QUERY,
+        observer="obs",
+        observer_seq=1,
+    )
+
+
+STALE = _inconclusive(code="APPROVAL_PENDING", reason="stale", open=True)
+
+
+async def _write(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with Journal.open(db) as j:
+        for event in interrupted(IID):
+            await j.append(event)
+        await j.append(_inconclusive(code=None, reason="asking", open=True))
+        await j.append(_inconclusive(code="APPROVAL_DENIED", reason="unsent"))
+        with pytest.raises(ImpossibleEvent, match="act_q1 was closed by an earlier row"):
+            await j.append(STALE)  # the writer refuses it now
+        # Stored as the writer before 530d267 stored it: the same row, the check off.
+        with monkeypatch.context() as m:
+            m.setattr(txn, "refuse_reopening", lambda p, e: None)
+            await j.append(STALE)
+        assert j.record(IID).state == "interrupted"
+
+
+def _queries(evidence: object) -> list[dict[str, object]]:
+    assert isinstance(evidence, dict)
+    return list(evidence["reconcile_queries"])
+
+
+def test_a_stored_stale_open_row_is_read_as_written_and_the_query_stays_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "j.db"
+    trio.run(_write, db, monkeypatch)
+    with JournalReader.open(db) as r:
+        rec = r.record(IID)
+        assert rec is not None and rec.state == "interrupted"
+        items = [dict(i) for i in rec.evidence["reconcile_queries"]]
+        assert items[-1]["stale"] is True and "open" not in items[-1]
+        assert open_query(items, rec.generation) is None
+    journal = ["--journal", str(db)]
+    answers = {}
+    for command in ("record", "actions", "metrics", "sessions"):
+        args = [command, IID] if command == "record" else [command]
+        assert cli_main([*args, "--json", *journal]) == 0, command
+        out = capsys.readouterr().out
+        answers[command] = json.loads(out)
+    assert _queries(answers["record"]["record"]["evidence"])[-1]["stale"] is True
+    assert [rec["invocation_id"] for rec in answers["actions"]] == [IID]
+    assert answers["metrics"]["invocations"] == 1
+    assert answers["metrics"]["by_code_outcome"][0]["code"] == "REMOTE_OUTCOME_UNKNOWN"
+    assert [s["session"] for s in answers["sessions"]] == ["sess-1"]
+    assert cli_main(["journal", "verify", *journal]) == 0
+    capsys.readouterr()
+
+    async def attest() -> str:
+        async with Journal.open(db) as j:
+            await j.append(
+                Event(
+                    E.RECONCILED,
+                    IID,
+                    {"outcome": "committed", "note": "checked the ledger"},
+                    source=EvidenceSource.OPERATOR_ATTESTED,
+                    observer="ops",
+                    observer_seq=1,
+                )
+            )
+            return j.record(IID).state
+
+    assert trio.run(attest) == "reconciled_committed"
+    with JournalReader.open(db) as r:
+        rec = r.record(IID)
+        assert rec is not None and rec.state == "reconciled_committed"
