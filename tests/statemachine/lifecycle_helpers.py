@@ -28,6 +28,7 @@ from affidavit.statemachine import (
     ProtocolTable,
     Record,
     Retry,
+    open_query,
     operation_id,
 )
 from affidavit.statemachine.lifecycle import INITIAL, STATES, edges, expand
@@ -214,7 +215,10 @@ def make_event(
         source = choose([EvidenceSource.REMOTE_QUERY, EvidenceSource.OPERATOR_ATTESTED])
         observer, observer_seq = "ops-console", choose([1, 17])
     elif kind is E.RECONCILE_INCONCLUSIVE:
-        attrs = {"query_invocation": "act_query", "code": choose([None, "REMOTE_OUTCOME_UNKNOWN"])}
+        queries = rec.evidence.get("reconcile_queries", ())
+        attrs = _linked("query_invocation", QUERIES, open_query(queries, rec.generation), choose)
+        if not attrs.get("open"):
+            attrs["code"] = choose([None, "REMOTE_OUTCOME_UNKNOWN"])
         if choose([False, True]):
             attrs["not_before"] = 1.8e9
     elif kind is E.BATCH_ITEMS_RECORDED:
@@ -233,17 +237,19 @@ def make_event(
         state = choose(["pending", "succeeded", "failed"])
         attrs = {
             "operation_id": operation_id(iid),
-            "poll_invocation": "act_poll",
+            "poll_invocation": choose(POLLS),  # a poll that read a state is never open
             "state": state,
             "remote_status": state,
         }
         source = EvidenceSource.REMOTE_QUERY
     elif kind is E.OPERATION_POLL_FAILED:
+        current = rec.operation.get("open_poll") if rec.operation is not None else None
         attrs = {
             "operation_id": operation_id(iid),
-            "poll_invocation": "act_poll",
-            "code": Code.REMOTE_OUTCOME_UNKNOWN.value,
+            **_linked("poll_invocation", POLLS, current, choose),
         }
+        if not attrs.get("open"):
+            attrs["code"] = Code.REMOTE_OUTCOME_UNKNOWN.value
     elif kind is E.PROTOCOL_OBSERVED:
         attrs = {"protocol": "http", "state": "headers_sent", "facts": {"reused": False}}
     return Event(
@@ -255,6 +261,25 @@ def make_event(
         observer=observer,
         observer_seq=observer_seq,
     )
+
+
+QUERIES = ("act_q1", "act_q2", "act_q3")
+POLLS = ("act_p1", "act_p2", "act_p3")
+"""The calls a reconciliation query's, a poll's row names: small pools, so that rows name calls
+earlier rows opened and closed -- a row naming a closed call ``open`` is stale, a no-op when
+folded (``statemachine/rules_common._reopened``)."""
+
+
+def _linked(name: str, pool: Sequence[str], current: object, choose: Choose[Any]) -> dict[str, Any]:
+    """A linked call's row (its attribute ``name``): open or not, naming a call from ``pool``
+    -- an open row the ``current`` open call when one is (another is refused: one call at a
+    time), else any, a closed one included.  Its code when open: None (named, not yet asked)
+    or APPROVAL_PENDING (awaiting an operator); a row that does not name ``open`` never says
+    APPROVAL_PENDING (a row from before ``open`` rows: it opens its call as written)."""
+    if choose([False, True]):
+        call = current if isinstance(current, str) else choose(pool)
+        return {name: call, "open": True, "code": choose([None, "APPROVAL_PENDING"])}
+    return {name: choose(pool)}
 
 
 ITEM_RESULTS: list[tuple[Outcome, Code | None, str]] = [

@@ -42,6 +42,7 @@ from affidavit.statemachine import (
     Retry,
     compute_retry,
     envelope_schema,
+    open_query,
     render_envelope,
 )
 from affidavit.statemachine.lifecycle import edges
@@ -146,6 +147,7 @@ class ProjectionMachine(RuleBasedStateMachine):
         self.seq = 0
         self.max_retry_after = 300.0
         self.dispatched = False
+        self.closed: set[str] = set()  # the linked calls a row closed (``_linked_invariants``)
         self.prev = self.p.record(self.now)
 
     @initialize(params=OPERATIONS)
@@ -184,6 +186,7 @@ class ProjectionMachine(RuleBasedStateMachine):
         after = self.p.record(self.now)
         self.taken.add((state_before, event.kind, self.p.state))
         _event_postconditions(event, before, after)
+        _linked_invariants(event, after, self.closed)
         if event.kind is E.DISPATCH_STARTED:
             self.dispatched = True
         if (
@@ -466,6 +469,36 @@ def _event_postconditions(event: Event, before: Record, after: Record) -> None:
         assert after.phase is Phase.RESULT_DELIVERY and after.retry is Retry.FETCH_RESULT
     if kind is E.RESULT_DELIVERED:
         assert after.retry is not Retry.FETCH_RESULT and after.phase is not Phase.RESULT_DELIVERY
+
+
+_LINKED = {
+    E.RECONCILE_INCONCLUSIVE: "query_invocation",
+    E.OPERATION_POLL_FAILED: "poll_invocation",
+    E.OPERATION_POLLED: "poll_invocation",
+}
+
+
+def _linked_invariants(event: Event, after: Record, closed: set[str]) -> None:
+    """One question at a time, never asked again once answered: no accepted row reopens a
+    linked call (a reconciliation query, a poll) a row closed -- the record's open query and
+    open poll never name one, a stale row naming it ``open`` included (a no-op when folded).
+    ``closed``: the calls a row named without ``open``, kept up to date here.  A row from before
+    rows named ``open`` (APPROVAL_PENDING, no ``open``) opens its call as written."""
+    name = _LINKED.get(event.kind)
+    call = event.attrs.get(name) if name is not None else None
+    opened = event.attrs.get("open")
+    legacy = (
+        opened is None
+        and event.kind is not E.OPERATION_POLLED
+        and event.attrs.get("code") == Code.APPROVAL_PENDING.value
+    )
+    if isinstance(call, str) and legacy:
+        closed.discard(call)  # folded as written: open again (``rules_lease``, ``operation``)
+    queries = after.evidence.get("reconcile_queries", ())
+    open_now = {open_query(queries, after.generation), (after.operation or {}).get("open_poll")}
+    assert not (open_now & closed), f"{event.kind.value} reopened a closed call: {open_now}"
+    if isinstance(call, str) and opened is not True and not legacy:
+        closed.add(call)
 
 
 def _item_invariants(rec: Record, prev: Record) -> None:

@@ -1,0 +1,68 @@
+"""One question at a time, never asked again once answered, on any log of a record's linked
+calls (reconciliation queries, an operation's polls): rows naming a call from a small pool,
+``open`` or not, stale ones included (a row naming a closed call ``open``: the writer refuses
+it, a stored one folds as a no-op -- ``statemachine/rules_common._reopened``).  The general walk
+(test_projection_machine) seldom reaches a record with a query or a pending job and then
+lingers there; this one starts there.  Properties: no row reopens a closed call (the open
+query and open poll never name one), and ``project_all`` / ``fold_runs`` agree with
+``Projector.apply`` on every such log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from affidavit.statemachine import Event, EventKind, Projector, fold_runs, project_all
+
+from .lifecycle_helpers import IID, make_event, path_to
+from .test_operation_and_batch import _accepted
+from .test_projection_machine import _chooser, _linked_invariants
+
+E = EventKind
+
+
+def _prefix(start: str) -> tuple[Projector, list[Event]]:
+    """The events that take a new record to ``start``: ``interrupted`` (unknown, a query may
+    reconcile it) or ``pending`` (a delivered 202 whose job is pending: polls may read it)."""
+    p, events = Projector(IID), []
+    target = "interrupted" if start == "interrupted" else "completed_committed"
+    for kind, dest in path_to(target):
+        events.append(make_event(p, kind, dest, len(events) + 1))
+        p.apply(events[-1])
+    if start == "pending":
+        events.append(_accepted(p, len(events) + 1))
+        p.apply(events[-1])
+        for kind, dest in ((E.RESULT_COMMITTED, "stored_committed"), (E.RESULT_DELIVERED, "")):
+            events.append(make_event(p, kind, dest, len(events) + 1))
+            p.apply(events[-1])
+    return p, events
+
+
+_KINDS = {
+    "interrupted": [E.RECONCILE_INCONCLUSIVE],
+    "pending": [E.OPERATION_POLL_FAILED, E.OPERATION_POLL_FAILED, E.OPERATION_POLLED],
+}
+"""The rows drawn from each start (a poll that read a state mostly ends the job: drawn less)."""
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), start=st.sampled_from(sorted(_KINDS)), rows=st.integers(1, 12))
+def test_no_row_reopens_a_closed_call_and_every_fold_agrees(
+    data: st.DataObject, start: str, rows: int
+) -> None:
+    choose: Any = _chooser(data)
+    p, log = _prefix(start)
+    closed: set[str] = set()
+    for _ in range(rows):
+        op = p.record().operation
+        if op is not None and op["state"] != "pending":
+            break  # the job ended: no poll reads it
+        event = make_event(p, choose(_KINDS[start]), p.state, len(log) + 1, choose)
+        p.apply(event)  # a generated row is never refused: a stale one is a no-op
+        log.append(event)
+        _linked_invariants(event, p.record(), closed)
+    want = p.record(7.0)
+    assert project_all(log, now=7.0) == {IID: want}
+    assert [run.record(7.0) for run, _, _ in fold_runs(log)] == [want]
