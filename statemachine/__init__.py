@@ -44,8 +44,7 @@ from .retry import (
     send_window,
     within_send_window,
 )
-from .rules_common import refuse_reopening
-from .rules_lease import open_query
+from .rules_common import open_query, refuse_reopening
 from .withheld import (
     HOLDER_WITHHELD,
     KEYED_PREFIX,

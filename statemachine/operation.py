@@ -256,7 +256,6 @@ def _on_poll(p: Projector, event: Event) -> None:
         p._operation = MappingProxyType(
             {**op, "last_poll": {**last_unsent, "reason": attrs.get("reason")}, "open_poll": None}
         )
-        p._closed_calls.add(poll)
         return
     last: dict[str, Any] = {"invocation_id": poll, "seq": event.seq}
     if event.kind is E.OPERATION_POLLED:
@@ -281,8 +280,6 @@ def _on_poll(p: Projector, event: Event) -> None:
             "open_poll": open_poll,
         }
     )
-    if not opened:
-        p._closed_calls.add(poll)
 
 
 OPERATION_RULES: Mapping[EventKind, Any] = {

@@ -50,7 +50,6 @@ class Projector:
         "_batch",
         "_budget_total",
         "_budget_used",
-        "_closed_calls",
         "_code",
         "_events",
         "_evidence",
@@ -111,11 +110,6 @@ class Projector:
         """The items this invocation sent as a batch and their outcomes (``batch.py``)."""
         self._fenced: Mapping[str, Any] | None = None
         """ACTION_ACCEPTED's ``fenced``: a read-only view, set once (``Record.fenced``)."""
-        self._closed_calls: set[str] = set()
-        """The linked calls (reconciliation queries, polls) a row closed: a row naming one
-        ``open`` after it is stale -- refused by the writer, a no-op when folded from the
-        journal (``rules_common._reopened``).  The fold's own, never in a record; added to
-        only once a rule has checked its row."""
 
     @property
     def state(self) -> str:

@@ -11,7 +11,7 @@ when a whole journal is folded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 from .contract import CODES, Code, EvidenceSource, Outcome, Phase
@@ -73,45 +73,78 @@ def _refuse(p: Projector, event: Event, reason: str) -> NoReturn:
     raise ImpossibleEvent(event, p._state, reason)
 
 
-_LINKED: dict[EventKind, tuple[str, str, tuple[str, ...]]] = {
-    EventKind.RECONCILE_INCONCLUSIVE: ("reconciliation query", "query_invocation", ("open",)),
-    EventKind.OPERATION_POLL_FAILED: ("poll", "poll_invocation", ("open", "unsent")),
+_LINKED: dict[EventKind, tuple[str, str]] = {
+    EventKind.RECONCILE_INCONCLUSIVE: ("reconciliation query", "query_invocation"),
+    EventKind.OPERATION_POLL_FAILED: ("poll", "poll_invocation"),
 }
-"""The rows that may name a linked call: its kind (for the reason), the attribute naming it,
-and the flags a row may carry only while the call is open -- ``open`` (it stays open) and, for
-a poll, ``unsent`` (it closes the open poll nothing was sent for)."""
+"""The rows that may leave a linked call open or close one nothing was sent for: its kind (for
+the reason) and the attribute naming it."""
+
+
+def open_query(items: Iterable[Mapping[str, Any]], generation: int) -> str | None:
+    """The reconciliation query still open under ``generation``: the last one a row opened
+    (``open``, that generation) that no later row naming it closed; else None."""
+    current = None
+    for item in items:
+        if item.get("open") and item.get("generation") == generation:
+            current = item.get("query_invocation")
+        elif item.get("query_invocation") == current:
+            current = None
+    return current if isinstance(current, str) else None
+
+
+def _open_call(p: Projector, kind: EventKind) -> str | None:
+    """The record's open linked call of ``kind``'s sort: its open query, its job's open poll."""
+    if kind is EventKind.RECONCILE_INCONCLUSIVE:
+        return open_query(p._evidence.get("reconcile_queries", ()), p._generation)
+    op = p._operation
+    current = None if op is None else op.get("open_poll")
+    return current if isinstance(current, str) else None
 
 
 def _reopened(p: Projector, event: Event) -> bool:
-    """Whether ``event`` names a linked call (a reconciliation query, a poll) ``open`` (or, a
-    poll, ``unsent``) once a row closed it: its writer read the call before that row landed --
-    another asker took it up and closed it (read its answer, or gave it up) -- and it is stale.
+    """Whether ``event`` is a stale row of a linked call (a reconciliation query, a poll): it
+    names ``open`` with a code (what the call answered: awaiting an operator, being sent) --
+    or, a poll's, ``unsent`` -- a call while none is open (while another is, the rules refuse
+    it: one call at a time).  Its writer read the call open before that changed: another
+    asker took it up and closed it (read its answer, or gave it up).  A claim (``open``, no
+    code) is not one: it names a fresh id (``new_invocation_id``).
 
-    The writer refuses such a row (``refuse_reopening``); a stored one is folded as a no-op
-    for the call (the rules in ``rules_lease`` and ``operation``): a broker from before the
-    writer refused it wrote it whenever no other call was open, so it is no sign of an altered
-    row, and folded as written it would reopen a call its record shows closed (a denied query
+    Stateless, with nothing kept per call: every broker since rows named ``open`` (95c6220 for
+    queries, 858d764 for polls) wrote an open row with a code only for a call it had claimed
+    or taken up open (``asked``), and a call, once open, is not open again until a row closes
+    it -- a query's under a newer generation too, but such a row names the generation it
+    read and is refused (``rules_lease._observed``).  So a stored row this finds was stale
+    when written.
+
+    The writer refuses it (``refuse_reopening``); a stored one is folded as a no-op for the
+    call (the rules in ``rules_lease`` and ``operation``): a broker from before the writer
+    refused it wrote it whenever no other call was open, so it is no sign of an altered row,
+    and folded as written it would reopen a call its record shows closed (a denied query
     open again) and, for a poll, put the stale answer in ``last_poll`` over what the closing
-    row read.  Only a row naming ``open`` (or ``unsent``) is concerned: one from before rows
-    named them folds as it was written."""
+    row read."""
     linked = _LINKED.get(event.kind)
     if linked is None:
         return False
     attrs = event.attrs
-    if not any(attrs.get(flag) is True for flag in linked[2]):
+    if attrs.get("open") is True:
+        if attrs.get("code") is None:
+            return False
+    elif event.kind is not EventKind.OPERATION_POLL_FAILED or attrs.get("unsent") is not True:
         return False
-    call = attrs.get(linked[1])
-    return type(call) is str and call in p._closed_calls
+    return type(attrs.get(linked[1])) is str and _open_call(p, event.kind) is None
 
 
 def refuse_reopening(p: Projector, event: Event) -> None:
     """The writer's check of a new row, before ``Projector.apply`` (``journal.txn``): refuse
-    (``ImpossibleEvent``, nothing changed) a row naming ``open`` a linked call a row closed
-    (``_reopened``).  Not a rule: a stored row is folded, never refused, for it."""
+    (``ImpossibleEvent``, nothing changed) a stale row of a linked call (``_reopened``).  Not a
+    rule: a stored row is folded, never refused, for it."""
     if _reopened(p, event):
-        what, name, _ = _LINKED[event.kind]
+        what, name = _LINKED[event.kind]
         call = event.attrs.get(name)
-        _refuse(p, event, f"the {what} {call} was closed by an earlier row; this row is stale")
+        _refuse(
+            p, event, f"the {what} {call} is not open: an earlier row closed it; this row is stale"
+        )
 
 
 def _stale(p: Projector, event: Event, generation: object) -> NoReturn:

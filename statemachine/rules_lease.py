@@ -6,7 +6,6 @@ added beside the original attempt, never over it (seed: "Reconciliation is an ob
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .contract import CODES, Code, EvidenceSource, Retry
@@ -22,6 +21,7 @@ from .rules_common import (
     _refuse,
     _reopened,
     _resolved_outcome,
+    open_query,
 )
 
 if TYPE_CHECKING:
@@ -150,20 +150,6 @@ def _on_reconcile_inconclusive(p: Projector, event: Event) -> None:
             _refuse(p, event, "attrs.not_before must be a time in seconds since the epoch")
         item["not_before"] = not_before
     ev["reconcile_queries"] = [*ev.get("reconcile_queries", ()), item]
-    if not item.get("open"):
-        p._closed_calls.add(query)
-
-
-def open_query(items: Iterable[Mapping[str, Any]], generation: int) -> str | None:
-    """The reconciliation query still open under ``generation``: the last one a row opened
-    (``open``, that generation) that no later row naming it closed; else None."""
-    current = None
-    for item in items:
-        if item.get("open") and item.get("generation") == generation:
-            current = item.get("query_invocation")
-        elif item.get("query_invocation") == current:
-            current = None
-    return current if isinstance(current, str) else None
 
 
 def _on_lease_lost(p: Projector, event: Event) -> None:

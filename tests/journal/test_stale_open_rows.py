@@ -47,7 +47,7 @@ async def _write(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             await j.append(event)
         await j.append(_inconclusive(code=None, reason="asking", open=True))
         await j.append(_inconclusive(code="APPROVAL_DENIED", reason="unsent"))
-        with pytest.raises(ImpossibleEvent, match="act_q1 was closed by an earlier row"):
+        with pytest.raises(ImpossibleEvent, match="act_q1 is not open"):
             await j.append(STALE)  # the writer refuses it now
         # Stored as the writer before 530d267 stored it: the same row, the check off.
         with monkeypatch.context() as m:

@@ -216,7 +216,9 @@ def make_event(
         observer, observer_seq = "ops-console", choose([1, 17])
     elif kind is E.RECONCILE_INCONCLUSIVE:
         queries = rec.evidence.get("reconcile_queries", ())
-        attrs = _linked("query_invocation", QUERIES, open_query(queries, rec.generation), choose)
+        named = [q["query_invocation"] for q in queries]
+        current = open_query(queries, rec.generation)
+        attrs = _linked("query_invocation", _pool("act_q", seq, named), current, choose)
         if not attrs.get("open"):
             attrs["code"] = choose([None, "REMOTE_OUTCOME_UNKNOWN"])
         if choose([False, True]):
@@ -237,7 +239,8 @@ def make_event(
         state = choose(["pending", "succeeded", "failed"])
         attrs = {
             "operation_id": operation_id(iid),
-            "poll_invocation": choose(POLLS),  # a poll that read a state is never open
+            # a poll that read a state is never open
+            "poll_invocation": choose(_pool("act_p", seq, _polls(rec))[1:]),
             "state": state,
             "remote_status": state,
         }
@@ -246,7 +249,7 @@ def make_event(
         current = rec.operation.get("open_poll") if rec.operation is not None else None
         attrs = {
             "operation_id": operation_id(iid),
-            **_linked("poll_invocation", POLLS, current, choose),
+            **_linked("poll_invocation", _pool("act_p", seq, _polls(rec)), current, choose),
         }
         if not attrs.get("open"):
             attrs["code"] = Code.REMOTE_OUTCOME_UNKNOWN.value
@@ -263,23 +266,36 @@ def make_event(
     )
 
 
-QUERIES = ("act_q1", "act_q2", "act_q3")
-POLLS = ("act_p1", "act_p2", "act_p3")
-"""The calls a reconciliation query's, a poll's row names: small pools, so that rows name calls
-earlier rows opened and closed -- a row naming a closed call ``open`` is stale, a no-op when
-folded (``statemachine/rules_common._reopened``)."""
+def _pool(prefix: str, seq: int | None, named: Sequence[object]) -> list[str]:
+    """The calls a linked call's row may name: a fresh one first (a claim's: ``prefix`` and
+    ``seq``), then ``prefix`` 1 and 2 and those ``named`` on the record -- so that rows name
+    calls earlier rows opened and closed (a stale row: ``statemachine/rules_common._reopened``)."""
+    known = [f"{prefix}1", f"{prefix}2", *(n for n in named if isinstance(n, str))]
+    return [f"{prefix}{seq}-fresh", *dict.fromkeys(known)]
+
+
+def _polls(rec: Record) -> list[object]:
+    """The polls the record names: its job's open poll and the last one that read it."""
+    op = rec.operation or {}
+    last = op.get("last_poll") or {}
+    return [op.get("open_poll"), last.get("invocation_id")]
 
 
 def _linked(name: str, pool: Sequence[str], current: object, choose: Choose[Any]) -> dict[str, Any]:
-    """A linked call's row (its attribute ``name``): open or not, naming a call from ``pool``
-    -- an open row the ``current`` open call when one is (another is refused: one call at a
-    time), else any, a closed one included.  Its code when open: None (named, not yet asked)
-    or APPROVAL_PENDING (awaiting an operator); a row that does not name ``open`` never says
-    APPROVAL_PENDING (a row from before ``open`` rows: it opens its call as written)."""
-    if choose([False, True]):
-        call = current if isinstance(current, str) else choose(pool)
-        return {name: call, "open": True, "code": choose([None, "APPROVAL_PENDING"])}
-    return {name: choose(pool)}
+    """A linked call's row (its attribute ``name``): a claim (``open``, no code) naming the
+    ``current`` open call or else a fresh one (``pool[0]``: a broker names a new call by a new
+    id); an answer leaving a call open (APPROVAL_PENDING) naming ``current``, or else any call
+    of ``pool`` -- a stale row, a no-op when folded; or a row closing a call of ``pool`` or
+    ``current``.  An open row never names another call while one is open (refused: one call
+    at a time), and a row that does not name ``open`` never says APPROVAL_PENDING (a row from
+    before ``open`` rows: it opens its call as written)."""
+    form = choose(["close", "claim", "answer"])
+    named = [current] if isinstance(current, str) else []
+    if form == "claim":
+        return {name: (named or pool)[0], "open": True, "code": None}
+    if form == "answer":
+        return {name: named[0] if named else choose(pool), "open": True, "code": "APPROVAL_PENDING"}
+    return {name: choose([*named, *pool[1:]])}
 
 
 ITEM_RESULTS: list[tuple[Outcome, Code | None, str]] = [
