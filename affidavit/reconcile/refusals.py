@@ -18,7 +18,13 @@ a stable code (``OperatorError``), never the projection's bare ``ImpossibleEvent
   stays, linked); the message names the row that closed it (``takeup.closed_by``: what it
   says of the query stands) and says only that this answer was not recorded.
 
-Only a row the record as observed refuses (a bug, not a race) is left to raise.
+* ``ROW_REFUSED`` (500) -- any other row but a claim that the record as observed refuses: no
+  race explains it (a bug), but the query may have been sent -- answered, never raised, so
+  its answer is kept beside (``service``: ``refused``) and the CLI, the daemon and MCP say
+  a stable code, not a traceback or an internal error.
+
+Only a claim the record as observed refuses (nothing of its query asked or sent) is left to
+raise.
 """
 
 from __future__ import annotations
@@ -84,8 +90,8 @@ async def append(engine: Engine, event: Event) -> None:
 async def refusal(engine: Engine, refused: ImpossibleEvent, *, claim: bool = False) -> Exception:
     """What a reconciliation's row ``refused`` by the projection answers -- its own row, or
     (``claim``) the claim heading a query's first write (``engine/takeup.py``): the
-    ``OperatorError`` the record now warrants (the module's list), else ``refused`` itself --
-    not a race, the record as observed refuses the row."""
+    ``OperatorError`` the record now warrants (the module's list); for a claim the record as
+    observed refuses (not a race), ``refused`` itself."""
     event = refused.event
     iid = event.invocation_id
     record = await engine.recorder.record(iid)
@@ -110,7 +116,7 @@ async def refusal(engine: Engine, refused: ImpossibleEvent, *, claim: bool = Fal
     elif why is None and claim and current is not None and current != named:
         # Only a claim: nothing of its query was asked or sent.  Any other row naming a query
         # other than the open one is no race the projection has (the open row is the first
-        # branch's): its refusal is raised.
+        # branch's): ROW_REFUSED below.
         why = pending(current, iid, "is being asked")
     elif why is None and current is None and opened and claim:
         # A claim refused while another query was open, closed by the time the record was
@@ -120,5 +126,16 @@ async def refusal(engine: Engine, refused: ImpossibleEvent, *, claim: bool = Fal
             f"another reconciliation query of {iid} was open when this one was named, and "
             "has closed since; nothing was asked or sent. Query again",
             409,
+        )
+    if why is None and not claim:
+        # No race the projection has: a bug.  Never raised: a query may have been sent, and
+        # its answer is kept beside this (``service``); the reason names states and ids only.
+        asked = f"; the query {named} was asked: " if isinstance(named, str) else "; "
+        why = OperatorError(
+            "ROW_REFUSED",
+            f"{event.kind.value} of {iid} was refused by its record, though no race explains "
+            f"it (a bug: report it) -- in state {refused.state!r}: {refused.reason}{asked}"
+            "this row was not recorded",
+            500,
         )
     return refused if why is None else why

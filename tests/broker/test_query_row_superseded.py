@@ -118,8 +118,7 @@ async def test_a_refused_row_that_is_no_claim_is_never_answered_query_pending(
 ) -> None:
     # QUERY_PENDING says "nothing more was asked or sent": true of a refused claim only.  A
     # query's closing row refused while another query is open (no race the projection has:
-    # a bug) is the projection's own refusal, raised -- never a retryable QUERY_PENDING for a
-    # query that was sent.
+    # a bug) answers ROW_REFUSED -- never a retryable QUERY_PENDING for a query that was sent.
     async with _payments(tmp_path) as (srv, broker, iid):
         record = broker.record(iid)
         assert record is not None
@@ -128,10 +127,40 @@ async def test_a_refused_row_that_is_no_claim_is_never_answered_query_pending(
         await broker.journal.append(Event(E.RECONCILE_INCONCLUSIVE, iid, {**other, **at}))
         closing = {"query_invocation": "act_q1", "code": None, "reason": "no match", **at}
         refused = ImpossibleEvent(Event(E.RECONCILE_INCONCLUSIVE, iid, closing), "x", "a bug")
-        assert await refusals.refusal(broker._engine, refused) is refused
+        answer = await refusals.refusal(broker._engine, refused)
+        assert getattr(answer, "code", None) == "ROW_REFUSED", answer
         claim = ImpossibleEvent(
             Event(E.RECONCILE_INCONCLUSIVE, iid, {**closing, "open": True}), "x", "r"
         )
         answer = await refusals.refusal(broker._engine, claim, claim=True)
         assert getattr(answer, "code", None) == "QUERY_PENDING", answer  # a claim's, as before
     assert not any(r.method == "GET" for r in srv.requests)
+
+
+async def test_a_returned_query_whose_row_no_race_explains_is_refused_keeps_its_answer(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The query was sent and came back; its row is refused for a reason the record as read
+    # does not explain (forced here: a bug).  Before, the bare ImpossibleEvent was raised out
+    # of Broker.reconcile -- a traceback from the CLI, INTERNAL from MCP -- and the query's
+    # answer was lost.  Now: answered, ``refused`` ROW_REFUSED beside the query's answer.
+    async with _payments(tmp_path) as (srv, broker, iid):
+        recorder = broker._engine.recorder
+        real_append = recorder.append
+
+        async def append(event: Event, *args: Any, **kwargs: Any) -> Any:
+            if event.invocation_id == iid and event.attrs.get("code") == "APPROVAL_PENDING":
+                raise ImpossibleEvent(event, "interrupted", "forced: a bug")
+            return await real_append(event, *args, **kwargs)
+
+        monkeypatch.setattr(recorder, "append", append)
+        with trio.fail_after(LIMIT):
+            answer = await broker.reconcile(iid, query=True)
+        assert answer["reconciled"] is False
+        assert answer["query"]["error"]["code"] == "APPROVAL_PENDING"  # the answer, kept
+        refused = answer["refused"]
+        assert refused["code"] == "ROW_REFUSED", refused
+        query_id = answer["query"]["invocation_id"]
+        assert "forced: a bug" in refused["message"] and query_id in refused["message"]
+        assert broker.events(query_id)  # the query's record stays
+    assert not any(r.method == "GET" for r in srv.requests)  # awaits an operator: not sent
