@@ -14,6 +14,7 @@ its stale APPROVAL_PENDING in ``last_poll``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,11 @@ import pytest
 import trio
 
 from affidavit.api.broker import Broker
+from affidavit.cli import main as cli_main
 from affidavit.cli.operations import poll_exit
 from affidavit.engine import operations as ops
-from affidavit.statemachine import Event, EventKind, ImpossibleEvent, invocation_of
+from affidavit.engine.recorder import Recorder
+from affidavit.statemachine import Event, EventKind, EvidenceSource, ImpossibleEvent, invocation_of
 from tests.http.hostile import HostileServer, scripts
 
 from .approvalkit import OPS
@@ -203,3 +206,55 @@ async def test_a_poll_whose_row_is_refused_because_another_ended_the_job_answers
                 == (others[0]["poll"]["invocation_id"])
             )
     assert _gets(srv) == 2
+
+
+def test_the_cli_exits_1_when_its_poll_answer_carries_refused(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``affidavit operation poll`` through its real entry (``cli.main``: the broker it opens,
+    the answer it prints, its exit status) on a prepared journal -- a job accepted, pending,
+    polls under approval -- its poll's row refused because another asker read the job's state
+    with that poll before the row landed: the answer carries ``refused`` POLL_SUPERSEDED, and
+    the exit status is 1, though the operation's last poll read a state.
+
+    In-process, not a subprocess: ``refused`` needs another writer to close the poll between
+    its claim and its row, and an embedded journal is one process's (``JournalLocked``) --
+    no second process can write it meanwhile; a subprocess would need that close injected
+    into it, and a shared PostgreSQL journal would race an approval's wait against the clock.
+    The close is written here, by the CLI's own recorder, just before the row."""
+
+    async def prepare() -> str:
+        async with _jobs(tmp_path) as (_, _, op_id):
+            return op_id
+
+    op_id = trio.run(prepare)
+    iid = invocation_of(op_id)
+    real_append = Recorder.append
+    closed: list[str] = []
+
+    async def append(self: Recorder, event: Event, *args: Any, **kwargs: Any) -> Any:
+        attrs = event.attrs
+        if not closed and event.invocation_id == iid and attrs.get("code") == "APPROVAL_PENDING":
+            # Another asker took the poll up and read the job's state first: the operation's
+            # last poll then read a state, which this answer did not.
+            closed.append(attrs["poll_invocation"])
+            read = {"operation_id": op_id, "poll_invocation": closed[0], "state": "pending"}
+            await real_append(
+                self,
+                Event(
+                    E.OPERATION_POLLED,
+                    event.invocation_id,
+                    {**read, "remote_status": "busy"},
+                    source=EvidenceSource.REMOTE_QUERY,
+                ),
+            )
+        return await real_append(self, event, *args, **kwargs)
+
+    monkeypatch.setattr(Recorder, "append", append)
+    config = str(tmp_path / "affidavit.toml")
+    assert cli_main(["operation", "poll", op_id, "--config", config]) == 1
+    answer = json.loads(capsys.readouterr().out)
+    assert closed and answer["poll"]["invocation_id"] == closed[0]
+    assert answer["poll"]["error"]["code"] == "APPROVAL_PENDING"
+    assert answer["refused"]["code"] == "POLL_SUPERSEDED", answer["refused"]
+    assert answer["operation"]["last_poll"]["state"] == "pending"  # another's poll read it
