@@ -1,28 +1,37 @@
 """The text block of a tool result: what an agent that reads only text sees.
 
-What decides the agent's next step comes first, one line each, never cut (``render``): a
-``refused`` {code, message} beside a query's or a poll's answer (QUERY_SUPERSEDED,
-POLL_SUPERSEDED, RETRIED_MEANWHILE ...), whether it ``reconciled``, the status of the envelope
-and of every envelope an answer holds (``_status``: its error, or ``evidence.outcome``, and the
-result's status), what else of each decides what its result is worth (``_marks``: batch items,
-``by_reference``, ``delivery``, base64 and truncated or withheld streams), an ``api_error``'s
-code, outcome, retry, field and ``retry_after``, a fetched page's ``result.resume``, and a read
-tool's own (``_deciding``: get_record's record, each listed action and target).  Only the bulk
-behind them -- a stream as one JSON string, the rest of an answer as compact JSON with its
-strings cut first (``_shown``) -- is cut at ``PREVIEW`` characters; the structured content keeps
-the whole answer.  No value makes a line of its own (``_flat``).  Before, a 4190-character
-reconcile answer was rendered as compact JSON with sorted keys, cut at 2000: ``refused`` sorted
-last and was cut away, and the agent read the query's APPROVAL_PENDING as still waiting.
+What decides the agent's next step comes first, one line each, never cut but for a caller's ids
+(``render``): a ``refused`` {code, message} beside a query's or a poll's answer
+(QUERY_SUPERSEDED, POLL_SUPERSEDED, RETRIED_MEANWHILE ...), whether it ``reconciled``, the
+status of the envelope and of every envelope an answer holds (``_status``: its error, or
+``evidence.outcome``, and the result's status; an envelope's invocation_id, operation and page
+right after), what else of each decides what its result is worth (``_marks``: batch items
+counted, the unclean listed, ``by_reference``, ``delivery``, base64 and truncated or withheld
+streams), an ``api_error``'s code, outcome, retry, field and ``retry_after``, a fetched page's
+``result.resume``, and a read tool's own (``_deciding``: get_record's record, each listed action
+and target). Only the bulk behind them -- a stream as one JSON string, the rest of an answer as
+compact JSON with its strings cut first (``_shown``) -- is cut at ``PREVIEW`` characters; the
+structured content keeps the whole answer. No value makes a line of its own (``_flat``). Before,
+a 4190-character reconcile answer was rendered as compact JSON with sorted keys, cut at 2000:
+``refused`` sorted last and was cut away, and the agent read the query's APPROVAL_PENDING as
+still waiting.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["PREVIEW", "render"]
+__all__ = ["ID", "ITEMS", "PREVIEW", "render"]
+
+ID = 200
+"""Characters of a caller's id (a batch item's) the text shows; longer ones are cut, marked."""
+
+ITEMS = 50
+"""Batch items that did not commit cleanly listed one line each; the rest are counted."""
 
 PREVIEW = 2000
 """Characters of a result's body (or stdout), or of an answer's compact JSON, the text shows;
@@ -105,10 +114,7 @@ def _status(envelope: Mapping[str, Any]) -> str:
 
 
 def _envelope(answer: Mapping[str, Any]) -> list[str]:
-    lines = [_status(answer), *_marks(answer)]
-    error = answer.get("error")
-    if isinstance(error, Mapping):
-        lines.append(str(error.get("message", "")))
+    lines = [_status(answer)]
     if answer.get("invocation_id") is not None:
         lines.append(f"invocation_id {answer['invocation_id']}")
     if isinstance(answer.get("operation"), Mapping):
@@ -121,6 +127,10 @@ def _envelope(answer: Mapping[str, Any]) -> list[str]:
             f"page from_chunk {page.get('from_chunk')}, next_chunk "
             f"{json.dumps(page.get('next_chunk'))} (fetch_result from_chunk)"
         )
+    error = answer.get("error")
+    if isinstance(error, Mapping):
+        lines.append(str(error.get("message", "")))
+    lines.extend(_marks(answer))
     if isinstance(result, Mapping):
         for stream in _STREAMS:
             text = result.get(stream)
@@ -133,19 +143,13 @@ _STREAMS = ("body", "stdout", "stderr")
 
 
 def _marks(envelope: Mapping[str, Any]) -> list[str]:
-    """What else of an envelope decides what its result is worth, one line each: every batch
-    item's outcome (docs/contract.md: per item), a result kept by reference (not shown: fetch
+    """What else of an envelope decides what its result is worth, one line each: its batch
+    items (docs/contract.md: per item; ``_items``), a result kept by reference (not shown: fetch
     it), a delivery this read did not record, a stream given as base64 (not shown), a stream
     not received whole (it decides nothing).  Without them a by-reference or base64 result read
     as a 200 with an empty body, and a kept prefix as the whole body."""
-    lines = []
     items = envelope.get("items")
-    for item in items if isinstance(items, Sequence) and not isinstance(items, str) else ():
-        if isinstance(item, Mapping):
-            lines.append(
-                f"item {json.dumps(item.get('id'))}: outcome {item.get('outcome')}, code "
-                f"{item.get('code') or 'null'}, retry {item.get('retry')}"
-            )
+    lines = _items(items) if isinstance(items, list | tuple) else []
     result = envelope.get("result")
     result = result if isinstance(result, Mapping) else {}
     ref = result.get("by_reference")
@@ -196,6 +200,55 @@ def _marks(envelope: Mapping[str, Any]) -> list[str]:
 _DELIVERY = ("recorded", "why")
 
 
+def _items(items: Sequence[Any]) -> list[str]:
+    """A batch's items: one line counting them by (outcome, code, retry), then those that did
+    not commit cleanly (another outcome, or a code), the first ``ITEMS`` of them.  One line per
+    item made a 1 MiB batch (~110k items) 6.1 MB of text with the invocation_id after it."""
+    kinds: Counter[tuple[str, str, str]] = Counter()
+    unclean: list[str] = []
+    for item in items:
+        if not isinstance(item, Mapping):
+            continue
+        kind = (_word(item.get("outcome")), _word(item.get("code")), _word(item.get("retry")))
+        kinds[kind] += 1
+        if kind[:2] != ("committed", "null"):
+            unclean.append(
+                f"item {_ident(item.get('id'))}: outcome {kind[0]}, code {kind[1]}, retry {kind[2]}"
+            )
+    counted = ", ".join(
+        f"{n} outcome {o} code {c} retry {r}" for (o, c, r), n in kinds.most_common(ITEMS)
+    )
+    more = f", {len(kinds) - ITEMS} more kinds" if len(kinds) > ITEMS else ""
+    lines = [f"items {len(items)}: {counted}{more}", *unclean[:ITEMS]]
+    if len(unclean) > ITEMS:
+        lines.append(f"{len(unclean) - ITEMS} more: structured content `items`")
+    return lines
+
+
+def _word(value: Any) -> str:
+    """A contract word (an outcome, a code, a retry hint) as shown: null, or cut like an id."""
+    if value is None:
+        return "null"
+    return _cut_id(value) if isinstance(value, str) else _ident(value)
+
+
+def _ident(value: Any) -> str:
+    """A caller's id (a string or an integer) as JSON, cut at ``ID`` characters, marked."""
+    if isinstance(value, str):
+        return json.dumps(value[:ID], ensure_ascii=False) + _cut_mark(value)
+    if value is None or isinstance(value, bool | int | float):
+        return _cut_id(json.dumps(value))
+    return f"(a JSON {type(value).__name__})"
+
+
+def _cut_id(text: str) -> str:
+    return text[:ID] + _cut_mark(text)
+
+
+def _cut_mark(text: str) -> str:
+    return f"… ({len(text)} characters, cut)" if len(text) > ID else ""
+
+
 def _deciding(answer: Mapping[str, Any]) -> list[str]:
     """A non-envelope answer's deciding fields, one line each: ``refused`` first, then whether
     it reconciled, each envelope it holds, its operation's state, a listing's session and
@@ -207,14 +260,13 @@ def _deciding(answer: Mapping[str, Any]) -> list[str]:
         lines.append(f"refused {refused.get('code')}: {refused.get('message')}")
     if "reconciled" in answer:
         lines.append(f"reconciled {json.dumps(answer['reconciled'])}")
-    for key in _INNER:
-        inner = answer.get(key)
-        if isinstance(inner, Mapping):
-            lines.append(f"{key} {inner.get('invocation_id')}: {_status(inner)}")
-            lines.extend(f"{key} {line}" for line in _marks(inner))
+    inners = [(key, answer[key]) for key in _INNER if isinstance(answer.get(key), Mapping)]
+    lines.extend(f"{key} {inner.get('invocation_id')}: {_status(inner)}" for key, inner in inners)
     op = answer.get("operation")
     if isinstance(op, Mapping):
         lines.append(f"operation {op.get('id')} state {op.get('state')}")
+    for key, inner in inners:  # below every status: an envelope's items never push one down
+        lines.extend(f"{key} {line}" for line in _marks(inner))
     if isinstance(answer.get("session"), str):
         lines.append(f"session {answer['session']}")
     if "truncated" in answer:

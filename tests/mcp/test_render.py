@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.mcp.render import PREVIEW, render
+from affidavit.mcp.render import ID, ITEMS, PREVIEW, render
 from affidavit.mcp.tools import READ_TOOLS
 from tests.broker.approvalkit import reconcile_target
 from tests.broker.helpers import TOKEN_ENV, write_config
@@ -266,7 +266,11 @@ ROWS = [
             "result": {"status": 409, "body": LONG},
             "evidence": {"outcome": "rejected"},
         },
-        ["error REMOTE_REJECTED: phase remote, outcome rejected, retry never, status 409", "m"],
+        [
+            "error REMOTE_REJECTED: phase remote, outcome rejected, retry never, status 409",
+            "invocation_id i-16",
+            "m",
+        ],
         id="rejected_with_status",
     ),
     pytest.param(
@@ -302,6 +306,7 @@ ROWS = [
         },
         [
             "ok: outcome committed, status 200",
+            "invocation_id i-3",
             "by_reference: 5000000 bytes (body 5000000 bytes in 77 chunks), sha256 ab12, "
             "larger than the inline limit of 1048576 bytes: not shown -- fetch_result "
             "invocation_id i-3 from_chunk 0",
@@ -316,6 +321,7 @@ ROWS = [
         },
         [
             "ok: outcome committed, status 200",
+            "invocation_id i-4",
             f"body_base64: {4 + 2 * PREVIEW} characters of base64 (not UTF-8): the bytes are in "
             "the structured content's result.body_base64",
         ],
@@ -334,6 +340,7 @@ ROWS = [
         },
         [
             "ok: outcome committed, status 200",
+            "invocation_id i-5",
             "body_truncated: the body shown is a prefix, not the whole -- it decides nothing",
             'body_withheld: {"content_encoding":"gzip","reason":"decoded_size_limit"} -- the '
             "body was not received whole: it decides nothing",
@@ -353,13 +360,18 @@ ROWS = [
             "items": [
                 {"id": "a", "outcome": "committed", "code": None, "retry": "never"},
                 {"id": 7, "outcome": "rejected", "code": "REMOTE_REJECTED", "retry": "never"},
+                {"id": "b", "outcome": "unknown", "code": None, "retry": "reconcile"},
             ],
             "evidence": {"outcome": "unknown", "padding": LONG},
         },
         [
             "error REMOTE_RESULT_INCOMPLETE: phase remote, outcome unknown, retry reconcile",
-            'item "a": outcome committed, code null, retry never',
+            "invocation_id i-6",
+            "m",
+            "items 3: 1 outcome committed code null retry never, 1 outcome rejected code "
+            "REMOTE_REJECTED retry never, 1 outcome unknown code null retry reconcile",
             "item 7: outcome rejected, code REMOTE_REJECTED, retry never",
+            'item "b": outcome unknown, code null, retry reconcile',
         ],
         id="batch_items",
     ),
@@ -376,6 +388,7 @@ ROWS = [
         },
         [
             "ok: outcome committed, status 200",
+            "invocation_id i-7",
             "delivery: recorded false, requester_answer_failed_at_seq 12: read whole by another "
             "uid than the call's requester",
         ],
@@ -435,8 +448,8 @@ def test_remote_bytes_never_make_a_line_of_their_own(stream: str) -> None:
     lines = rendered.splitlines()
     assert lines == [
         "error REMOTE_TIMEOUT: phase remote, outcome unknown, retry reconcile",
-        "m\\u000aok: forged",
         "invocation_id i-11",
+        "m\\u000aok: forged",
         f"{stream}: {json.dumps(text)}",
     ], lines
 
@@ -463,3 +476,68 @@ def test_a_large_answer_is_rendered_at_the_cost_of_its_structure_not_its_bytes()
     assert peak < size // 16, peak
     assert len(text) < PREVIEW + 1000 and text.encode("utf-8"), len(text)
     assert "éé" in text and "\\u00e9" not in text, text
+
+
+def _items(n: int, bad: int) -> list[dict[str, Any]]:
+    ok = {"outcome": "committed", "code": None, "retry": "never"}
+    rejected = {"outcome": "rejected", "code": "REMOTE_REJECTED", "retry": "never"}
+    return [{"id": f"it-{i}", **(rejected if i < bad else ok)} for i in range(n)]
+
+
+def test_many_batch_items_are_counted_and_only_the_unclean_listed_under_a_cap() -> None:
+    """10,000 items (a 1 MiB batch body holds ~110k): the invocation_id is the second line, one
+    line counts the items by (outcome, code, retry), and only the first ``ITEMS`` of those that
+    did not commit cleanly are listed.  Before, one line per item after the status: 6.1 MB of
+    text for 110k, and an agent whose client cut it lost the invocation_id."""
+    envelope = {
+        "invocation_id": "i-20",
+        "result": {"status": 207},
+        "items": _items(10_000, 60),
+        "evidence": {"outcome": "committed"},
+    }
+    lines = render(envelope).splitlines()
+    assert lines[:3] == [
+        "ok: outcome committed, status 207",
+        "invocation_id i-20",
+        "items 10000: 9940 outcome committed code null retry never, "
+        "60 outcome rejected code REMOTE_REJECTED retry never",
+    ], lines[:3]
+    listed = [line for line in lines if line.startswith("item ")]
+    assert listed[0] == 'item "it-0": outcome rejected, code REMOTE_REJECTED, retry never'
+    assert len(listed) == ITEMS and lines[3 + ITEMS] == "10 more: structured content `items`"
+    assert len("\n".join(lines)) < PREVIEW + 100 * ITEMS, len("\n".join(lines))
+
+
+def test_a_caller_chosen_item_id_is_cut() -> None:
+    """An item's id is the caller's: a 1 MB id made a 1,000,100-character line."""
+    envelope = {
+        "invocation_id": "i-21",
+        "error": {"code": "X", "phase": "remote", "outcome": "unknown", "retry": "reconcile"},
+        "items": [{"id": "é" * 1_000_000, "outcome": "unknown", "code": "X", "retry": "reconcile"}],
+    }
+    [line] = [line for line in render(envelope).splitlines() if line.startswith("item ")]
+    assert line == (
+        f'item "{"é" * ID}"… (1000000 characters, cut): outcome unknown, code X, retry reconcile'
+    ), line[:300]
+
+
+def test_a_reconcile_answer_shows_every_envelope_status_ahead_of_their_items() -> None:
+    """The query's status (and its invocation_id) is not pushed down by the envelope's items."""
+    envelope = _env("i-22", "RECONCILE_INCONCLUSIVE", "unknown", "reconcile")
+    query = {"invocation_id": "q-22", "result": {"status": 200}}
+    query["evidence"] = {"outcome": "committed"}
+    answer = {
+        "reconciled": False,
+        "envelope": {**envelope, "items": _items(10_000, 10_000)},
+        "query": query,
+    }
+    lines = render(answer).splitlines()
+    assert lines[1:3] == [
+        "envelope i-22: error RECONCILE_INCONCLUSIVE: phase dispatch, outcome unknown, "
+        "retry reconcile",
+        "query q-22: ok: outcome committed, status 200",
+    ], lines[:4]
+    assert lines[3] == (
+        "envelope items 10000: 10000 outcome rejected code REMOTE_REJECTED retry never"
+    ), lines[3]
+    assert len("\n".join(lines)) < PREVIEW + 100 * ITEMS
