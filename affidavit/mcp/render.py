@@ -57,9 +57,15 @@ def render(answer: Mapping[str, Any]) -> str:
     # sorted ``events`` first, and an earlier attempt's outcome filled the cut.
     rest = {k: answer[k] for k in sorted(answer, key=lambda k: (k != "record", k))}
     rest.pop("refused", None)
-    shown = _shown(rest, [PREVIEW], top=True)
+    shown = _shown(rest, [PREVIEW - _ROOM], top=True)
     lines.append(_cut(json.dumps(shown, ensure_ascii=False, separators=(",", ":"))))
     return _lines(lines)
+
+
+_ROOM = 100
+"""Characters of the JSON line the strings' budget leaves for its syntax and the mark of the
+string it cuts: with a budget of all ``PREVIEW`` the line's own cut always fell before that
+mark, and a cut string read as whole."""
 
 
 def _lines(lines: list[str]) -> str:
@@ -69,9 +75,9 @@ def _lines(lines: list[str]) -> str:
 def _shown(value: Any, budget: list[int], top: bool = False) -> Any:
     """``value`` as the JSON line shows it: every mapping's keys sorted (the top level's order
     kept), every string cut to what is left of ``budget`` (characters, shared in the order
-    the line is written: ``PREVIEW`` in all) and marked cut.  Dumping the answer whole before
-    the cut cost many times its bytes: a reconcile answer whose query body was 64 Mi "é"
-    peaked at 768 MB and 0.67 s to keep 2000 characters; this costs its structure."""
+    the line is written: ``PREVIEW - _ROOM`` in all) and marked cut.  Dumping the answer
+    whole before the cut cost many times its bytes: a reconcile answer whose query body was
+    64 Mi "é" peaked at 768 MB and 0.67 s to keep 2000 characters; this costs its structure."""
     if isinstance(value, str):
         keep = max(budget[0], 0)
         budget[0] -= len(value)
