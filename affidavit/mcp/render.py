@@ -102,8 +102,9 @@ def _api_error(api: Mapping[str, Any]) -> list[str]:
 
 def _status(envelope: Mapping[str, Any]) -> str:
     """An envelope's contract fields on one line: its error's (code, phase, outcome, retry,
-    field) or, with none, ``evidence.outcome`` as recorded -- never assumed committed -- and
-    the result's HTTP or exit status beside either (a REMOTE_REJECTED carries both)."""
+    field) or, with none, ``evidence.outcome`` as recorded, first -- never assumed committed,
+    ``ok`` only when committed -- and the result's HTTP or exit status beside either (a
+    REMOTE_REJECTED carries both)."""
     error = envelope.get("error")
     result = _result_line(envelope.get("result")) if "result" in envelope else ""
     if isinstance(error, Mapping):
@@ -115,8 +116,10 @@ def _status(envelope: Mapping[str, Any]) -> str:
         )
     evidence = envelope.get("evidence")
     outcome = evidence.get("outcome") if isinstance(evidence, Mapping) else None
-    head = "ok" if outcome == "committed" else "no error"
-    return f"{head}: outcome {outcome or 'not stated'}" + result
+    if outcome == "committed":
+        return "ok: outcome committed" + result
+    # Not "no error: ...": statemachine/envelope.py -- "no error" would read as success.
+    return f"outcome {outcome or 'not stated'} (no error object)" + result
 
 
 def _envelope(answer: Mapping[str, Any]) -> list[str]:

@@ -250,7 +250,7 @@ ROWS = [
     ),
     pytest.param(
         {"invocation_id": "i-14", "result": None, "evidence": {"outcome": "unknown"}},
-        ["no error: outcome unknown, result null", "invocation_id i-14"],
+        ["outcome unknown (no error object), result null", "invocation_id i-14"],
         id="null_result_read_from_evidence",
     ),
     pytest.param(
