@@ -74,21 +74,41 @@ def _lines(lines: list[str]) -> str:
 
 def _shown(value: Any, budget: list[int], top: bool = False) -> Any:
     """``value`` as the JSON line shows it: every mapping's keys sorted (the top level's order
-    kept), every string cut to what is left of ``budget`` (characters, shared in the order
-    the line is written: ``PREVIEW - _ROOM`` in all) and marked cut.  Dumping the answer
-    whole before the cut cost many times its bytes: a reconcile answer whose query body was
-    64 Mi "é" peaked at 768 MB and 0.67 s to keep 2000 characters; this costs its structure."""
+    kept), every string cut to what is left of ``budget`` and marked cut; once it is spent, the
+    siblings left are one ``… N more`` mark, counted, not walked.  ``budget`` is characters of
+    the line, its syntax included, shared in the order the line is written (``PREVIEW - _ROOM``
+    in all).  Dumping the answer whole before the cut cost many times its bytes: a reconcile
+    answer whose query body was 64 Mi "é" peaked at 768 MB and 0.67 s to keep 2000 characters;
+    walking it whole after the budget was spent, 200k one-char strings peaked at 44 MB.  This
+    costs what it shows and one ``len`` per container on the way."""
     if isinstance(value, str):
         keep = max(budget[0], 0)
-        budget[0] -= len(value)
+        budget[0] -= len(value) + 3  # its quotes and a comma
         if len(value) <= keep:
             return value
         return value[:keep] + f"… ({len(value)} characters, cut)"
     if isinstance(value, Mapping):
-        keys = value if top else sorted(value, key=str)
-        return {k: _shown(value[k], budget) for k in keys}
+        budget[0] -= 2
+        if budget[0] <= 0:
+            return {"…": f"{len(value)} more"} if value else {}
+        shown: dict[Any, Any] = {}
+        for n, key in enumerate(value if top else sorted(value, key=str)):
+            if budget[0] <= 0:
+                shown["…"] = f"{len(value) - n} more"
+                break
+            budget[0] -= len(str(key)) + 3
+            shown[key] = _shown(value[key], budget)
+        return shown
     if isinstance(value, list | tuple):
-        return [_shown(v, budget) for v in value]
+        budget[0] -= 2
+        listed = []
+        for n, each in enumerate(value):
+            if budget[0] <= 0:
+                listed.append(f"… {len(value) - n} more")
+                break
+            listed.append(_shown(each, budget))
+        return listed
+    budget[0] -= len(str(value)) + 1
     return value
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import tracemalloc
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -592,3 +593,30 @@ def test_the_strings_of_the_json_line_share_one_budget() -> None:
     text = render({"session": "s-1", "more": "y" * 1000, "note": "x" * 1000})
     assert "y" * 1000 in text and "x" * 1000 not in text, text
     assert '"note":"xx' in text and "… (1000 characters, cut)" in text, text
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        pytest.param(["a"] * 200_000, id="200k_one_char_strings"),
+        pytest.param([{"kind": "E", "attrs": {"n": i}} for i in range(100_000)], id="100k_events"),
+    ],
+)
+def test_the_json_line_stops_at_its_budget_and_counts_what_it_does_not_show(
+    events: list[Any],
+) -> None:
+    """Once the budget is spent, the siblings left are one "… N more" mark, counted without
+    walking them: before, the walk went on to the end -- 200k one-char strings peaked at 44 MB,
+    a get_record of 100k events took 8 times json.dumps of it."""
+    record = {**_record("i-23", "succeeded", "committed", "never", "X"), "evidence": {}}
+    answer = {"events": events, "record": record}
+    tracemalloc.start()
+    try:
+        text = render(answer)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    line = text.splitlines()[-1]
+    assert re.search(r',"… \d+ more"\]', line), line
+    assert "(cut; the whole answer" not in line, line
