@@ -20,10 +20,11 @@ still waiting.
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from affidavit.text import pieces
 
 __all__ = ["ID", "ITEMS", "PREVIEW", "render"]
 
@@ -347,13 +348,21 @@ def _quoted(text: str) -> str:
     return shown + f"… ({len(text)} characters; the whole is in the structured content)"
 
 
-_BREAKS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
-"""What a reader may take for a line break or a control (C0 but the tab, DEL, C1, the line and
-paragraph separators) and lone surrogates (not UTF-8): written as ``\\uXXXX`` -- inside a
-JSON string the same character, elsewhere a text no value can break into lines."""
-
-
 def _flat(line: str) -> str:
     """``line`` as one line: a message, an id or a path from a caller or a remote cannot print
-    a line of its own (``str.splitlines`` splits on more than newlines)."""
-    return _BREAKS.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+    a line of its own nor act on what shows it.  What ``affidavit.text`` escapes everywhere (C0
+    but the tab, DEL, C1, format characters -- bidi controls, zero-width ones --, the line and
+    paragraph separators, lone surrogates, private use, unassigned) is written ``\\uXXXX``, a
+    surrogate pair beyond the BMP: inside a JSON string the same character, elsewhere a text no
+    value can break into lines (``str.splitlines`` splits on more than newlines)."""
+    if line.isprintable():
+        return line  # the fast path, at C speed
+    return "".join(_escaped(c) if esc else c for c, esc in pieces(line, keep="\t"))
+
+
+def _escaped(c: str) -> str:
+    code = ord(c)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"

@@ -620,3 +620,25 @@ def test_the_json_line_stops_at_its_budget_and_counts_what_it_does_not_show(
     line = text.splitlines()[-1]
     assert re.search(r',"… \d+ more"\]', line), line
     assert "(cut; the whole answer" not in line, line
+
+
+HIDDEN = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200b\u200f\ufeff\u061c\U000e0001"
+"""Format characters (Cf): bidi embeddings, overrides and isolates turn what follows around on
+screen (CVE-2021-42574), zero-width ones hide in an id; U+E0001 lies beyond the BMP."""
+
+
+def test_format_characters_are_escaped_in_streams_and_the_json_line() -> None:
+    """Written ``\\uXXXX`` (a surrogate pair beyond the BMP), as ``affidavit.text`` shows them
+    everywhere else: inside a JSON string the same characters, so the line still reads back."""
+    envelope = {
+        "invocation_id": "i-24",
+        "result": {"status": 200, "body": "a" + HIDDEN},
+        "evidence": {"outcome": "committed"},
+    }
+    listing = {"session": "s-24", "targets": [{"name": "t" + HIDDEN, "kind": "http"}]}
+    for text in (render(envelope), render(listing)):
+        assert [c for c in HIDDEN if c in text] == [], text
+    body = render(envelope).splitlines()[-1]
+    assert body.startswith("body: ") and json.loads(body[6:]) == "a" + HIDDEN, body
+    shown = json.loads(render(listing).splitlines()[-1])
+    assert shown["targets"][0]["name"] == "t" + HIDDEN, shown
