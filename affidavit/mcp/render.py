@@ -114,10 +114,14 @@ def _shown(value: Any, budget: list[int], top: bool = False) -> Any:
 
 
 def _api_error(api: Mapping[str, Any]) -> list[str]:
-    extra = [f"{k} {api[k]}" for k in ("outcome", "retry", "field", "retry_after") if k in api]
+    extra = [
+        f"{k} {_ident(api[k]) if k == 'field' else api[k]}"
+        for k in ("outcome", "retry", "field", "retry_after")
+        if k in api
+    ]
     return [
         f"api_error {api.get('code')}" + (": " + ", ".join(extra) if extra else ""),
-        str(api.get("message", "")),
+        f"message: {api.get('message', '')}",
     ]
 
 
@@ -132,7 +136,7 @@ def _status(envelope: Mapping[str, Any]) -> str:
         return (
             f"error {error.get('code')}: phase {error.get('phase')}, outcome "
             f"{error.get('outcome')}, retry {error.get('retry')}"
-            + (f", field {error['field']}" if error.get("field") else "")
+            + (f", field {_ident(error['field'])}" if error.get("field") else "")
             + result
         )
     evidence = envelope.get("evidence")
@@ -159,7 +163,7 @@ def _envelope(answer: Mapping[str, Any]) -> list[str]:
         )
     error = answer.get("error")
     if isinstance(error, Mapping):
-        lines.append(str(error.get("message", "")))
+        lines.append(f"message: {error.get('message', '')}")
     lines.extend(_marks(answer))
     if isinstance(result, Mapping):
         for stream in _STREAMS:
@@ -312,9 +316,11 @@ def _deciding(answer: Mapping[str, Any]) -> list[str]:
 
 def _record_line(label: str, record: Mapping[str, Any]) -> str:
     """A record's deciding fields (``views.record_to_json``), one line."""
-    got = {k: record.get(k) for k in ("state", "outcome", "retry", "code", "field")}
-    return f"{label} {record.get('invocation_id')}: " + ", ".join(
-        f"{k} {'null' if v is None else v}" for k, v in got.items()
+    got = {k: record.get(k) for k in ("state", "outcome", "retry", "code")}
+    return (
+        f"{label} {record.get('invocation_id')}: "
+        + ", ".join(f"{k} {'null' if v is None else v}" for k, v in got.items())
+        + f", field {_ident(record.get('field'))}"  # a caller's path: quoted, cut
     )
 
 

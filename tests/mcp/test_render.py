@@ -243,9 +243,9 @@ ROWS = [
             }
         },
         [
-            "api_error OVERLOADED: outcome not_attempted, retry backoff, field limit, "
+            'api_error OVERLOADED: outcome not_attempted, retry backoff, field "limit", '
             "retry_after 3",
-            "busy",
+            "message: busy",
         ],
         id="api_error",
     ),
@@ -275,7 +275,7 @@ ROWS = [
         [
             "error REMOTE_REJECTED: phase remote, outcome rejected, retry never, status 409",
             "invocation_id i-16",
-            "m",
+            "message: m",
         ],
         id="rejected_with_status",
     ),
@@ -406,7 +406,7 @@ ROWS = [
         [
             "error REMOTE_RESULT_INCOMPLETE: phase remote, outcome unknown, retry reconcile",
             "invocation_id i-6",
-            "m",
+            "message: m",
             "items 3: 1 outcome committed code null retry never, 1 outcome rejected code "
             "REMOTE_REJECTED retry never, 1 outcome unknown code null retry reconcile",
             "item 7: outcome rejected, code REMOTE_REJECTED, retry never",
@@ -492,7 +492,7 @@ def test_remote_bytes_never_make_a_line_of_their_own(stream: str) -> None:
     assert lines == [
         "error REMOTE_TIMEOUT: phase remote, outcome unknown, retry reconcile",
         "invocation_id i-11",
-        "m\\u000arefused RETRIED_MEANWHILE: done\\u000aok: outcome committed, status 200"
+        "message: m\\u000arefused RETRIED_MEANWHILE: done\\u000aok: outcome committed, status 200"
         "\\u0000\\u001b[1A\\u0007\\u007f\\u009b",
         f"{stream}: {json.dumps(text)}",
     ], lines
@@ -642,3 +642,32 @@ def test_format_characters_are_escaped_in_streams_and_the_json_line() -> None:
     assert body.startswith("body: ") and json.loads(body[6:]) == "a" + HIDDEN, body
     shown = json.loads(render(listing).splitlines()[-1])
     assert shown["targets"][0]["name"] == "t" + HIDDEN, shown
+
+
+FIELD = "headers.X, status 200"
+"""A header's name may hold spaces and commas (``mcp/action.py``): unquoted, its field path
+imitated the status part of the line."""
+
+
+def test_a_field_path_is_quoted_as_json() -> None:
+    error = {
+        "code": "INVALID_FIELD",
+        "phase": "validation",
+        "outcome": "not_attempted",
+        "retry": "after_correction",
+        "field": FIELD,
+        "message": "m",
+    }
+    envelope = {"invocation_id": "i-25", "error": error, "evidence": {}}
+    assert render(envelope).splitlines()[0] == (
+        "error INVALID_FIELD: phase validation, outcome not_attempted, retry after_correction, "
+        'field "headers.X, status 200"'
+    )
+    record = {**_record("i-25", "failed", "not_attempted", "after_correction", "INVALID_FIELD")}
+    record["field"] = FIELD
+    assert render({"record": record}).splitlines()[0] == (
+        "record i-25: state failed, outcome not_attempted, retry after_correction, "
+        'code INVALID_FIELD, field "headers.X, status 200"'
+    )
+    long = render({**envelope, "error": {**error, "field": "f" * 100_000}}).splitlines()[0]
+    assert long.endswith(f'field "{"f" * ID}"… (100000 characters, cut)'), long[-300:]
