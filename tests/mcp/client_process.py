@@ -17,6 +17,8 @@ import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from tests.mcp.kit import structured
+
 
 async def main(spec: dict[str, object]) -> None:
     args = [str(a) for a in spec["args"]]  # type: ignore[attr-defined]
@@ -30,8 +32,8 @@ async def main(spec: dict[str, object]) -> None:
         ):
             await session.initialize()
             targets = await session.call_tool("list_targets", {})
-            content = targets.structured_content or {}
-            print(json.dumps({"session": content.get("session")}), flush=True)
+            session_id = structured(targets)["session"]  # its text checked, as every call's
+            print(json.dumps({"session": session_id}), flush=True)
             call = dict(spec["call"])  # type: ignore[call-overload]
             await session.call_tool("http_request", call)
             print(json.dumps({"answered": True}), flush=True)

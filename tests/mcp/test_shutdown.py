@@ -30,7 +30,7 @@ from tests.ssh.brokerkit import KEY_ENV, ssh_target
 from tests.ssh.sshd import Sshd
 
 from .conftest import Remotes, wait_for
-from .kit import PYTHON, WAIT, connected, env_without_secrets
+from .kit import PYTHON, WAIT, connected, env_without_secrets, structured
 from .test_delivery import the_call
 from .test_protocol import FAST, HELD, INIT, Raw, call, session_of
 
@@ -283,7 +283,7 @@ async def test_a_poll_held_by_its_remote_is_stopped_at_the_grace_as_broker_shutd
         async with connected(["--config", str(cfg)], env, tmp_path / "mcp.log") as mcp:
             job = {"target": "jobs", "method": "POST", "path": "/"}
             got = await mcp.call("http_request", job)
-            op_id = got.structured_content["operation"]["id"]
+            op_id = structured(got)["operation"]["id"]
         async with server(tmp_path, cfg, remotes, token) as raw:
             await raw.send(call(1, "poll_operation", {"operation_id": op_id}))
             await wait_for(srv.event("received"))

@@ -160,7 +160,7 @@ async def test_error_envelopes_arrive_flagged_with_their_structured_content(
             "idempotency_key": "k1",
         }
         first = await mcp.call("http_request", pay)
-        assert first.is_error is False
+        assert first.is_error is False and "result" in structured(first)
         mismatch = await _error(mcp, {**pay, "body": "2"}, "IDEMPOTENCY_MISMATCH")
         assert mismatch["error"]["field"] == "idempotency_key"
 
@@ -292,7 +292,7 @@ async def test_a_removed_binding_answers_the_journals_words_not_an_outage(
     pay = {"target": "pay", "method": "POST", "path": "/p", "body": "1", "idempotency_key": "k9"}
     async with connected(["--config", str(cfg)], remotes.env(token), tmp_path / "mcp.log") as mcp:
         first = await mcp.call("http_request", pay)
-        assert first.is_error is False
+        assert first.is_error is False and "result" in structured(first)
         sent = len(remotes.ok.requests)
         conn = sqlite3.connect(tmp_path / "journal.db", isolation_level=None)
         try:
