@@ -285,7 +285,8 @@ def _cut_mark(text: str) -> str:
 
 def _deciding(answer: Mapping[str, Any]) -> list[str]:
     """A non-envelope answer's deciding fields, one line each: ``refused`` first, then whether
-    it reconciled, each envelope it holds, its operation's state, a listing's session and
+    it reconciled, the status of each envelope it holds, its operation's state, then each
+    envelope's marks (an envelope's items never push a status down), a listing's session and
     truncation, a record's state, outcome, retry, code and field (get_record's, and each of
     list_actions'), each target's name and kind."""
     lines: list[str] = []
