@@ -41,7 +41,7 @@ async def run(
             with stop.starting:
                 await _embedded(config, grace, session, stop)
         finally:
-            stop.bound.disarm()  # the journal is closed: nothing left to bound
+            stop.closed()
 
 
 async def _embedded(

@@ -14,8 +14,9 @@ second signal stops the rest at once).  The bound is the MCP stop's own phases -
 ``max(grace, STOP_WAIT)`` for the stopped calls to record where they stood, no answer wait
 (the connection is cut once they did), the journal's close -- which is ``stop_bound`` with no
 answer wait.  A session that ends without a signal (the client gone, a failure) arms it too,
-when it ends.  The bound is disarmed once the journal is closed; past it, one log line names
-the journal's unanswered writes and the calls still running, and the process exits 74.
+when it ends.  The bound is disarmed once the journal is closed, and a signal from then on
+stops nothing (``closed``); past the bound, one log line names the journal's unanswered
+writes and the calls still running, and the process exits 74.
 
 Used only by the embedded path of ``affidavit mcp`` (``run``): the process is ours, a CLI
 entry.  The proxy (``--socket``) keeps trio's receiver: its loop waits on no storage, only on
@@ -70,6 +71,8 @@ class EmbeddedStop:
         self._embedded: Embedded | None = None
         self._journal: Journal | None = None
         self._session: McpSession | None = None
+        self._over = False
+        """The journal is closed: a signal's stop that reaches the loop now has nothing to stop."""
 
     def opened(self, embedded: Embedded, grace: float) -> None:
         """The broker is open: its journal is what the bound's line names, its grace and
@@ -87,6 +90,12 @@ class EmbeddedStop:
         call counts; any thread)."""
         self.bound.arm(stop_bound(self.grace, ANSWER_WAIT, self.reconnect))
 
+    def closed(self) -> None:
+        """On the loop, once the journal is closed (however the process ends): nothing is left
+        to bound, nor for a signal to stop."""
+        self._over = True
+        self.bound.disarm()
+
     def signalled(self, signum: int) -> None:
         """SIGTERM or SIGINT, on the thread that took it (``StopSignals``): the bound starts
         now, then the loop is asked to stop -- it may never get to it (held in a read of a
@@ -99,7 +108,10 @@ class EmbeddedStop:
 
     def _end(self, signum: int) -> None:
         """On the loop: the session's end (a second signal: the rest stopped at once), or the
-        start-up's (the journal closed, exit 0)."""
+        start-up's (the journal closed, exit 0).  Nothing once the journal is closed: a signal
+        the thread took as the process stopped reaches the loop after the stop was over."""
+        if self._over:
+            return
         session = self._session
         if session is None:
             log.info("signal %d: stopping the start-up", signum)

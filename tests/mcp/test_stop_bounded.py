@@ -233,3 +233,44 @@ async def test_a_signal_before_the_session_began_ends_the_start_up_with_the_jour
     assert status == 0, raw.stderr()
     assert "signal 15: stopping the start-up" in raw.stderr()
     assert "CRITICAL" not in raw.stderr()
+
+
+SIGNALLED_AT_THE_END = """
+import os, signal, sys
+from affidavit.stopping import signals as stopsignals
+
+real_exit = stopsignals.StopSignals.__exit__
+signum = signal.Signals[sys.argv[1]]
+
+def exit_signalled(self, *exc):
+    os.kill(os.getpid(), signum)  # the thread takes it: its stop reaches the loop after the close
+    real_exit(self, *exc)
+    os.kill(os.getpid(), signum)  # and again once the process's signals are let go
+    os.kill(os.getpid(), signum)
+
+stopsignals.StopSignals.__exit__ = exit_signalled
+from affidavit.cli import main
+sys.exit(main(["mcp", *sys.argv[2:]]))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+async def test_a_signal_after_the_stop_closed_the_journal_changes_nothing(
+    tmp_path: Path, remotes: Remotes, token: str, signum: signal.Signals
+) -> None:
+    """The client closed its input (as MCP hosts stop a server) and the stop ran clean: a
+    SIGTERM or SIGINT just before the signals' thread ends, and two once it ended, neither end
+    the process (SIGTERM's default, trio's KeyboardInterrupt: -15 or 130) nor start a stop on
+    the loop after the journal closed (before: "signal N: stopping (0 call(s) running)" logged
+    after the stop was over) -- exit 0, nothing logged after the stop's own lines."""
+    cfg = write_config(tmp_path, remotes.targets())
+    argv = [PYTHON, "-c", SIGNALLED_AT_THE_END, signum.name, "--config", str(cfg)]
+    async with started(argv, remotes.env(token), tmp_path / "mcp.log") as raw:
+        await raw.send(call(1, "http_request", FAST))
+        await raw.answer(1)
+        await raw.proc.stdin.aclose()  # type: ignore[union-attr]
+        status, _ = await exit_within(raw, BOUND)
+    lines = raw.stderr().splitlines()
+    assert status == 0, lines
+    assert lines[-1].endswith(" INFO the client closed its end"), lines
+    assert not [line for line in lines if re.search(r" signal \d+: ", line)], lines
