@@ -518,27 +518,21 @@ class Daemon:
         """From here the stop has ``stop_bound`` seconds, whatever the journal does (the first
         call counts; any thread)."""
         assert self._stop_bound is not None
-        shared = self.config.journal.url is not None
-        self._stop_bound.arm(
-            stop_bound(
-                self.config.service.shutdown_grace,
-                ANSWER_WAIT,
-                self.config.journal.reconnect if shared else None,
-            )
-        )
+        self._stop_bound.arm(self._bound())
 
     def _arm_on_the_loop(self) -> None:
-        """The bound armed by the stop itself: one that cannot be (no thread left to start: a
-        cgroup's ``pids.max``) is logged by its type, and the stop goes on unbounded -- its
-        grace, its calls' recording and the journal's close are not given up for the want of
-        a watchdog, nor is the failure that started it replaced."""
-        try:
-            self._arm_stop_bound()
-        except Exception as exc:
-            log.error(
-                "the stop's bound could not be armed (%s): the stop goes on unbounded",
-                type(exc).__name__,
-            )
+        """The bound armed by the stop itself: one that cannot be is logged, and the stop goes
+        on unbounded (``StopBound.arm_on_the_loop``)."""
+        assert self._stop_bound is not None
+        self._stop_bound.arm_on_the_loop(self._bound())
+
+    def _bound(self) -> float:
+        shared = self.config.journal.url is not None
+        return stop_bound(
+            self.config.service.shutdown_grace,
+            ANSWER_WAIT,
+            self.config.journal.reconnect if shared else None,
+        )
 
     def _pending(self) -> str:
         """The watchdog's account of what the stop still waited for (its thread)."""

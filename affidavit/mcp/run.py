@@ -56,4 +56,6 @@ async def _embedded(
                 log.info("session %s, embedded on %s", session, embedded.broker.journal.where)
                 await serve(embedded, transport, session, service.max_calls, grace, stop)
         finally:
-            stop.arm()  # the journal's close, next, is bounded whatever ended the session
+            # The journal's close, next, is bounded whatever ended the session (an arming that
+            # fails is logged: it does not replace the failure that ended it).
+            stop.arm_on_the_loop()

@@ -352,7 +352,7 @@ async def serve(
                 connection.start_soon(_converse, server, transport, options, session)
                 await session.ending.wait()
                 if stop is not None:  # whatever ended it (a signal armed it already)
-                    stop.arm()
+                    stop.arm_on_the_loop()
                 if left := session.running:
                     log.info("the session ended; %d call(s) still running (grace %gs)", left, grace)
                 stopped = await session.drain(grace)

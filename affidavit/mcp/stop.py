@@ -57,7 +57,7 @@ calls recorded where they stood (``serve``)."""
 
 class EmbeddedStop:
     """One embedded process's stop.  Made on the loop (its token); ``signalled`` is called on
-    the signal thread; ``attach``, ``arm`` and ``disarm`` on the loop."""
+    the signal thread; the rest on the loop."""
 
     def __init__(self, grace: float | None) -> None:
         self._token = trio.lowlevel.current_trio_token()
@@ -88,7 +88,15 @@ class EmbeddedStop:
     def arm(self) -> None:
         """From here the stop has ``stop_bound`` seconds, whatever the journal does (the first
         call counts; any thread)."""
-        self.bound.arm(stop_bound(self.grace, ANSWER_WAIT, self.reconnect))
+        self.bound.arm(self._seconds())
+
+    def arm_on_the_loop(self) -> None:
+        """``arm``, by the stop itself: one that cannot be is logged, and the stop goes on
+        unbounded (``StopBound.arm_on_the_loop``)."""
+        self.bound.arm_on_the_loop(self._seconds())
+
+    def _seconds(self) -> float:
+        return stop_bound(self.grace, ANSWER_WAIT, self.reconnect)
 
     def closed(self) -> None:
         """On the loop, once the journal is closed (however the process ends): nothing is left

@@ -122,6 +122,19 @@ class StopBound:
                 raise
             self._thread = thread
 
+    def arm_on_the_loop(self, bound: float) -> None:
+        """``arm``, by the stop itself (on the loop, not the signals' thread): one that cannot
+        be (no thread left to start: a cgroup's ``pids.max``) is logged by its type, and the
+        stop goes on unbounded -- its grace, its calls' recording and the journal's close are
+        not given up for the want of a watchdog, nor is the failure that started it replaced."""
+        try:
+            self.arm(bound)
+        except Exception as exc:
+            log.error(
+                "the stop's bound could not be armed (%s): the stop goes on unbounded",
+                type(exc).__name__,
+            )
+
     def disarm(self) -> None:
         """No exit from now on -- unless the bound ran out first: then it waits for the exit
         (``EXIT_WAIT`` at most).  Otherwise it returns once the watchdog ended, or after

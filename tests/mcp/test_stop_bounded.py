@@ -24,9 +24,15 @@ from typing import Any
 import pytest
 import trio
 
+from affidavit.mcp import run
+from affidavit.mcp.transport import StdioTransport
 from affidavit.stopping.bound import EXIT_STOP_UNFINISHED, stop_bound
 from tests.broker.helpers import http_target, write_config
 from tests.daemon.kit import wait_until
+from tests.daemon.test_stop_bound_parts import (
+    _no_watchdog_thread,
+    serve_s_signals,  # noqa: F401 (a fixture)
+)
 from tests.daemon.test_stop_bounded import HELD, HOLD, _through
 from tests.http.hostile import HostileServer, Peer, Reply
 from tests.postgres import Cluster, Proxy
@@ -160,13 +166,38 @@ async def test_sigterm_while_the_loop_waits_for_a_database_read_exits_74_within_
     assert len(remotes.ok.requests) == 1
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+NO_WATCHDOG = """
+import sys, threading
+
+real_start = threading.Thread.start
+
+def start(thread):  # the watchdog's thread never starts, as when no thread is left; others do
+    if thread.name == "affidavit-stop-bound":
+        raise RuntimeError("can't start new thread")
+    real_start(thread)
+
+threading.Thread.start = start
+from affidavit.cli import main
+sys.exit(main(["mcp", *sys.argv[1:]]))
+"""
+UNBOUNDED = "the stop's bound could not be armed (RuntimeError): the stop goes on unbounded"
+
+
+@pytest.mark.parametrize(
+    ("signum", "watchdog"),
+    [(signal.SIGTERM, True), (signal.SIGINT, True), (signal.SIGTERM, False)],
+    ids=["SIGTERM", "SIGINT", "SIGTERM-no-watchdog-thread"],
+)
 async def test_a_healthy_stop_by_a_signal_drains_its_call_and_exits_0(
-    tmp_path: Path, token: str, remotes: Remotes, signum: signal.Signals
+    tmp_path: Path, token: str, remotes: Remotes, signum: signal.Signals, watchdog: bool
 ) -> None:
     """The bound ends only stops that cannot end: a call whose remote answers within the grace
     gets its answer out, the journal closes, the watchdog is disarmed -- exit 0, no CRITICAL
-    line; SIGINT (Ctrl-C) as SIGTERM."""
+    line; SIGINT (Ctrl-C) as SIGTERM.  And when no thread can be started for the watchdog at
+    all (a cgroup's ``pids.max``): neither the signal's thread nor the loop can arm the bound;
+    the loop's failed arming is logged by its type and the stop goes on unbounded, the call
+    given its grace (before: the RuntimeError left ``serve`` before its drain, the call
+    cancelled unanswered, and the process ended in a traceback, exit 1)."""
     grace = SLOW + 2.0
 
     async def slow(peer: Peer) -> None:
@@ -177,8 +208,8 @@ async def test_a_healthy_stop_by_a_signal_drains_its_call_and_exits_0(
 
     async with HostileServer.running(slow) as srv:
         cfg = write_config(tmp_path, {"slow": http_target(srv.url)})
-        argv = [PYTHON, "-m", "affidavit", "mcp", "--config", str(cfg)]
-        argv += ["--shutdown-grace", str(grace)]
+        argv = [PYTHON, "-m", "affidavit", "mcp"] if watchdog else [PYTHON, "-c", NO_WATCHDOG]
+        argv += ["--config", str(cfg), "--shutdown-grace", str(grace)]
         async with started(argv, remotes.env(token), tmp_path / "mcp.log") as raw:
             await raw.send(
                 call(1, "http_request", {"target": "slow", "method": "GET", "path": "/"})
@@ -195,6 +226,29 @@ async def test_a_healthy_stop_by_a_signal_drains_its_call_and_exits_0(
     assert "CRITICAL" not in log and "stop unfinished" not in log, log
     assert "grace ran out" not in log
     assert len(srv.requests) == 1
+    if not watchdog:
+        assert f"{signum.name}: the stop's bound could not be armed (RuntimeError)" in log
+        assert UNBOUNDED in log, log
+
+
+@pytest.mark.usefixtures("serve_s_signals")  # run leaves the two signals ignored
+async def test_a_failure_whose_bound_cannot_start_is_the_failure_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failure while the journal is open (here: stdio cannot be claimed) arms the bound
+    before the close; that arming failing too is logged, and the failure is what ``run``
+    raises -- what the CLI reports (before: the arming's RuntimeError, raised in ``run``'s
+    ``finally``, replaced it: a traceback, exit 1)."""
+
+    def fail() -> None:
+        raise ValueError("a failure while serving")
+
+    monkeypatch.setattr(StdioTransport, "claim", fail)
+    _no_watchdog_thread(monkeypatch)
+    cfg = write_config(tmp_path, {"ok": http_target("http://127.0.0.1:9")})
+    with pytest.raises(ValueError, match="a failure while serving"):
+        await run(config=str(cfg), socket=None)
+    assert UNBOUNDED in [r.getMessage() for r in caplog.records]
 
 
 OPENED = "test hook: the broker is open, the session not begun"
