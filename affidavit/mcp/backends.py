@@ -33,6 +33,7 @@ from .tools import NOT_SENT, act_refused, api_error, refusal, visible_name
 if TYPE_CHECKING:
     from affidavit.api.broker import Broker
     from affidavit.api.client import Client
+    from affidavit.config import Config
 
 __all__ = ["Backend", "Daemon", "Embedded", "Exchange", "Undelivered"]
 
@@ -140,10 +141,13 @@ class Embedded:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, config_path: str | None) -> AsyncIterator[Embedded]:
+    async def open(
+        cls, config_path: str | None = None, *, config: Config | None = None
+    ) -> AsyncIterator[Embedded]:
+        """The broker on ``config`` as loaded already, else on the file ``config_path``."""
         from affidavit.api.broker import Broker
 
-        async with Broker.open(config_path) as broker:
+        async with Broker.open(config_path, config=config) as broker:
             yield cls(broker)
 
     async def catalog(self) -> dict[str, Any]:

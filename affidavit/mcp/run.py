@@ -4,6 +4,7 @@ serve one connection."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from affidavit.stopping.signals import StopSignals
 
@@ -11,6 +12,9 @@ from .backends import Daemon, Embedded
 from .server import DEFAULT_GRACE, new_session_id, serve
 from .stop import EmbeddedStop
 from .transport import StdioTransport
+
+if TYPE_CHECKING:
+    from affidavit.config import Config
 
 __all__ = ["run"]
 
@@ -35,26 +39,30 @@ async def run(
             log.info("session %s, through the daemon at %s", session, socket)
             await serve(daemon, transport, session, grace=DEFAULT_GRACE if grace is None else grace)
         return
-    stop = EmbeddedStop(grace)
+    # The config first: a signal from here on is bounded by its terms (the grace, a shared
+    # journal's reconnect), the start-up's recovery included.  (Only here: the proxy reads no
+    # config, nor imports it.)
+    from affidavit.config import load_config
+
+    loaded = load_config(config)
+    journal = loaded.journal
+    grace = loaded.service.shutdown_grace if grace is None else grace
+    stop = EmbeddedStop(grace, journal.reconnect if journal.url else None)
     with StopSignals(stop.signalled, ignored_after=True):  # (the process ends once stopped)
         try:
             with stop.starting:
-                await _embedded(config, grace, session, stop)
+                await _embedded(loaded, grace, session, stop)
         finally:
             stop.closed()
 
 
-async def _embedded(
-    config: str | None, grace: float | None, session: str, stop: EmbeddedStop
-) -> None:
-    async with Embedded.open(config) as embedded:
+async def _embedded(config: Config, grace: float, session: str, stop: EmbeddedStop) -> None:
+    async with Embedded.open(config=config) as embedded:
         try:
-            service = embedded.broker.config.service
-            grace = service.shutdown_grace if grace is None else grace
-            stop.opened(embedded, grace)
+            stop.opened(embedded)
             async with StdioTransport.claim() as transport:
                 log.info("session %s, embedded on %s", session, embedded.broker.journal.where)
-                await serve(embedded, transport, session, service.max_calls, grace, stop)
+                await serve(embedded, transport, session, config.service.max_calls, grace, stop)
         finally:
             # The journal's close, next, is bounded whatever ended the session (an arming that
             # fails is logged: it does not replace the failure that ended it).

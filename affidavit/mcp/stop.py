@@ -38,8 +38,6 @@ from affidavit.stopping.bound import (
     stop_bound,
 )
 
-from .server import DEFAULT_GRACE
-
 if TYPE_CHECKING:
     from affidavit.journal import Journal
 
@@ -59,13 +57,16 @@ class EmbeddedStop:
     """One embedded process's stop.  Made on the loop (its token); ``signalled`` is called on
     the signal thread; the rest on the loop."""
 
-    def __init__(self, grace: float | None) -> None:
+    def __init__(self, grace: float, reconnect: float | None) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self.bound = StopBound(self._pending, EXIT_STOP_UNFINISHED)
-        self.grace = DEFAULT_GRACE if grace is None else grace
-        """Until the config is read (``attached``): the command line's, else the default."""
-        self.reconnect: float | None = None
-        """A shared journal's ``[journal] reconnect`` (None: SQLite, or not opened yet)."""
+        self.grace = grace
+        """The calls' grace: ``--shutdown-grace``, else the config's ``[service]
+        shutdown_grace`` -- known before the signals are taken (``run``), so that a signal
+        during the start-up counts it too."""
+        self.reconnect = reconnect
+        """A shared journal's ``[journal] reconnect`` (None: SQLite): the start-up's recovery
+        may wait on it as the close does."""
         self.starting = trio.CancelScope()
         """The start-up, cancelled by a signal that comes before the session exists."""
         self._embedded: Embedded | None = None
@@ -74,12 +75,9 @@ class EmbeddedStop:
         self._over = False
         """The journal is closed: a signal's stop that reaches the loop now has nothing to stop."""
 
-    def opened(self, embedded: Embedded, grace: float) -> None:
-        """The broker is open: its journal is what the bound's line names, its grace and
-        reconnect window what the bound counts."""
+    def opened(self, embedded: Embedded) -> None:
+        """The broker is open: its journal and calls are what the bound's line names."""
         self._embedded, self._journal = embedded, embedded.broker.journal
-        journal = embedded.broker.config.journal
-        self.grace, self.reconnect = grace, journal.reconnect if journal.url else None
 
     def attach(self, session: McpSession) -> None:
         """The session a signal ends from now on."""

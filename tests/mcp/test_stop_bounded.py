@@ -50,6 +50,8 @@ MARGIN = 20.0
 """Beyond the bound: a loaded machine's time to notice the exit (a ceiling, not a measure)."""
 SLOW = 1.5
 """Seconds the healthy stop's remote takes to answer, within its grace."""
+RECONNECT = 7.0
+"""A shared journal's ``[journal] reconnect``: over ``CLOSE_WAIT``, so the bound counts it."""
 HOLD_MCP = HOLD.replace('["serve", "--config", sys.argv[1]]', '["mcp", *sys.argv[1:]]')
 
 
@@ -259,8 +261,8 @@ from affidavit.mcp import backends
 real = backends.Embedded.open
 
 @contextlib.asynccontextmanager
-async def opening(config):
-    async with real(config) as embedded:
+async def opening(*args, **kwargs):
+    async with real(*args, **kwargs) as embedded:
         print({OPENED!r}, file=sys.stderr, flush=True)
         await trio.sleep_forever()  # a long start-up
         yield embedded
@@ -328,3 +330,49 @@ async def test_a_signal_after_the_stop_closed_the_journal_changes_nothing(
     assert status == 0, lines
     assert lines[-1].endswith(" INFO the client closed its end"), lines
     assert not [line for line in lines if re.search(r" signal \d+: ", line)], lines
+
+
+HUNG_START = SLOW_START.replace(
+    "await trio.sleep_forever()  # a long start-up",
+    "with trio.CancelScope(shield=True): await trio.sleep_forever()  # a start-up held",
+)
+CONFIG_GRACE = 0.5
+"""The ``[service] shutdown_grace`` of the tests where only the config sets it."""
+
+
+@pytest.mark.parametrize("journal", ["sqlite", "postgresql"])
+async def test_a_signal_during_the_start_up_is_bounded_by_the_config_s_terms(
+    tmp_path: Path, remotes: Remotes, token: str, request: pytest.FixtureRequest, journal: str
+) -> None:
+    """A start-up that never ends (held where ``Broker.open`` recovers a shared journal whose
+    PostgreSQL restarts) and SIGTERM: the bound counts the config's terms from the signal on --
+    its ``[service] shutdown_grace`` when no ``--shutdown-grace`` is given (SQLite), a shared
+    journal's ``[journal] reconnect`` of 7 s over ``CLOSE_WAIT`` (PostgreSQL): exit 74 at
+    that bound, not before, the exact number in its line.  (Before, until the broker was open
+    the bound was the default grace's, 65 s, and no reconnect's: a writer still legitimately
+    reconnecting was ended at ``CLOSE_WAIT``.)"""
+    if journal == "sqlite":
+        cfg = write_config(tmp_path, remotes.targets())
+        cfg.write_text(cfg.read_text() + f"[service]\nshutdown_grace = {CONFIG_GRACE}\n")
+        flags: list[str] = []
+        bound = stop_bound(CONFIG_GRACE, 0.0, None)
+    else:
+        shared = {
+            "url": request.getfixturevalue("pg_url"),
+            "key_file": str(tmp_path / "shared.key"),
+            "signing_key": str(tmp_path / "signing.key"),
+            "reconnect": RECONNECT,
+        }
+        cfg = write_config(tmp_path, remotes.targets(), journal=shared)
+        flags = ["--shutdown-grace", str(GRACE)]
+        bound = stop_bound(GRACE, 0.0, RECONNECT)
+    argv = [PYTHON, "-c", HUNG_START, "--config", str(cfg), *flags]
+    async with started(argv, remotes.env(token), tmp_path / "mcp.log", initialize=False) as raw:
+        await wait_until(lambda: OPENED in raw.stderr(), "the start-up")
+        raw.proc.send_signal(signal.SIGTERM)
+        status, elapsed = await exit_within(raw, bound)
+    log = raw.stderr()
+    assert status == EXIT_STOP_UNFINISHED, log
+    assert elapsed >= bound - EARLY, (elapsed, bound)
+    unfinished(log, bound)
+    assert token not in log
