@@ -1,14 +1,16 @@
 """``affidavit mcp`` run embedded opens its journal itself, so its stop is bounded as the
 daemon's is (``affidavit.mcp.stop``): a journal that never answers cannot hold it for ever.
 
-Real ``affidavit mcp`` processes spoken to in raw JSON-RPC lines, with a short
-``--shutdown-grace``.  A journal write that never returns (the daemon test's hook, in a ``-c``
-script around ``affidavit.cli.main``: the writer's transaction carrying DISPATCH_STARTED holds
-before its COMMIT), then SIGTERM or the client gone: exit 74 within ``stop_bound`` and not
-before, one line naming the write and the call.  A PostgreSQL that takes every packet and never
-answers (``Proxy.freeze``) while the loop itself waits in a result read: trio's receiver, a task
-on that loop, would never hear SIGTERM; the process's own signal thread does.  A healthy stop,
-by SIGTERM or SIGINT: the call's answer goes out, exit 0, nothing critical."""
+Real ``affidavit mcp`` processes spoken to in raw JSON-RPC lines, with a short grace (from
+``--shutdown-grace``, or from the config alone).  A journal write that never returns (the
+daemon test's hook, in a ``-c`` script around ``affidavit.cli.main``: the writer's transaction
+carrying DISPATCH_STARTED holds before its COMMIT), then SIGTERM or the client gone: exit 74
+within ``stop_bound`` and not before, one line naming the write and the call.  A PostgreSQL
+that takes every packet and never answers (``Proxy.freeze``) while the loop itself waits in a
+result read: trio's receiver, a task on that loop, would never hear SIGTERM; the process's own
+signal thread does.  Each bound is pinned by its exact number in the line, so a grace or a
+``reconnect`` (7 s: over ``CLOSE_WAIT``) the bound failed to count fails the test.  A healthy
+stop, by SIGTERM or SIGINT: the call's answer goes out, exit 0, nothing critical."""
 
 from __future__ import annotations
 
@@ -96,16 +98,25 @@ def unfinished(log: str, bound: float) -> str:
     return found.group(0)
 
 
-@pytest.mark.parametrize("ending", ["SIGTERM", "end of input"])
+@pytest.mark.parametrize(
+    ("ending", "grace_from"),
+    [("SIGTERM", "--shutdown-grace"), ("end of input", "--shutdown-grace"), ("SIGTERM", "config")],
+)
 async def test_a_stop_held_by_a_hung_journal_write_exits_74_within_its_bound(
-    tmp_path: Path, remotes: Remotes, token: str, ending: str
+    tmp_path: Path, remotes: Remotes, token: str, ending: str, grace_from: str
 ) -> None:
     """The call's DISPATCH_STARTED write never returns: the call waits for it uncancellably,
     and the journal's close waits for it.  Whatever ended the session -- a signal, or the
     client gone -- the process is gone within the bound, exit 74, the write and the call named;
-    the remote was asked nothing (the request leaves only once DISPATCH_STARTED is durable)."""
+    the remote was asked nothing (the request leaves only once DISPATCH_STARTED is durable).
+    The bound counts the grace the command line gives, else the config's ``[service]
+    shutdown_grace`` (its exact number in the line)."""
     cfg = write_config(tmp_path, remotes.targets())
-    argv = [PYTHON, "-c", HOLD_MCP, "--config", str(cfg), "--shutdown-grace", str(GRACE)]
+    argv = [PYTHON, "-c", HOLD_MCP, "--config", str(cfg)]
+    if grace_from == "config":
+        cfg.write_text(cfg.read_text() + f"[service]\nshutdown_grace = {GRACE}\n")
+    else:
+        argv += ["--shutdown-grace", str(GRACE)]
     async with started(argv, remotes.env(token), tmp_path / "mcp.log") as raw:
         await raw.send(call(1, "http_request", FAST))
         await wait_until(lambda: HELD in raw.stderr(), "the held write")
@@ -131,11 +142,12 @@ async def test_sigterm_while_the_loop_waits_for_a_database_read_exits_74_within_
     """A shared journal whose PostgreSQL stops answering while a ``fetch_result`` reads it on
     the event loop: the loop never runs again, so the stop is not started there (no "signal
     15: stopping" line: that is logged on the loop) -- the process's signal thread arms the
-    bound (its ``reconnect`` of 1 s under ``CLOSE_WAIT``), which ends it: exit 74."""
+    bound (its ``reconnect`` of 7 s over ``CLOSE_WAIT``, so counted: the line's exact number
+    says it was), which ends it: exit 74."""
     proxy = Proxy(pg.port)
-    bound = stop_bound(GRACE, 0.0, 1.0)
+    bound = stop_bound(GRACE, 0.0, RECONNECT)
     try:
-        journal = _through(proxy, pg, pg_url, tmp_path)
+        journal = {**_through(proxy, pg, pg_url, tmp_path), "reconnect": RECONNECT}
         cfg = write_config(tmp_path, remotes.targets(), journal=journal)
         argv = [PYTHON, "-m", "affidavit", "mcp", "--config", str(cfg)]
         argv += ["--shutdown-grace", str(GRACE)]
