@@ -24,6 +24,7 @@ import trio
 from affidavit.console.request import Refused
 from affidavit.engine import CallControl, internal_failure
 from affidavit.journal import AlteredRow, JournalError
+from affidavit.stopping.bound import RECORD_WAIT
 
 from .http import ApiProblem
 
@@ -184,6 +185,6 @@ class Calls:
         for call in left:
             call.stop()
         # Stopping only records the boundary each call reached (shielded journal writes).
-        with trio.move_on_after(max(grace, 5.0)):
+        with trio.move_on_after(max(grace, RECORD_WAIT)):
             await self._idle.wait()
         return len(left)

@@ -49,6 +49,7 @@ from mcp.server.lowlevel.server import NotificationOptions
 
 import affidavit
 from affidavit.api.wire import RESULT_PAGE_CHUNKS
+from affidavit.stopping.bound import RECORD_WAIT
 
 from .backends import Backend, Exchange
 from .render import render
@@ -80,8 +81,6 @@ max_calls``'s default: the proxy reads no config)."""
 DEFAULT_GRACE = 30.0
 """Seconds calls in flight may finish once the session ends, when no config says (``[service]
 shutdown_grace``'s default)."""
-STOP_WAIT = 5.0
-"""After the grace, how long (at least) the stopped calls may take to record where they stood."""
 
 
 def new_session_id() -> str:
@@ -297,7 +296,7 @@ class McpSession:
         if left:
             self.backend.stop()
             # Stopping only records the boundary each call reached (shielded journal writes).
-            with trio.move_on_after(max(grace, STOP_WAIT)):
+            with trio.move_on_after(max(grace, RECORD_WAIT)):
                 await self._idle.wait()
         return left
 

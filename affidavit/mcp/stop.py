@@ -11,12 +11,13 @@ So, as the daemon does, the signals are taken by a thread of the process's own
 (``StopSignals``), which arms the stop's bound (``StopBound``, ``EXIT_STOP_UNFINISHED``) first
 and then asks the loop to end the session (``McpSession.end``, through the trio token: a
 second signal stops the rest at once).  The bound is the MCP stop's own phases -- the grace,
-``max(grace, STOP_WAIT)`` for the stopped calls to record where they stood, no answer wait
-(the connection is cut once they did), the journal's close -- which is ``stop_bound`` with no
-answer wait.  A session that ends without a signal (the client gone, a failure) arms it too,
-when it ends.  The bound is disarmed once the journal is closed, and a signal from then on
-stops nothing (``closed``); past the bound, one log line names the journal's unanswered
-writes and the calls still running, and the process exits 74.
+``max(grace, RECORD_WAIT)`` for the stopped calls to record where they stood, no answer wait
+(the connection is cut once they did) but ``LOOP_WAIT`` for the loop to get to the stop, the
+journal's close -- ``stop_bound`` with ``LOOP_WAIT``.  A session that ends without a signal
+(the client gone, a failure) arms it too, when it ends.  The bound is disarmed once the
+journal is closed, and a signal from then on stops nothing (``closed``); past the bound, one
+log line names the journal's unanswered writes and the calls still running, and the process
+exits 74.
 
 Used only by the embedded path of ``affidavit mcp`` (``run``): the process is ours, a CLI
 entry.  The proxy (``--socket``) keeps trio's receiver: its loop waits on no storage, only on
@@ -48,9 +49,15 @@ __all__ = ["EmbeddedStop"]
 
 log = logging.getLogger("affidavit.mcp")
 
-ANSWER_WAIT = 0.0
-"""The embedded stop has no wait for answers of its own: the connection is cut once the stopped
-calls recorded where they stood (``serve``)."""
+LOOP_WAIT = 5.0
+"""Slack for the loop's lag.  The embedded stop has no wait for answers of its own (the
+connection is cut once the stopped calls recorded where they stood, ``serve``), but its bound
+starts at the signal, on the signals' thread, while the grace and the recording's timers start
+only once the loop runs the stop (``_end``): a read in progress on the loop (a shared
+journal's) holds it meanwhile, and a healthy stop must not be ended while it makes progress.
+As long as the daemon's ``ANSWER_WAIT``, so the two bounds are one sum.  A read held longer --
+a shared journal's writer reconnecting, up to ``reconnect`` -- is the outage the close's term
+(``max(CLOSE_WAIT, reconnect)``) already counts."""
 
 
 class EmbeddedStop:
@@ -94,7 +101,7 @@ class EmbeddedStop:
         self.bound.arm_on_the_loop(self._seconds())
 
     def _seconds(self) -> float:
-        return stop_bound(self.grace, ANSWER_WAIT, self.reconnect)
+        return stop_bound(self.grace, LOOP_WAIT, self.reconnect)
 
     def closed(self) -> None:
         """On the loop, once the journal is closed (however the process ends): nothing is left

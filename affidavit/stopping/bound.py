@@ -15,18 +15,19 @@ runs in the stopped process) -- each held the stop for ever.
 So once the stop starts -- when the signal arrives, taken by a thread of its own
 (``signals``): the event loop may be the thing that hangs, in a read of a journal that
 stopped answering -- a watchdog thread (``StopBound``) gives it ``stop_bound`` seconds: the
-phases the stop has anyway -- ``shutdown_grace`` for the calls, as long again (at least 5 s)
-for the stopped ones to record where they stood (``Calls.drain``), ``ANSWER_WAIT`` for their
-answers -- and ``CLOSE_WAIT`` for the journal to take what was queued, or the journal's own
-``[journal] reconnect`` window when longer (a shared journal's writer that lost its connection
-retries that long before it answers: a write that would land is let land).  A fixed bound, not
-a knob: each part is one the operator already sets or one no healthy journal comes near (its
-close commits what is queued in one transaction).  Past it, one log line names what was still
-pending -- the journal's unanswered writes (invocation id and event kind), the calls still
-running (invocation id), how long ago the journal last finished a transaction: never a row's
-attributes -- and the process ends with ``EXIT_STOP_UNFINISHED`` (sysexits' EX_IOERR), not 0:
-the journal was not closed.  The line is written by a thread of its own, waited for
-``LOG_WAIT`` at most: a stderr nobody reads does not keep the process alive.
+phases the stop has anyway -- ``shutdown_grace`` for the calls, as long again (at least
+``RECORD_WAIT``) for the stopped ones to record where they stood (``Calls.drain``),
+``ANSWER_WAIT`` for their answers -- and ``CLOSE_WAIT`` for the journal to take what was
+queued, or the journal's own ``[journal] reconnect`` window when longer (a shared journal's
+writer that lost its connection retries that long before it answers: a write that would land
+is let land).  A fixed bound, not a knob: each part is one the operator already sets or one no
+healthy journal comes near (its close commits what is queued in one transaction).  Past it,
+one log line names what was still pending -- the journal's unanswered writes (invocation id
+and event kind), the calls still running (invocation id), how long ago the journal last
+finished a transaction: never a row's attributes -- and the process ends with
+``EXIT_STOP_UNFINISHED`` (sysexits' EX_IOERR), not 0: the journal was not closed.  The line
+is written by a thread of its own, waited for ``LOG_WAIT`` at most: a stderr nobody reads does
+not keep the process alive.
 
 Why exiting so claims nothing: a write not answered was not reported durable to anyone -- its
 call is still waiting for it, so no answer went out for it (its connection is closed
@@ -53,6 +54,7 @@ __all__ = [
     "CLOSE_WAIT",
     "EXIT_STOP_UNFINISHED",
     "LOG_WAIT",
+    "RECORD_WAIT",
     "StopBound",
     "pending_words",
     "stop_bound",
@@ -62,6 +64,9 @@ log = logging.getLogger("affidavit.stopping")
 
 CLOSE_WAIT = 5.0
 """Seconds the journal's close may take at least once the answers are out."""
+RECORD_WAIT = 5.0
+"""After the grace, how long at least the stopped calls may take to record where they stood
+(the daemon's ``Calls.drain``, the MCP session's ``drain``: ``max(grace, RECORD_WAIT)``)."""
 EXIT_STOP_UNFINISHED = 74
 """The exit status of ``affidavit serve`` and of ``affidavit mcp`` embedded when the stop ran
 out of ``stop_bound``: sysexits' EX_IOERR (the journal's storage did not answer) -- neither 0
@@ -73,11 +78,12 @@ EXIT_WAIT = 2 * LOG_WAIT
 what was pending (a read of two queues), then its line (``LOG_WAIT``)."""
 
 
-def stop_bound(grace: float, answer_wait: float, reconnect: float | None) -> float:
-    """Seconds from the stop's start after which the daemon exits whatever it waits for: the
-    calls' grace, their recording (``Calls.drain``: ``max(grace, 5)``), their answers, and the
-    journal's close (``CLOSE_WAIT``, or a shared journal's ``reconnect`` when longer)."""
-    return grace + max(grace, 5.0) + answer_wait + max(CLOSE_WAIT, reconnect or 0.0)
+def stop_bound(grace: float, wait: float, reconnect: float | None) -> float:
+    """Seconds from the stop's start after which the process exits whatever it waits for: the
+    calls' grace, their recording (``max(grace, RECORD_WAIT)``), ``wait`` (the daemon's: its
+    answers, ``ANSWER_WAIT``; the embedded MCP stop's: the loop's lag, ``mcp.stop.LOOP_WAIT``),
+    and the journal's close (``CLOSE_WAIT``, or a shared journal's ``reconnect`` when longer)."""
+    return grace + max(grace, RECORD_WAIT) + wait + max(CLOSE_WAIT, reconnect or 0.0)
 
 
 class StopBound:

@@ -290,7 +290,7 @@ async def test_a_poll_held_by_its_remote_is_stopped_at_the_grace_as_broker_shutd
             raw.proc.send_signal(signal.SIGTERM)
             started = trio.current_time()
             reply = await raw.answer(1)  # answers are still written after a signal
-            assert trio.current_time() - started < GRACE + 3  # not another grace and STOP_WAIT
+            assert trio.current_time() - started < GRACE + 3  # not another grace and RECORD_WAIT
             assert await exits_within_grace(raw) == 0
     assert "result" in reply, reply
     polled: dict[str, Any] = reply["result"]["structuredContent"]

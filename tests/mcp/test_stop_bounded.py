@@ -27,6 +27,7 @@ import pytest
 import trio
 
 from affidavit.mcp import run
+from affidavit.mcp.stop import LOOP_WAIT
 from affidavit.mcp.transport import StdioTransport
 from affidavit.stopping.bound import EXIT_STOP_UNFINISHED, stop_bound
 from tests.broker.helpers import http_target, write_config
@@ -44,8 +45,8 @@ from .kit import PYTHON, WAIT
 from .test_protocol import FAST, INIT, Raw, call
 
 GRACE = 0.5
-BOUND = stop_bound(GRACE, 0.0, None)
-"""The embedded stop's phases: no answer wait of its own (``affidavit.mcp.stop``)."""
+BOUND = stop_bound(GRACE, LOOP_WAIT, None)
+"""The embedded stop's phases: no answer wait, the loop's slack (``affidavit.mcp.stop``)."""
 EARLY = 0.5
 """Under the bound: the watchdog's timer and ours started apart (a floor, not a measure)."""
 MARGIN = 20.0
@@ -145,7 +146,7 @@ async def test_sigterm_while_the_loop_waits_for_a_database_read_exits_74_within_
     bound (its ``reconnect`` of 7 s over ``CLOSE_WAIT``, so counted: the line's exact number
     says it was), which ends it: exit 74."""
     proxy = Proxy(pg.port)
-    bound = stop_bound(GRACE, 0.0, RECONNECT)
+    bound = stop_bound(GRACE, LOOP_WAIT, RECONNECT)
     try:
         journal = {**_through(proxy, pg, pg_url, tmp_path), "reconnect": RECONNECT}
         cfg = write_config(tmp_path, remotes.targets(), journal=journal)
@@ -232,7 +233,7 @@ async def test_a_healthy_stop_by_a_signal_drains_its_call_and_exits_0(
                 await srv.event("received").wait()
             raw.proc.send_signal(signum)
             answer: dict[str, Any] = (await raw.answer(1))["result"]["structuredContent"]
-            status, _ = await exit_within(raw, stop_bound(grace, 0.0, None))
+            status, _ = await exit_within(raw, stop_bound(grace, LOOP_WAIT, None))
     log = raw.stderr()
     assert status == 0, log
     assert answer["result"]["body"] == "done", answer
@@ -367,7 +368,7 @@ async def test_a_signal_during_the_start_up_is_bounded_by_the_config_s_terms(
         cfg = write_config(tmp_path, remotes.targets())
         cfg.write_text(cfg.read_text() + f"[service]\nshutdown_grace = {CONFIG_GRACE}\n")
         flags: list[str] = []
-        bound = stop_bound(CONFIG_GRACE, 0.0, None)
+        bound = stop_bound(CONFIG_GRACE, LOOP_WAIT, None)
     else:
         shared = {
             "url": request.getfixturevalue("pg_url"),
@@ -377,7 +378,7 @@ async def test_a_signal_during_the_start_up_is_bounded_by_the_config_s_terms(
         }
         cfg = write_config(tmp_path, remotes.targets(), journal=shared)
         flags = ["--shutdown-grace", str(GRACE)]
-        bound = stop_bound(GRACE, 0.0, RECONNECT)
+        bound = stop_bound(GRACE, LOOP_WAIT, RECONNECT)
     argv = [PYTHON, "-c", HUNG_START, "--config", str(cfg), *flags]
     async with started(argv, remotes.env(token), tmp_path / "mcp.log", initialize=False) as raw:
         await wait_until(lambda: OPENED in raw.stderr(), "the start-up")
@@ -388,3 +389,50 @@ async def test_a_signal_during_the_start_up_is_bounded_by_the_config_s_terms(
     assert elapsed >= bound - EARLY, (elapsed, bound)
     unfinished(log, bound)
     assert token not in log
+
+
+LATE_LOOP = """
+import sys, time
+from affidavit.mcp import stop
+
+real_end = stop.EmbeddedStop._end
+held = float(sys.argv[1])
+
+def late(self, signum):  # the loop gets to the stop late: a read on it still in progress
+    time.sleep(held)
+    real_end(self, signum)
+
+stop.EmbeddedStop._end = late
+from affidavit.cli import main
+sys.exit(main(["mcp", *sys.argv[2:]]))
+"""
+
+
+async def test_a_stop_the_loop_starts_late_is_not_ended_while_it_progresses(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """The bound starts at the signal, on the signals' thread; the stop's own timers only once
+    the loop runs it -- a read held on the loop delays that.  A healthy stop whose loop comes
+    to it later than the phases' sum with no slack (``stop_bound`` without ``LOOP_WAIT``) but
+    within the slack still ends on its own: exit 0, nothing critical (before: 74, the
+    journal not closed, while the stop made progress)."""
+    held = stop_bound(GRACE, 0.0, None) + 2.0
+    cfg = write_config(tmp_path, remotes.targets())
+    argv = [
+        PYTHON,
+        "-c",
+        LATE_LOOP,
+        str(held),
+        "--config",
+        str(cfg),
+        "--shutdown-grace",
+        str(GRACE),
+    ]
+    async with started(argv, remotes.env(token), tmp_path / "mcp.log") as raw:
+        raw.proc.send_signal(signal.SIGTERM)
+        status, elapsed = await exit_within(raw, held)
+    log = raw.stderr()
+    assert status == 0, log
+    assert elapsed >= held - EARLY, (elapsed, held)
+    assert "CRITICAL" not in log, log
+    assert f"signal {int(signal.SIGTERM)}: stopping (0 call(s) running)" in log
