@@ -370,8 +370,19 @@ def serve_s_signals() -> Iterator[None]:
         signal.signal(signum, handler)
 
 
+def _logged_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    """The daemon's lines and the stop's (its signals' and its bound's: ``affidavit.stopping``),
+    INFO and up."""
+    for name in ("affidavit.daemon", "affidavit.stopping"):
+        caplog.set_level(logging.INFO, name)
+
+
 def _watchdogs() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "affidavit-stop-bound" and t.is_alive()]
+
+
+LOGGER = {logging.CRITICAL: "affidavit.stopping", logging.INFO: "affidavit.daemon"}
+"""Who logs the stop's lines: the bound's (``StopBound``), the daemon's own ("stopped")."""
 
 
 def test_the_critical_line_reaches_journald_at_crit_priority(tmp_path: Path) -> None:
@@ -389,7 +400,8 @@ def test_the_critical_line_reaches_journald_at_crit_priority(tmp_path: Path) -> 
         ):
             handler = log_handler(environ, stream)
             for level, prefix in ((logging.CRITICAL, critical), (logging.INFO, info)):
-                record = logging.LogRecord("affidavit.daemon", level, "", 0, "stop", (), None)
+                name = LOGGER[level]
+                record = logging.LogRecord(name, level, "", 0, "stop", (), None)
                 line = handler.format(record)
                 assert line.startswith(prefix) and line[len(prefix)].isdigit(), (prefix, line)
                 assert line.endswith(
@@ -580,7 +592,7 @@ async def test_a_signal_whose_bound_cannot_start_still_stops_the_daemon(
         started.append(thread.name)
 
     monkeypatch.setattr(threading.Thread, "start", start_failing_once)
-    caplog.set_level(logging.INFO, "affidavit.daemon")
+    _logged_at_info(caplog)
     config = write_daemon_config(
         tmp_path, api_target("http://127.0.0.1:9"), socket=tmp_path / "s.sock"
     )
@@ -656,7 +668,7 @@ async def test_a_stop_whose_bound_cannot_start_on_the_loop_keeps_its_grace(
             await peer.respond(Reply(200, body=b"done"))
 
     _no_watchdog_thread(monkeypatch)
-    caplog.set_level(logging.INFO, "affidavit.daemon")
+    _logged_at_info(caplog)
     socket = tmp_path / "s.sock"
     answered: list[dict[str, Any]] = []
 
