@@ -62,6 +62,7 @@ from affidavit.engine import (
     READ_RETRY,
     OperationError,
     call_failure,
+    carries_key,
     internal_failure,
     poll_failure,
     read_failure,
@@ -251,9 +252,8 @@ class Api:
                 # stays: once the journal is back, the record (recovered when its lease ran
                 # out) says whether anything was sent; a row proven altered is no outage
                 # (``call_failure``).
-                raise ApiProblem(
-                    *call_failure(running.journal_failed, running.control.invocation_id)
-                )
+                iid, keyed = running.control.invocation_id, carries_key(action)
+                raise ApiProblem(*call_failure(running.journal_failed, iid, keyed))
             # Not the journal's: the invocation named, whose record says what happened.
             raise ApiProblem(*internal_failure(str(running.failure), running.control.invocation_id))
         await req.respond_json(running.envelope)

@@ -53,7 +53,13 @@ from .asker import asker
 from .control import CallControl
 from .delivery import deliver_stored
 from .recorder import Recorder
-from .recovery import CallNotRecorded, internal_close, journal_refused, recover_stale
+from .recovery import (
+    CallNotRecorded,
+    carries_key,
+    internal_close,
+    journal_refused,
+    recover_stale,
+)
 from .settings import EngineSettings
 from .snapshot import ConfigSnapshot
 from .takeup import ClaimInvalid, ClaimRefused, check_claim
@@ -152,6 +158,7 @@ class Engine:
                 claim,
             ),
             control,
+            keyed=carries_key(action),
         )
 
     async def dispatch_approved(
@@ -173,9 +180,15 @@ class Engine:
         )
 
     async def _answered(
-        self, run: Awaitable[T], control: CallControl | None, invocation_id: str | None = None
+        self,
+        run: Awaitable[T],
+        control: CallControl | None,
+        invocation_id: str | None = None,
+        *,
+        keyed: bool = False,
     ) -> T | dict[str, Any]:
-        """``run`` (a call), answered from the durable record when the journal fails it."""
+        """``run`` (a call), answered from the durable record when the journal fails it.
+        ``keyed``: its action carries an idempotency_key (``CallNotRecorded``)."""
         try:
             try:
                 return await run
@@ -198,7 +211,7 @@ class Engine:
                 or (control.invocation_id if control is not None else None)
                 or self.recorder.writing()
             )
-            raise CallNotRecorded(iid) from exc
+            raise CallNotRecorded(iid, keyed) from exc
         except JournalError:
             raise  # the journal's own failure: answered from what it holds (``call_failure``)
         except (ClaimRefused, ClaimInvalid):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any, Final
 
 import trio
@@ -52,6 +53,7 @@ __all__ = [
     "UNREADABLE",
     "CallNotRecorded",
     "act_failure",
+    "carries_key",
     "closing_event",
     "internal_close",
     "internal_failure",
@@ -403,6 +405,12 @@ def _nothing_sent(keyed: bool) -> str:
     return "nothing was sent"
 
 
+def carries_key(action: object) -> bool:
+    """Whether the caller's ``action`` (its JSON, unparsed) carries an idempotency_key: ended
+    before it named an invocation, it is worded so (``_nothing_sent``)."""
+    return isinstance(action, Mapping) and action.get("idempotency_key") is not None
+
+
 def unrecorded(invocation_id: str | None, keyed: bool = False) -> str:
     """What a caller is told when the journal could not record its call, so that no envelope
     can be rendered from a durable record (the daemon's 503 JOURNAL_UNAVAILABLE, and
@@ -593,14 +601,15 @@ class CallNotRecorded(JournalUnavailable):
     reconnect``: the call's record cannot be read, so it has no envelope (``Engine.call``
     raises this instead of the error of whichever read failed last).  ``invocation_id`` names
     the call (None: it wrote nothing); once the journal is back, its record -- closed by
-    recovery when the call's lease has run out -- says what was sent.  ``code`` is what the
+    recovery when the call's lease has run out -- says what was sent.  ``keyed``: the call
+    carries an idempotency_key (``unrecorded``).  ``code`` is what the
     daemon answers such a call with (503), and MCP with an ``api_error``."""
 
     code = "JOURNAL_UNAVAILABLE"
 
-    def __init__(self, invocation_id: str | None) -> None:
+    def __init__(self, invocation_id: str | None, keyed: bool = False) -> None:
         self.invocation_id = invocation_id
-        super().__init__(unrecorded(invocation_id))
+        super().__init__(unrecorded(invocation_id, keyed))
 
 
 READ_RETRY_AFTER = 1

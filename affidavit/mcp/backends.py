@@ -154,7 +154,7 @@ class Embedded:
         return self.broker.catalog()
 
     async def call(self, action: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
-        from affidavit.engine import call_failure
+        from affidavit.engine import call_failure, carries_key
         from affidavit.journal import JournalError
 
         with self._control() as control:
@@ -169,7 +169,7 @@ class Embedded:
                 # ``control`` (``invocation.run``, the same key's ``resume``) -- this request
                 # sent nothing.  With an idempotency_key an earlier one under it may have run
                 # (its binding unread): unknown, as the key's action is.
-                keyed = action.get("idempotency_key") is not None
+                keyed = carries_key(action)
                 _, code, message = call_failure(exc, control.invocation_id, keyed)
                 sent = control.invocation_id is not None or keyed
                 return self._api_error(code, message, sent=sent)
