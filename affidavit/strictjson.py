@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 __all__ = [
+    "ACTION_NODES",
     "DuplicateField",
     "Members",
     "NotJsonNumber",
@@ -30,6 +31,10 @@ __all__ = [
 ]
 
 _VISIBLE = re.compile(r"[\x21-\x7e]+")
+
+ACTION_NODES = 10_000
+"""Values (objects, arrays, scalars) an action may hold in all (``protocols.actions.MAX_NODES``):
+here, in a leaf, so that the MCP proxy's transport answers with the same bound."""
 
 
 class DuplicateField(ValueError):

@@ -72,9 +72,9 @@ FAULT_LOG_FIRST = 5
 FAULT_LOG_EVERY = 1000
 MAX_DEPTH = 200
 """The SDK's parser (pydantic's) refuses deeper nesting."""
-MAX_NODES = 11_000
-"""Values a message may hold: an action's ``MAX_NODES`` (10,000, ``protocols.actions``: the
-broker refuses more, journaled) and room for JSON-RPC's own members.  Counted before any
+MAX_NODES = strictjson.ACTION_NODES + 1_000
+"""Values a message may hold: an action's (10,000, ``protocols.actions.MAX_NODES``: the broker
+refuses more, journaled) and room for JSON-RPC's own members.  Counted before any
 parser runs (``strictjson.prescan``): a 7 MiB ``[{},{},...]`` took 2.0 s of the loop, 0.013 s
 refused so (tests/benchmarks/mcp_lines.py)."""
 OFF_LOOP = 256 * 1024
@@ -515,7 +515,7 @@ def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | No
     found = scan.found
     names = {name for name, _ in found}
     ids = [at for name, at in found if name == "id"]
-    what = f"nested deeper than {MAX_DEPTH} levels" if exc.deep else f"more than {MAX_NODES} values"
+    what = _passed(exc.deep, MAX_NODES)
     if len(ids) > 1:  # which of its ids? neither: under null, as a message in bounds
         return (
             INVALID_REQUEST,
@@ -556,39 +556,47 @@ def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | No
     # The part at fault: the member whose value holds where the scan passed its bound.
     where = next((name for name, at in reversed(found) if at <= exc.at), None)
     in_params = where == "params" and "method" in names
-    if in_params and _action_at_fault(text, found, exc):
-        what = f"PAYLOAD_LIMIT at action: {what}"  # a tool's arguments are ``action``
+    own = _action_at_fault(text, found, exc) if in_params else None
+    if own is not None:
+        what = f"PAYLOAD_LIMIT at action: {own}"  # a tool's arguments are ``action``
     return (INVALID_PARAMS if in_params else INVALID_REQUEST), request_id, what
 
 
 def _action_at_fault(
     text: str, found: list[tuple[str | None, int]], exc: strictjson.TooLarge
-) -> bool:
-    """Whether the bound ``exc`` says was passed is the ``arguments``' own, of a ``tools/call``
-    request's ``params`` (read from its members, as ``_too_large`` reads them): nested past it
-    inside them, or holding more values than it on their own -- a count passed in them may be
-    mostly the rest of the message's.  Answered with the code an action's limits have
-    (``PAYLOAD_LIMIT``)."""
+) -> str | None:
+    """What makes the ``arguments`` of a ``tools/call`` request's ``params`` (read from its
+    members, as ``_too_large`` reads them) refused on their own, when ``exc`` was passed in
+    them: nested past the bound inside them, or -- counted alone -- nested past it, or holding
+    more values than an action may (``strictjson.ACTION_NODES``): a count passed in them may
+    be mostly the rest of the message's.  None when they are not at fault.  Answered with the
+    code an action's limits have (``PAYLOAD_LIMIT``)."""
     values = dict((name, at) for name, at in found)  # one method, one params: else unparsed
     if len(values) != len(found) or "method" not in values or "params" not in values:
-        return False
+        return None
     try:
         method = json.JSONDecoder().raw_decode(text, values["method"])[0]
     except (ValueError, RecursionError):  # not a string: nested past the parser
-        return False
+        return None
     # Only members before the bound can hold it: the scan stops there (the text past it was
     # read once already, by ``_too_large``'s).
     inner = strictjson.members(text, values["params"], until=exc.at).found
     where = next(((name, start) for name, start in reversed(inner) if start <= exc.at), None)
     if method != "tools/call" or where is None or where[0] != "arguments":
-        return False
+        return None
     if exc.deep:
-        return True
-    try:  # the arguments counted alone: at most about 3 * MAX_NODES tokens (``prescan``)
-        strictjson.prescan(text, MAX_DEPTH, MAX_NODES, where[1])
+        return _passed(True, MAX_NODES)
+    try:  # the arguments counted alone: at most about 3 * ACTION_NODES tokens (``prescan``)
+        strictjson.prescan(text, MAX_DEPTH, strictjson.ACTION_NODES, where[1])
     except strictjson.TooLarge as alone:
-        return not alone.deep
-    return False
+        return _passed(alone.deep, strictjson.ACTION_NODES)
+    return None
+
+
+def _passed(deep: bool, nodes: int) -> str:
+    """A bound ``prescan`` found passed, in the words of the answer: ``MAX_DEPTH``, or
+    ``nodes`` values."""
+    return f"nested deeper than {MAX_DEPTH} levels" if deep else f"more than {nodes} values"
 
 
 def _diagnose(line: bytes) -> tuple[int, Any, str] | None:

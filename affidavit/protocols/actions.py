@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from affidavit.schema import Target, canonical_json, snapshot_hash
 from affidavit.session import MAX_SESSION, SESSION, SESSION_WORDS
 from affidavit.statemachine import KEYED_PREFIX, Code
-from affidavit.strictjson import DuplicateField, NotJsonNumber, TooLarge, prescan
+from affidavit.strictjson import ACTION_NODES, DuplicateField, NotJsonNumber, TooLarge, prescan
 from affidavit.strictjson import loads as strict_loads
 
 from .registry import ProtocolLoadError, get, kinds
@@ -63,7 +63,7 @@ COMMON_FIELDS = frozenset({"target", "session"})
 MAX_DEPTH = 16
 """Nesting an action may have (its own needs three: action, headers, a value).  Checked before
 anything walks it: 100k nested arrays used to end in a RecursionError traceback."""
-MAX_NODES = 10_000
+MAX_NODES = ACTION_NODES
 """Values (objects, arrays, scalars) an action may hold in all."""
 BOUNDED_PREFIX = 64
 """Characters of a refused value kept in the journal (escaped), with its length and hash."""

@@ -18,6 +18,7 @@ import trio.testing
 
 from affidavit import strictjson
 from affidavit.mcp.transport import MAX_DEPTH, MAX_LINE, MAX_NODES, StdioTransport, _too_large
+from affidavit.strictjson import ACTION_NODES
 
 DEEP = "[" * 300 + "]" * 300
 
@@ -136,6 +137,12 @@ CALL = '{"jsonrpc":"2.0","id":8,"method":"%s","params":{"name":"http_request",%s
 WIDE = '{"h":[' + "1," * 5_999 + "1]}"
 """6,001 values: over the message's 11,000 twice, within an action's own 10,000 once."""
 DEEPER = "more than 11000 values", "nested deeper than 200 levels"
+MILLE = "[" + "1," * 999 + "1]"
+"""1,001 values."""
+OVER = '{"h":[' + "1," * 10_499 + "1]}"
+"""10,502 values: within the message's 11,000 alone, over an action's 10,000."""
+OWN = f"more than {ACTION_NODES} values"
+WIDE_THEN_DEEP = '{"a":' + WIDE + ',"b":' + DEEP + "}"
 
 
 @pytest.mark.parametrize(
@@ -148,8 +155,13 @@ DEEPER = "more than 11000 values", "nested deeper than 200 levels"
         # within its own bounds -- the message is not (it was PAYLOAD_LIMIT at action).
         ("tools/call", '"_meta":' + WIDE + ',"arguments":' + WIDE, False, DEEPER[0]),
         ("tools/call", '"arguments":' + WIDE + ',"_meta":' + WIDE, False, DEEPER[0]),
-        ("tools/call", '"arguments":{"a":' + WIDE + ',"b":' + WIDE + "}", True, DEEPER[0]),
+        ("tools/call", '"arguments":{"a":' + WIDE + ',"b":' + WIDE + "}", True, OWN),
         ("prompts/get", '"arguments":{"a":' + WIDE + ',"b":' + WIDE + "}", False, DEEPER[0]),
+        # The message's count passed in the arguments, which are nested past the bound on their
+        # own further on: the action's fault, in its words (it had no prefix).
+        ("tools/call", '"_meta":' + WIDE + ',"arguments":' + WIDE_THEN_DEEP, True, DEEPER[1]),
+        # Over an action's own 10,000 values alone, not the message's 11,000 (it had no prefix).
+        ("tools/call", '"_meta":' + MILLE + ',"arguments":' + OVER, True, OWN),
     ],
     ids=[
         "arguments",
@@ -159,6 +171,8 @@ DEEPER = "more than 11000 values", "nested deeper than 200 levels"
         "count_arguments_then_meta",
         "count_arguments",
         "count_another_method",
+        "count_then_arguments_deep",
+        "count_arguments_over_their_own",
     ],
 )
 def test_a_bound_passed_in_a_tool_s_arguments_is_payload_limit_at_action(
@@ -236,5 +250,5 @@ async def test_a_64_mib_line_never_stalls_the_event_loop_and_is_answered_under_i
         nursery.cancel_scope.cancel()
     found = json.loads(data)
     assert (found["id"], found["error"]["code"]) == (8, -32602), found
-    assert found["error"]["message"] == "PAYLOAD_LIMIT at action: more than 11000 values"
+    assert found["error"]["message"] == f"PAYLOAD_LIMIT at action: {OWN}"
     assert len(gaps) > 10 and max(gaps) < STALL, max(gaps)

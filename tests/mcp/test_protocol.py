@@ -428,7 +428,7 @@ MALFORMED: list[tuple[bytes, int, str]] = [
         b'{"jsonrpc":"2.0","id":"wide","method":"tools/call","params":{"name":"http_request",'
         b'"arguments":{"headers":[' + b"{}," * 500_000 + b"{}]}}}",
         -32602,
-        "more than 11000 values",
+        "more than 10000 values",
     ),
 ]
 
