@@ -78,10 +78,18 @@ refuses more, journaled) and room for JSON-RPC's own members.  Counted before an
 parser runs (``strictjson.prescan``): a 7 MiB ``[{},{},...]`` took 2.0 s of the loop, 0.013 s
 refused so (tests/benchmarks/mcp_lines.py)."""
 OFF_LOOP = 256 * 1024
-"""A longer message is scanned (``_over_bounds``) in a worker thread: a hostile 64 MiB line
-takes seconds to read for its id (``strictjson.members``), which on the event loop stalled
-every embedded call, lease and answer meanwhile.  A shorter one takes the loop for tens of
-milliseconds at most: it stays there, sparing the common small message a thread's hop."""
+"""A longer message is read -- bounded, parsed, diagnosed (``_read_line``) -- in a worker
+thread: a hostile 64 MiB line takes seconds to read for its id (``strictjson.members``), or to
+parse (2.8 s of ``\u0041`` escapes), which on the event loop stalled every embedded call, lease
+and answer meanwhile.  A shorter one takes the loop for about 20 ms at most (18 ms for 256 KiB
+of ``[[],[],...]``): it stays there, sparing the common small message a thread's hop.  In the
+thread one parser's call still holds the GIL throughout, the loop waiting: pydantic's parse of
+64 MiB of escapes 0.16 s, ``json``'s 0.12 s (a ticker's largest gap 0.14 s,
+tests/mcp/test_members.py); what is decoded only to answer an oversized message -- its id, a
+member's name -- is bounded (``ID_TEXT``, ``strictjson.MEMBER_NAME``)."""
+ID_TEXT = strictjson.SCAN_CHUNK
+"""Characters of an oversized message's id (as JSON) decoded at most (``_too_large``): a longer
+one is answered under null, read no further."""
 MAX_DIGITS = 4300
 """Nor does it read longer integers (Python's own bound for ``int(str)``)."""
 
@@ -253,47 +261,19 @@ class StdioTransport:
         self, line: bytes, out: MemoryObjectSendStream[SessionMessage | Exception]
     ) -> None:
         """Pass one line to the server, or answer it here: malformed, or a duplicate id."""
-        # Bounded before any parser builds it: pydantic's and ours (``_ambiguous``) each read it.
-        scan = partial(_over_bounds, line.decode("utf-8", "surrogateescape"))
-        if len(line) > OFF_LOOP:  # abandoned if cancelled: it only reads a str of its own
-            refused, fault = await trio.to_thread.run_sync(scan, abandon_on_cancel=True)
+        if len(line) > OFF_LOOP:  # abandoned if cancelled: it only reads bytes of its own
+            read = await trio.to_thread.run_sync(_read_line, line, abandon_on_cancel=True)
         else:
-            refused, fault = scan()
-        if refused:
-            if fault is not None:
-                await self._refuse(*fault)
-            else:
-                self._note("an oversized notification or response: ignored")
+            read = _read_line(line)
+        if isinstance(read, str):
+            self._note(read)
             return
-        try:
-            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-        except Exception:
-            fault = _diagnose(line)
-            if fault is not None:
-                await self._refuse(*fault)
-            else:
-                self._note("a malformed notification or response: ignored")
+        if isinstance(read, tuple):
+            await self._refuse(*read)
             return
-        if isinstance(message, types.JSONRPCNotification) and _has_id(line):
-            # The parser reads a request whose id it cannot take (true, 1.5, null...) as a
-            # notification, dropping the id: the client would wait for an answer forever.
-            fault = _diagnose(line)
-            if fault is not None:
-                await self._refuse(*fault)
-                return
+        message = read
         if not isinstance(message, types.JSONRPCRequest):
             await out.send(SessionMessage(message))
-            return
-        ambiguous = _ambiguous(line)
-        if ambiguous is not None:
-            field, what = ambiguous
-            if field == "message.id":  # which of its ids? neither: answered under null
-                await self._fault(INVALID_REQUEST, None, what)
-            else:
-                in_params = field.startswith(("action", "message.params"))
-                await self._refuse(
-                    INVALID_PARAMS if in_params else INVALID_REQUEST, message.id, what
-                )
             return
         if coerce_request_id(message.id) in self._open:
             await self._refuse(INVALID_REQUEST, message.id, "a second request")
@@ -379,6 +359,11 @@ class _Huge:
     """An integer longer than ``MAX_DIGITS``."""
 
 
+class _Unread:
+    """An id of an oversized message whose JSON text is no value of at most ``ID_TEXT``
+    characters (``_too_large``): not decoded further."""
+
+
 class _NotNumber:
     """``NaN``, ``Infinity`` or ``-Infinity`` where a value stands: not JSON, though the SDK's
     parser takes it (``_ambiguous`` refuses it then) -- read on, so that a line refused for
@@ -442,6 +427,8 @@ def _id_fault(value: Any) -> str | None:
         return f"its id is a boolean: a request id is {kind}"
     if value is _Huge:
         return f"its id is a number longer than {MAX_DIGITS} digits"
+    if value is _Unread:
+        return f"its id is no JSON value of at most {ID_TEXT} characters"
     if isinstance(value, _NotNumber):
         return f"its id {value.what}: a request id is {kind}"
     if isinstance(value, int):
@@ -457,6 +444,37 @@ def _id_fault(value: Any) -> str | None:
     if isinstance(value, dict):
         return f"its id is an object: a request id is {kind}"
     return f"its id is an array: a request id is {kind}"
+
+
+def _read_line(line: bytes) -> types.JSONRPCMessage | tuple[int, Any, str] | str:
+    """What ``line`` is, read by the parsers alone (no state of the transport's: a long line is
+    read in a worker thread): a message for the server, the error that answers it here (code,
+    id, what was wrong), or -- a notification or a response at fault, never answered -- what
+    the log says of it."""
+    # Bounded before any parser builds it: pydantic's and ours (``_ambiguous``) each read it.
+    refused, fault = _over_bounds(line.decode("utf-8", "surrogateescape"))
+    if refused:
+        return fault if fault is not None else "an oversized notification or response: ignored"
+    try:
+        message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except Exception:
+        return _diagnose(line) or "a malformed notification or response: ignored"
+    if isinstance(message, types.JSONRPCNotification) and _has_id(line):
+        # The parser reads a request whose id it cannot take (true, 1.5, null...) as a
+        # notification, dropping the id: the client would wait for an answer forever.
+        fault = _diagnose(line)
+        if fault is not None:
+            return fault
+    if not isinstance(message, types.JSONRPCRequest):
+        return message
+    ambiguous = _ambiguous(line)
+    if ambiguous is None:
+        return message
+    field, what = ambiguous
+    if field == "message.id":  # which of its ids? neither: answered under null
+        return INVALID_REQUEST, None, what
+    in_params = field.startswith(("action", "message.params"))
+    return (INVALID_PARAMS if in_params else INVALID_REQUEST), message.id, what
 
 
 def _has_id(line: bytes) -> bool:
@@ -539,14 +557,20 @@ def _too_large(text: str, exc: strictjson.TooLarge) -> tuple[int, Any, str] | No
         )
     if not ids:
         return None if "method" in names else (INVALID_REQUEST, None, "not a JSON-RPC request")
+    # Decoded from its first ``ID_TEXT`` characters only: decoded whole, 32 Mi characters of
+    # escapes held the GIL -- and the loop -- for 0.32 s in one call.
+    window = text[ids[0] : ids[0] + ID_TEXT + 1]
+    after: int | None = None
     try:
-        value, after = json.JSONDecoder(parse_int=_int, parse_constant=_NotNumber).raw_decode(
-            text, ids[0]
-        )
+        value, end = json.JSONDecoder(parse_int=_int, parse_constant=_NotNumber).raw_decode(window)
     except RecursionError:
-        value, after = [], None  # nested past the parser: answered under null
+        value = []  # nested past the parser: answered under null
     except ValueError:
-        return PARSE_ERROR, None, "not valid JSON"  # ``nul``: no JSON text, as the small one
+        if len(window) <= ID_TEXT:  # ``nul``: no JSON text, as the small one
+            return PARSE_ERROR, None, "not valid JSON"
+        value = _Unread  # broken, or longer: answered under null
+    else:
+        value, after = (_Unread, None) if end > ID_TEXT else (value, ids[0] + end)
     if after is not None and _MEMBER_END.match(text, after) is None:
         # ``5x``, ``5 6``, ``5,,``: the text breaks off right after the id -- no JSON text, as
         # the small one.  A break elsewhere goes unseen (``prescan`` skips commas and colons

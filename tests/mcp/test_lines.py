@@ -63,3 +63,42 @@ async def test_each_byte_is_searched_for_the_newline_once(
     sent = sum(len(chunk) for chunk in chunks)
     assert searched[1] <= sent, searched  # once each (it was 32 GiB for the 64 MiB line)
     assert searched[0] <= sent // READ + 2 * len(codes) + 2, searched  # one per read, per line
+
+
+FILLER = "a" * (2 * transport.OFF_LOOP)
+
+
+@pytest.mark.parametrize(
+    ("line", "parser", "off_loop"),
+    [
+        # A request in bounds: read again strictly (``_ambiguous``) -- 2.8 s of the loop for 64
+        # MiB of escapes, with pydantic's parse; now in the thread the bounds' scan has.
+        ({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"a": FILLER}}, "_ambiguous", 1),
+        # One the SDK's parser refuses: diagnosed (``_diagnose``) there too.
+        ({"jsonrpc": "2.0", "id": 1, "method": 7, "params": {"a": FILLER}}, "_diagnose", 1),
+        # A short one stays on the loop: no thread's hop for the common message.
+        ({"jsonrpc": "2.0", "id": 1, "method": 7}, "_diagnose", 0),
+    ],
+    ids=["request", "malformed", "short"],
+)
+async def test_a_long_line_is_parsed_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch, line: dict[str, Any], parser: str, off_loop: int
+) -> None:
+    threads: list[bool] = []
+    parse = getattr(transport, parser)
+
+    def watched(data: bytes) -> Any:
+        threads.append(trio.lowlevel.in_trio_task())
+        return parse(data)
+
+    monkeypatch.setattr(transport, parser, watched)
+    to_server, server_in = trio.testing.memory_stream_one_way_pair()
+    server_out, from_server = trio.testing.memory_stream_one_way_pair()
+    async with StdioTransport(server_in, server_out).streams() as (read, write), read, write:
+        await to_server.send_all(json.dumps(line).encode() + b"\n")
+        with trio.fail_after(60):
+            if parser == "_ambiguous":
+                assert (await read.receive()).message.id == 1  # type: ignore[union-attr]
+            else:
+                assert json.loads(await from_server.receive_some(READ))["id"] == 1
+    assert threads == [not off_loop], threads  # in the loop's own task, or a worker's

@@ -17,7 +17,14 @@ import trio
 import trio.testing
 
 from affidavit import strictjson
-from affidavit.mcp.transport import MAX_DEPTH, MAX_LINE, MAX_NODES, StdioTransport, _too_large
+from affidavit.mcp.transport import (
+    ID_TEXT,
+    MAX_DEPTH,
+    MAX_LINE,
+    MAX_NODES,
+    StdioTransport,
+    _too_large,
+)
 from affidavit.strictjson import ACTION_NODES
 
 DEEP = "[" * 300 + "]" * 300
@@ -212,6 +219,49 @@ def test_brackets_read_by_runs_close_where_read_one_by_one(
         assert strictjson._closing(text, 0, len(text), depth) == expected, (text, depth)
 
 
+LONG = "\\\\" * (2 * ID_TEXT)
+"""A string's JSON text of 4 Mi characters, escapes all (2 Mi backslashes decoded)."""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '{"jsonrpc":"2.0","id":"' + LONG + '","method":"ping","params":{"a":' + DEEP + "}}",
+            (-32602, None, "nested deeper than 200 levels"),
+        ),
+        # Answered under null too when the text breaks off inside it (it cannot tell).
+        ('{"jsonrpc":"2.0","id":"' + LONG + '" x,"params":{"a":' + DEEP + "}}", (-32600, None, "")),
+        (
+            '{"' + LONG + '":1,"jsonrpc":"2.0","id":5,"method":"ping","params":{"a":' + DEEP + "}}",
+            (-32602, 5, "nested deeper than 200 levels"),
+        ),
+    ],
+    ids=["id", "broken_id", "name"],
+)
+def test_an_oversized_message_decodes_no_long_id_or_name_whole(
+    monkeypatch: pytest.MonkeyPatch, text: str, expected: tuple[int, Any, str]
+) -> None:
+    """One decoding call holds the GIL throughout (32 Mi characters of escapes: 0.32 s, the
+    event loop stalled though the line is read in a thread): an id is decoded from its first
+    ``ID_TEXT`` characters only (longer: answered under null), a member's name only when at
+    most ``MEMBER_NAME`` (longer: no name read)."""
+    decoded: list[int] = []
+    raw_decode = json.JSONDecoder.raw_decode
+
+    def counted(self: json.JSONDecoder, s: str, idx: int = 0) -> tuple[Any, int]:
+        decoded.append(len(s) - idx)
+        return raw_decode(self, s, idx)
+
+    monkeypatch.setattr(json.JSONDecoder, "raw_decode", counted)
+    found = answer(text)
+    assert found is not None
+    code, request_id, words = expected
+    assert found[:2] == (code, request_id), found
+    assert words in found[2], found
+    assert max(decoded) <= ID_TEXT + 1, max(decoded)
+
+
 # -- the event loop while a hostile line is read --------------------------------------------------
 
 TICK = 0.005
@@ -220,12 +270,38 @@ STALL = 1.0
 worker thread taking the GIL in turns); the scan on the loop held it for tens of seconds."""
 
 
-async def test_a_64_mib_line_never_stalls_the_event_loop_and_is_answered_under_its_id() -> None:
-    """A ``tools/call`` just under ``MAX_LINE`` whose arguments hold ``[[],[],...]`` past the
-    bounds: finding its id walks every bracket (seconds), so it is read off the loop; a ticker
-    task's largest gap stays small, and the answer carries the request's id and its fault."""
-    pairs = (MAX_LINE - 200) // 3
-    text = CALL % ("tools/call", '"arguments":{"headers":[' + "[]," * pairs + "[]]}")
+STALLING = [
+    # Finding its id walks every bracket (seconds): answered under its id, with its fault.
+    (
+        CALL
+        % ("tools/call", '"arguments":{"headers":[' + "[]," * ((MAX_LINE - 200) // 3) + "[]]}"),
+        (8, -32602, f"PAYLOAD_LIMIT at action: {OWN}"),
+    ),
+    # In bounds, parsed (2.8 s of the loop): passed to the server.
+    (CALL % ("tools/call", '"arguments":{"a":"' + "\\u0041" * ((MAX_LINE - 200) // 6) + '"}'), 8),
+    # An id of 32 Mi characters of escapes (decoded whole: 0.32 s in one call, the GIL held):
+    # decoded no further than ``ID_TEXT`` characters, answered under null.
+    (
+        '{"jsonrpc":"2.0","id":"' + "\\\\" * (MAX_LINE // 4) + '","method":"tools/call",'
+        '"params":{"name":"x","arguments":{"h":' + DEEP + "}}}",
+        (None, -32602, "PAYLOAD_LIMIT at action: nested deeper than 200 levels"),
+    ),
+    # A member's name as long (decoded whole: 0.12 s): no name read, the id still is.
+    (
+        '{"' + "\\\\" * (MAX_LINE // 4) + '":1,"jsonrpc":"2.0","id":8,"method":"tools/call",'
+        '"params":{"name":"x","arguments":{"h":' + DEEP + "}}}",
+        (8, -32602, "PAYLOAD_LIMIT at action: nested deeper than 200 levels"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), STALLING, ids=["brackets", "string", "huge_id", "huge_name"]
+)
+async def test_a_64_mib_line_never_stalls_the_event_loop(text: str, expected: Any) -> None:
+    """A line just under ``MAX_LINE`` is read, bounded and parsed off the loop (``OFF_LOOP``),
+    and no call there holds the GIL long: a ticker task's largest gap stays small.  Each is
+    answered here (its id, code and words) or passed to the server (its id)."""
     assert len(text) < MAX_LINE
     to_server, server_in = trio.testing.memory_stream_one_way_pair()
     server_out, from_server = trio.testing.memory_stream_one_way_pair()
@@ -243,12 +319,16 @@ async def test_a_64_mib_line_never_stalls_the_event_loop_and_is_answered_under_i
     async with transport.streams() as (read, write), read, write, trio.open_nursery() as nursery:
         nursery.start_soon(ticker)
         await to_server.send_all(text.encode() + b"\n")
-        data = b""
         with trio.fail_after(120):
-            while not data.endswith(b"\n"):
-                data += await from_server.receive_some(65536)
+            if isinstance(expected, tuple):
+                data = b""
+                while not data.endswith(b"\n"):
+                    data += await from_server.receive_some(65536)
+                found = json.loads(data)
+                got = (found["id"], found["error"]["code"], found["error"]["message"])
+            else:
+                got = (await read.receive()).message.id  # type: ignore[union-attr]
         nursery.cancel_scope.cancel()
-    found = json.loads(data)
-    assert (found["id"], found["error"]["code"]) == (8, -32602), found
-    assert found["error"]["message"] == f"PAYLOAD_LIMIT at action: {OWN}"
+    assert got == expected, got
     assert len(gaps) > 10 and max(gaps) < STALL, max(gaps)
+    print(f"largest gap {max(gaps):.3f} s")
