@@ -102,3 +102,19 @@ async def test_a_long_line_is_parsed_off_the_event_loop(
             else:
                 assert json.loads(await from_server.receive_some(READ))["id"] == 1
     assert threads == [not off_loop], threads  # in the loop's own task, or a worker's
+
+
+def test_a_line_is_copied_out_of_the_buffer_once() -> None:
+    """A line cut from the read buffer costs its own size at the peak, not twice it (64 MiB
+    more for a 64 MiB line, not 128)."""
+    import tracemalloc
+
+    buffer = bytearray(b"x" * (8 * 1024 * 1024 + 2))
+    tracemalloc.start()
+    try:
+        line = transport._cut(buffer, 1, len(buffer) - 1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert line == bytes(buffer[1:-1])
+    assert peak < 1.1 * len(line), peak  # it was 2x: a bytearray slice, then its bytes
