@@ -1,12 +1,14 @@
 """A host that names every asker (``EngineSettings.peer_askers``: the daemon, its socket peer's
-uid) never falls back to this process's uid: a call or a whole fetch naming none is refused
-``NoAsker`` before anything is recorded.  Before, the daemon's routes passing no peer uid went
-unnoticed -- the engine took the daemon's own uid, which a test's agent (and any peer of the
-daemon's user) also has.  The daemon opens its broker so (tests/daemon: removing a route's
-``requester=req.peer.uid`` or ``reader=`` there answers 500)."""
+uid) never falls back to this process's uid: a call, a whole fetch, an operation's poll or a
+reconciliation query naming none is refused ``NoAsker`` before anything is recorded.  Before,
+the daemon's routes passing no peer uid went unnoticed -- the engine took the daemon's own uid,
+which a test's agent (and any peer of the daemon's user) also has.  The daemon opens its broker
+so (tests/daemon/test_peer_askers.py: a route that drops its peer's uid is answered 500
+INTERNAL)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,16 @@ from affidavit.engine import EngineSettings
 from affidavit.engine.asker import NoAsker
 from tests.http.hostile import HostileServer, Reply, scripts
 
+from .approvalkit import PaymentsApi, reconcile_target
 from .helpers import http_target, write_config
+from .test_operations import JOBS, SUBMIT, job_api
 
 ACTION = {"target": "api", "method": "GET", "path": "/thing", "session": "agentA"}
 PEER = 4242
+
+
+def _ids(broker: Broker) -> list[str]:
+    return [r.invocation_id for r in broker.journal.list_actions()]
 
 
 async def _gone(envelope: dict[str, Any]) -> None:
@@ -51,3 +59,49 @@ async def test_a_broker_naming_every_asker_refuses_none(tmp_path: Path, token: s
                 assert own is not None and "delivery" not in own
                 await broker.settled()
                 assert broker.events(iid)[-1].attrs["reader"] == {"uid": PEER}
+
+
+async def test_a_poll_naming_no_asker_is_refused(tmp_path: Path, token: str) -> None:
+    async with HostileServer.running(scripts.serve(job_api(["running"]))) as srv:
+        cfg = load_config(write_config(tmp_path, {"jobs": http_target(srv.url + "/v1", **JOBS)}))
+        settings = EngineSettings(peer_askers=True)
+        async with Broker.open(config=cfg, settings=settings) as broker:
+            with trio.fail_after(10):
+                op_id = (await broker.call(SUBMIT, requester=PEER))["operation"]["id"]
+                await broker.settled()
+                before = _ids(broker)
+                with pytest.raises(NoAsker):
+                    await broker.poll_operation(op_id)
+                assert _ids(broker) == before  # no poll recorded
+                assert len(srv.requests) == 1  # nor sent
+                polled = await broker.poll_operation(op_id, requester=PEER)
+                assert polled["poll"] is not None  # named: polled
+                assert len(srv.requests) == 2
+
+
+async def test_a_reconciliation_query_naming_no_asker_is_refused(
+    tmp_path: Path, token: str
+) -> None:
+    charge = {
+        "target": "api",
+        "method": "POST",
+        "path": "/v1/charges",
+        "body": json.dumps({"drop": True}),
+        "idempotency_key": "k1",
+    }
+    async with HostileServer.running(PaymentsApi().script) as srv:
+        cfg = load_config(write_config(tmp_path, reconcile_target(srv.url)))
+        settings = EngineSettings(peer_askers=True)
+        async with Broker.open(config=cfg, settings=settings) as broker:
+            with trio.fail_after(10):
+                envelope = await broker.call(charge, requester=PEER)
+                assert envelope["error"]["outcome"] == "unknown"
+                iid = envelope["invocation_id"]
+                await broker.settled()
+                before = _ids(broker)
+                with pytest.raises(NoAsker):
+                    await broker.reconcile(iid, query=True)
+                assert _ids(broker) == before  # no query recorded
+                assert not [r for r in srv.requests if r.method == "GET"]  # nor sent
+                answer = await broker.reconcile(iid, query=True, requester=PEER)
+                assert answer["reconciled"] is True  # named: queried
