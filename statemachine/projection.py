@@ -203,7 +203,9 @@ class Projector:
         attempts, without copies.  Folding on afterwards would change that record."""
         return self._build(now, self._evidence, self._attempts)
 
-    def _hint(self, state: str, outcome: Outcome, code: Code | None, now: float) -> Retry:
+    def _hint(
+        self, state: str, outcome: Outcome, code: Code | None, now: float, deliverable: bool
+    ) -> Retry:
         """``retry_hint`` on this record's operation, key, Retry-After and budget."""
         idem = self._idempotency
         return retry_hint(
@@ -221,6 +223,7 @@ class Projector:
             now,
             # How long a retry taken now may still send: the key must outlast it.
             send_window(idem),
+            deliverable=deliverable,
         )
 
     def _build(
@@ -228,17 +231,14 @@ class Projector:
     ) -> Record:
         """The record, with ``evidence`` as its evidence and views of ``attempts``."""
         state = self._state
-        phase, outcome, hints = _STATE_INFO[state]
-        hinted = state
-        if self._requester is None and state in _UNDELIVERABLE:
-            hinted = _UNDELIVERABLE[state]  # no read delivers it: its stored result's hint
-            hints = _STATE_INFO[hinted][2]
+        phase, outcome, hints, undeliverable = _STATE_INFO[state]
+        deliverable = self._requester is not None  # no read delivers a record naming no one
         code = self._code
-        retry = hints[code]
+        retry = (hints if deliverable else undeliverable)[code]
         if now is None:
             now = self._at if self._at is not None else 0.0
         if retry is None:  # the hint depends on the operation, the budget or the clock
-            retry = self._hint(hinted, outcome, code, now)
+            retry = self._hint(state, outcome, code, now, deliverable)
         batch = self._batch
         # Built in a twin without the frozen __setattr__, then made a Record (events.py,
         # ``unfrozen_twin``, says why and what it saves).
@@ -275,7 +275,7 @@ class Projector:
                 outcome,
                 code,
                 retry,
-                lambda: self._hint("completed_rejected", _REJECTED, _THROTTLED, now),
+                lambda: self._hint("completed_rejected", _REJECTED, _THROTTLED, now, deliverable),
                 _reconciled_source(state, evidence),
             )
         else:
@@ -327,24 +327,27 @@ def fold_rows() -> Mapping[str, Mapping[EventKind, tuple[str, Rule]]]:
     return MappingProxyType({state: MappingProxyType(row) for state, row in _ROWS.items()})
 
 
-_STATE_INFO: dict[str, tuple[Phase, Outcome, dict[Code | None, Retry | None]]] = {
+_Hints = dict[Code | None, Retry | None]
+
+
+def _static_hints(state: str, outcome: Outcome, deliverable: bool) -> _Hints:
+    return {
+        code: static_retry_hint(state, outcome, code, deliverable=deliverable)
+        for code in (None, *Code)
+    }
+
+
+_STATE_INFO: dict[str, tuple[Phase, Outcome, _Hints, _Hints]] = {
     state: (
         spec.phase,
         spec.outcome,
-        {code: static_retry_hint(state, spec.outcome, code) for code in (None, *Code)},
+        _static_hints(state, spec.outcome, True),
+        _static_hints(state, spec.outcome, False),
     )
     for state, spec in STATES.items()
 }
-"""Per state: its phase, its outcome and, per code, the retry hint when those alone decide it."""
-
-_UNDELIVERABLE = {
-    "delivery_failed_committed": "stored_committed",
-    "delivery_failed_rejected": "stored_rejected",
-}
-"""A failed delivery of a record naming no requester (``Record.requester``): no read delivers
-it, so its hint is not ``fetch_result`` (seed: "set retry=fetch_result" -- a fetch that can
-never be recorded as the delivery would be asked for again, for ever) but the hint of the
-stored result it holds, as another uid's read shows it (``engine.delivery.read_by_another``)."""
+"""Per state: its phase, its outcome and, per code, the retry hint when those alone decide it
+-- of a record naming its requester, then of one naming none (``HintInputs.deliverable``)."""
 
 _MEANING: dict[Code | None, str] = {None: "", **{c: CODES[c].meaning for c in Code}}
 

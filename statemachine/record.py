@@ -92,7 +92,7 @@ class Record:
     does -- a record written before requesters were recorded (or a fence's, which holds no
     result: ``engine.binder.fence``): no read delivers its result
     (``engine.delivery.requested_by``), so a failed delivery of it says no ``fetch_result``
-    (``projection``: its hint is its stored result's)."""
+    (``retry.static_retry_hint``: its hint is its stored result's)."""
 
     @property
     def final(self) -> bool:

@@ -96,6 +96,10 @@ class HintInputs:
     max_retry_after: float
     budget_left: int
     now: float
+    deliverable: bool
+    """Whether a read can deliver the stored result: the record names its requester
+    (``Record.requester``).  One naming none (an older record's) is delivered to no one, so a
+    failed delivery of it is not sent to fetch it (``static_retry_hint``)."""
     send_window: float = 0.0
     """How long a retry taken at ``now`` may still send (its lease with the target's default
     timeout: ``timeout.total + lease_margin``, recorded at acceptance); 0 for a record written
@@ -116,16 +120,24 @@ def compute_retry(h: HintInputs) -> Retry:
         h.budget_left,
         h.now,
         h.send_window,
+        deliverable=h.deliverable,
     )
 
 
-def static_retry_hint(state: str, outcome: Outcome, code: Code | None) -> Retry | None:
-    """The hint when the state, its outcome and the code alone decide it; None when it also
-    depends on the operation's semantics, the idempotency key's retention, Retry-After, the
-    budget or the clock.  ``retry_hint`` starts here, and the projection tabulates it once per
-    (state, code) so that building a record looks the common cases up instead of deriving them."""
-    if state.startswith("delivery_failed_"):
-        # Seed: "keep outcome=committed or rejected, and set retry=fetch_result".
+def static_retry_hint(
+    state: str, outcome: Outcome, code: Code | None, *, deliverable: bool
+) -> Retry | None:
+    """The hint when the state, its outcome, the code and ``deliverable`` alone decide it; None
+    when it also depends on the operation's semantics, the idempotency key's retention,
+    Retry-After, the budget or the clock.  ``retry_hint`` starts here, and the projection
+    tabulates it once per (state, code, deliverable) so that building a record looks the
+    common cases up instead of deriving them."""
+    if state.startswith("delivery_failed_") and deliverable:
+        # Seed: "keep outcome=committed or rejected, and set retry=fetch_result".  Not of a
+        # record naming no requester: no read delivers it, so "fetch it" would be asked again
+        # after every fetch -- its hint is its stored result's (as ``stored_*``: no rule below
+        # names a delivery_failed_* state), as another uid's read shows it
+        # (``engine.delivery.read_by_another``).
         return Retry.FETCH_RESULT
     if state.startswith("store_failed_"):
         # Seed: what needs fixing is storage, "not a retry of the remote action".
@@ -172,10 +184,12 @@ def retry_hint(
     budget_left: int,
     now: float,
     send_window: float = 0.0,
+    *,
+    deliverable: bool,
 ) -> Retry:
     """``compute_retry`` with positional inputs: the projection calls it once per record and
     building a ``HintInputs`` there cost more than the rules themselves."""
-    hint = static_retry_hint(state, outcome, code)
+    hint = static_retry_hint(state, outcome, code, deliverable=deliverable)
     if hint is not None:
         return hint
 

@@ -280,7 +280,8 @@ def _on_delivery_failed(p: Projector, event: Event) -> None:
         # A record naming no requester (written before requesters were recorded): no read
         # delivers it (``engine.delivery.requested_by``), so RESULT_DELIVERY_FAILED's "fetch
         # it" would send every reader to fetch it again, for ever.  It keeps its stored
-        # result's code, message and hint (``projection``), as another uid's read shows it.
+        # result's code, message and hint (``retry.static_retry_hint``), as another uid's read
+        # shows it.
         return
     _set_error(p, event, _DELIVERY_FAILED)
 

@@ -91,6 +91,7 @@ def _hint(
     key: str = "none",
     retry_after: float | None = None,
     budget_left: int = 2,
+    deliverable: bool = True,
 ) -> Retry:
     now = 1_000.0
     expires = {
@@ -111,6 +112,7 @@ def _hint(
             max_retry_after=300.0,
             budget_left=budget_left,
             now=now,
+            deliverable=deliverable,
         )
     )
 
@@ -124,7 +126,11 @@ def _retry_sections() -> list[str]:
         "retention, Retry-After and the retry budget kept in the record — never from an "
         "exception's text. Its rules, in order:",
         "",
-        "1. `delivery_failed_*` states: `fetch_result` (the result is stored; do not re-run).",
+        "1. `delivery_failed_*` states: `fetch_result` (the result is stored; do not re-run) "
+        "-- when the record names its requester (ACTION_ACCEPTED's `requester`). One naming "
+        'none (an older record\'s) is delivered by no read, so "fetch it" would be asked '
+        "again after every fetch: its hint is its stored result's, by the rules below as for "
+        '`stored_*` (the "naming no requester" column of Special states).',
         "2. `store_failed_*` states: `never` (storage needs an operator, not a remote retry).",
         "3. `reconciled_committed`: `never`; `reconciled_rejected`: `after_correction`.",
         "4. `not_attempted`: the code's default hint; a `backoff` code with the budget spent "
@@ -285,8 +291,13 @@ def _retry_sections() -> list[str]:
     rows = []
     for st in sorted(STATES):
         if st.startswith(("delivery_failed_", "store_failed_", "reconciled_")):
-            rows.append((f"`{st}`", f"`{_hint(st, None)}`"))
-    out += _table(("state", "hint"), rows)
+            hint = _hint(st, None)
+            nobody = _hint(st, None, deliverable=False)
+            # A hint the requester does not decide is the same either way; one it does falls
+            # through to the stored result's (rules 6-8: its code's, `never` without one).
+            shown = f"`{hint}`" if nobody is hint else "the stored result's (rules 6-8)"
+            rows.append((f"`{st}`", f"`{hint}`", shown))
+    out += _table(("state", "hint", "naming no requester"), rows)
     out += [
         "",
         "## decide(record, operation)",

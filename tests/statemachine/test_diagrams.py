@@ -89,7 +89,11 @@ def test_contract_retry_tables_are_computed_from_compute_retry() -> None:
     assert "| yes | none | `backoff` | `reconcile` |" in text
     assert "| `CONNECTION_REFUSED` | `backoff` | `after_correction` |" in text
     assert "| `REMOTE_ERROR` | any | any | `reconcile` |" in text
-    assert "| `delivery_failed_committed` | `fetch_result` |" in text
+    # A record naming no requester is delivered by no read: not sent to fetch it for ever.
+    assert (
+        "| `delivery_failed_committed` | `fetch_result` | the stored result's (rules 6-8) |" in text
+    )
+    assert "| `store_failed_committed` | `never` | `never` |" in text
 
 
 def test_the_throttle_rule_as_written_is_the_rule_computed() -> None:
@@ -116,6 +120,7 @@ def test_the_throttle_rule_as_written_is_the_rule_computed() -> None:
                 max_retry_after=300.0,
                 budget_left=3,
                 now=0.0,
+                deliverable=True,
             )
         )
 

@@ -12,6 +12,7 @@ seed's rules stated directly, not read back from the table or from ``retry.py``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -117,6 +118,8 @@ OPERATIONS = st.fixed_dictionaries(
         "remote_contract": st.sampled_from([None, "configured", "none"]),
         # None: a record written before the send window was recorded (judged at the moment).
         "send_window": st.sampled_from([None, 0.0, 35.0, 5_000.0]),
+        # False: a record written before requesters were recorded (no read delivers it).
+        "requester": st.booleans(),
     }
 )
 
@@ -168,7 +171,11 @@ class ProjectionMachine(RuleBasedStateMachine):
             send_window=params.get("send_window"),
         )
         self.max_retry_after = params["max_retry_after"]
-        self._apply(make_event(self.p, E.ACTION_ACCEPTED, "accepted", self._next(), op=op))
+        accepted = make_event(self.p, E.ACTION_ACCEPTED, "accepted", self._next(), op=op)
+        if not params.get("requester", True):
+            attrs = {k: v for k, v in accepted.attrs.items() if k != "requester"}
+            accepted = dataclasses.replace(accepted, attrs=attrs)
+        self._apply(accepted)
 
     def _next(self) -> int:
         self.seq += 1
@@ -403,7 +410,9 @@ def _hint_invariants(rec: Record, now: float, max_retry_after: float) -> None:
         waiting = rec.code is not None and CODES[rec.code].pending
         assert waiting or (outcome in RESOLVED and rec.state.startswith("delivery_failed_"))
     if rec.state.startswith("delivery_failed_"):
-        assert retry is Retry.FETCH_RESULT
+        # Seed: "set retry=fetch_result" -- unless no read can deliver it (it names no
+        # requester): then "fetch it" would be asked again after every fetch.
+        assert (retry is Retry.FETCH_RESULT) is (rec.requester is not None), retry
     if outcome is Outcome.UNKNOWN:
         if rec.state == "store_failed_unknown":
             assert retry is Retry.NEVER  # fix storage, not a retry of the remote action
@@ -465,8 +474,8 @@ def _event_postconditions(event: Event, before: Record, after: Record) -> None:
     if kind is E.RESULT_DELIVERY_FAILED:
         # Seed: "Report phase=result_delivery, keep outcome=committed or rejected, and set
         # retry=fetch_result."
-        assert after.outcome in RESOLVED
-        assert after.phase is Phase.RESULT_DELIVERY and after.retry is Retry.FETCH_RESULT
+        assert after.outcome in RESOLVED and after.phase is Phase.RESULT_DELIVERY
+        assert (after.retry is Retry.FETCH_RESULT) is (after.requester is not None)
     if kind is E.RESULT_DELIVERED:
         assert after.retry is not Retry.FETCH_RESULT and after.phase is not Phase.RESULT_DELIVERY
 
@@ -551,6 +560,7 @@ def _expected_retry(rec: Record, now: float, max_retry_after: float) -> Any:
             budget_left=rec.budget.total - rec.budget.used,
             now=now,
             send_window=float(idem.get("send_window") or 0.0) if idem else 0.0,
+            deliverable=rec.requester is not None,
         )
     )
 

@@ -25,6 +25,7 @@ from affidavit.statemachine import (
     Outcome,
     Projector,
     Record,
+    Retry,
     fold_runs,
     project,
     project_all,
@@ -217,19 +218,40 @@ _dynamic = st.tuples(
 @given(
     state=st.sampled_from(sorted(STATES)),
     code=st.sampled_from([None, *Code]),
+    deliverable=st.booleans(),
     dynamic=st.lists(_dynamic, min_size=1, max_size=8),
 )
 def test_a_tabulated_hint_is_what_retry_hint_returns_for_any_operation_budget_or_time(
-    state: str, code: Code | None, dynamic: list[tuple[Any, ...]]
+    state: str, code: Code | None, deliverable: bool, dynamic: list[tuple[Any, ...]]
 ) -> None:
     outcome = STATES[state].outcome
-    static = static_retry_hint(state, outcome, code)
-    hints = {retry_hint(state, outcome, code, *d) for d in dynamic}
+    static = static_retry_hint(state, outcome, code, deliverable=deliverable)
+    hints = {retry_hint(state, outcome, code, *d, deliverable=deliverable) for d in dynamic}
     if static is not None:
         assert hints == {static}
     else:
-        # untabulated: the hint must depend on something besides (state, code)
+        # untabulated: the hint must depend on something besides (state, code, deliverable)
         assert outcome is Outcome.UNKNOWN or code is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    outcome=st.sampled_from([Outcome.COMMITTED, Outcome.REJECTED]),
+    code=st.sampled_from([None, *Code]),
+    dynamic=_dynamic,
+)
+def test_a_failed_delivery_naming_no_requester_is_hinted_as_its_stored_result(
+    outcome: Outcome, code: Code | None, dynamic: tuple[Any, ...]
+) -> None:
+    # No read delivers a record naming no requester: its failed delivery is not "fetch it"
+    # but its stored result's hint, whatever the operation, key, Retry-After, budget or time;
+    # one naming its requester is sent to fetch it (seed: "set retry=fetch_result").
+    failed, stored = f"delivery_failed_{outcome.value}", f"stored_{outcome.value}"
+    for deliverable in (True, False):
+        assert retry_hint(stored, outcome, code, *dynamic, deliverable=deliverable) is (
+            retry_hint(failed, outcome, code, *dynamic, deliverable=False)
+        )
+    assert retry_hint(failed, outcome, code, *dynamic, deliverable=True) is Retry.FETCH_RESULT
 
 
 # --- attrs that are not an object: refused, never an AttributeError ----------------------------
