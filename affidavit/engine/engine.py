@@ -265,6 +265,10 @@ class Engine:
             raise ValueError("from_chunk must be >= 0")
         if chunks is not None and (chunks < 1 or from_chunk is None):
             raise ValueError("chunks must be >= 1, with from_chunk")
+        # A whole read's reader, before anything is read or written: a host naming every asker
+        # refuses one naming none (``NoAsker``) before recovery may close a stale record.  A
+        # page (``from_chunk``) delivers nothing and reads as no one.
+        whole_reader = asker(reader, self.settings) if from_chunk is None else None
         # Its in-process return's delivery, if still queued, first: never a second one here.
         await self.recorder.delivered(invocation_id)
         # Waits out a shared journal away within its reconnect window, as a write would.
@@ -295,9 +299,8 @@ class Engine:
                 return self.recorder.envelope(
                     record, from_chunk=from_chunk, to_chunk=to_chunk, defer=defer
                 )
-            return await deliver_stored(
-                self, record, deliver, defer=defer, reader=asker(reader, self.settings)
-            )
+            assert whole_reader is not None  # (set whenever from_chunk is None)
+            return await deliver_stored(self, record, deliver, defer=defer, reader=whole_reader)
         finally:
             self.recorder.done()  # as a call's: nothing kept for this task once it is over
 

@@ -9,6 +9,7 @@ INTERNAL)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 import trio
 
 from affidavit.api import Broker
+from affidavit.cli.tour import demo_config
 from affidavit.config import load_config
 from affidavit.engine import EngineSettings
 from affidavit.engine.asker import NoAsker
@@ -23,6 +25,7 @@ from tests.http.hostile import HostileServer, Reply, scripts
 
 from .approvalkit import PaymentsApi, reconcile_target
 from .helpers import http_target, write_config
+from .test_fetch_stale import _crashed_record
 from .test_operations import JOBS, SUBMIT, job_api
 
 ACTION = {"target": "api", "method": "GET", "path": "/thing", "session": "agentA"}
@@ -105,3 +108,26 @@ async def test_a_reconciliation_query_naming_no_asker_is_refused(
                 assert not [r for r in srv.requests if r.method == "GET"]  # nor sent
                 answer = await broker.reconcile(iid, query=True, requester=PEER)
                 assert answer["reconciled"] is True  # named: queried
+
+
+async def test_a_whole_fetch_naming_no_reader_is_refused_before_recovery_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A record whose holder's lease ran out: a whole fetch closes it (recover_stale) -- but
+    # one naming no reader is refused first, so nothing is recorded, the close included.
+    monkeypatch.setenv("AFFIDAVIT_DEMO_TOKEN", "unused-token")
+    path = tmp_path / "affidavit.toml"
+    path.write_text(demo_config(tmp_path, 9), encoding="utf-8")
+    cfg = load_config(path)
+    await _crashed_record(cfg.journal.path, "act_crashed", time.time() - 1.0)
+    settings = EngineSettings(peer_askers=True)
+    with trio.fail_after(10):
+        async with Broker.open(config=cfg, settings=settings) as broker:
+            before = [e.kind.value for e in broker.events("act_crashed")]
+            assert before[-1] == "DISPATCH_STARTED"
+            with pytest.raises(NoAsker):
+                await broker.fetch_result("act_crashed")
+            assert [e.kind.value for e in broker.events("act_crashed")] == before  # no close
+            env = await broker.fetch_result("act_crashed", reader=PEER)  # named: closed
+            assert env is not None and env["error"]["code"] == "REMOTE_OUTCOME_UNKNOWN"
+            assert len(broker.events("act_crashed")) > len(before)
