@@ -9,12 +9,12 @@ right after), what else of each decides what its result is worth (``_marks``: ba
 counted, the unclean listed, ``by_reference``, ``delivery``, base64 and truncated or withheld
 streams), an ``api_error``'s code, outcome, retry, field and ``retry_after``, a fetched page's
 ``result.resume``, and a read tool's own (``_deciding``: get_record's record, each listed action
-and target). Only the bulk behind them -- a stream as one JSON string, the rest of an answer as
-compact JSON with its strings cut first (``_shown``) -- is cut at ``PREVIEW`` characters; the
-structured content keeps the whole answer. No value makes a line of its own (``_flat``). Before,
-a 4190-character reconcile answer was rendered as compact JSON with sorted keys, cut at 2000:
-``refused`` sorted last and was cut away, and the agent read the query's APPROVAL_PENDING as
-still waiting.
+-- its operation and items as an envelope's -- and target). Only the bulk behind them -- a
+stream as one JSON string, the rest of an answer as compact JSON with its strings cut first
+(``_shown``) -- is cut at ``PREVIEW`` characters; the structured content keeps the whole answer.
+No value makes a line of its own (``_flat``). Before, a 4190-character reconcile answer was
+rendered as compact JSON with sorted keys, cut at 2000: ``refused`` sorted last and was cut
+away, and the agent read the query's APPROVAL_PENDING as still waiting.
 """
 
 from __future__ import annotations
@@ -151,9 +151,7 @@ def _envelope(answer: Mapping[str, Any]) -> list[str]:
     lines = [_status(answer)]
     if answer.get("invocation_id") is not None:
         lines.append(f"invocation_id {answer['invocation_id']}")
-    if isinstance(answer.get("operation"), Mapping):
-        op = answer["operation"]
-        lines.append(f"operation {op.get('id')} state {op.get('state')} (poll_operation)")
+    lines.extend(_operation(answer.get("operation")))
     result = answer.get("result")
     if isinstance(result, Mapping) and isinstance(result.get("resume"), Mapping):
         page = result["resume"]  # a fetch_result page: where the next one starts (null: none)
@@ -234,6 +232,13 @@ def _marks(envelope: Mapping[str, Any]) -> list[str]:
 _DELIVERY = ("recorded", "why")
 
 
+def _operation(op: Any) -> list[str]:
+    """The job a 202 accepted, tracked as its own operation: an envelope's or a record's."""
+    if not isinstance(op, Mapping):
+        return []
+    return [f"operation {op.get('id')} state {op.get('state')} (poll_operation)"]
+
+
 def _items(items: Sequence[Any]) -> list[str]:
     """A batch's items: one line counting them by (outcome, code, retry), then those that did
     not commit cleanly (another outcome, or a code), the first ``ITEMS`` of them.  One line per
@@ -287,8 +292,8 @@ def _deciding(answer: Mapping[str, Any]) -> list[str]:
     """A non-envelope answer's deciding fields, one line each: ``refused`` first, then whether
     it reconciled, the status of each envelope it holds, its operation's state, then each
     envelope's marks (an envelope's items never push a status down), a listing's session and
-    truncation, a record's state, outcome, retry, code and field (get_record's, and each of
-    list_actions'), each target's name and kind."""
+    truncation, a record's state, outcome, retry, code, field, retry_after, operation and items
+    (get_record's, and each of list_actions'), each target's name and kind."""
     lines: list[str] = []
     refused = answer.get("refused")
     if isinstance(refused, Mapping):
@@ -307,26 +312,39 @@ def _deciding(answer: Mapping[str, Any]) -> list[str]:
     if "truncated" in answer:
         lines.append(f"total {answer.get('total')}, truncated {json.dumps(answer['truncated'])}")
     if isinstance(answer.get("record"), Mapping):  # get_record
-        lines.append(_record_line("record", answer["record"]))
-    for key, each in (("actions", _record_line), ("targets", _target_line)):
+        lines.extend(_record_lines("record", answer["record"]))
+    for key, each in (("actions", _record_lines), ("targets", _target_lines)):
         listed = answer.get(key)
         if isinstance(listed, list):
-            lines.extend(each(key[:-1], r) for r in listed if isinstance(r, Mapping))
+            for r in listed:
+                lines.extend(each(key[:-1], r) if isinstance(r, Mapping) else ())
     return lines
 
 
-def _record_line(label: str, record: Mapping[str, Any]) -> str:
-    """A record's deciding fields (``views.record_to_json``), one line."""
+def _record_lines(label: str, record: Mapping[str, Any]) -> list[str]:
+    """A record's deciding fields (``views.record_to_json``): one line, ``retry_after`` when
+    it has one, then its operation and its batch items as an envelope's (``_operation``,
+    ``_items``).  Before, these were left to the JSON line, where attempts, budget and evidence
+    sort first: a record read committed/never with a pending job and an unknown item unseen."""
     got = {k: record.get(k) for k in ("state", "outcome", "retry", "code")}
-    return (
-        f"{label} {record.get('invocation_id')}: "
+    name = f"{label} {record.get('invocation_id')}"
+    after = record.get("retry_after")
+    items = record.get("items")
+    return [
+        f"{name}: "
         + ", ".join(f"{k} {'null' if v is None else v}" for k, v in got.items())
         + f", field {_ident(record.get('field'))}"  # a caller's path: quoted, cut
-    )
+        + ("" if after is None else f", retry_after {after}"),
+        *(
+            f"{name} {line}"
+            for line in _operation(record.get("operation"))
+            + (_items(items) if isinstance(items, list | tuple) else [])
+        ),
+    ]
 
 
-def _target_line(label: str, target: Mapping[str, Any]) -> str:
-    return f"{label} {target.get('name')}: kind {target.get('kind')}"
+def _target_lines(label: str, target: Mapping[str, Any]) -> list[str]:
+    return [f"{label} {target.get('name')}: kind {target.get('kind')}"]
 
 
 def _result_line(result: Any) -> str:

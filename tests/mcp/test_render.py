@@ -674,3 +674,54 @@ def test_a_field_path_is_quoted_as_json() -> None:
     )
     long = render({**envelope, "error": {**error, "field": "f" * 100_000}}).splitlines()[0]
     assert long.endswith(f'field "{"f" * ID}"… (100000 characters, cut)'), long[-300:]
+
+
+def _tracked(iid: str) -> dict[str, Any]:
+    """A record that reads committed/never, but whose batch item it-90 is unknown/reconcile
+    and whose accepted job op-9 is pending: what decides the next step is in its items and
+    operation, behind attempts, budget and evidence in the sorted JSON."""
+    items = _items(100, 0)
+    items[90] = {"id": "it-90", "outcome": "unknown", "code": None, "retry": "reconcile"}
+    record = _record(iid, "succeeded", "committed", "never", "X")
+    return {**record, "code": None, "operation": {"id": "op-9", "state": "pending"}, "items": items}
+
+
+TRACKED = [
+    "operation op-9 state pending (poll_operation)",
+    "items 100: 99 outcome committed code null retry never, 1 outcome unknown code null retry "
+    "reconcile",
+    'item "it-90": outcome unknown, code null, retry reconcile',
+]
+
+
+def test_a_record_shows_its_operation_and_unclean_items_as_an_envelope_does() -> None:
+    """get_record: the record's own line, then its operation (poll_operation) and its items,
+    counted and the unclean listed -- before, neither op-9 nor it-90 was in the text."""
+    lines = render({"events": [], "record": _tracked("i-3")}).splitlines()
+    assert lines[:4] == [
+        "record i-3: state succeeded, outcome committed, retry never, code null, field null",
+        *(f"record i-3 {line}" for line in TRACKED),
+    ], lines[:5]
+
+
+def test_every_listed_action_shows_its_operation_and_unclean_items() -> None:
+    """list_actions: each action's operation and items follow its line -- before, only the
+    first action's reached the (cut) JSON line."""
+    answer = {"session": "s-1", "actions": [_tracked("i-3"), _tracked("i-4")], "total": 2}
+    answer["truncated"] = False
+    lines = render(answer).splitlines()
+    for iid in ("i-3", "i-4"):
+        at = lines.index(
+            f"action {iid}: state succeeded, outcome committed, retry never, code null, field null"
+        )
+        assert lines[at + 1 : at + 4] == [f"action {iid} {line}" for line in TRACKED], lines
+
+
+def test_a_record_shows_its_retry_after() -> None:
+    """A throttled call's record names the remote's wait: ``retry backoff`` alone says none."""
+    record = {**_record("i-5", "failed", "rejected", "backoff", "REMOTE_THROTTLED")}
+    record["retry_after"] = 30
+    assert render({"record": record}).splitlines()[0] == (
+        "record i-5: state failed, outcome rejected, retry backoff, code REMOTE_THROTTLED, "
+        "field null, retry_after 30"
+    )
