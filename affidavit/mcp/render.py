@@ -129,9 +129,14 @@ def _status(envelope: Mapping[str, Any]) -> str:
     """An envelope's contract fields on one line: its error's (code, phase, outcome, retry,
     field) or, with none, ``evidence.outcome`` as recorded, first -- never assumed committed,
     ``ok`` only when committed -- and the result's HTTP or exit status beside either (a
-    REMOTE_REJECTED carries both)."""
+    REMOTE_REJECTED carries both), then ``evidence.retry_after``: a REMOTE_THROTTLED is
+    ``backoff`` only with a Retry-After, whose seconds are the wait (``sdk._delay``)."""
     error = envelope.get("error")
+    evidence = envelope.get("evidence")
+    evidence = evidence if isinstance(evidence, Mapping) else {}
     result = _result_line(envelope.get("result")) if "result" in envelope else ""
+    if evidence.get("retry_after") is not None:
+        result += f", retry_after {evidence['retry_after']}"
     if isinstance(error, Mapping):
         return (
             f"error {error.get('code')}: phase {error.get('phase')}, outcome "
@@ -139,8 +144,7 @@ def _status(envelope: Mapping[str, Any]) -> str:
             + (f", field {_ident(error['field'])}" if error.get("field") else "")
             + result
         )
-    evidence = envelope.get("evidence")
-    outcome = evidence.get("outcome") if isinstance(evidence, Mapping) else None
+    outcome = evidence.get("outcome")
     if outcome == "committed":
         return "ok: outcome committed" + result
     # Not "no error: ...": statemachine/envelope.py -- "no error" would read as success.
@@ -291,9 +295,10 @@ def _cut_mark(text: str) -> str:
 def _deciding(answer: Mapping[str, Any]) -> list[str]:
     """A non-envelope answer's deciding fields, one line each: ``refused`` first, then whether
     it reconciled, the status of each envelope it holds, its operation's state, then each
-    envelope's marks (an envelope's items never push a status down), a listing's session and
-    truncation, a record's state, outcome, retry, code, field, retry_after, operation and items
-    (get_record's, and each of list_actions'), each target's name and kind."""
+    envelope's operation and marks (an envelope's items never push a status down), a listing's
+    session and truncation, a record's state, outcome, retry, code, field, retry_after,
+    operation and items (get_record's, and each of list_actions'), each target's name and
+    kind."""
     lines: list[str] = []
     refused = answer.get("refused")
     if isinstance(refused, Mapping):
@@ -306,7 +311,8 @@ def _deciding(answer: Mapping[str, Any]) -> list[str]:
     if isinstance(op, Mapping):
         lines.append(f"operation {op.get('id')} state {op.get('state')}")
     for key, inner in inners:  # below every status: an envelope's items never push one down
-        lines.extend(f"{key} {line}" for line in _marks(inner))
+        marks = _operation(inner.get("operation")) + _marks(inner)
+        lines.extend(f"{key} {line}" for line in marks)
     if isinstance(answer.get("session"), str):
         lines.append(f"session {answer['session']}")
     if "truncated" in answer:

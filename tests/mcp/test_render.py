@@ -436,6 +436,43 @@ ROWS = [
         ],
         id="delivery_by_another_uid",
     ),
+    pytest.param(
+        {
+            "invocation_id": "i-26",
+            "error": {
+                "code": "REMOTE_THROTTLED",
+                "phase": "remote",
+                "outcome": "rejected",
+                "retry": "backoff",
+                "message": "m",
+            },
+            "result": {"status": 429, "body": LONG},
+            "evidence": {"outcome": "rejected", "retry_after": 7},
+        },
+        [
+            "error REMOTE_THROTTLED: phase remote, outcome rejected, retry backoff, status 429, "
+            "retry_after 7",
+            "invocation_id i-26",
+        ],
+        id="throttled_retry_after",  # backoff only with a Retry-After: its seconds decide
+    ),
+    pytest.param(
+        {
+            "reconciled": True,
+            "envelope": {
+                "invocation_id": "i-27",
+                "result": {"status": 202, "body": LONG},
+                "operation": {"id": "op-27", "state": "pending"},
+                "evidence": {"outcome": "committed"},
+            },
+        },
+        [
+            "reconciled true",
+            "envelope i-27: ok: outcome committed, status 202",
+            "envelope operation op-27 state pending (poll_operation)",
+        ],
+        id="reconciled_operation",
+    ),
 ]
 
 
