@@ -59,7 +59,7 @@ def render(answer: Mapping[str, Any]) -> str:
     rest = {k: answer[k] for k in sorted(answer, key=lambda k: (k != "record", k))}
     rest.pop("refused", None)
     shown = _shown(rest, [PREVIEW - _ROOM], top=True)
-    lines.append(_cut(json.dumps(shown, ensure_ascii=False, separators=(",", ":"))))
+    lines.append(_cut(_flat(json.dumps(shown, ensure_ascii=False, separators=(",", ":")))))
     return _lines(lines)
 
 
@@ -75,19 +75,21 @@ def _lines(lines: list[str]) -> str:
 
 def _shown(value: Any, budget: list[int], top: bool = False) -> Any:
     """``value`` as the JSON line shows it: every mapping's keys sorted (the top level's order
-    kept), every string cut to what is left of ``budget`` and marked cut; once it is spent, the
-    siblings left are one ``… N more`` mark, counted, not walked.  ``budget`` is characters of
-    the line, its syntax included, shared in the order the line is written (``PREVIEW - _ROOM``
-    in all).  Dumping the answer whole before the cut cost many times its bytes: a reconcile
-    answer whose query body was 64 Mi "é" peaked at 768 MB and 0.67 s to keep 2000 characters;
-    walking it whole after the budget was spent, 200k one-char strings peaked at 44 MB.  This
-    costs what it shows and one ``len`` per container on the way."""
+    kept), every string cut so it is written, escapes included (``_prefix``), in what is left
+    of ``budget``, and marked cut; once it is spent, the siblings left are one ``… N more``
+    mark, counted, not walked.  ``budget`` is characters of the line, its syntax included,
+    shared in the order the line is written (``PREVIEW - _ROOM`` in all).  Dumping the answer
+    whole before the cut cost many times its bytes: a reconcile answer whose query body was
+    64 Mi "é" peaked at 768 MB and 0.67 s to keep 2000 characters; walking it whole after the
+    budget was spent, 200k one-char strings peaked at 44 MB.  This costs what it shows and one
+    ``len`` per container on the way."""
     if isinstance(value, str):
-        keep = max(budget[0], 0)
-        budget[0] -= len(value) + 3  # its quotes and a comma
-        if len(value) <= keep:
+        kept, width = _prefix(value, max(budget[0], 0))
+        budget[0] -= width + 3  # its quotes and a comma
+        if len(kept) == len(value):
             return value
-        return value[:keep] + f"… ({len(value)} characters, cut)"
+        budget[0] = min(budget[0], 0)  # spent: the line's walk ends here
+        return kept + f"… ({len(value)} characters, cut)"
     if isinstance(value, Mapping):
         budget[0] -= 2
         if budget[0] <= 0:
@@ -97,7 +99,7 @@ def _shown(value: Any, budget: list[int], top: bool = False) -> Any:
             if budget[0] <= 0:
                 shown["…"] = f"{len(value) - n} more"
                 break
-            budget[0] -= len(str(key)) + 3
+            budget[0] -= _width(str(key)) + 3
             shown[key] = _shown(value[key], budget)
         return shown
     if isinstance(value, list | tuple):
@@ -111,6 +113,29 @@ def _shown(value: Any, budget: list[int], top: bool = False) -> Any:
         return listed
     budget[0] -= len(str(value)) + 1
     return value
+
+
+def _prefix(text: str, room: int) -> tuple[str, int]:
+    """The longest prefix of ``text`` whose ``_width`` is at most ``room``, and that width:
+    only its first ``room`` characters are looked at.  A character is written as 1 to 12
+    (``"`` as ``\\"``, a control as ``\\u0001``, U+202E by ``_flat`` as ``\\u202e``, beyond
+    the BMP a pair of those): charged one, 1900 U+202E made an 11,394-character line, and a
+    quote-heavy body cut the JSON line inside a string, its own "cut" mark lost."""
+    kept = text[:room]
+    width = _width(kept)
+    if width <= room:
+        return kept, width
+    fits, over = 0, len(kept)  # _width(kept[:fits]) <= room < _width(kept[:over])
+    while over - fits > 1:
+        mid = (fits + over) // 2
+        fits, over = (mid, over) if _width(kept[:mid]) <= room else (fits, mid)
+    return kept[:fits], _width(kept[:fits])
+
+
+def _width(text: str) -> int:
+    """Characters ``text`` takes inside a JSON string on a line, escapes included (json.dumps',
+    then ``_flat``'s)."""
+    return len(_flat(json.dumps(text, ensure_ascii=False))) - 2
 
 
 def _api_error(api: Mapping[str, Any]) -> list[str]:
@@ -365,7 +390,8 @@ def _result_line(result: Any) -> str:
 
 
 def _cut(text: str) -> str:
-    """The JSON line, its strings already cut (``_shown``), cut at ``PREVIEW``."""
+    """The JSON line, its strings already cut (``_shown``) and escaped (``_flat``), cut at
+    ``PREVIEW``: what ``_shown`` does not charge (a long key, deep nesting's marks)."""
     if len(text) <= PREVIEW:
         return text
     return text[:PREVIEW] + "… (cut; the whole answer is in the structured content)"
@@ -373,8 +399,9 @@ def _cut(text: str) -> str:
 
 def _quoted(text: str) -> str:
     """A stream's cut prefix as one JSON string: a remote's bytes never make a line."""
-    shown = json.dumps(text[:PREVIEW], ensure_ascii=False)
-    if len(text) <= PREVIEW:
+    kept = _prefix(text, PREVIEW)[0]
+    shown = json.dumps(kept, ensure_ascii=False)
+    if len(kept) == len(text):
         return shown
     return shown + f"… ({len(text)} characters; the whole is in the structured content)"
 

@@ -762,3 +762,46 @@ def test_a_record_shows_its_retry_after() -> None:
         "record i-5: state failed, outcome rejected, retry backoff, code REMOTE_THROTTLED, "
         "field null, retry_after 30"
     )
+
+
+def test_the_json_line_budget_counts_the_escapes_so_a_quoted_body_keeps_its_mark() -> None:
+    """A reconcile answer whose query body is ordinary JSON (200 objects): json.dumps writes
+    every ``"`` as two characters.  The budget charged one, so the line outgrew ``PREVIEW``, was
+    cut inside a string (not JSON) and the body's own "(N characters, cut)" was lost."""
+    body = json.dumps([{"id": f"o-{i}", "kind": "charge", "ok": True} for i in range(200)])
+    query = {"invocation_id": "q-28", "result": {"status": 200, "body": body}}
+    envelope = _env("i-28", "RECONCILE_INCONCLUSIVE", "unknown", "reconcile")
+    del envelope["evidence"]
+    answer = {"reconciled": False, "envelope": envelope, "query": {**query, "evidence": {}}}
+    line = render(answer).splitlines()[-1]
+    assert "(cut; the whole answer" not in line and len(line) <= PREVIEW, line
+    shown = json.loads(line)["query"]["result"]["body"]
+    assert shown.endswith(f"… ({len(body)} characters, cut)") and body.startswith(shown[:100])
+
+
+@pytest.mark.parametrize(
+    "char",
+    [
+        pytest.param('"', id="quote"),
+        pytest.param("\\", id="backslash"),
+        pytest.param("\x01", id="control"),
+        pytest.param("\u202e", id="bidi_override"),
+        pytest.param("\U000e0001", id="beyond_the_bmp"),
+    ],
+)
+def test_no_line_outgrows_the_cut_once_escaped(char: str) -> None:
+    """Escaping (json.dumps', then ``_flat``'s ``\\uXXXX``) is counted in the cut: 1900 U+202E
+    in the JSON line made an 11,394-character line, 2000 of them in a body a 12,000-character
+    one.  The JSON line still reads back; the stream's prefix is marked cut."""
+    listing = render({"session": "s-29", "note": char * 1900}).splitlines()[-1]
+    assert len(listing) <= PREVIEW, len(listing)
+    note = json.loads(listing)["note"]
+    assert note == char * 1900 or note.endswith("characters, cut)"), note[-40:]
+    envelope = {
+        "invocation_id": "i-29",
+        "result": {"status": 200, "body": char * PREVIEW},
+        "evidence": {"outcome": "committed"},
+    }
+    body = render(envelope).splitlines()[-1]
+    assert body.startswith("body: ") and len(body) <= PREVIEW + 100, len(body)
+    assert body.endswith(f"… ({PREVIEW} characters; the whole is in the structured content)")
