@@ -797,6 +797,9 @@ def test_no_line_outgrows_the_cut_once_escaped(char: str) -> None:
     assert len(listing) <= PREVIEW, len(listing)
     note = json.loads(listing)["note"]
     assert note == char * 1900 or note.endswith("characters, cut)"), note[-40:]
+    key = render({"session": "s-29", char * 1900: 1}).splitlines()[-1]  # a key is not cut
+    assert key.endswith("(cut; the whole answer is in the structured content)"), key[-60:]
+    assert len(key) <= PREVIEW + 60, len(key)
     envelope = {
         "invocation_id": "i-29",
         "result": {"status": 200, "body": char * PREVIEW},
