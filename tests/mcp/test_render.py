@@ -403,6 +403,8 @@ ROWS = [
                 {"id": "a", "outcome": "committed", "code": None, "retry": "never"},
                 {"id": 7, "outcome": "rejected", "code": "REMOTE_REJECTED", "retry": "never"},
                 {"id": "b", "outcome": "unknown", "code": None, "retry": "reconcile"},
+                # a 5xx item (protocols/http/batch.py): committed, yet not clean -- listed
+                {"id": "c", "outcome": "committed", "code": "REMOTE_ERROR", "retry": "reconcile"},
             ],
             "evidence": {"outcome": "unknown"},
         },
@@ -410,10 +412,12 @@ ROWS = [
             "error REMOTE_RESULT_INCOMPLETE: phase remote, outcome unknown, retry reconcile",
             "invocation_id i-6",
             "message: m",
-            "items 3: 1 outcome committed code null retry never, 1 outcome rejected code "
-            "REMOTE_REJECTED retry never, 1 outcome unknown code null retry reconcile",
+            "items 4: 1 outcome committed code null retry never, 1 outcome rejected code "
+            "REMOTE_REJECTED retry never, 1 outcome unknown code null retry reconcile, "
+            "1 outcome committed code REMOTE_ERROR retry reconcile",
             "item 7: outcome rejected, code REMOTE_REJECTED, retry never",
             'item "b": outcome unknown, code null, retry reconcile',
+            'item "c": outcome committed, code REMOTE_ERROR, retry reconcile',
         ],
         id="batch_items",
     ),
@@ -635,19 +639,31 @@ def test_the_strings_of_the_json_line_share_one_budget() -> None:
     assert '"note":"xx' in text and "… (1000 characters, cut)" in text, text
 
 
+LISTED_MORE = r',"… \d+ more"\]'
+KEYED_MORE = r',"…":"\d+ more"\}'
+
+
 @pytest.mark.parametrize(
-    "events",
+    ("events", "more", "most"),
     [
-        pytest.param(["a"] * 200_000, id="200k_one_char_strings"),
-        pytest.param([{"kind": "E", "attrs": {"n": i}} for i in range(100_000)], id="100k_events"),
+        pytest.param(["a"] * 200_000, LISTED_MORE, 1 << 20, id="200k_one_char_strings"),
+        pytest.param(
+            [{"kind": "E", "attrs": {"n": i}} for i in range(100_000)],
+            LISTED_MORE,
+            1 << 20,
+            id="100k_events",
+        ),
+        # its keys sorted whole (4.8 MB; without the mark, walked whole too)
+        pytest.param({f"k{i}": i for i in range(200_000)}, KEYED_MORE, 8 << 20, id="200k_keys"),
     ],
 )
 def test_the_json_line_stops_at_its_budget_and_counts_what_it_does_not_show(
-    events: list[Any],
+    events: Any, more: str, most: int
 ) -> None:
-    """Once the budget is spent, the siblings left are one "… N more" mark, counted without
-    walking them: before, the walk went on to the end -- 200k one-char strings peaked at 44 MB,
-    a get_record of 100k events took 8 times json.dumps of it."""
+    """Once the budget is spent, the siblings left are one "… N more" mark (a list's, or a
+    mapping's "…" key), counted without walking them: before, the walk went on to the end --
+    200k one-char strings peaked at 44 MB, a get_record of 100k events took 8 times json.dumps
+    of it."""
     record = {**_record("i-23", "succeeded", "committed", "never", "X"), "evidence": {}}
     answer = {"events": events, "record": record}
     tracemalloc.start()
@@ -656,9 +672,9 @@ def test_the_json_line_stops_at_its_budget_and_counts_what_it_does_not_show(
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 1 << 20, peak
+    assert peak < most, peak
     line = text.splitlines()[-1]
-    assert re.search(r',"… \d+ more"\]', line), line
+    assert re.search(more, line), line
     assert "(cut; the whole answer" not in line, line
 
 
@@ -808,3 +824,16 @@ def test_no_line_outgrows_the_cut_once_escaped(char: str) -> None:
     body = render(envelope).splitlines()[-1]
     assert body.startswith("body: ") and len(body) <= PREVIEW + 100, len(body)
     assert body.endswith(f"… ({PREVIEW} characters; the whole is in the structured content)")
+
+
+def test_the_kinds_of_items_counted_are_capped() -> None:
+    """More (outcome, code, retry) kinds than ``ITEMS``: the first ``ITEMS`` counted, the rest
+    one "N more kinds" -- a caller's batch cannot make the counting line unbounded."""
+    items = [
+        {"id": f"it-{i}", "outcome": "rejected", "code": f"C-{i}", "retry": "never"}
+        for i in range(ITEMS + 10)
+    ]
+    envelope = {"invocation_id": "i-30", "result": {"status": 207}, "items": items}
+    [counted] = [line for line in render(envelope).splitlines() if line.startswith("items ")]
+    assert counted.count(" outcome rejected code C-") == ITEMS, counted
+    assert counted.endswith(f"code C-{ITEMS - 1} retry never, 10 more kinds"), counted[-80:]
