@@ -19,6 +19,7 @@ away, and the agent read the query's APPROVAL_PENDING as still waiting.
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -81,8 +82,8 @@ def _shown(value: Any, budget: list[int], top: bool = False) -> Any:
     shared in the order the line is written (``PREVIEW - _ROOM`` in all).  Dumping the answer
     whole before the cut cost many times its bytes: a reconcile answer whose query body was
     64 Mi "é" peaked at 768 MB and 0.67 s to keep 2000 characters; walking it whole after the
-    budget was spent, 200k one-char strings peaked at 44 MB.  This costs what it shows and one
-    ``len`` per container on the way."""
+    budget was spent, 200k one-char strings peaked at 44 MB.  This costs what it shows, one
+    ``len`` per list on the way and one pass over each mapping's keys (``_first_keys``)."""
     if isinstance(value, str):
         kept, width = _prefix(value, max(budget[0], 0))
         budget[0] -= width + 3  # its quotes and a comma
@@ -95,7 +96,7 @@ def _shown(value: Any, budget: list[int], top: bool = False) -> Any:
         if budget[0] <= 0:
             return {"…": f"{len(value)} more"} if value else {}
         shown: dict[Any, Any] = {}
-        for n, key in enumerate(value if top else sorted(value, key=str)):
+        for n, key in enumerate(value if top else _first_keys(value, budget[0])):
             if budget[0] <= 0:
                 shown["…"] = f"{len(value) - n} more"
                 break
@@ -113,6 +114,13 @@ def _shown(value: Any, budget: list[int], top: bool = False) -> Any:
         return listed
     budget[0] -= len(str(value)) + 1
     return value
+
+
+def _first_keys(value: Mapping[Any, Any], budget: int) -> list[Any]:
+    """A mapping's keys in sorted order, only as many as ``budget`` can show: a key and its
+    value are written in 5 characters at least (``"":0,``), so at most ``budget // 5 + 1`` are
+    walked.  Sorting them all cost the whole mapping: 1M keys 0.14 s and 15 MB to show ~380."""
+    return heapq.nsmallest(budget // 5 + 2, value, key=str)
 
 
 def _prefix(text: str, room: int) -> tuple[str, int]:
