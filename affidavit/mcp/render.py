@@ -278,8 +278,9 @@ def _operation(op: Any) -> list[str]:
 
 def _items(items: Sequence[Any]) -> list[str]:
     """A batch's items: one line counting them by (outcome, code, retry), then those that did
-    not commit cleanly (another outcome, or a code), the first ``ITEMS`` of them.  One line per
-    item made a 1 MiB batch (~110k items) 6.1 MB of text with the invocation_id after it."""
+    not commit cleanly (another outcome, or a code), the first ``ITEMS`` of them; those that are
+    not objects are counted apart, malformed.  One line per item made a 1 MiB batch (~110k
+    items) 6.1 MB of text with the invocation_id after it."""
     kinds: Counter[tuple[str, str, str]] = Counter()
     unclean: list[str] = []
     for item in items:
@@ -295,7 +296,10 @@ def _items(items: Sequence[Any]) -> list[str]:
         f"{n} outcome {o} code {c} retry {r}" for (o, c, r), n in kinds.most_common(ITEMS)
     )
     more = f", {len(kinds) - ITEMS} more kinds" if len(kinds) > ITEMS else ""
-    lines = [f"items {len(items)}: {counted}{more}", *unclean[:ITEMS]]
+    listed = kinds.total()
+    if listed < len(items):  # not counted as items: nothing says what they are
+        more += f"; {len(items) - listed} more malformed (not objects)"
+    lines = [f"items {listed}: {counted}{more}", *unclean[:ITEMS]]
     if len(unclean) > ITEMS:
         lines.append(f"{len(unclean) - ITEMS} more: structured content `items`")
     return lines

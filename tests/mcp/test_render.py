@@ -837,3 +837,14 @@ def test_the_kinds_of_items_counted_are_capped() -> None:
     [counted] = [line for line in render(envelope).splitlines() if line.startswith("items ")]
     assert counted.count(" outcome rejected code C-") == ITEMS, counted
     assert counted.endswith(f"code C-{ITEMS - 1} retry never, 10 more kinds"), counted[-80:]
+
+
+def test_items_that_are_not_objects_are_counted_malformed_not_as_items() -> None:
+    """``items N`` counts what the line describes; the rest are named malformed -- before,
+    ``items 3: 1 outcome committed ...`` left two of the three unaccounted for."""
+    items = [{"id": "a", "outcome": "committed", "code": None, "retry": "never"}, 5, "x"]
+    envelope = {"invocation_id": "i-31", "result": {"status": 207}, "items": items}
+    [counted] = [line for line in render(envelope).splitlines() if line.startswith("items ")]
+    assert counted == (
+        "items 1: 1 outcome committed code null retry never; 2 more malformed (not objects)"
+    ), counted
