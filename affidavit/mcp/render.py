@@ -19,6 +19,7 @@ away, and the agent read the query's APPROVAL_PENDING as still waiting.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 from collections import Counter
@@ -33,6 +34,9 @@ ID = 200
 """Characters of a caller's id (a batch item's) the text shows; longer ones are cut, marked."""
 
 ITEMS = 50
+LISTED_ITEMS = 3
+"""Unclean batch items listed per action in ``list_actions`` (``ITEMS`` for one record): a
+page of 1000 batch actions listing 50 each was ~54k lines; the record itself has them all."""
 """Batch items that did not commit cleanly listed one line each; the rest are counted."""
 
 PREVIEW = 2000
@@ -276,9 +280,9 @@ def _operation(op: Any) -> list[str]:
     return [f"operation {op.get('id')} state {op.get('state')} (poll_operation)"]
 
 
-def _items(items: Sequence[Any]) -> list[str]:
+def _items(items: Sequence[Any], cap: int = ITEMS) -> list[str]:
     """A batch's items: one line counting them by (outcome, code, retry), then those that did
-    not commit cleanly (another outcome, or a code), the first ``ITEMS`` of them; those that are
+    not commit cleanly (another outcome, or a code), the first ``cap`` of them; those that are
     not objects are counted apart, malformed.  One line per item made a 1 MiB batch (~110k
     items) 6.1 MB of text with the invocation_id after it."""
     kinds: Counter[tuple[str, str, str]] = Counter()
@@ -299,9 +303,9 @@ def _items(items: Sequence[Any]) -> list[str]:
     listed = kinds.total()
     if listed < len(items):  # not counted as items: nothing says what they are
         more += f"; {len(items) - listed} more malformed (not objects)"
-    lines = [f"items {listed}: {counted}{more}", *unclean[:ITEMS]]
-    if len(unclean) > ITEMS:
-        lines.append(f"{len(unclean) - ITEMS} more: structured content `items`")
+    lines = [f"items {listed}: {counted}{more}", *unclean[:cap]]
+    if len(unclean) > cap:
+        lines.append(f"{len(unclean) - cap} more: structured content `items`")
     return lines
 
 
@@ -356,7 +360,8 @@ def _deciding(answer: Mapping[str, Any]) -> list[str]:
         lines.append(f"total {answer.get('total')}, truncated {json.dumps(answer['truncated'])}")
     if isinstance(answer.get("record"), Mapping):  # get_record
         lines.extend(_record_lines("record", answer["record"]))
-    for key, each in (("actions", _record_lines), ("targets", _target_lines)):
+    listed_record = functools.partial(_record_lines, cap=LISTED_ITEMS)
+    for key, each in (("actions", listed_record), ("targets", _target_lines)):
         listed = answer.get(key)
         if isinstance(listed, list):
             for r in listed:
@@ -364,7 +369,7 @@ def _deciding(answer: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _record_lines(label: str, record: Mapping[str, Any]) -> list[str]:
+def _record_lines(label: str, record: Mapping[str, Any], cap: int = ITEMS) -> list[str]:
     """A record's deciding fields (``views.record_to_json``): one line, ``retry_after`` when
     it has one, then its operation and its batch items as an envelope's (``_operation``,
     ``_items``).  Before, these were left to the JSON line, where attempts, budget and evidence
@@ -381,7 +386,7 @@ def _record_lines(label: str, record: Mapping[str, Any]) -> list[str]:
         *(
             f"{name} {line}"
             for line in _operation(record.get("operation"))
-            + (_items(items) if isinstance(items, list | tuple) else [])
+            + (_items(items, cap) if isinstance(items, list | tuple) else [])
         ),
     ]
 

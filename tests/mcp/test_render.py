@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.mcp.render import ID, ITEMS, PREVIEW, render
+from affidavit.mcp.render import ID, ITEMS, LISTED_ITEMS, PREVIEW, render
 from affidavit.mcp.tools import READ_TOOLS
 from tests.broker.approvalkit import reconcile_target
 from tests.broker.helpers import TOKEN_ENV, write_config
@@ -768,6 +768,18 @@ def test_every_listed_action_shows_its_operation_and_unclean_items() -> None:
             f"action {iid}: state succeeded, outcome committed, retry never, code null, field null"
         )
         assert lines[at + 1 : at + 4] == [f"action {iid} {line}" for line in TRACKED], lines
+
+
+def test_a_listed_action_lists_fewer_unclean_items_than_one_record() -> None:
+    """list_actions lists ``LISTED_ITEMS`` unclean items per action, get_record ``ITEMS``: a page
+    of 1000 batch actions listing 50 each was ~54k lines of text (the structured content and
+    get_record have them all)."""
+    record = {**_record("i-6", "failed", "rejected", "never", "X"), "items": _items(80, 60)}
+    listed = render({"session": "s-1", "actions": [record], "total": 1, "truncated": False})
+    one = render({"events": [], "record": record})
+    assert listed.count('action i-6 item "it-') == LISTED_ITEMS < 60, listed
+    assert f"action i-6 {60 - LISTED_ITEMS} more: structured content `items`" in listed
+    assert one.count('record i-6 item "it-') == ITEMS, one
 
 
 def test_a_record_shows_its_retry_after() -> None:
