@@ -21,6 +21,8 @@ from affidavit.statemachine import (
     EvidenceSource,
     ImpossibleEvent,
     Projector,
+    claimed_call,
+    refuse_reclaiming,
     refuse_reopening,
     stored_event,
 )
@@ -322,6 +324,9 @@ class Txn:
             # A stale row naming a closed call open: refused here, in the writing transaction,
             # and folded as a no-op when read (``refuse_reopening``); then the lifecycle's rules.
             refuse_reopening(proj, stored)
+            called = claimed_call(stored)
+            if called is not None:  # a claim: the call it names has no record yet
+                refuse_reclaiming(proj, stored, self.projector(called))
             proj.apply(stored)  # ImpossibleEvent: nothing written, projector unchanged
         except ImpossibleEvent:
             raise

@@ -44,7 +44,7 @@ from .retry import (
     send_window,
     within_send_window,
 )
-from .rules_common import open_query, refuse_reopening
+from .rules_common import claimed_call, open_query, refuse_reclaiming, refuse_reopening
 from .withheld import (
     HOLDER_WITHHELD,
     KEYED_PREFIX,
@@ -93,6 +93,7 @@ __all__ = [
     "caller_event",
     "caller_evidence",
     "caller_record",
+    "claimed_call",
     "compute_retry",
     "current_code",
     "decide",
@@ -108,6 +109,7 @@ __all__ = [
     "operation_view",
     "project",
     "project_all",
+    "refuse_reclaiming",
     "refuse_reopening",
     "register",
     "registered",

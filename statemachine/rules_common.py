@@ -22,7 +22,13 @@ from .record import ImpossibleEvent
 if TYPE_CHECKING:
     from .projection import Projector
 
-__all__ = ["DEFAULT_BUDGET", "DEFAULT_MAX_RETRY_AFTER", "Rule", "refuse_reopening"]
+__all__ = [
+    "DEFAULT_BUDGET",
+    "DEFAULT_MAX_RETRY_AFTER",
+    "Rule",
+    "refuse_reclaiming",
+    "refuse_reopening",
+]
 
 DEFAULT_BUDGET = 3
 DEFAULT_MAX_RETRY_AFTER = 300.0
@@ -133,6 +139,32 @@ def _reopened(p: Projector, event: Event) -> bool:
     elif event.kind is not EventKind.OPERATION_POLL_FAILED or attrs.get("unsent") is not True:
         return False
     return type(attrs.get(linked[1])) is str and _open_call(p, event.kind) is None
+
+
+def refuse_reclaiming(p: Projector, event: Event, named: Projector) -> None:
+    """The writer's check of a claim on ``p``'s record (``claimed_call``), given the fold of the
+    call it names (``named``): refuse it (``ImpossibleEvent``, nothing changed) unless that call
+    has no record yet.  A claim names a new call (``new_invocation_id``) and heads that call's
+    first write, before its ACTION_ACCEPTED (``engine/takeup.py``); one naming a call that
+    exists -- one a row already closed above all -- would, folded as written, reopen it (a
+    denied query open again).  The fold cannot tell (it sees one record); the writer reads
+    both in one transaction."""
+    if named._events:
+        what, name = _LINKED[event.kind]
+        call = event.attrs.get(name)
+        _refuse(p, event, f"the {what} {call} already has a record: a claim names a new call")
+
+
+def claimed_call(event: Event) -> str | None:
+    """The call a claim (a linked call's row naming it ``open``, no code) names; else None."""
+    linked = _LINKED.get(event.kind)
+    if linked is None:
+        return None
+    attrs = event.attrs
+    named = attrs.get(linked[1])
+    if attrs.get("open") is True and attrs.get("code") is None and type(named) is str:
+        return named
+    return None
 
 
 def refuse_reopening(p: Projector, event: Event) -> None:

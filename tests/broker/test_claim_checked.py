@@ -17,12 +17,14 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.engine import new_invocation_id
-from affidavit.engine.takeup import ClaimInvalid, check_claim
+from affidavit.engine.takeup import ClaimInvalid, ClaimRefused, check_claim
 from affidavit.reconcile import approved
-from affidavit.statemachine import Event, EventKind
+from affidavit.statemachine import Event, EventKind, open_query
 
+from .approvalkit import OPS
 from .http_rows import LIMIT
-from .test_reconcile_approval import _payments
+from .test_query_row_superseded import _close_unsent
+from .test_reconcile_approval import _gets, _payments
 
 CHARGE = {
     "target": "api",
@@ -130,3 +132,33 @@ async def test_a_claim_whose_kind_and_name_do_not_match_the_link_is_refused_unwr
             shape = lambda c: _as_poll(c, "op_2")  # noqa: E731
             await _refused(broker, iid, query, mine, mine, shape=shape, link=poll_link)
         assert len(srv.requests) == posts  # nothing sent
+
+
+async def test_a_claim_naming_a_call_that_has_a_record_is_refused_unwritten(
+    tmp_path: Path, token: str
+) -> None:
+    # A claim names a new call (``new_invocation_id``): one naming a query a row already
+    # closed would, folded as written, reopen it (a denied query open again).  The writer
+    # refuses it -- the id it names has a record -- and nothing of the call is written.
+    async with _payments(tmp_path) as (srv, broker, iid):
+        query = {"target": "api", "method": "GET", "path": "/v1/charges"}
+        with trio.fail_after(LIMIT):
+            first = await broker.reconcile(iid, query=True)
+            closed = first["query"]["invocation_id"]
+            await broker.deny(closed, note="not now", operator=OPS)
+            await _close_unsent(broker, iid, closed)  # as the next asker closes it
+            record = broker.record(iid)
+            assert record is not None
+            claim = approved.claim(broker._engine, record, closed)
+            before, theirs = len(broker.journal.events(iid)), len(broker.events(closed))
+            with pytest.raises(ClaimRefused) as refused:
+                await broker._engine.call(
+                    query, link={"reconciles": iid}, invocation_id=closed, claim=claim
+                )
+        assert f"{closed} already has a record" in str(refused.value)
+        assert len(broker.journal.events(iid)) == before  # no claim row
+        assert len(broker.events(closed)) == theirs  # nothing of the call
+        record = broker.record(iid)
+        assert record is not None
+        assert open_query(record.evidence["reconcile_queries"], record.generation) is None
+        assert broker.approvals() == [] and _gets(srv) == 0

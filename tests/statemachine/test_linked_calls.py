@@ -5,20 +5,32 @@ it, a stored one folds as a no-op -- ``statemachine/rules_common._reopened``).  
 (test_projection_machine) seldom reaches a record with a query or a pending job and then
 lingers there; this one starts there.  Properties: no row reopens a closed call (the open
 query and open poll never name one), and ``project_all`` / ``fold_runs`` agree with
-``Projector.apply`` on every such log."""
+``Projector.apply`` on every such log.  A claim (``open``, no code) names a new call: one
+drawn naming a call an earlier row named (it has a record) is refused by the writer
+(``refuse_reclaiming``), never folded -- folded, it would reopen that call."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from affidavit.statemachine import Event, EventKind, Projector, fold_runs, project_all
+from affidavit.statemachine import (
+    Event,
+    EventKind,
+    ImpossibleEvent,
+    Projector,
+    claimed_call,
+    fold_runs,
+    project_all,
+    refuse_reclaiming,
+)
 
 from .lifecycle_helpers import IID, make_event, path_to
 from .test_operation_and_batch import _accepted
-from .test_projection_machine import _chooser, _linked_invariants
+from .test_projection_machine import _LINKED, _chooser, _linked_invariants
 
 E = EventKind
 
@@ -55,14 +67,35 @@ def test_no_row_reopens_a_closed_call_and_every_fold_agrees(
     choose: Any = _chooser(data)
     p, log = _prefix(start)
     closed: set[str] = set()
+    called: set[str] = set()  # the calls rows named: each has a record of its own
     for _ in range(rows):
         op = p.record().operation
         if op is not None and op["state"] != "pending":
             break  # the job ended: no poll reads it
         event = make_event(p, choose(_KINDS[start]), p.state, len(log) + 1, choose)
+        if claimed_call(event) is not None and called and choose([False, True]):
+            _reclaim_refused(p, event, choose(sorted(called)))
+            continue
         p.apply(event)  # a generated row is never refused: a stale one is a no-op
         log.append(event)
         _linked_invariants(event, p.record(), closed)
+        named = event.attrs.get(_LINKED[event.kind])
+        if isinstance(named, str):
+            called.add(named)
     want = p.record(7.0)
     assert project_all(log, now=7.0) == {IID: want}
     assert [run.record(7.0) for run, _, _ in fold_runs(log)] == [want]
+
+
+def _reclaim_refused(p: Projector, claim: Event, call: str) -> None:
+    """``claim`` renamed to name ``call``, which has a record (its ACTION_ACCEPTED, as the
+    linked call's first write left it): the writer refuses it, the fold unchanged."""
+    name = _LINKED[claim.kind]
+    event = Event(claim.kind, claim.invocation_id, {**claim.attrs, name: call}, claim.source)
+    record = Projector(call)
+    kind, dest = path_to("interrupted")[0]
+    record.apply(make_event(record, kind, dest, 1))
+    before = p.record()
+    with pytest.raises(ImpossibleEvent, match=f"{call} already has a record"):
+        refuse_reclaiming(p, event, record)
+    assert p.record() == before
