@@ -368,7 +368,9 @@ READ_TOOLS: dict[str, ReadTool] = {
             "retry took it over and ended unknown again: query again), STILL_RUNNING, NOT_UNKNOWN, "
             "QUERY_SUPERSEDED (it came back still open -- APPROVAL_PENDING, or being sent -- while "
             "another asker closed that query and opened another: this answer was not recorded, "
-            "the query is not waiting on you -- query again).",
+            "the query is not waiting on you -- query again), ROW_REFUSED (its row was refused "
+            "for a reason no race explains: a bug to report; the answer in `query` is kept, not "
+            "recorded).",
             (_ID,),
             read_only=False,
         ),

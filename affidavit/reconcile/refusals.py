@@ -21,7 +21,9 @@ a stable code (``OperatorError``), never the projection's bare ``ImpossibleEvent
 * ``ROW_REFUSED`` (500) -- any other row but a claim that the record as observed refuses: no
   race explains it (a bug), but the query may have been sent -- answered, never raised, so
   its answer is kept beside (``service``: ``refused``) and the CLI, the daemon and MCP say
-  a stable code, not a traceback or an internal error.
+  a stable code, not a traceback or an internal error.  It says the query was asked only
+  for a row recording its answer (``asked``), never for the row closing a query nothing was
+  sent for (``approved._close``).
 
 Only a claim the record as observed refuses (nothing of its query asked or sent) is left to
 raise.
@@ -78,20 +80,25 @@ def pending(query_id: str, iid: str, doing: str) -> OperatorError:
     )
 
 
-async def append(engine: Engine, event: Event) -> None:
+async def append(engine: Engine, event: Event, *, asked: bool = False) -> None:
     """Append a reconciliation's row (barrier); refused, the ``OperatorError`` the record now
-    warrants is raised (``refusal``): nothing is claimed beyond what the record shows."""
+    warrants is raised (``refusal``): nothing is claimed beyond what the record shows.
+    ``asked``: the row records the answer of the query it names (``service``), not the close
+    of one nothing was sent for (``approved._close``)."""
     try:
         await engine.recorder.append(event, barrier=True)
     except ImpossibleEvent as refused:
-        raise await refusal(engine, refused) from None
+        raise await refusal(engine, refused, asked=asked) from None
 
 
-async def refusal(engine: Engine, refused: ImpossibleEvent, *, claim: bool = False) -> Exception:
+async def refusal(
+    engine: Engine, refused: ImpossibleEvent, *, claim: bool = False, asked: bool = False
+) -> Exception:
     """What a reconciliation's row ``refused`` by the projection answers -- its own row, or
     (``claim``) the claim heading a query's first write (``engine/takeup.py``): the
     ``OperatorError`` the record now warrants (the module's list); for a claim the record as
-    observed refuses (not a race), ``refused`` itself."""
+    observed refuses (not a race), ``refused`` itself.  ``asked``: the row records the answer
+    of the query it names -- only then does ROW_REFUSED say the query was asked."""
     event = refused.event
     iid = event.invocation_id
     record = await engine.recorder.record(iid)
@@ -130,12 +137,17 @@ async def refusal(engine: Engine, refused: ImpossibleEvent, *, claim: bool = Fal
     if why is None and not claim:
         # No race the projection has: a bug.  Never raised: a query may have been sent, and
         # its answer is kept beside this (``service``); the reason names states and ids only.
-        asked = f"; the query {named} was asked: " if isinstance(named, str) else "; "
+        if not isinstance(named, str):
+            row = "this row"
+        elif asked:
+            row = f"the query {named} was asked: this row"
+        else:
+            row = f"this row (naming the query {named})"
         why = OperatorError(
             "ROW_REFUSED",
             f"{event.kind.value} of {iid} was refused by its record, though no race explains "
-            f"it (a bug: report it) -- in state {refused.state!r}: {refused.reason}{asked}"
-            "this row was not recorded",
+            f"it (a bug: report it) -- in state {refused.state!r}: {refused.reason}; {row} "
+            "was not recorded",
             500,
         )
     return refused if why is None else why

@@ -325,7 +325,7 @@ async def query(
             },
         )
     try:
-        await append(engine, event)
+        await append(engine, event, asked=True)  # the answer of a query asked
     except OperatorError as refused:
         # The query ran -- its record stays, linked -- but what it found is not the record's
         # to take any more.  Answered, not raised: an OperatorError says nothing was invoked.

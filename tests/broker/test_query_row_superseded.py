@@ -22,6 +22,7 @@ import pytest
 import trio
 
 from affidavit.api.broker import Broker
+from affidavit.approvals import OperatorError
 from affidavit.reconcile import approved, refusals
 from affidavit.statemachine import Event, EventKind, ImpossibleEvent, open_query
 
@@ -161,6 +162,36 @@ async def test_a_returned_query_whose_row_no_race_explains_is_refused_keeps_its_
         refused = answer["refused"]
         assert refused["code"] == "ROW_REFUSED", refused
         query_id = answer["query"]["invocation_id"]
-        assert "forced: a bug" in refused["message"] and query_id in refused["message"]
+        assert "forced: a bug" in refused["message"]
+        assert f"the query {query_id} was asked" in refused["message"]  # it ran: asked
         assert broker.events(query_id)  # the query's record stays
     assert not any(r.method == "GET" for r in srv.requests)  # awaits an operator: not sent
+
+
+async def test_a_refused_row_closing_an_unsent_query_never_says_it_was_asked(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The row that closes an open query nothing was sent for (``approved._close``: denied) is
+    # refused for a reason no race explains (forced: a bug).  ROW_REFUSED names the query but
+    # never says it "was asked": this request ran nothing, and nothing was sent.
+    async with _payments(tmp_path) as (srv, broker, iid):
+        with trio.fail_after(LIMIT):
+            first = await broker.reconcile(iid, query=True)
+            query_id = first["query"]["invocation_id"]
+            await broker.deny(query_id, note="not now", operator=OPS)
+        recorder = broker._engine.recorder
+        real_append = recorder.append
+
+        async def append(event: Event, *args: Any, **kwargs: Any) -> Any:
+            if event.invocation_id == iid and event.attrs.get("reason") == approved.UNSENT:
+                raise ImpossibleEvent(event, "interrupted", "forced: a bug")
+            return await real_append(event, *args, **kwargs)
+
+        monkeypatch.setattr(recorder, "append", append)
+        with trio.fail_after(LIMIT), pytest.raises(OperatorError) as refused:
+            await broker.reconcile(iid, query=True)
+        assert refused.value.code == "ROW_REFUSED"
+        message = refused.value.message
+        assert "forced: a bug" in message and query_id in message
+        assert "was asked" not in message, message
+    assert not any(r.method == "GET" for r in srv.requests)  # nothing sent

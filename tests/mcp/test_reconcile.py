@@ -5,7 +5,9 @@ denies or attests (DESIGN: "an MCP tool never approves or attests")."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +15,9 @@ import pytest
 import trio
 
 from affidavit.config import load_config
+from affidavit.mcp.tools import READ_TOOLS
 from affidavit.protocols.catalog import catalog
+from affidavit.reconcile import refusals
 from tests.broker.approvalkit import PaymentsApi, approval_config, reconcile_target
 from tests.broker.helpers import TOKEN_ENV, write_config
 from tests.daemon.kit import running_daemon
@@ -127,3 +131,13 @@ def test_list_targets_says_which_targets_wait_for_a_human_and_which_reconcile_by
 
 _RECONCILE = reconcile_target("http://127.0.0.1:9")["api"]
 _RECONCILE = {k: _RECONCILE[k] for k in ("idempotency", "reconcile")}
+
+
+def test_the_reconcile_query_tool_names_every_code_a_refused_query_answers() -> None:
+    # The codes ``refusals.refusal`` answers (``OperatorError("CODE", ...)``), read from its
+    # source: the tool's text an agent reads must name each, ROW_REFUSED included.
+    source = inspect.getsource(refusals)
+    codes = set(re.findall(r'OperatorError\(\s*"([A-Z_]+)"', source))
+    assert {"QUERY_SUPERSEDED", "ROW_REFUSED", "RETRIED_MEANWHILE"} <= codes
+    doc = READ_TOOLS["reconcile_query"].doc
+    assert [c for c in sorted(codes) if c not in doc] == []
