@@ -23,7 +23,6 @@ from affidavit.statemachine import (
     Projector,
     claimed_call,
     refuse_reclaiming,
-    refuse_reopening,
     stored_event,
 )
 
@@ -321,13 +320,12 @@ class Txn:
                 audit,
             )
         try:
-            # A stale row naming a closed call open: refused here, in the writing transaction,
-            # and folded as a no-op when read (``refuse_reopening``); then the lifecycle's rules.
-            refuse_reopening(proj, stored)
             called = claimed_call(stored)
             if called is not None:  # a claim: the call it names has no record yet
                 refuse_reclaiming(proj, stored, self.projector(called))
-            proj.apply(stored)  # ImpossibleEvent: nothing written, projector unchanged
+            # Written: a stale row naming a closed call open is refused, by the rules at the
+            # point where the fold of a stored one no-ops (``Projector.apply``'s ``writing``).
+            proj.apply(stored, writing=True)  # ImpossibleEvent: nothing written, unchanged
         except ImpossibleEvent:
             raise
         except Exception:

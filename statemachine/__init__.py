@@ -44,7 +44,7 @@ from .retry import (
     send_window,
     within_send_window,
 )
-from .rules_common import claimed_call, open_query, refuse_reclaiming, refuse_reopening
+from .rules_common import claimed_call, open_query, refuse_reclaiming
 from .withheld import (
     HOLDER_WITHHELD,
     KEYED_PREFIX,
@@ -110,7 +110,6 @@ __all__ = [
     "project",
     "project_all",
     "refuse_reclaiming",
-    "refuse_reopening",
     "register",
     "registered",
     "render_envelope",

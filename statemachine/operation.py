@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .contract import Code, EvidenceSource
 from .events import Event, EventKind
 from .graph import can_reach, reachable
-from .rules_common import _refuse, _reopened
+from .rules_common import _refuse, _stale_row
 
 if TYPE_CHECKING:
     from .projection import Projector
@@ -227,9 +227,10 @@ def _on_poll(p: Projector, event: Event) -> None:
     if opened and current is not None and current != poll:
         # One poll at a time (engine/takeup.py), checked in the writing transaction.
         _refuse(p, event, f"the poll {current} is still open")
-    if _reopened(p, event):
+    if _stale_row(p, event):
         # A stale row a broker from before the writer refused it stored (``_reopened``): the
-        # poll stays closed and ``last_poll`` keeps what the closing row read.
+        # poll stays closed and ``last_poll`` keeps what the closing row read.  Refused when
+        # written (``_stale_row``).
         return
     unsent = attrs.get("unsent")
     if unsent is not None and (unsent is not True or opened or current != poll):

@@ -71,6 +71,7 @@ class Projector:
         "_session",
         "_state",
         "_target",
+        "_writing",
     )
 
     def __init__(self, invocation_id: str | None = None) -> None:
@@ -110,6 +111,8 @@ class Projector:
         """The items this invocation sent as a batch and their outcomes (``batch.py``)."""
         self._fenced: Mapping[str, Any] | None = None
         """ACTION_ACCEPTED's ``fenced``: a read-only view, set once (``Record.fenced``)."""
+        self._writing = False
+        """Set by ``apply(writing=True)`` while its rule runs: the writer's check of a new row."""
 
     @property
     def state(self) -> str:
@@ -130,9 +133,12 @@ class Projector:
 
     # -- folding ------------------------------------------------------------------------------
 
-    def apply(self, event: Event) -> str:
+    def apply(self, event: Event, writing: bool = False) -> str:
         """Fold one event; return the new state.  Raises ``ImpossibleEvent`` and changes nothing
-        when the event is not allowed."""
+        when the event is not allowed.  ``writing``: the event is a new row the writer checks
+        (``journal.txn``) -- the same rules in the same order, and a stale row of a linked call,
+        which a stored journal may hold and the fold takes as a no-op, is refused
+        (``rules_common._stale_row``): one decision point, the writer's reasons the fold's."""
         # Hot path (recovery folds whole journals; tests/benchmarks/projection.py): one lookup
         # gives the destination and the kind's rule, which checks and then applies the event.
         rule = _ROWS[self._state].get(event.kind)
@@ -147,7 +153,14 @@ class Projector:
         ):
             raise self._refusal(event)
         dest, check_and_apply = rule
-        outcome = check_and_apply(self, event)
+        if writing:
+            self._writing = True
+            try:
+                outcome = check_and_apply(self, event)
+            finally:
+                self._writing = False
+        else:
+            outcome = check_and_apply(self, event)
         # -- the rule validated and applied the event; record that it happened --
         if outcome is not None:
             dest = _SPLIT[dest][outcome]  # the rule proved outcome is rejected or committed

@@ -27,7 +27,6 @@ __all__ = [
     "DEFAULT_MAX_RETRY_AFTER",
     "Rule",
     "refuse_reclaiming",
-    "refuse_reopening",
 ]
 
 DEFAULT_BUDGET = 3
@@ -123,8 +122,8 @@ def _reopened(p: Projector, event: Event) -> bool:
     read and is refused (``rules_lease._observed``).  So a stored row this finds was stale
     when written.
 
-    The writer refuses it (``refuse_reopening``); a stored one is folded as a no-op for the
-    call (the rules in ``rules_lease`` and ``operation``): a broker from before the writer
+    The writer refuses it and a stored one is folded as a no-op for the call (``_stale_row``,
+    called by the rules in ``rules_lease`` and ``operation``): a broker from before the writer
     refused it wrote it whenever no other call was open, so it is no sign of an altered row,
     and folded as written it would reopen a call its record shows closed (a denied query
     open again) and, for a poll, put the stale answer in ``last_poll`` over what the closing
@@ -167,16 +166,21 @@ def claimed_call(event: Event) -> str | None:
     return None
 
 
-def refuse_reopening(p: Projector, event: Event) -> None:
-    """The writer's check of a new row, before ``Projector.apply`` (``journal.txn``): refuse
-    (``ImpossibleEvent``, nothing changed) a stale row of a linked call (``_reopened``).  Not a
-    rule: a stored row is folded, never refused, for it."""
-    if _reopened(p, event):
+def _stale_row(p: Projector, event: Event) -> bool:
+    """Whether ``event`` is a stale row of a linked call (``_reopened``), which the fold takes as
+    a no-op for the call; a new row the writer checks (``Projector.apply(writing=True)``) is
+    refused instead (``ImpossibleEvent``, nothing changed).  Called by the rules at the point
+    where they no-op, after their own checks: the writer refuses for the fold's reasons, in the
+    fold's order."""
+    if not _reopened(p, event):
+        return False
+    if p._writing:
         what, name = _LINKED[event.kind]
         call = event.attrs.get(name)
         _refuse(
             p, event, f"the {what} {call} is not open: an earlier row closed it; this row is stale"
         )
+    return True
 
 
 def _stale(p: Projector, event: Event, generation: object) -> NoReturn:

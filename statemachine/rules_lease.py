@@ -19,8 +19,8 @@ from .rules_common import (
     _is_int,
     _lease_evidence,
     _refuse,
-    _reopened,
     _resolved_outcome,
+    _stale_row,
     open_query,
 )
 
@@ -134,9 +134,9 @@ def _on_reconcile_inconclusive(p: Projector, event: Event) -> None:
         current = open_query(ev.get("reconcile_queries", ()), p._generation)
         if current is not None and current != query:
             _refuse(p, event, f"the reconciliation query {current} is still open")
-    if opened and _reopened(p, event):
+    if opened and _stale_row(p, event):
         # A stale row a broker from before the writer refused it stored (``_reopened``): the
-        # query stays closed; the row is listed, marked stale.
+        # query stays closed; the row is listed, marked stale.  Refused when written.
         item["stale"] = True
     elif opened or (opened is None and item["code"] == _APPROVAL_PENDING):
         # A row written before rows named ``open`` left a query awaiting an operator with

@@ -1,7 +1,7 @@
 """A stale ``open`` row already in a journal -- one naming a reconciliation query open after a
 row closed it, which the writer accepted until 530d267 whenever no other query was open -- is
 read as a no-op for the query, never as an altered row: the writer refuses such a row
-(``statemachine.refuse_reopening``, in the writing transaction), the fold of a stored one leaves
+(``Projector.apply(writing=True)``, in the writing transaction), the fold of a stored one leaves
 the query closed.  Before, the fold refused it too, so every reader turned it into AlteredRow:
 ``record``, ``actions``, ``metrics``, ``sessions`` failed JOURNAL_UNREADABLE (one invocation took
 down the whole views), ``Journal.record`` raised, and a later RECONCILED could never be written
@@ -15,10 +15,16 @@ from pathlib import Path
 import pytest
 import trio
 
-import affidavit.journal.txn as txn
 from affidavit.cli import main as cli_main
 from affidavit.journal import Journal, JournalReader
-from affidavit.statemachine import Event, EvidenceSource, ImpossibleEvent, open_query
+from affidavit.statemachine import (
+    Event,
+    EvidenceSource,
+    ImpossibleEvent,
+    Projector,
+    open_query,
+    project,
+)
 from affidavit.statemachine import EventKind as E
 
 from .helpers import interrupted
@@ -51,7 +57,8 @@ async def _write(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             await j.append(STALE)  # the writer refuses it now
         # Stored as the writer before 530d267 stored it: the same row, the check off.
         with monkeypatch.context() as m:
-            m.setattr(txn, "refuse_reopening", lambda p, e: None)
+            fold = Projector.apply
+            m.setattr(Projector, "apply", lambda p, e, writing=False: fold(p, e))
             await j.append(STALE)
         assert j.record(IID).state == "interrupted"
 
@@ -105,3 +112,26 @@ def test_a_stored_stale_open_row_is_read_as_written_and_the_query_stays_closed(
     with JournalReader.open(db) as r:
         rec = r.record(IID)
         assert rec is not None and rec.state == "reconciled_committed"
+
+
+def test_the_writer_refuses_a_row_for_the_reason_the_fold_would_give(tmp_path: Path) -> None:
+    # One decision point: the writer's refusal is the rules', in their order -- a poll's row
+    # open with a code on a record with no job is refused as no poll of a job, never as a
+    # stale row of a poll "an earlier row closed" (no row ever named it).
+    poll = {"operation_id": "op_x", "poll_invocation": "act_p9", "open": True}
+    row = Event(E.OPERATION_POLL_FAILED, IID, {**poll, "code": "APPROVAL_PENDING"})
+
+    async def write() -> str:
+        async with Journal.open(tmp_path / "j.db") as j:
+            for event in interrupted(IID):
+                await j.append(event)
+            with pytest.raises(ImpossibleEvent) as refused:
+                await j.append(row)
+            assert len(j.events(IID)) == len(interrupted(IID))  # nothing written
+            return refused.value.reason
+
+    reason = trio.run(write)
+    with pytest.raises(ImpossibleEvent) as folded:
+        project([*interrupted(IID), row], None)
+    assert reason == folded.value.reason, reason
+    assert "stale" not in reason and "closed" not in reason, reason

@@ -16,7 +16,6 @@ from affidavit.statemachine import (
     EvidenceSource,
     ImpossibleEvent,
     Projector,
-    refuse_reopening,
 )
 
 from .lifecycle_helpers import IID
@@ -94,14 +93,13 @@ def test_a_row_naming_a_closed_poll_open_is_refused_by_the_writer_and_a_no_op_fo
     )
     for n, stale in enumerate(stale_rows):
         with pytest.raises(ImpossibleEvent, match="act_p1 is not open"):
-            refuse_reopening(p, stale)
+            p.apply(stale, writing=True)  # the writer's check
         p.apply(stale)
         assert p.record().operation == before.operation
         assert p.record().events == before.events + n + 1
     # A row from before rows named ``open`` folds as it was written.
     legacy = _row(seq + 4, "act_p1", code="APPROVAL_PENDING")
-    refuse_reopening(p, legacy)
-    p.apply(legacy)
+    p.apply(legacy, writing=True)
     assert p.record().operation["open_poll"] == "act_p1"  # type: ignore[index]
 
 

@@ -27,7 +27,6 @@ from affidavit.statemachine import (
     decide,
     lease_lost_error,
     open_query,
-    refuse_reopening,
     render_envelope,
 )
 from affidavit.statemachine.lifecycle import INITIAL, TRANSITIONS, expand
@@ -883,7 +882,7 @@ def test_a_row_naming_a_closed_query_open_is_refused_by_the_writer_and_a_no_op_f
     for stale in ({"code": "APPROVAL_PENDING"}, {"code": "IN_PROGRESS"}):
         row = Event(E.RECONCILE_INCONCLUSIVE, IID, {**q, **stale, "open": True}, seq=inv.seq + 1)
         with pytest.raises(ImpossibleEvent, match="act_q1 is not open"):
-            refuse_reopening(inv.p, row)
+            inv.p.apply(row, writing=True)  # the writer's check
         inv.ev(E.RECONCILE_INCONCLUSIVE, **q, **stale, open=True)
         rec = inv.rec()
         assert open_query(rec.evidence["reconcile_queries"], rec.generation) is None
