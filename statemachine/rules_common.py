@@ -109,11 +109,13 @@ def _open_call(p: Projector, kind: EventKind) -> str | None:
 
 def _reopened(p: Projector, event: Event) -> bool:
     """Whether ``event`` is a stale row of a linked call (a reconciliation query, a poll): it
-    names ``open`` with a code (what the call answered: awaiting an operator, being sent) --
-    or, a poll's, ``unsent`` -- a call while none is open (while another is, the rules refuse
-    it: one call at a time).  Its writer read the call open before that changed: another
-    asker took it up and closed it (read its answer, or gave it up).  A claim (``open``, no
-    code) is not one: it names a fresh id (``new_invocation_id``).
+    names ``open`` with a code (what the call answered: awaiting an operator, being sent) a
+    call while none is open (while another is, the rules refuse it: one call at a time).  Its
+    writer read the call open before that changed: another asker took it up and closed it
+    (read its answer, or gave it up).  A claim (``open``, no code) is not one: it names a
+    fresh id (``new_invocation_id``; ``refuse_reclaiming``).  Nor is a poll's ``unsent`` row
+    while no poll is open: ``unsent`` came with its refusal (ab1791b), so no broker wrote one
+    then, and the rule refuses it written and stored alike (an altered row).
 
     Stateless, with nothing kept per call: every broker since rows named ``open`` (95c6220 for
     queries, 858d764 for polls) wrote an open row with a code only for a call it had claimed
@@ -132,10 +134,7 @@ def _reopened(p: Projector, event: Event) -> bool:
     if linked is None:
         return False
     attrs = event.attrs
-    if attrs.get("open") is True:
-        if attrs.get("code") is None:
-            return False
-    elif event.kind is not EventKind.OPERATION_POLL_FAILED or attrs.get("unsent") is not True:
+    if attrs.get("open") is not True or attrs.get("code") is None:
         return False
     return type(attrs.get(linked[1])) is str and _open_call(p, event.kind) is None
 

@@ -89,7 +89,6 @@ def test_a_row_naming_a_closed_poll_open_is_refused_by_the_writer_and_a_no_op_fo
     stale_rows = (
         _row(seq + 1, "act_p1", open=True, code="APPROVAL_PENDING"),
         _row(seq + 2, "act_p1", open=True, code="IN_PROGRESS"),  # sent, its answer unread
-        _row(seq + 3, "act_p1", code="DENIED", unsent=True),  # a stale asker's close
     )
     for n, stale in enumerate(stale_rows):
         with pytest.raises(ImpossibleEvent, match="act_p1 is not open"):
@@ -97,6 +96,14 @@ def test_a_row_naming_a_closed_poll_open_is_refused_by_the_writer_and_a_no_op_fo
         p.apply(stale)
         assert p.record().operation == before.operation
         assert p.record().events == before.events + n + 1
+    # ``unsent`` while no poll is open is no stale row any broker wrote (``unsent`` and its
+    # refusal came together, ab1791b): refused written and folded alike -- a stored one is
+    # an altered row, never a no-op.
+    unsent = _row(seq + 3, "act_p1", code="DENIED", unsent=True)
+    for writing in (True, False):
+        with pytest.raises(ImpossibleEvent, match="close the open poll it names"):
+            p.apply(unsent, writing=writing)
+    assert p.record().events == before.events + 2
     # A row from before rows named ``open`` folds as it was written.
     legacy = _row(seq + 4, "act_p1", code="APPROVAL_PENDING")
     p.apply(legacy, writing=True)
