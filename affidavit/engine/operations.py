@@ -40,6 +40,7 @@ from .takeup import (
     ClaimRefused,
     Close,
     claim_expiry,
+    claimed_since,
     claimed_until,
     closed_by,
     still_open,
@@ -367,7 +368,9 @@ async def _poll_refused(
         raise refused
     closer = closed_by(engine, iid, "poll_invocation", poll_id)
     end = _ended_by(engine, iid) if ended else None
-    text = superseded("poll", event, poll_id, closer, None if ended else current, end)
+    claimed = claimed_since(engine, iid, "poll_invocation", poll_id)
+    now = None if ended else current
+    text = superseded("poll", event, poll_id, closer, now, end, claimed=claimed)
     return {"code": "POLL_SUPERSEDED", "message": text}
 
 

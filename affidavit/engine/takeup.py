@@ -59,6 +59,7 @@ __all__ = [
     "Close",
     "check_claim",
     "claim_expiry",
+    "claimed_since",
     "claimed_until",
     "closed_by",
     "still_open",
@@ -180,6 +181,21 @@ def closed_by(engine: Engine, iid: str, name: str, call_id: object) -> Event | N
     return found
 
 
+def claimed_since(engine: Engine, iid: str, name: str, call_id: object) -> bool:
+    """Whether ``iid``'s record shows a claim (``open``, no code) naming a linked call other
+    than ``call_id`` (by ``name``) after the last row naming ``call_id``: another call was
+    opened since that one was."""
+    claimed = False
+    for event in engine.journal.events(iid):
+        attrs = event.attrs
+        named = attrs.get(name)
+        if named == call_id:
+            claimed = False
+        elif named is not None and attrs.get("open") is True and attrs.get("code") is None:
+            claimed = True
+    return claimed
+
+
 def superseded(
     what: str,
     refused: Event,
@@ -187,18 +203,23 @@ def superseded(
     closer: Event | None,
     now: object,
     ended: Event | None = None,
+    *,
+    claimed: bool = False,
 ) -> str:
     """Why the row ``refused`` leaving the linked call ``call_id`` open (its answer returned to
     its asker) was not recorded: ``closer`` (``closed_by``) closed the call meanwhile, and
-    another ``what`` (query, poll) was opened -- ``now``, when it is still open -- or the row
-    ``ended`` ended what the call serves (a poll's job).  It claims no more than the record
-    shows: the call stays on record as asked, and what ``closer`` says of it stands; only this
-    answer was not recorded."""
+    another ``what`` (query, poll) was opened -- ``now``, when it is still open; ``claimed``
+    (``claimed_since``), when the record shows one opened since and none is open now -- or
+    none is open now, or the row ``ended`` ended what the call serves (a poll's job).  It
+    claims no more than the record shows: the call stays on record as asked, and what
+    ``closer`` says of it stands; only this answer was not recorded."""
     if closer is None:
         closed = f"the {what} {call_id} is no longer open"
     else:
         closed = f"the {what} {call_id} was closed since by {_named(closer)}"
-    other = f"another {what} was opened meanwhile and has closed since"
+    other = f"no {what} is open now"
+    if claimed:
+        other = f"another {what} was opened meanwhile and has closed since"
     if isinstance(now, str):
         other = f"another {what} {now} is open"
     if ended is not None:

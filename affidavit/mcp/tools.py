@@ -343,7 +343,8 @@ READ_TOOLS: dict[str, ReadTool] = {
             "POLL_PENDING (an `api_error`: wait, nothing was sent) -- once approved the next poll "
             "sends it or reads its answer. OPERATION_ERROR: check the job by hand. A poll that ran "
             "and came back still open (APPROVAL_PENDING, or being sent) while another asker "
-            "closed that poll and opened another, or the job ended meanwhile, answers `refused` "
+            "closed that poll (and perhaps opened another), or the job ended meanwhile, answers "
+            "`refused` "
             "{code POLL_SUPERSEDED, message} beside `poll`: this answer was not recorded (the "
             "message names the row that closed it, which stands, or the one that ended the job) "
             "-- the poll is not waiting on you: poll again.",
@@ -367,7 +368,8 @@ READ_TOOLS: dict[str, ReadTool] = {
             "`refused` {code, message} -- what the record shows now: RETRIED_MEANWHILE (a same-key "
             "retry took it over and ended unknown again: query again), STILL_RUNNING, NOT_UNKNOWN, "
             "QUERY_SUPERSEDED (it came back still open -- APPROVAL_PENDING, or being sent -- while "
-            "another asker closed that query and opened another: this answer was not recorded, "
+            "another asker closed that query (and perhaps opened another): this answer was not "
+            "recorded, "
             "the query is not waiting on you -- query again), ROW_REFUSED (its row was refused "
             "for a reason no race explains: a bug to report; the answer in `query` is kept, not "
             "recorded).",

@@ -14,7 +14,8 @@ a stable code (``OperatorError``), never the projection's bare ``ImpossibleEvent
   closed since the refusal (read a moment too late to name it): querying again asks anew;
 * ``QUERY_SUPERSEDED`` -- the row its asker writes once its query returned (``open``: it
   awaits an operator) was refused because another asker closed that query meanwhile and
-  opened another -- open still (named), or closed since: the query was asked (its record
+  perhaps opened another -- open still (named), or closed since (a claim of it on record);
+  else the message says no query is open now: the query was asked (its record
   stays, linked); the message names the row that closed it (``takeup.closed_by``: what it
   says of the query stands) and says only that this answer was not recorded.
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from affidavit.approvals import OperatorError
-from affidavit.engine.takeup import closed_by, superseded
+from affidavit.engine.takeup import claimed_since, closed_by, superseded
 from affidavit.statemachine import (
     TRANSITIONS,
     Event,
@@ -116,9 +117,10 @@ async def refusal(
     opened = event.attrs.get("open") is True
     if why is None and opened and not claim and current != named:
         # The row its asker writes once its query returned: the query was asked (its record
-        # stays, linked), closed meanwhile by another asker who opened another.
+        # stays, linked), closed meanwhile by another asker (who may have opened another).
         closer = closed_by(engine, iid, "query_invocation", named)
-        text = superseded("query", event, named, closer, current)
+        claimed = claimed_since(engine, iid, "query_invocation", named)
+        text = superseded("query", event, named, closer, current, claimed=claimed)
         why = OperatorError("QUERY_SUPERSEDED", text, 409)
     elif why is None and claim and current is not None and current != named:
         # Only a claim: nothing of its query was asked or sent.  Any other row naming a query

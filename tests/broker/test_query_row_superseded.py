@@ -195,3 +195,36 @@ async def test_a_refused_row_closing_an_unsent_query_never_says_it_was_asked(
         assert "forced: a bug" in message and query_id in message
         assert "was asked" not in message, message
     assert not any(r.method == "GET" for r in srv.requests)  # nothing sent
+
+
+async def test_a_returned_query_closed_meanwhile_with_no_query_opened_since_names_none(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A's Q comes back APPROVAL_PENDING; before A's row lands, Q is approved and B takes it
+    # up, sends it, reads an inconclusive answer and closes Q without asking again.  A's row
+    # is refused QUERY_SUPERSEDED -- and no other query was ever opened: the message says no
+    # query is open now, never "another query was opened meanwhile".
+    async with _payments(tmp_path) as (srv, broker, iid):
+        recorder = broker._engine.recorder
+        real_append = recorder.append
+        raced: list[str] = []
+
+        async def append(event: Event, *args: Any, **kwargs: Any) -> Any:
+            if not raced and event.invocation_id == iid and event.attrs.get("open") is True:
+                raced.append(event.attrs["query_invocation"])  # A's row for Q, about to land
+                record = broker.record(iid)
+                assert record is not None
+                closing = {"query_invocation": raced[0], "code": "HTTP_STATUS"}
+                row = {**closing, "reason": "no match", "generation": record.generation}
+                await real_append(Event(E.RECONCILE_INCONCLUSIVE, iid, row), barrier=True)
+            return await real_append(event, *args, **kwargs)
+
+        monkeypatch.setattr(recorder, "append", append)
+        with trio.fail_after(LIMIT):
+            answer = await broker.reconcile(iid, query=True)  # A
+        assert raced and raced[0] == answer["query"]["invocation_id"]
+        code, message = answer["refused"]["code"], answer["refused"]["message"]
+        assert code == "QUERY_SUPERSEDED", message
+        assert "no query is open now" in message, message
+        assert "another query" not in message, message
+    assert not any(r.method == "GET" for r in srv.requests)  # A's query awaits an operator
