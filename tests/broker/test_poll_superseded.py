@@ -15,6 +15,7 @@ its stale APPROVAL_PENDING in ``last_poll``)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.cli import main as cli_main
+from affidavit.cli import operations as cli_operations
 from affidavit.cli.operations import poll_exit
 from affidavit.engine import operations as ops
 from affidavit.engine.recorder import Recorder
@@ -224,8 +226,9 @@ def test_the_cli_exits_1_when_its_poll_answer_carries_refused(
     The close is written here, by the CLI's own recorder, just before the row."""
 
     async def prepare() -> str:
-        async with _jobs(tmp_path) as (_, _, op_id):
-            return op_id
+        with trio.fail_after(LIMIT):
+            async with _jobs(tmp_path) as (_, _, op_id):
+                return op_id
 
     op_id = trio.run(prepare)
     iid = invocation_of(op_id)
@@ -252,6 +255,18 @@ def test_the_cli_exits_1_when_its_poll_answer_carries_refused(
 
     monkeypatch.setattr(Recorder, "append", append)
     config = str(tmp_path / "affidavit.toml")
+    # The CLI runs trio itself, in the main thread (its SIGTERM receiver): its run is bounded
+    # from inside, through the entry it goes through (``run_journal``), by LIMIT.
+    run_journal = cli_operations.run_journal
+
+    def bounded(main: Callable[[], Awaitable[Any]]) -> Any:
+        async def within() -> Any:
+            with trio.fail_after(LIMIT):
+                return await main()
+
+        return run_journal(within)
+
+    monkeypatch.setattr(cli_operations, "run_journal", bounded)
     assert cli_main(["operation", "poll", op_id, "--config", config]) == 1
     answer = json.loads(capsys.readouterr().out)
     assert closed and answer["poll"]["invocation_id"] == closed[0]
