@@ -45,7 +45,7 @@ class _Str(str):
 
 
 class _Projector:
-    def apply(self, stored: Event) -> None:
+    def apply(self, stored: Event, writing: bool = False) -> None:
         pass
 
 
