@@ -670,6 +670,10 @@ async def test_a_huge_request_id_cancelled_is_logged_by_its_length_and_hash(
         await wait_for(remotes.holds.event("received"))
         cancel = {"requestId": big, "reason": "test"}
         await raw.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel})
+        # Lines are handed over strictly in order: once the ping after it is answered, the SDK
+        # has the cancel (parsed off the loop, > OFF_LOOP) -- else the call could end first.
+        await raw.send({"jsonrpc": "2.0", "id": "after-cancel", "method": "ping"})
+        await raw.answer("after-cancel")
         remotes.holds.event("release").set()
         with trio.fail_after(WAIT):  # the held call ends, its answer unwritten, and is logged
             while "was not written" not in raw.stderr():
