@@ -27,8 +27,9 @@ async def answers(chunks: list[bytes], max_line: int, count: int) -> list[dict[s
     stdio.max_line = max_line
     data = b""
     async with stdio.streams() as (read, write), read, write:
-        for chunk in chunks:
+        for chunk in chunks:  # each read whole before the next is sent: the split is kept
             await to_server.send_all(chunk)
+            await trio.testing.wait_all_tasks_blocked()
         with trio.fail_after(60):
             while data.count(b"\n") < count:
                 data += await from_server.receive_some(READ)
@@ -63,6 +64,22 @@ async def test_each_byte_is_searched_for_the_newline_once(
     sent = sum(len(chunk) for chunk in chunks)
     assert searched[1] <= sent, searched  # once each (it was 32 GiB for the 64 MiB line)
     assert searched[0] <= sent // READ + 2 * len(codes) + 2, searched  # one per read, per line
+
+
+OVER = b'{"jsonrpc":"2.0","id":5,"method":7,"params":{"a":"' + b"a" * 140_000 + b'"}}\n'
+"""A line over a 100,000-byte bound: its method no string, so parsed it would be answered under
+its id 5 -- as it was when its newline came in the read that took it past the bound."""
+
+
+@pytest.mark.parametrize(
+    "split", [len(OVER), 90_000, 100_000, 100_001, len(OVER) - 1], ids=lambda n: f"at{n}"
+)
+async def test_a_line_over_the_bound_is_refused_however_its_reads_split_it(split: int) -> None:
+    chunks = [OVER[:split], OVER[split:] + b'"next"\n']
+    found = await answers([c for c in chunks if c], 100_000, 2)
+    assert [(a["id"], a["error"]["code"]) for a in found] == [(None, -32600)] * 2, found
+    assert found[0]["error"]["message"] == "a message over 100000 bytes: dropped unread", found
+    assert "not a JSON-RPC message" in found[1]["error"]["message"], found  # read on after it
 
 
 FILLER = "a" * (2 * transport.OFF_LOOP)
