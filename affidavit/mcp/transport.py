@@ -613,9 +613,13 @@ def _action_at_fault(
     values = dict((name, at) for name, at in found)  # one method, one params: else unparsed
     if len(values) != len(found) or "method" not in values or "params" not in values:
         return None
+    # Read only to tell ``tools/call`` (an escaped one too): from its first ``MEMBER_NAME``
+    # characters, as a member's name -- decoded whole, a method of 4 Mi characters of escapes
+    # was one call holding the GIL, for a name that could not be ``tools/call``.
+    window = text[values["method"] : values["method"] + strictjson.MEMBER_NAME + 1]
     try:
-        method = json.JSONDecoder().raw_decode(text, values["method"])[0]
-    except (ValueError, RecursionError):  # not a string: nested past the parser
+        method = json.JSONDecoder().raw_decode(window)[0]
+    except (ValueError, RecursionError):  # longer, broken, or nested past the parser
         return None
     # Only members before the bound can hold it: the scan stops there (the text past it was
     # read once already, by ``_too_large``'s).

@@ -236,8 +236,13 @@ LONG = "\\\\" * (2 * ID_TEXT)
             '{"' + LONG + '":1,"jsonrpc":"2.0","id":5,"method":"ping","params":{"a":' + DEEP + "}}",
             (-32602, 5, "nested deeper than 200 levels"),
         ),
+        # A method's name is read only to tell ``tools/call`` (``_action_at_fault``).
+        (
+            '{"jsonrpc":"2.0","id":5,"method":"' + LONG + '","params":{"a":' + DEEP + "}}",
+            (-32602, 5, "nested deeper than 200 levels"),
+        ),
     ],
-    ids=["id", "broken_id", "name"],
+    ids=["id", "broken_id", "name", "method"],
 )
 def test_an_oversized_message_decodes_no_long_id_or_name_whole(
     monkeypatch: pytest.MonkeyPatch, text: str, expected: tuple[int, Any, str]
