@@ -308,9 +308,9 @@ class Daemon:
         """The daemon's life with SIGTERM and SIGINT its stop's."""
         if self.exit_when_stop_unfinished is not None:  # the process is ours (``serve``)
             token = trio.lowlevel.current_trio_token()
-            # Once stopped, the process only ends: a signal then is ignored, not SIGTERM's
-            # default (killed, -15) nor trio's KeyboardInterrupt (130), with the journal closed.
-            with StopSignals(functools.partial(self._signalled, token), ignored_after=True):
+            # Once stopped, the process only ends: a signal then ends it at once, exit 0 with
+            # the journal closed -- out of a last log line's write that blocks, too.
+            with StopSignals(functools.partial(self._signalled, token), exit_after=True):
                 await self._claimed(task_status)
         else:  # run inside another program: trio's receiver, a task (``stopping.signals``)
             try:

@@ -48,7 +48,7 @@ async def run(
     journal = loaded.journal
     grace = loaded.service.shutdown_grace if grace is None else grace
     stop = EmbeddedStop(grace, journal.reconnect if journal.url else None)
-    with StopSignals(stop.signalled, ignored_after=True):  # (the process ends once stopped)
+    with StopSignals(stop.signalled, exit_after=True):  # (the process ends once stopped)
         try:
             with stop.starting:
                 await _embedded(loaded, grace, session, stop)

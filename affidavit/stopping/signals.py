@@ -32,10 +32,18 @@ the two never fight; meanwhile each byte of any other signal is forwarded to it,
 signal with a Python handler (one of trio's own ``open_signal_receiver``) still wakes the loop.
 The stop's own signals are not forwarded: a host's loop would act on them a second time.
 
-Used only where the process is the broker's own: ``affidavit serve`` (``Daemon.run`` with
-``exit_when_stop_unfinished`` set) and ``affidavit mcp`` run embedded (``affidavit.mcp.stop``;
-its proxy, ``--socket``, keeps trio's receiver: its loop waits on no storage).  Both leave the
-two signals ignored once they stopped (``ignored_after``): the process only ends then.  A
+Used only where the process is the broker's own: ``affidavit serve`` (``Daemon.run`` as
+``serve`` runs it) and ``affidavit mcp`` run embedded (``affidavit.mcp.stop``; its proxy,
+``--socket``, keeps trio's receiver: its loop waits on no storage).  Once either stopped clean
+-- the journal closed -- the process only ends, and a SIGTERM or SIGINT then ends it at once,
+exit 0 (``exit_after``): true then, and the one way out of a last write that blocks for ever
+(a stderr nobody reads, a stopped journald: no watchdog is left, the bound is disarmed).  It is
+a Python handler, run by the main thread itself: a signal sent to the process goes to its main
+thread when that one does not block it (Linux), which is the thread in the write, and a write
+interrupted by a Python handler's signal (installed without ``SA_RESTART``) runs the handler
+before it is retried.  Not this module's thread: its pipe is no longer the wakeup descriptor
+once trio's run ends, nor ``SIG_DFL``: killed by the signal, not 0.  After a stop that failed,
+the signals get their default action back: no exit status is claimed for it.  A
 daemon run inside another program -- a host's, a test's, two in one process, one in a forked
 child -- uses trio's signal receiver instead, a second owner of the wakeup descriptor being a
 fight with no right answer (another daemon's ``StopSignals``, a wakeup descriptor put back by
@@ -73,15 +81,15 @@ class StopSignals:
     logged (its type) and the next signal is taken all the same.  ``on_signal`` must not wait
     for the loop.  Entered and left on the main thread (``signal``'s rule); the handlers and
     the wakeup descriptor are restored at exit, the handlers first: a signal from then on goes
-    to the handler found at entry -- or, with ``ignored_after``, is ignored (``SIG_IGN``): a
-    process that only ends once the daemon stopped (``affidavit serve``), whose journal is
-    closed, is neither killed by SIGTERM's default action nor interrupted by trio's
-    KeyboardInterrupt on its way out.  An entry that fails part-way (a KeyboardInterrupt
+    to the handler found at entry -- or, with ``exit_after`` (a process that only ends once the
+    broker stopped: ``affidavit serve``, ``affidavit mcp`` embedded), ends the process at once,
+    exit 0, when the block ended without an exception (its journal closed), and gets the
+    signal's default action when it raised.  An entry that fails part-way (a KeyboardInterrupt
     included) puts back all it did."""
 
-    def __init__(self, on_signal: Callable[[int], None], *, ignored_after: bool = False) -> None:
+    def __init__(self, on_signal: Callable[[int], None], *, exit_after: bool = False) -> None:
         self._on_signal = on_signal
-        self._ignored_after = ignored_after
+        self._exit_after = exit_after
         self._thread = threading.Thread(
             target=self._take, name="affidavit-stop-signals", daemon=True
         )
@@ -116,15 +124,18 @@ class StopSignals:
         _exc: BaseException | None,
         _tb: TracebackType | None,
     ) -> None:
-        self._restore(ignored=self._ignored_after)
+        after = None
+        if self._exit_after:
+            after = _stopped if _exc is None else signal.SIG_DFL
+        self._restore(after)
 
-    def _restore(self, ignored: bool = False) -> None:
-        """Whatever entry did, undone: the handlers (``ignored``: SIG_IGN instead), the wakeup
+    def _restore(self, after: object = None) -> None:
+        """Whatever entry did, undone: the handlers (or ``after`` instead), the wakeup
         descriptor, then the pipe's write end -- its end of file, after every signal taken
         before, ends the thread."""
         try:
             for signum, handler in self._handlers.items():
-                signal.signal(signum, signal.SIG_IGN if ignored else handler)  # type: ignore[arg-type]
+                signal.signal(signum, handler if after is None else after)  # type: ignore[arg-type]
             if self._wakeup is not None:
                 signal.set_wakeup_fd(self._wakeup, warn_on_full_buffer=False)
         finally:
@@ -168,3 +179,9 @@ class StopSignals:
 def _nothing(_signum: int, _frame: FrameType | None) -> None:
     """The Python handler: installed so that Python's C handler writes to the wakeup pipe
     (``SIG_DFL`` would end the process, ``SIG_IGN`` would drop the signal); the thread acts."""
+
+
+def _stopped(_signum: int, _frame: FrameType | None) -> None:
+    """The handler once the broker stopped clean (``exit_after``): the process ends, 0, at
+    once -- nothing flushed, a flush being a write that may block too."""
+    os._exit(0)

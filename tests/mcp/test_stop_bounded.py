@@ -246,7 +246,7 @@ async def test_a_healthy_stop_by_a_signal_drains_its_call_and_exits_0(
         assert UNBOUNDED in log, log
 
 
-@pytest.mark.usefixtures("serve_s_signals")  # run leaves the two signals ignored
+@pytest.mark.usefixtures("serve_s_signals")  # run leaves the two signals ending the process
 async def test_a_failure_whose_bound_cannot_start_is_the_failure_raised(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -328,10 +328,10 @@ async def test_a_signal_after_the_stop_closed_the_journal_changes_nothing(
     tmp_path: Path, remotes: Remotes, token: str, signum: signal.Signals
 ) -> None:
     """The client closed its input (as MCP hosts stop a server) and the stop ran clean: a
-    SIGTERM or SIGINT just before the signals' thread ends, and two once it ended, neither end
-    the process (SIGTERM's default, trio's KeyboardInterrupt: -15 or 130) nor start a stop on
-    the loop after the journal closed (before: "signal N: stopping (0 call(s) running)" logged
-    after the stop was over) -- exit 0, nothing logged after the stop's own lines."""
+    SIGTERM or SIGINT just before the signals' thread ends starts no stop on the loop after
+    the journal closed (before: "signal N: stopping (0 call(s) running)" logged after the stop
+    was over), and one once it ended ends the process at once -- exit 0, not SIGTERM's default
+    nor trio's KeyboardInterrupt (-15 or 130), nothing logged after the stop's own lines."""
     cfg = write_config(tmp_path, remotes.targets())
     argv = [PYTHON, "-c", SIGNALLED_AT_THE_END, signum.name, "--config", str(cfg)]
     async with started(argv, remotes.env(token), tmp_path / "mcp.log") as raw:
