@@ -36,15 +36,15 @@ Life of the daemon:
 4. SIGTERM or SIGINT (under ``affidavit serve`` taken by a thread of the daemon's own,
    ``affidavit.stopping.signals``, whatever the event loop is doing; run inside another program,
    by trio's receiver on the loop; during the start-up, they end it: the journal closed, exit
-   0): stop accepting (the socket file goes; ``<socket>.lock`` says "stopping" until the latest
-   the process ends, so a daemon started on the path meanwhile is told so), answer 503 to new
-   calls on open connections, let calls in flight finish within ``[service] shutdown_grace``,
-   then stop the rest (``calls.py``), close idle connections, let the answers go out, close the
-   journal. The whole stop is bounded (``affidavit.stopping.bound``), from the signal's arrival
-   -- or, for a stop no signal started (a failure, a cancellation), from when the journal's
-   close begins: a journal write or read that never returns -- a disk that stopped answering, a
-   database that holds its connection and never answers -- ends the process past ``stop_bound``
-   with one log line naming what was pending, exit 74.
+   0): stop accepting (the socket file goes; ``<socket>.lock`` says "stopping" and the latest
+   the process ends, or "unbounded", so a daemon started on the path meanwhile is told so),
+   answer 503 to new calls on open connections, let calls in flight finish within ``[service]
+   shutdown_grace``, then stop the rest (``calls.py``), close idle connections, let the answers
+   go out, close the journal. The whole stop is bounded (``affidavit.stopping.bound``), from the
+   signal's arrival -- or, for a stop no signal started (a failure, a cancellation), from when
+   the journal's close begins: a journal write or read that never returns -- a disk that stopped
+   answering, a database that holds its connection and never answers -- ends the process past
+   ``stop_bound`` with one log line naming what was pending, exit 74.
 """
 
 from __future__ import annotations
@@ -508,7 +508,7 @@ class Daemon:
                     await console.aclose()
                 unlink_if_ours(self.socket_path, inode)
                 # A daemon started on the path now is told the truth: this one stops.
-                # The latest it ends: its bound's end.
+                # The latest it ends: its bound's end (none: unbounded, not a time).
                 assert self._stop_bound is not None
                 note_state(self._lock, "stopping", self._stop_bound.deadline)
                 await self._drain(calls, server, context, connections)

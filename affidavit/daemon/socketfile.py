@@ -202,12 +202,14 @@ def _lock(path: Path) -> int:
 
 def note_state(lock: int, state: str, until: float | None = None) -> None:
     """Write the holder's state into its lock file -- ``<pid> starting|serving|stopping
-    [<until>]`` (``until``: epoch seconds by which a stopping daemon will have exited at the
-    latest, its stop's bound: ``stopping.bound``; rounded up) -- so that a daemon refused on the
+    <until>|stopping unbounded`` (``until``: epoch seconds by which a stopping daemon will have
+    exited at the latest, its stop's bound: ``stopping.bound``; rounded up; None for a stop
+    with no bound, its watchdog not started: ``unbounded``) -- so that a daemon refused on the
     path can say what is true.  Only the daemon's user can read it (``0600``); it holds no
     secret.  Best effort: an unwritten state leaves the refusal saying only that the lock is
     held."""
-    line = f"{os.getpid()} {state}" + ("" if until is None else f" {math.ceil(until)}") + "\n"
+    end = "" if state != "stopping" else " unbounded" if until is None else f" {math.ceil(until)}"
+    line = f"{os.getpid()} {state}{end}\n"
     with contextlib.suppress(OSError):
         os.pwrite(lock, line.encode("ascii"), 0)
         os.ftruncate(lock, len(line))
@@ -221,6 +223,14 @@ def _held(path: Path, lock: Path, fd: int) -> DaemonError:
         words = []
     pid = words[0] if words and words[0].isdigit() else "?"
     state = words[1] if len(words) > 1 else ""
+    if state == "stopping" and words[2:3] == ["unbounded"]:
+        return DaemonError(
+            f"the daemon (pid {pid}) on {path} is shutting down: it no longer accepts calls, "
+            f"lets those in flight finish within its shutdown grace, then closes its journal; "
+            f"its stop has no bound (its watchdog could not be started), so it exits only once "
+            f"its journal has answered; start again once it has exited",
+            "DAEMON_STOPPING",
+        )
     if state == "stopping":
         when = "the end of its stop's bound ([service] shutdown_grace and what follows it)"
         if len(words) > 2 and words[2].isdigit():

@@ -658,7 +658,10 @@ async def test_a_stop_whose_bound_cannot_start_on_the_loop_keeps_its_grace(
     neither the signal's thread nor the loop can arm the bound.  The loop's failed arming is
     logged by its type and the stop goes on unbounded -- the call in flight is given its
     grace and answered, "stopped", ``run`` returns (before: the RuntimeError left the serving,
-    its calls cancelled without grace, and ``serve`` ended with a traceback, exit 1)."""
+    its calls cancelled without grace, and ``serve`` ended with a traceback, exit 1).  A daemon
+    started on the path meanwhile is told the stop has no bound, never a time it will have
+    exited by "at the latest" (before: the lock said ``stopping`` with no time, and the
+    refusal named the end of a bound that did not exist)."""
     monkeypatch.setenv(TOKEN_ENV, token)
 
     async def slow(peer: Peer) -> None:
@@ -688,13 +691,28 @@ async def test_a_stop_whose_bound_cannot_start_on_the_loop_keeps_its_grace(
                 nursery.start_soon(call)
                 await srv.event("received").wait()
                 os.kill(os.getpid(), signal.SIGTERM)
+                refusal = await _refused_while_stopping(socket)
     said = [r.getMessage() for r in caplog.records]
     assert "SIGTERM: the stop's bound could not be armed (RuntimeError)" in said
     assert UNBOUNDED in said, said
+    assert refusal.code == "DAEMON_STOPPING", refusal
+    assert "its stop has no bound" in str(refusal), refusal
+    assert "at the latest" not in str(refusal) and "bound ([service]" not in str(refusal)
     assert not any("grace ran out" in line for line in said), said
     assert said[-1] == "stopped"
     (answer,) = answered
     assert "error" not in answer and answer["result"]["body"] == "done", answer
+
+
+async def _refused_while_stopping(socket: Path) -> DaemonError:
+    """What a daemon started on ``socket`` is told once the one there noted it stops."""
+    lock = Path(f"{socket}.lock")
+    with trio.fail_after(WAIT):
+        while " stopping" not in lock.read_text(encoding="ascii"):
+            await trio.sleep(0.01)
+    with pytest.raises(DaemonError) as refused:
+        server.claim_socket_path(socket)
+    return refused.value
 
 
 async def test_a_failure_whose_bound_cannot_start_is_the_failure_raised(
