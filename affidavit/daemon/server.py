@@ -257,7 +257,12 @@ class Daemon:
         """``<socket>.lock``'s descriptor while the daemon holds it (``claim_socket_path``)."""
         self.exit_when_stop_unfinished: int | None = None
         """The exit status the process ends with when the stop outlives ``stop_bound``
-        (``serve``: ``EXIT_STOP_UNFINISHED``); None, run inside another program: logged only."""
+        (``serve``: ``EXIT_STOP_UNFINISHED``); None, run inside another program: logged only.
+        The watchdog's status only: the signals stay trio's (``_process_ours``)."""
+        self._process_ours = False
+        """The process is the daemon's (``serve``'s choice, never a host's): SIGTERM and SIGINT
+        are taken by its own thread (``StopSignals``), and once it stopped they end the process
+        (``exit_after``) -- a host's handlers are not put back."""
         self._stop_bound: StopBound | None = None
         """The stop's watchdog, armed at the stop's start, disarmed once the journal is closed."""
         self._journal: Journal | None = None
@@ -306,7 +311,7 @@ class Daemon:
 
     async def _signals_taken(self, task_status: trio.TaskStatus[None]) -> None:
         """The daemon's life with SIGTERM and SIGINT its stop's."""
-        if self.exit_when_stop_unfinished is not None:  # the process is ours (``serve``)
+        if self._process_ours:  # (``serve``)
             token = trio.lowlevel.current_trio_token()
             # Once stopped, the process only ends: a signal then ends it at once, exit 0 with
             # the journal closed -- out of a last log line's write that blocks, too.
@@ -680,6 +685,7 @@ async def serve(
     _raise_open_files()
     daemon = Daemon(config, socket_path=socket_path, console=console, exposed=exposed)
     daemon.exit_when_stop_unfinished = EXIT_STOP_UNFINISHED
+    daemon._process_ours = True
     await daemon.run()
 
 

@@ -370,6 +370,14 @@ def serve_s_signals() -> Iterator[None]:
         signal.signal(signum, handler)
 
 
+def _as_serve(daemon: Daemon) -> None:
+    """The daemon as ``serve`` makes it: its exit status past the bound, and the process its
+    own -- its signals' thread, the signals ending the process once stopped (restore them:
+    ``serve_s_signals``)."""
+    daemon.exit_when_stop_unfinished = EXIT_STOP_UNFINISHED
+    daemon._process_ours = True
+
+
 def _logged_at_info(caplog: pytest.LogCaptureFixture) -> None:
     """The daemon's lines and the stop's (its signals' and its bound's: ``affidavit.stopping``),
     INFO and up."""
@@ -574,7 +582,7 @@ async def test_a_signal_whose_bound_cannot_start_still_stops_the_daemon(
     caplog: pytest.LogCaptureFixture,
     serve_s_signals: None,
 ) -> None:
-    """The daemon of ``serve`` (``exit_when_stop_unfinished`` set: its own signals' thread).
+    """The daemon of ``serve`` (``_as_serve``: its own signals' thread).
     The watchdog's thread cannot start once (the real ``Thread.start`` fails, as when no
     thread is left): the signal thread logs it and the loop is asked to stop all the same;
     the arming after the shutdown starts the watchdog, the stop disarms it, the path's lock
@@ -597,7 +605,7 @@ async def test_a_signal_whose_bound_cannot_start_still_stops_the_daemon(
         tmp_path, api_target("http://127.0.0.1:9"), socket=tmp_path / "s.sock"
     )
     daemon = Daemon(load_config(config))
-    daemon.exit_when_stop_unfinished = EXIT_STOP_UNFINISHED
+    _as_serve(daemon)
     with trio.fail_after(WAIT):
         async with trio.open_nursery() as nursery:
             await nursery.start(daemon.run)
@@ -622,7 +630,7 @@ async def test_a_bound_armed_before_the_path_is_claimed_is_disarmed_when_the_cla
         tmp_path, api_target("http://127.0.0.1:9"), socket=tmp_path / "s.sock"
     )
     daemon = Daemon(load_config(config))
-    daemon.exit_when_stop_unfinished = EXIT_STOP_UNFINISHED
+    _as_serve(daemon)
 
     def claim_signalled(_path: Path) -> int:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -684,7 +692,7 @@ async def test_a_stop_whose_bound_cannot_start_on_the_loop_keeps_its_grace(
             tmp_path, api_target(srv.url), socket=socket, service={"shutdown_grace": WAIT}
         )
         daemon = Daemon(load_config(config))
-        daemon.exit_when_stop_unfinished = EXIT_STOP_UNFINISHED
+        _as_serve(daemon)
         with trio.fail_after(3 * WAIT):
             async with trio.open_nursery() as nursery:
                 await nursery.start(daemon.run)
@@ -848,16 +856,22 @@ def test_the_exit_waits_for_a_held_on_signal_join_wait_at_most() -> None:
     assert done.stdout.decode().strip() == "bounded"
 
 
+@pytest.mark.parametrize("status", [None, EXIT_STOP_UNFINISHED])
 async def test_a_daemon_run_inside_another_program_leaves_the_signals_to_trio(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, status: int | None
 ) -> None:
-    """No ``exit_when_stop_unfinished``: trio's receiver takes SIGTERM on the loop (no thread
-    of ours, no handler of ours), and the stop's bound is armed once the loop saw it."""
+    """Not ``serve``'s daemon: trio's receiver takes SIGTERM on the loop (no thread of ours,
+    no handler of ours), the stop's bound is armed once the loop saw it, and the handler found
+    is there again once ``run`` returned -- ``exit_when_stop_unfinished`` set or not: it is
+    the watchdog's exit status only (before, setting it also took the process's signals and
+    left them ignored after ``run``)."""
     caplog.set_level(logging.INFO, "affidavit.daemon")
     config = write_daemon_config(
         tmp_path, api_target("http://127.0.0.1:9"), socket=tmp_path / "s.sock"
     )
     daemon = Daemon(load_config(config))
+    daemon.exit_when_stop_unfinished = status
+    found = signal.getsignal(signal.SIGTERM)
     with trio.fail_after(WAIT):
         async with trio.open_nursery() as nursery:
             await nursery.start(daemon.run)
@@ -866,6 +880,7 @@ async def test_a_daemon_run_inside_another_program_leaves_the_signals_to_trio(
             os.kill(os.getpid(), signal.SIGTERM)
     assert "affidavit-stop-signals" not in names
     assert getattr(handler, "__module__", "") != "affidavit.stopping.signals"
+    assert signal.getsignal(signal.SIGTERM) is found
     assert "received SIGTERM" in caplog.text and caplog.records[-1].getMessage() == "stopped"
     assert daemon._stop_bound is not None and daemon._stop_bound.deadline is not None
     assert not _watchdogs()
