@@ -273,7 +273,8 @@ class Daemon:
         self._startup = trio.CancelScope()
         """The start-up and the serving, cancelled by a signal that comes before the serving."""
         self._over = False
-        """The journal is closed: a signal's stop that reaches the loop now has nothing to stop."""
+        """The journal is closed (or the path's claim refused): a signal's stop that reaches the
+        loop now has nothing to stop."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not peer_credentials_supported():
@@ -332,13 +333,15 @@ class Daemon:
     async def _claimed(self, task_status: trio.TaskStatus[None]) -> None:
         """The daemon's life on its socket's path, the path's lock held throughout (let go by
         ``run``, once the bound is disarmed)."""
-        self._lock = claim_socket_path(self.socket_path)
         try:
+            self._lock = claim_socket_path(self.socket_path)
             # (``serving``: its files' warnings: root here is the broker, journal.exposure)
             with self._startup, serving():
                 await self._run(task_status)
         finally:
-            self._over = True  # the journal is closed
+            # The journal is closed, or was never opened (the claim refused): set before the
+            # signals are let go, so a stop they asked for meanwhile finds nothing to stop.
+            self._over = True
 
     async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
         async for signum in signals:

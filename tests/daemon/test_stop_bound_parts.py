@@ -621,11 +621,17 @@ async def test_a_signal_whose_bound_cannot_start_still_stops_the_daemon(
 
 
 async def test_a_bound_armed_before_the_path_is_claimed_is_disarmed_when_the_claim_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, serve_s_signals: None
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    serve_s_signals: None,
 ) -> None:
     """A signal between the signals' thread's start and the socket path's claim arms the
     bound; the claim then refused (another daemon holds the path) still disarms it -- before,
-    only a claimed path's end did, and the watchdog ended the refused process 74 later."""
+    only a claimed path's end did, and the watchdog ended the refused process 74 later.  Its
+    stop, reaching the loop after the refusal, logs nothing: there is nothing left to stop
+    (before: "received SIGTERM" after the refusal)."""
+    _logged_at_info(caplog)
     config = write_daemon_config(
         tmp_path, api_target("http://127.0.0.1:9"), socket=tmp_path / "s.sock"
     )
@@ -642,6 +648,8 @@ async def test_a_bound_armed_before_the_path_is_claimed_is_disarmed_when_the_cla
     monkeypatch.setattr(server, "claim_socket_path", claim_signalled)
     with pytest.raises(DaemonError):
         await daemon.run()
+    await trio.sleep(0.1)  # (the stop the thread asked for runs on the loop, after the refusal)
+    assert "received SIGTERM" not in caplog.text
     watchdog = daemon._stop_bound
     assert watchdog is not None
     try:
