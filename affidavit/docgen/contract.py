@@ -117,6 +117,49 @@ def _hint(
     )
 
 
+# Every input the tables above vary, for the Special states' "naming no requester" column.
+_VARIANTS = [
+    (idem, key, ra, left)
+    for idem in (True, False)
+    for key in ("none", "no expiry", "within retention", "past retention")
+    for ra in (None, 30.0, 3_600.0)
+    for left in (2, 0)
+]
+
+
+def _every_hint(state: str, *, deliverable: bool) -> list[Retry]:
+    return [
+        _hint(
+            state,
+            code,
+            idempotent=idem,
+            key=key,
+            retry_after=ra,
+            budget_left=left,
+            deliverable=deliverable,
+        )
+        for code in (None, *Code)
+        for idem, key, ra, left in _VARIANTS
+    ]
+
+
+def _naming_no_requester(state: str, hint: Retry) -> str:
+    """The hint of a record naming no requester in ``state``, checked for every code and every
+    input the tables vary: ``hint`` when the requester decides nothing there, "the stored
+    result's" when every one is ``stored_*``'s; anything else is not what the column can say
+    and fails generation."""
+    nobody = _every_hint(state, deliverable=False)
+    if nobody == _every_hint(state, deliverable=True):
+        return f"`{hint}`"
+    stored = state.replace("delivery_failed_", "stored_", 1)
+    if stored != state and nobody == _every_hint(stored, deliverable=True):
+        return "the stored result's (rules 6-8)"
+    raise ValueError(
+        f"{state}: the hint of a record naming no requester is neither the state's own nor "
+        f"{stored}'s for every code; the Special states table cannot say it"
+    )
+
+
 def _retry_sections() -> list[str]:
     out = [
         "## How the retry hint is computed",
@@ -292,11 +335,7 @@ def _retry_sections() -> list[str]:
     for st in sorted(STATES):
         if st.startswith(("delivery_failed_", "store_failed_", "reconciled_")):
             hint = _hint(st, None)
-            nobody = _hint(st, None, deliverable=False)
-            # A hint the requester does not decide is the same either way; one it does falls
-            # through to the stored result's (rules 6-8: its code's, `never` without one).
-            shown = f"`{hint}`" if nobody is hint else "the stored result's (rules 6-8)"
-            rows.append((f"`{st}`", f"`{hint}`", shown))
+            rows.append((f"`{st}`", f"`{hint}`", _naming_no_requester(st, hint)))
     out += _table(("state", "hint", "naming no requester"), rows)
     out += [
         "",

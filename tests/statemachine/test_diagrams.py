@@ -96,6 +96,33 @@ def test_contract_retry_tables_are_computed_from_compute_retry() -> None:
     assert "| `store_failed_committed` | `never` | `never` |" in text
 
 
+@pytest.mark.parametrize(
+    ("state", "code"),
+    [
+        ("delivery_failed_committed", Code.REMOTE_ERROR),
+        ("delivery_failed_rejected", None),
+        ("delivery_failed_rejected", Code.REMOTE_THROTTLED),
+    ],
+)
+def test_the_naming_no_requester_column_is_computed_for_every_code(
+    monkeypatch: pytest.MonkeyPatch, state: str, code: Code | None
+) -> None:
+    # "the stored result's" is printed only when every code's hint of a record naming no
+    # requester is stored_*'s: here one code's is not, and generation refuses to print it.
+    import affidavit.statemachine.retry as retry
+
+    real = retry.static_retry_hint
+
+    def drifted(st: str, outcome: Outcome, c: Code | None, *, deliverable: bool) -> Retry | None:
+        if (st, c, deliverable) == (state, code, False):
+            return Retry.FETCH_RESULT if code is None else Retry.NEVER
+        return real(st, outcome, c, deliverable=deliverable)
+
+    monkeypatch.setattr(retry, "static_retry_hint", drifted)
+    with pytest.raises(ValueError, match=state):
+        dg.contract_markdown()
+
+
 def test_the_throttle_rule_as_written_is_the_rule_computed() -> None:
     # Rule 7 once said backoff was allowed with Retry-After absent; retry.py requires it (seed:
     # backoff "if the method is safe to retry and the response specifies a suitable time").
