@@ -170,7 +170,9 @@ def _retry_sections() -> list[str]:
         "exception's text. Its rules, in order:",
         "",
         "1. `delivery_failed_*` states: `fetch_result` (the result is stored; do not re-run) "
-        "-- when the record names its requester (ACTION_ACCEPTED's `requester`). One naming "
+        "-- when the record names its requester (the latest asker's `requester`: "
+        "ACTION_ACCEPTED's, a same-key retry's RETRY_LEASE_ACQUIRED's or a joined waiter's "
+        "DISPATCH_LEASE_ACQUIRED's). One naming "
         'none (an older record\'s) is delivered by no read, so "fetch it" would be asked '
         "again after every fetch: its hint is its stored result's, by the rules below as for "
         '`stored_*` (the "naming no requester" column of Special states).',

@@ -123,6 +123,21 @@ def test_the_naming_no_requester_column_is_computed_for_every_code(
         dg.contract_markdown()
 
 
+def test_rule_1_names_every_row_the_requester_comes_from() -> None:
+    # Record.requester is the latest asker's: ACTION_ACCEPTED, a same-key retry's
+    # RETRY_LEASE_ACQUIRED or a joined waiter's DISPATCH_LEASE_ACQUIRED (rules_intake.py,
+    # rules_lease.py; test_seed_rules' test_the_requester_is_the_latest_asker_s).  Rule 1 once
+    # named ACTION_ACCEPTED's alone.
+    rule = next(
+        line
+        for line in dg.contract_markdown().splitlines()
+        if line.startswith("1. `delivery_failed_*`")
+    )
+    assert "latest asker" in rule
+    for kind in ("ACTION_ACCEPTED", "RETRY_LEASE_ACQUIRED", "DISPATCH_LEASE_ACQUIRED"):
+        assert kind in rule, kind
+
+
 def test_the_throttle_rule_as_written_is_the_rule_computed() -> None:
     # Rule 7 once said backoff was allowed with Retry-After absent; retry.py requires it (seed:
     # backoff "if the method is safe to retry and the response specifies a suitable time").
