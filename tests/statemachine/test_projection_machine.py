@@ -413,6 +413,12 @@ def _hint_invariants(rec: Record, now: float, max_retry_after: float) -> None:
         # Seed: "set retry=fetch_result" -- unless no read can deliver it (it names no
         # requester): then "fetch it" would be asked again after every fetch.
         assert (retry is Retry.FETCH_RESULT) is (rec.requester is not None), retry
+    undeliverable = rec.state.startswith("delivery_failed_") and rec.requester is None
+    if undeliverable and rec.code is None:
+        assert retry is Retry.NEVER, retry  # its stored result's: a complete success, use it
+    elif undeliverable and rec.code is not Code.REMOTE_THROTTLED:
+        # Its stored result's: the code's own hint ("Any other code: its default hint").
+        assert retry is CODES[rec.code].retry, (rec.code, retry)
     if outcome is Outcome.UNKNOWN:
         if rec.state == "store_failed_unknown":
             assert retry is Retry.NEVER  # fix storage, not a retry of the remote action
@@ -437,7 +443,7 @@ def _hint_invariants(rec: Record, now: float, max_retry_after: float) -> None:
         assert rec.code is Code.REMOTE_THROTTLED, rec.code
         assert rec.retry_after is not None and rec.retry_after <= max_retry_after
         assert rec.idempotent or _key_usable(rec, now)
-    if rec.code is Code.REMOTE_THROTTLED and rec.state in THROTTLE_STATES:
+    if rec.code is Code.REMOTE_THROTTLED and (rec.state in THROTTLE_STATES or undeliverable):
         # ...and such a throttle does permit backoff while the budget lasts; otherwise the
         # caller must look before sending again.
         timely = rec.retry_after is not None and rec.retry_after <= max_retry_after
@@ -454,7 +460,8 @@ def _hint_invariants(rec: Record, now: float, max_retry_after: float) -> None:
 
 THROTTLE_STATES = ("completed_rejected", "stored_rejected", "delivered_rejected")
 """Where a throttle's hint is decided by safety, Retry-After and the budget (a store or
-delivery failure has its own hint)."""
+delivery failure has its own hint) -- and a failed delivery of a record naming no requester,
+whose hint is its stored result's."""
 
 
 def _event_postconditions(event: Event, before: Record, after: Record) -> None:
