@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .contract import Code, EvidenceSource
 from .events import Event, EventKind
 from .graph import can_reach, reachable
-from .rules_common import _refuse, _stale_row
+from .rules_common import _UNSENT_CLOSES, _refuse, _stale_row
 
 if TYPE_CHECKING:
     from .projection import Projector
@@ -234,7 +234,7 @@ def _on_poll(p: Projector, event: Event) -> None:
         return
     unsent = attrs.get("unsent")
     if unsent is not None and (unsent is not True or opened or current != poll):
-        _refuse(p, event, "attrs.unsent must be true, and close the open poll it names")
+        _refuse(p, event, _UNSENT_CLOSES)
     if (
         opened is None
         and event.kind is E.OPERATION_POLL_FAILED

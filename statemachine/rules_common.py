@@ -86,6 +86,11 @@ _LINKED: dict[EventKind, tuple[str, str]] = {
 the reason) and the attribute naming it."""
 
 
+_UNSENT_CLOSES = "attrs.unsent must be true, and close the open poll it names"
+"""Why a poll's ``unsent`` row is refused: one not closing the open poll, and -- written, the
+fold's stale no-op aside (``_stale_row``) -- one naming a poll while none is open."""
+
+
 def open_query(items: Iterable[Mapping[str, Any]], generation: int) -> str | None:
     """The reconciliation query still open under ``generation``: the last one a row opened
     (``open``, that generation) that no later row naming it closed; else None."""
@@ -109,13 +114,17 @@ def _open_call(p: Projector, kind: EventKind) -> str | None:
 
 def _reopened(p: Projector, event: Event) -> bool:
     """Whether ``event`` is a stale row of a linked call (a reconciliation query, a poll): it
-    names ``open`` with a code (what the call answered: awaiting an operator, being sent) a
-    call while none is open (while another is, the rules refuse it: one call at a time).  Its
-    writer read the call open before that changed: another asker took it up and closed it
-    (read its answer, or gave it up).  A claim (``open``, no code) is not one: it names a
-    fresh id (``new_invocation_id``; ``refuse_reclaiming``).  Nor is a poll's ``unsent`` row
-    while no poll is open: ``unsent`` came with its refusal (ab1791b), so no broker wrote one
-    then, and the rule refuses it written and stored alike (an altered row).
+    names ``open`` with a code (what the call answered: awaiting an operator, being sent) --
+    or, a poll's, ``unsent`` -- a call while none is open (while another is, the rules refuse
+    it: one call at a time).  Its writer read the call open before that changed: another
+    asker took it up and closed it (read its answer, or gave it up).  A claim (``open``, no
+    code) is not one: it names a fresh id (``new_invocation_id``; ``refuse_reclaiming``).
+
+    A poll's ``unsent`` row comes after a stale open row: from ab1791b to 530d267 the writer
+    accepted a stale open row (A's APPROVAL_PENDING for a poll B had closed unsent) and its
+    fold reopened the poll, so the next asker took that poll up, found it denied and closed
+    it unsent again -- accepted then.  Today's fold no-ops the open row, so the poll that
+    ``unsent`` row closes is closed already: the fold no-ops it too, never an altered row.
 
     Stateless, with nothing kept per call: every broker since rows named ``open`` (95c6220 for
     queries, 858d764 for polls) wrote an open row with a code only for a call it had claimed
@@ -134,7 +143,10 @@ def _reopened(p: Projector, event: Event) -> bool:
     if linked is None:
         return False
     attrs = event.attrs
-    if attrs.get("open") is not True or attrs.get("code") is None:
+    if attrs.get("open") is True:
+        if attrs.get("code") is None:
+            return False
+    elif event.kind is not EventKind.OPERATION_POLL_FAILED or attrs.get("unsent") is not True:
         return False
     return type(attrs.get(linked[1])) is str and _open_call(p, event.kind) is None
 
@@ -174,6 +186,8 @@ def _stale_row(p: Projector, event: Event) -> bool:
     if not _reopened(p, event):
         return False
     if p._writing:
+        if event.attrs.get("open") is not True:  # a poll's ``unsent`` row: no stale answer
+            _refuse(p, event, _UNSENT_CLOSES)
         what, name = _LINKED[event.kind]
         call = event.attrs.get(name)
         _refuse(
