@@ -12,7 +12,8 @@ instead of forking it; the schema's trigger checks every row extends it by exact
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
+from contextlib import closing
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from affidavit.statemachine import (
@@ -149,6 +150,21 @@ class Txn:
         w.projectors[iid] = p
         w.sessions[iid] = session
         return p
+
+    def _attrs_of(self, iid: str) -> Generator[Any]:
+        """The attrs of every row of ``iid``'s record as this transaction holds it: those
+        stored, then those queued and not yet inserted (``flush`` is not called: a joined
+        request drops its queued rows when one is refused).  A claim's check alone reads them
+        (``refuse_reclaiming``); rows the writer folded, so the attrs decode."""
+        rows = self.tables.invocation_events(iid)
+        try:
+            for row in rows:
+                yield decode_attrs(row[8])
+        finally:
+            close_rows(rows)
+        for row in self.rows:
+            if row[2] == iid:
+                yield decode_attrs(row[8])
 
     def lease_offset(self) -> float | None:
         """How far the clock leases are judged by (``Tables.lease_now``: the database's, on a
@@ -321,8 +337,9 @@ class Txn:
             )
         try:
             called = claimed_call(stored)
-            if called is not None:  # a claim: the call it names has no record yet
-                refuse_reclaiming(proj, stored, self.projector(called))
+            if called is not None:  # a claim: the call it names is new to the journal
+                with closing(self._attrs_of(iid)) as earlier:
+                    refuse_reclaiming(proj, stored, self.projector(called), earlier)
             # Written: a stale row naming a closed call open is refused, by the rules at the
             # point where the fold of a stored one no-ops (``Projector.apply``'s ``writing``).
             proj.apply(stored, writing=True)  # ImpossibleEvent: nothing written, unchanged

@@ -151,18 +151,25 @@ def _reopened(p: Projector, event: Event) -> bool:
     return type(attrs.get(linked[1])) is str and _open_call(p, event.kind) is None
 
 
-def refuse_reclaiming(p: Projector, event: Event, named: Projector) -> None:
+def refuse_reclaiming(
+    p: Projector, event: Event, named: Projector, earlier: Iterable[Mapping[str, Any]]
+) -> None:
     """The writer's check of a claim on ``p``'s record (``claimed_call``), given the fold of the
-    call it names (``named``): refuse it (``ImpossibleEvent``, nothing changed) unless that call
-    has no record yet.  A claim names a new call (``new_invocation_id``) and heads that call's
-    first write, before its ACTION_ACCEPTED (``engine/takeup.py``); one naming a call that
-    exists -- one a row already closed above all -- would, folded as written, reopen it (a
-    denied query open again).  The fold cannot tell (it sees one record); the writer reads
-    both in one transaction."""
+    call it names (``named``) and the attrs of every row ``p``'s record holds (``earlier``):
+    refuse it (``ImpossibleEvent``, nothing changed) unless that call has no record yet and no
+    row of ``p``'s names it.  A claim names a new call (``new_invocation_id``) and heads that
+    call's first write, before its ACTION_ACCEPTED (``engine/takeup.py``); one naming a call
+    that exists -- one a row already closed above all -- would, folded as written, reopen it (a
+    denied query open again).  Its own record is not enough: before 530d267 a claim was written
+    on its own, ahead of its call's first rows, so a call claimed and closed may have none.
+    The fold cannot tell (it sees one record and keeps nothing per call); the writer reads both
+    in one transaction -- ``earlier`` a scan of the record, paid by claims alone."""
+    what, name = _LINKED[event.kind]
+    call = event.attrs.get(name)
     if named._events:
-        what, name = _LINKED[event.kind]
-        call = event.attrs.get(name)
         _refuse(p, event, f"the {what} {call} already has a record: a claim names a new call")
+    if any(_is_mapping(attrs) and attrs.get(name) == call for attrs in earlier):
+        _refuse(p, event, f"the {what} {call} is named by an earlier row: a claim names a new call")
 
 
 def claimed_call(event: Event) -> str | None:

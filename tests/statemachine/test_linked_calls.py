@@ -6,8 +6,9 @@ it, a stored one folds as a no-op -- ``statemachine/rules_common._reopened``).  
 lingers there; this one starts there.  Properties: no row reopens a closed call (the open
 query and open poll never name one), and ``project_all`` / ``fold_runs`` agree with
 ``Projector.apply`` on every such log.  A claim (``open``, no code) names a new call: one
-drawn naming a call an earlier row named (it has a record) is refused by the writer
-(``refuse_reclaiming``), never folded -- folded, it would reopen that call."""
+drawn naming a call an earlier row named (with a record of its own or, as a claim written on
+its own before 530d267 left it, none) is refused by the writer (``refuse_reclaiming``), never
+folded -- folded, it would reopen that call; one naming a new call passes that check."""
 
 from __future__ import annotations
 
@@ -73,9 +74,12 @@ def test_no_row_reopens_a_closed_call_and_every_fold_agrees(
         if op is not None and op["state"] != "pending":
             break  # the job ended: no poll reads it
         event = make_event(p, choose(_KINDS[start]), p.state, len(log) + 1, choose)
-        if claimed_call(event) is not None and called and choose([False, True]):
-            _reclaim_refused(p, event, choose(sorted(called)))
+        claimed = claimed_call(event)
+        if claimed is not None and called and choose([False, True]):
+            _reclaim_refused(p, event, choose(sorted(called)), log, choose([False, True]))
             continue
+        if claimed is not None and claimed not in called:  # a new call: the writer's check passes
+            refuse_reclaiming(p, event, Projector(claimed), [e.attrs for e in log])
         p.apply(event)  # a generated row is never refused: a stale one is a no-op
         log.append(event)
         _linked_invariants(event, p.record(), closed)
@@ -87,14 +91,19 @@ def test_no_row_reopens_a_closed_call_and_every_fold_agrees(
     assert [run.record(7.0) for run, _, _ in fold_runs(log)] == [want]
 
 
-def _reclaim_refused(p: Projector, claim: Event, call: str) -> None:
-    """``claim`` renamed to name ``call``, which has a record (its ACTION_ACCEPTED, as the
-    linked call's first write left it): the writer's check refuses it (it never changes the
-    fold; whether the writer then writes nothing is tests/broker/test_claim_checked's)."""
+def _reclaim_refused(
+    p: Projector, claim: Event, call: str, log: list[Event], own_record: bool
+) -> None:
+    """``claim`` renamed to name ``call``, which an earlier row of the record named: the
+    writer's check refuses it -- by the call's own record (its ACTION_ACCEPTED, as the linked
+    call's first write left it), or, with none (a claim written on its own before 530d267),
+    by the record's rows that name it."""
     name = _LINKED[claim.kind]
     event = Event(claim.kind, claim.invocation_id, {**claim.attrs, name: call}, claim.source)
     record = Projector(call)
-    kind, dest = path_to("interrupted")[0]
-    record.apply(make_event(record, kind, dest, 1))
-    with pytest.raises(ImpossibleEvent, match=f"{call} already has a record"):
-        refuse_reclaiming(p, event, record)
+    if own_record:
+        kind, dest = path_to("interrupted")[0]
+        record.apply(make_event(record, kind, dest, 1))
+    why = "already has a record" if own_record else "is named by an earlier row"
+    with pytest.raises(ImpossibleEvent, match=f"{call} {why}"):
+        refuse_reclaiming(p, event, record, [e.attrs for e in log])
