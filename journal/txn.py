@@ -151,19 +151,22 @@ class Txn:
         w.sessions[iid] = session
         return p
 
-    def _attrs_of(self, iid: str) -> Generator[Any]:
-        """The attrs of every row of ``iid``'s record as this transaction holds it: those
-        stored, then those queued and not yet inserted (``flush`` is not called: a joined
-        request drops its queued rows when one is refused).  A claim's check alone reads them
-        (``refuse_reclaiming``); rows the writer folded, so the attrs decode."""
-        rows = self.tables.invocation_events(iid)
+    def _attrs_naming(self, iid: str, call: str) -> Generator[Any]:
+        """The attrs of the rows of ``iid``'s record, as this transaction holds it, whose text
+        holds ``call`` as a JSON string: those stored, then those queued and not yet inserted
+        (``flush`` is not called: a joined request drops its queued rows when one is refused).
+        A claim's check alone reads them (``refuse_reclaiming``); only the rows holding the
+        string are read and decoded (the database filters) -- every writer encodes attrs
+        canonically (``attrs_json``), so a row whose attrs name ``call`` holds it."""
+        needle = _string(call)
+        rows = self.tables.attrs_holding(iid, needle)
         try:
-            for row in rows:
-                yield decode_attrs(row[8])
+            for (text,) in rows:
+                yield decode_attrs(text)
         finally:
             close_rows(rows)
         for row in self.rows:
-            if row[2] == iid:
+            if row[2] == iid and needle in row[8]:
                 yield decode_attrs(row[8])
 
     def lease_offset(self) -> float | None:
@@ -338,7 +341,7 @@ class Txn:
         try:
             called = claimed_call(stored)
             if called is not None:  # a claim: the call it names is new to the journal
-                with closing(self._attrs_of(iid)) as earlier:
+                with closing(self._attrs_naming(iid, called)) as earlier:
                     refuse_reclaiming(proj, stored, self.projector(called), earlier)
             # Written: a stale row naming a closed call open is refused, by the rules at the
             # point where the fold of a stored one no-ops (``Projector.apply``'s ``writing``).
