@@ -131,9 +131,12 @@ class Txn:
         w.projectors.update(folds)
         w.sessions.update(sessions)
 
-    def load_projector(self, iid: str) -> Projector:
+    def load_projector(self, iid: str, *, cache: bool = True) -> Projector:
         """Fold an invocation the writer has not cached (writer thread, inside this
-        transaction)."""
+        transaction); ``cache=False``: a look that leaves the cache as it was -- an empty fold
+        cached for a call no row names yet would be served as that call's record (a claim's
+        check looks at the call it names, which has none: ``Journal.record`` then answered a
+        record for it, and a claim whose query had no record was taken as asked)."""
         w = self.writer
         p = Projector(iid)
         session: str | None = None
@@ -147,8 +150,9 @@ class Txn:
             raise unfoldable(exc) from None
         finally:
             close_rows(rows)
-        w.projectors[iid] = p
-        w.sessions[iid] = session
+        if cache:
+            w.projectors[iid] = p
+            w.sessions[iid] = session
         return p
 
     def _attrs_naming(self, iid: str, call: str) -> Generator[Any]:
@@ -342,7 +346,10 @@ class Txn:
             called = claimed_call(stored)
             if called is not None:  # a claim: the call it names is new to the journal
                 with closing(self._attrs_naming(iid, called)) as earlier:
-                    refuse_reclaiming(proj, stored, self.projector(called), earlier)
+                    named = w.projectors.get(called)
+                    if named is None:  # (not cached: an empty fold would be served)
+                        named = self.load_projector(called, cache=False)
+                    refuse_reclaiming(proj, stored, named, earlier)
             # Written: a stale row naming a closed call open is refused, by the rules at the
             # point where the fold of a stored one no-ops (``Projector.apply``'s ``writing``).
             proj.apply(stored, writing=True)  # ImpossibleEvent: nothing written, unchanged
