@@ -452,12 +452,15 @@ from affidavit.stopping import signals as stopsignals
 
 real_exit = stopsignals.StopSignals.__exit__
 signum = signal.Signals[sys.argv[2]]
+when = sys.argv[3]
 
 def exit_signalled(self, *exc):
-    os.kill(os.getpid(), signum)  # the thread takes it: its stop reaches the loop after the close
+    if when == "before":  # the thread takes it: its stop reaches the loop after the close
+        os.kill(os.getpid(), signum)
     real_exit(self, *exc)
-    os.kill(os.getpid(), signum)  # and again once the daemon's signals are let go
-    os.kill(os.getpid(), signum)
+    if when == "after":  # once the daemon's signals are let go
+        os.kill(os.getpid(), signum)
+        os.kill(os.getpid(), signum)
 
 stopsignals.StopSignals.__exit__ = exit_signalled
 from affidavit.cli import main
@@ -465,21 +468,43 @@ sys.exit(main(["serve", "--config", sys.argv[1]]))
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
-async def test_a_signal_after_serve_closed_its_journal_changes_nothing(
-    tmp_path: Path, signum: signal.Signals
-) -> None:
-    """``affidavit serve`` stopped cleanly: a second SIGTERM or SIGINT just before its signals'
-    thread ends starts no stop after the journal closed (no second "received"), and one once
-    it ended ends the process at once with the journal closed -- exit 0, not SIGTERM's default
-    nor trio's KeyboardInterrupt (-15 or 130), before it says "stopped"."""
+async def _signalled_at_the_end(
+    tmp_path: Path, signum: signal.Signals, when: str
+) -> tuple[int, list[str]]:
+    """``affidavit serve`` stopped by SIGTERM, with ``signum`` sent again ``when`` its signals'
+    thread ends ("before": taken by the thread; "after": once the signals are let go)."""
     socket = tmp_path / "s.sock"
     config = write_daemon_config(tmp_path, api_target("http://127.0.0.1:9"), socket=socket)
-    command = [PYTHON, "-c", SIGNALLED_AT_THE_END, str(config), signum.name]
+    command = [PYTHON, "-c", SIGNALLED_AT_THE_END, str(config), signum.name, when]
     daemon = await start_daemon(config, socket, tmp_path / "daemon.log", None, command=command)
     daemon.signal(signal.SIGTERM)
     status = await daemon.wait()
-    lines = daemon.log_text().splitlines()
+    return status, daemon.log_text().splitlines()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+async def test_a_signal_taken_as_serve_closed_its_journal_starts_no_stop(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """``affidavit serve`` stopped cleanly: a second SIGTERM or SIGINT just before its signals'
+    thread ends -- taken by the thread, its stop reaching the loop after the journal closed --
+    starts no stop (``Daemon._over``): "stopped" is the last line, one "received" only.
+    (Without the guard: "received SIGTERM" after "stopped".)"""
+    status, lines = await _signalled_at_the_end(tmp_path, signum, "before")
+    assert status == 0, lines
+    assert lines[-1].endswith(" INFO stopped"), lines
+    received = [line for line in lines if " received SIG" in line]
+    assert len(received) == 1 and received[0].endswith(" SIGTERM"), lines
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+async def test_a_signal_after_serve_let_its_signals_go_ends_it_at_once(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """``affidavit serve`` stopped cleanly: a SIGTERM or SIGINT once its signals' thread ended
+    ends the process at once with the journal closed -- exit 0, not SIGTERM's default nor
+    trio's KeyboardInterrupt (-15 or 130), before it says "stopped"."""
+    status, lines = await _signalled_at_the_end(tmp_path, signum, "after")
     assert status == 0, lines
     assert not [line for line in lines if line.endswith(" INFO stopped")], lines
     received = [line for line in lines if " received SIG" in line]

@@ -310,36 +310,60 @@ from affidavit.stopping import signals as stopsignals
 
 real_exit = stopsignals.StopSignals.__exit__
 signum = signal.Signals[sys.argv[1]]
+when = sys.argv[2]
 
 def exit_signalled(self, *exc):
-    os.kill(os.getpid(), signum)  # the thread takes it: its stop reaches the loop after the close
+    if when == "before":  # the thread takes it: its stop reaches the loop after the close
+        os.kill(os.getpid(), signum)
     real_exit(self, *exc)
-    os.kill(os.getpid(), signum)  # and again once the process's signals are let go
-    os.kill(os.getpid(), signum)
+    if when == "after":  # once the process's signals are let go
+        os.kill(os.getpid(), signum)
+        os.kill(os.getpid(), signum)
 
 stopsignals.StopSignals.__exit__ = exit_signalled
 from affidavit.cli import main
-sys.exit(main(["mcp", *sys.argv[2:]]))
+sys.exit(main(["mcp", *sys.argv[3:]]))
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
-async def test_a_signal_after_the_stop_closed_the_journal_changes_nothing(
-    tmp_path: Path, remotes: Remotes, token: str, signum: signal.Signals
-) -> None:
-    """The client closed its input (as MCP hosts stop a server) and the stop ran clean: a
-    SIGTERM or SIGINT just before the signals' thread ends starts no stop on the loop after
-    the journal closed (before: "signal N: stopping (0 call(s) running)" logged after the stop
-    was over), and one once it ended ends the process at once -- exit 0, not SIGTERM's default
-    nor trio's KeyboardInterrupt (-15 or 130), nothing logged after the stop's own lines."""
+async def _signalled_at_the_end(
+    tmp_path: Path, remotes: Remotes, token: str, signum: signal.Signals, when: str
+) -> tuple[int, list[str]]:
+    """One call answered, then the client closes its input (as MCP hosts stop a server), with
+    ``signum`` sent ``when`` the signals' thread ends ("before": taken by the thread; "after":
+    once the signals are let go)."""
     cfg = write_config(tmp_path, remotes.targets())
-    argv = [PYTHON, "-c", SIGNALLED_AT_THE_END, signum.name, "--config", str(cfg)]
+    argv = [PYTHON, "-c", SIGNALLED_AT_THE_END, signum.name, when, "--config", str(cfg)]
     async with started(argv, remotes.env(token), tmp_path / "mcp.log") as raw:
         await raw.send(call(1, "http_request", FAST))
         await raw.answer(1)
         await raw.proc.stdin.aclose()  # type: ignore[union-attr]
         status, _ = await exit_within(raw, BOUND)
-    lines = raw.stderr().splitlines()
+    return status, raw.stderr().splitlines()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+async def test_a_signal_taken_as_the_stop_closed_the_journal_starts_no_stop(
+    tmp_path: Path, remotes: Remotes, token: str, signum: signal.Signals
+) -> None:
+    """The stop ran clean: a SIGTERM or SIGINT just before the signals' thread ends -- taken by
+    the thread, its stop reaching the loop after the journal closed -- starts nothing
+    (``EmbeddedStop._end``'s guard): before, "signal N: stopping (0 call(s) running)" was
+    logged after the stop was over."""
+    status, lines = await _signalled_at_the_end(tmp_path, remotes, token, signum, "before")
+    assert status == 0, lines
+    assert lines[-1].endswith(" INFO the client closed its end"), lines
+    assert not [line for line in lines if re.search(r" signal \d+: ", line)], lines
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+async def test_a_signal_after_the_stop_let_the_signals_go_ends_it_at_once(
+    tmp_path: Path, remotes: Remotes, token: str, signum: signal.Signals
+) -> None:
+    """The stop ran clean: a SIGTERM or SIGINT once the signals' thread ended ends the process
+    at once -- exit 0, not SIGTERM's default nor trio's KeyboardInterrupt (-15 or 130),
+    nothing logged after the stop's own lines."""
+    status, lines = await _signalled_at_the_end(tmp_path, remotes, token, signum, "after")
     assert status == 0, lines
     assert lines[-1].endswith(" INFO the client closed its end"), lines
     assert not [line for line in lines if re.search(r" signal \d+: ", line)], lines
