@@ -12,6 +12,7 @@ signal must end it, exit 0, within ``WAIT``."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -58,16 +59,76 @@ sys.exit(main(["serve", "--config", sys.argv[1]]))
 
 
 def blocked_writing(pid: int, log: str) -> bool:
-    """The process said it stalls and its main thread sleeps in a pipe's write (where the
-    kernel shows it: ``wchan``; one that hides it, ``0``, is taken at its word)."""
+    """The process said it stalls and its main thread sleeps in a pipe's write: state ``S``
+    (``/proc/<pid>/stat``) and a ``wchan`` naming a pipe (``pipe_write``, ``anon_pipe_write``;
+    before Linux 5.6 ``pipe_wait``) -- or ``0`` (a kernel that hides it), taken at its word only
+    while the thread sleeps: ``0`` is also what a running or runnable thread shows.  Unreadable
+    (gone, hidden): not seen blocked."""
     if STALLED not in log:
         return False
     try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            state = f.read().rpartition(")")[2].split()[0]  # (the name may hold spaces, ")")
         with open(f"/proc/{pid}/wchan", encoding="ascii") as f:
             wchan = f.read()
-    except OSError:
-        return True
-    return "pipe_write" in wchan or wchan == "0"
+    except (OSError, IndexError):
+        return False
+    return asleep_in_a_pipe(state, wchan)
+
+
+def asleep_in_a_pipe(state: str, wchan: str) -> bool:
+    """``blocked_writing``'s reading of the main thread's state and ``wchan``."""
+    return state == "S" and ("pipe" in wchan or wchan == "0")
+
+
+@pytest.mark.parametrize(
+    ("state", "wchan", "asleep"),
+    [
+        ("S", "pipe_write", True),
+        ("S", "anon_pipe_write", True),  # Linux 6.x
+        ("S", "pipe_wait", True),  # before Linux 5.6
+        ("S", "0", True),  # a kernel that hides it
+        ("R", "0", False),  # running or runnable: 0 too
+        ("R", "pipe_write", False),  # woken, not (yet) blocked again
+        ("S", "hrtimer_nanosleep", False),
+        ("D", "0", False),
+    ],
+)
+def test_asleep_in_a_pipe_reads_the_state_and_wchan(state: str, wchan: str, asleep: bool) -> None:
+    assert asleep_in_a_pipe(state, wchan) is asleep
+
+
+async def test_blocked_writing_is_a_sleep_in_a_pipe_s_write_only(tmp_path: Path) -> None:
+    """The wait's predicate: true for a process asleep writing a full pipe; false for one that
+    runs (``wchan`` ``0``, state ``R``), one asleep elsewhere (``nanosleep``), one that has not
+    said it stalls, one gone."""
+    read, write = os.pipe()
+    writing = subprocess.Popen(
+        [PYTHON, "-c", "import os\nwhile True: os.write(1, b'x' * 65536)"], stdout=write
+    )
+    running = subprocess.Popen([PYTHON, "-c", "while True: pass"])
+    sleeping = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(60)"])
+    gone = subprocess.Popen([PYTHON, "-c", "pass"])
+    gone.wait(timeout=WAIT)
+    try:
+        os.close(write)
+        await wait_until(lambda: blocked_writing(writing.pid, STALLED), "asleep in write(2)")
+        assert not blocked_writing(writing.pid, "")
+        await wait_until(lambda: _state(sleeping.pid) == "S", "asleep in nanosleep")
+        assert not blocked_writing(sleeping.pid, STALLED)
+        await wait_until(lambda: _state(running.pid) == "R", "running")
+        assert not blocked_writing(running.pid, STALLED)
+        assert not blocked_writing(gone.pid, STALLED)
+    finally:
+        for proc in (writing, running, sleeping):
+            proc.kill()
+            proc.wait(timeout=WAIT)
+        os.close(read)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        return f.read().rpartition(")")[2].split()[0]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
