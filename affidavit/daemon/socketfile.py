@@ -223,31 +223,43 @@ def _held(path: Path, lock: Path, fd: int) -> DaemonError:
         words = []
     pid = words[0] if words and words[0].isdigit() else "?"
     state = words[1] if len(words) > 1 else ""
-    if state == "stopping" and words[2:3] == ["unbounded"]:
-        return DaemonError(
-            f"the daemon (pid {pid}) on {path} is shutting down: it no longer accepts calls, "
-            f"lets those in flight finish within its shutdown grace, then closes its journal; "
-            f"its stop has no bound (its watchdog could not be started), so it exits only once "
-            f"its journal has answered; start again once it has exited",
-            "DAEMON_STOPPING",
-        )
     if state == "stopping":
-        when = "the end of its stop's bound ([service] shutdown_grace and what follows it)"
-        if len(words) > 2 and words[2].isdigit():
-            # Words only: a time no clock function takes (a torn or edited file) is not shown.
-            with contextlib.suppress(OverflowError, OSError, ValueError):
-                when = _instant(int(words[2]))
-        return DaemonError(
-            f"the daemon (pid {pid}) on {path} is shutting down: it no longer accepts calls, "
-            f"lets those in flight finish within its shutdown grace, and will have exited by "
-            f"{when} at the latest (its stop's bound); start again once it has exited",
-            "DAEMON_STOPPING",
-        )
+        return _stopping(path, pid, words[2] if len(words) > 2 else "")
     if state == "starting":
         return DaemonError(f"a daemon (pid {pid}) is starting on {path} ({lock} is locked)")
     if state == "serving":
         return DaemonError(f"a daemon already listens on {path} (pid {pid}; {lock} is locked)")
     return DaemonError(f"a daemon already listens on {path} (or is starting to: {lock} is locked)")
+
+
+def _stopping(path: Path, pid: str, end: str) -> DaemonError:
+    """The refusal for a path whose daemon stops, by what its lock file says of its end:
+    a time (its stop's bound: "at the latest"), ``unbounded`` (its watchdog could not be
+    started), or nothing usable -- no time (a daemon from before ``unbounded`` was written
+    wrote none for such a stop), a torn or edited one, one no clock function takes: no end is
+    claimed then."""
+    when = None
+    if end.isdigit():
+        # Words only: a time no clock function takes is not shown.
+        with contextlib.suppress(OverflowError, OSError, ValueError):
+            when = _instant(int(end))
+    if when is not None:
+        then = f", and will have exited by {when} at the latest (its stop's bound)"
+    elif end == "unbounded":
+        then = (
+            ", then closes its journal; its stop has no bound (its watchdog could not be "
+            "started), so it exits only once its journal has answered"
+        )
+    else:
+        then = (
+            ", then closes its journal; its lock file names no time by which it will have "
+            "exited (its stop may have no bound), so when it exits is not known"
+        )
+    return DaemonError(
+        f"the daemon (pid {pid}) on {path} is shutting down: it no longer accepts calls, lets "
+        f"those in flight finish within its shutdown grace{then}; start again once it has exited",
+        "DAEMON_STOPPING",
+    )
 
 
 def _instant(until: int) -> str:

@@ -192,17 +192,27 @@ def test_two_claims_on_one_path_the_second_is_refused_until_the_first_lets_go(
     assert stat.S_IMODE(os.lstat(lock).st_mode) == 0o600
 
 
-@pytest.mark.parametrize("until", ["99999999999999999999", "9" * 120])
-def test_a_stopping_state_whose_end_no_clock_can_show_is_still_daemon_stopping(
-    tmp_path: Path, until: str
-) -> None:
-    """The holder's state is read back for the refusal's words only: an ``until`` past what the
-    platform's time functions take (a torn or hand-edited lock file) is "the end of its grace",
-    never an OverflowError traceback instead of DAEMON_STOPPING."""
+@pytest.mark.parametrize(
+    "until",
+    [
+        "",  # a daemon from before "unbounded": its stop with no bound wrote no time
+        " 12x",
+        " -5",
+        " 1.5",
+        " 99999999999999999999",  # past what the platform's time functions take
+        " " + "9" * 120,
+    ],
+    ids=["none", "not-a-number", "negative", "fraction", "overflow", "long"],
+)
+def test_a_stopping_state_with_no_usable_end_claims_none(tmp_path: Path, until: str) -> None:
+    """The holder's state is read back for the refusal's words only: no time, or one no clock
+    can show (a torn or hand-edited lock file, an older daemon's unbounded stop), is still
+    DAEMON_STOPPING -- never an OverflowError traceback -- and claims no end: not "at the
+    latest", which only a bound the old daemon wrote may back."""
     sock = tmp_path / "s.sock"
     held = socketfile.claim_socket_path(sock)
     try:
-        line = f"{os.getpid()} stopping {until}\n".encode()
+        line = f"{os.getpid()} stopping{until}\n".encode()
         os.pwrite(held, line, 0)
         os.ftruncate(held, len(line))
         with pytest.raises(DaemonError, match="is shutting down") as caught:
@@ -210,7 +220,8 @@ def test_a_stopping_state_whose_end_no_clock_can_show_is_still_daemon_stopping(
     finally:
         os.close(held)
     assert caught.value.code == "DAEMON_STOPPING"
-    assert "shutdown_grace" in str(caught.value)
+    assert "when it exits is not known" in str(caught.value)
+    assert "at the latest" not in str(caught.value)
 
 
 def test_a_stopping_daemon_s_end_is_a_utc_instant_and_seconds_from_now(tmp_path: Path) -> None:
