@@ -56,6 +56,7 @@ import os
 import resource
 import signal
 import socket
+import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -275,6 +276,12 @@ class Daemon:
         self._over = False
         """The journal is closed (or the path's claim refused): a signal's stop that reaches the
         loop now has nothing to stop."""
+        self._noting = threading.Lock()
+        """Held to write ``<socket>.lock``'s stopping state or to close it: the signals' thread
+        writes it too (``_note_stopping``), never to a descriptor closed under it."""
+        self._noted_unbounded = False
+        """``<socket>.lock`` says "stopping unbounded": a later arming that succeeds says its
+        end instead."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not peer_credentials_supported():
@@ -305,9 +312,10 @@ class Daemon:
             try:
                 self._stop_bound.disarm()
             finally:
-                if self._lock != -1:
-                    os.close(self._lock)  # only now may another daemon take the path
-                    self._lock = -1
+                with self._noting:
+                    if self._lock != -1:
+                        os.close(self._lock)  # only now may another daemon take the path
+                        self._lock = -1
         log.info("stopped")
 
     async def _signals_taken(self, task_status: trio.TaskStatus[None]) -> None:
@@ -516,9 +524,7 @@ class Daemon:
                     await console.aclose()
                 unlink_if_ours(self.socket_path, inode)
                 # A daemon started on the path now is told the truth: this one stops.
-                # The latest it ends: its bound's end (none: unbounded, not a time).
-                assert self._stop_bound is not None
-                note_state(self._lock, "stopping", self._stop_bound.deadline)
+                self._note_stopping()
                 await self._drain(calls, server, context, connections)
             outer.cancel_scope.cancel()
 
@@ -527,12 +533,27 @@ class Daemon:
         call counts; any thread)."""
         assert self._stop_bound is not None
         self._stop_bound.arm(self._bound())
+        self._note_stopping(again=True)
 
     def _arm_on_the_loop(self) -> None:
         """The bound armed by the stop itself: one that cannot be is logged, and the stop goes
         on unbounded (``StopBound.arm_on_the_loop``)."""
         assert self._stop_bound is not None
         self._stop_bound.arm_on_the_loop(self._bound())
+        self._note_stopping(again=True)
+
+    def _note_stopping(self, *, again: bool = False) -> None:
+        """``<socket>.lock`` says the daemon stops, and the latest it ends: its bound's end, or
+        "unbounded" (the watchdog could not be started) -- and, ``again``, after an arming,
+        written anew only if it said "unbounded": a later arming that succeeded (a signal's,
+        once a thread could be started) gives the stop an end, which the file then names."""
+        assert self._stop_bound is not None
+        with self._noting:
+            if self._lock == -1 or (again and not self._noted_unbounded):
+                return
+            deadline = self._stop_bound.deadline
+            note_state(self._lock, "stopping", deadline)
+            self._noted_unbounded = deadline is None
 
     def _bound(self) -> float:
         shared = self.config.journal.url is not None

@@ -118,14 +118,16 @@ class StopBound:
                 return
             self._armed = True
             self.bound = bound
-            self.deadline = time.time() + bound
+            deadline = time.time() + bound
             thread = threading.Thread(target=self._watch, name="affidavit-stop-bound", daemon=True)
             try:
                 thread.start()
             except BaseException:  # (no thread left): unarmed, so a later arm tries again
                 self._armed = False
-                self.deadline = None
                 raise
+            # Only now: a reader on another thread (``<socket>.lock``'s) never sees the end of
+            # a bound whose watchdog failed to start.
+            self.deadline = deadline
             self._thread = thread
 
     def arm_on_the_loop(self, bound: float) -> None:

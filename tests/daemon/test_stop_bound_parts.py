@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -38,7 +39,15 @@ from affidavit.text import NAMED
 from tests.broker.helpers import TOKEN_ENV
 from tests.http.hostile import HostileServer, Peer, Reply
 
-from .kit import HUNG, PYTHON, action, api_target, start_daemon, write_daemon_config
+from .kit import (
+    HUNG,
+    PYTHON,
+    action,
+    api_target,
+    start_daemon,
+    wait_until,
+    write_daemon_config,
+)
 
 WAIT = 10.0
 
@@ -139,6 +148,25 @@ def test_a_disarmed_watchdog_leaves_no_thread_and_cannot_be_armed_again() -> Non
     never.disarm()  # disarmed unarmed: nothing to join
     never.arm(0.01)
     assert not _watchdogs() and never.deadline is None
+
+
+def test_a_watchdog_that_cannot_start_never_shows_a_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``deadline`` is read on other threads (``<socket>.lock``'s stopping state): while an
+    arming whose watchdog fails to start is under way, it is not the end of a bound that will
+    never run out (before: set before the start, reset after its failure)."""
+    watchdog = StopBound(lambda: "", EXIT_STOP_UNFINISHED)
+    seen: list[float | None] = []
+
+    def start(_thread: threading.Thread) -> None:
+        seen.append(watchdog.deadline)
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(RuntimeError):
+        watchdog.arm(60.0)
+    assert seen == [None] and watchdog.deadline is None
 
 
 BLOCKED_LOG = """
@@ -743,6 +771,72 @@ async def test_a_stop_whose_bound_cannot_start_on_the_loop_keeps_its_grace(
     assert said[-1] == "stopped"
     (answer,) = answered
     assert "error" not in answer and answer["result"]["body"] == "done", answer
+
+
+async def test_a_bound_armed_after_the_lock_said_unbounded_is_named_there(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    token: str,
+    serve_s_signals: None,
+) -> None:
+    """The stop began unbounded (no thread for the watchdog: ``<socket>.lock`` says
+    "stopping unbounded"); a later SIGTERM, once a thread can be started again, arms the
+    bound -- its watchdog will end the process at the deadline, so the lock file says that
+    end, and a daemon started on the path is told it "at the latest" (before: still "no
+    bound", while the watchdog would exit 74)."""
+    monkeypatch.setenv(TOKEN_ENV, token)
+
+    async def held(peer: Peer) -> None:
+        if await peer.read_request() is not None:
+            peer.server.event("received").set()
+            await peer.server.event("release").wait()
+            await peer.respond(Reply(200, body=b"done"))
+
+    no_thread = [True]
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "affidavit-stop-bound" and no_thread[0]:
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    socket = tmp_path / "s.sock"
+    lock = Path(f"{socket}.lock")
+
+    async def call() -> None:
+        async with Client.open(socket) as client:
+            await client.call(action())
+
+    async with HostileServer.running(held) as srv:
+        config = write_daemon_config(
+            tmp_path, api_target(srv.url), socket=socket, service={"shutdown_grace": WAIT}
+        )
+        daemon = Daemon(load_config(config))
+        _as_serve(daemon)
+        with trio.fail_after(3 * WAIT):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(daemon.run)
+                nursery.start_soon(call)
+                await srv.event("received").wait()
+                os.kill(os.getpid(), signal.SIGTERM)
+                unbounded = await _refused_while_stopping(socket)
+                no_thread[0] = False
+                os.kill(os.getpid(), signal.SIGTERM)
+                await wait_until(
+                    lambda: lock.read_text(encoding="ascii").split()[2:3] != ["unbounded"],
+                    "the lock file rewritten",
+                )
+                words = lock.read_text(encoding="ascii").split()
+                watchdog = daemon._stop_bound
+                assert watchdog is not None and watchdog.deadline is not None
+                assert words[1:] == ["stopping", str(math.ceil(watchdog.deadline))], words
+                with pytest.raises(DaemonError) as bounded:
+                    server.claim_socket_path(socket)
+                srv.event("release").set()
+    assert "its stop has no bound" in str(unbounded), unbounded
+    assert "at the latest" in str(bounded.value), bounded.value
+    assert "no bound" not in str(bounded.value), bounded.value
 
 
 async def _refused_while_stopping(socket: Path) -> DaemonError:
