@@ -98,7 +98,9 @@ def _mcp(args: argparse.Namespace) -> int:
     try:
         path, uid = (None, None) if socket is None else (socket.path, socket.uid)
         trio.run(
-            functools.partial(run, config=args.config, socket=path, grace=grace, daemon_uid=uid)
+            functools.partial(
+                run, config=args.config, socket=path, grace=grace, daemon_uid=uid, _cli=True
+            )
         )
     except Exception as exc:
         if socket is None:

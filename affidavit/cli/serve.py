@@ -131,7 +131,7 @@ def _serve(args: argparse.Namespace) -> int:
         # The exposures found above are the ones logged: a journal with thousands of result
         # segments is not listed and stat'ed twice at every start.
         start = functools.partial(
-            serve, config, socket_path=args.socket, console=console, exposed=exposed
+            serve, config, socket_path=args.socket, console=console, exposed=exposed, _cli=True
         )
         trio.run(start)
     except JournalError as exc:

@@ -703,13 +703,22 @@ async def serve(
     socket_path: str | os.PathLike[str] | None = None,
     console: tuple[str, int] | None = None,
     exposed: Sequence[Exposure] | None = None,
+    _cli: bool = False,
 ) -> None:
-    """Run the daemon until SIGTERM or SIGINT (``affidavit serve``); ``console`` overrides
-    ``[service] console``; ``exposed``: the files found exposed at the start (``Daemon``)."""
+    """Run the daemon until SIGTERM or SIGINT; ``console`` overrides ``[service] console``;
+    ``exposed``: the files found exposed at the start (``Daemon``).
+
+    Called by a program of its own, the daemon runs inside it (``Daemon.run``): SIGTERM and
+    SIGINT are trio's receiver's while it runs and the handlers found are put back when it
+    returns; a stop past its bound is logged, not an exit.  Only ``affidavit serve`` (``_cli``:
+    private) makes the process the daemon's: its own signals' thread, exit 74 past the bound,
+    and a signal once it stopped ending the process, 0 (``affidavit.stopping.signals``) -- in
+    a caller's program that would end the caller."""
     _raise_open_files()
     daemon = Daemon(config, socket_path=socket_path, console=console, exposed=exposed)
-    daemon.exit_when_stop_unfinished = EXIT_STOP_UNFINISHED
-    daemon._process_ours = True
+    if _cli:
+        daemon.exit_when_stop_unfinished = EXIT_STOP_UNFINISHED
+        daemon._process_ours = True
     await daemon.run()
 
 

@@ -19,9 +19,11 @@ journal is closed, and a signal from then on stops nothing (``closed``); past th
 log line names the journal's unanswered writes and the calls still running, and the process
 exits 74.
 
-Used only by the embedded path of ``affidavit mcp`` (``run``): the process is ours, a CLI
-entry.  The proxy (``--socket``) keeps trio's receiver: its loop waits on no storage, only on
-its sockets, so it always gets to the signal.
+Taken so by the embedded path of ``affidavit mcp`` (``run`` with ``_cli``): the process is ours,
+a CLI entry.  ``run`` called by a program of its own takes them with trio's receiver on the loop
+(``received``), its bound only logging, and puts the handlers it found back.  The proxy
+(``--socket``) keeps trio's receiver: its loop waits on no storage, only on its sockets, so it
+always gets to the signal.
 """
 
 from __future__ import annotations
@@ -64,9 +66,13 @@ class EmbeddedStop:
     """One embedded process's stop.  Made on the loop (its token); ``signalled`` is called on
     the signal thread; the rest on the loop."""
 
-    def __init__(self, grace: float, reconnect: float | None) -> None:
+    def __init__(
+        self, grace: float, reconnect: float | None, exit_status: int | None = EXIT_STOP_UNFINISHED
+    ) -> None:
         self._token = trio.lowlevel.current_trio_token()
-        self.bound = StopBound(self._pending, EXIT_STOP_UNFINISHED)
+        self.bound = StopBound(self._pending, exit_status)
+        """Past it: exit ``exit_status`` (``affidavit mcp``); None, run inside another program
+        (``run`` called without ``_cli``): logged only."""
         self.grace = grace
         """The calls' grace: ``--shutdown-grace``, else the config's ``[service]
         shutdown_grace`` -- known before the signals are taken (``run``), so that a signal
@@ -118,6 +124,12 @@ class EmbeddedStop:
         finally:  # the stop is asked for all the same
             with contextlib.suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(self._end, signum)
+
+    def received(self, signum: int) -> None:
+        """SIGTERM or SIGINT, taken on the loop (trio's receiver: ``run`` inside another
+        program): the bound starts now, then the stop as ``signalled``'s."""
+        self.arm_on_the_loop()
+        self._end(signum)
 
     def _end(self, signum: int) -> None:
         """On the loop: the session's end (a second signal: the rest stopped at once), or the

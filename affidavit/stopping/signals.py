@@ -33,7 +33,9 @@ signal with a Python handler (one of trio's own ``open_signal_receiver``) still 
 The stop's own signals are not forwarded: a host's loop would act on them a second time.
 
 Used only where the process is the broker's own: ``affidavit serve`` (``Daemon.run`` as
-``serve`` runs it) and ``affidavit mcp`` run embedded (``affidavit.mcp.stop``; its proxy,
+``serve(_cli=True)`` runs it) and ``affidavit mcp`` run embedded (``affidavit.mcp.stop``,
+``run(_cli=True)``: the public ``serve`` and ``run`` called without it leave the process's
+signals as a daemon run inside another program does, below; its proxy,
 ``--socket``, keeps trio's receiver: its loop waits on no storage).  Once either stopped clean
 -- the journal closed -- the process only ends, and a SIGTERM or SIGINT then ends it at once,
 exit 0 (``exit_after``): true then, and the one way out of a last write that blocks for ever

@@ -983,6 +983,40 @@ def test_the_exit_waits_for_a_held_on_signal_join_wait_at_most() -> None:
     assert done.stdout.decode().strip() == "bounded"
 
 
+async def test_serve_called_in_process_leaves_the_signals_as_it_found_them(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    serve_s_signals: None,
+) -> None:
+    """``affidavit.daemon.serve`` called by a program of its own (not ``affidavit serve``,
+    whose ``_cli`` is private): trio's receiver takes SIGTERM while it runs, no thread of ours,
+    and once it returned the process's SIGTERM handler is the one it found (before: ``serve``
+    took the process's signals, and a SIGTERM after it returned ran ``os._exit(0)`` in the
+    caller)."""
+    monkeypatch.setattr(server, "_raise_open_files", lambda: None)  # (not this process's)
+    caplog.set_level(logging.INFO, "affidavit.daemon")
+    socket = tmp_path / "s.sock"
+    config = load_config(
+        write_daemon_config(tmp_path, api_target("http://127.0.0.1:9"), socket=socket)
+    )
+    found = signal.getsignal(signal.SIGTERM)
+    seen: list[Any] = []
+
+    async def signalled() -> None:
+        await wait_until(socket.exists, "listening")
+        seen.append([t.name for t in threading.enumerate()])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with trio.fail_after(WAIT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(signalled)
+            await server.serve(config)
+    assert signal.getsignal(signal.SIGTERM) is found
+    assert "affidavit-stop-signals" not in seen[0], seen
+    assert "received SIGTERM" in caplog.text and caplog.records[-1].getMessage() == "stopped"
+
+
 @pytest.mark.parametrize("status", [None, EXIT_STOP_UNFINISHED])
 async def test_a_daemon_run_inside_another_program_leaves_the_signals_to_trio(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, status: int | None

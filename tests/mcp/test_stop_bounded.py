@@ -14,9 +14,12 @@ stop, by SIGTERM or SIGINT: the call's answer goes out, exit 0, nothing critical
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -246,7 +249,44 @@ async def test_a_healthy_stop_by_a_signal_drains_its_call_and_exits_0(
         assert UNBOUNDED in log, log
 
 
-@pytest.mark.usefixtures("serve_s_signals")  # run leaves the two signals ending the process
+@pytest.mark.usefixtures("serve_s_signals")  # (should run take the process's signals)
+async def test_run_called_in_process_leaves_the_signals_as_it_found_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``affidavit.mcp.run`` called by a program of its own (not ``affidavit mcp``, whose
+    ``_cli`` is private), embedded: trio's receiver takes SIGTERM while it runs -- here in its
+    start-up, which it ends -- no thread of ours, and once it returned the process's SIGTERM
+    handler is the one it found (before: ``run`` took the process's signals, and a SIGTERM
+    after it returned ran ``os._exit(0)`` in the caller)."""
+    claiming = trio.Event()
+
+    @asynccontextmanager
+    async def held() -> AsyncIterator[None]:
+        claiming.set()
+        await trio.sleep_forever()  # stdio never claimed: the start-up goes on
+        yield
+
+    monkeypatch.setattr(StdioTransport, "claim", held)
+    caplog.set_level(logging.INFO, "affidavit.mcp")
+    cfg = write_config(tmp_path, {"ok": http_target("http://127.0.0.1:9")})
+    found = signal.getsignal(signal.SIGTERM)
+    seen: list[list[str]] = []
+
+    async def signalled() -> None:
+        await claiming.wait()
+        seen.append([t.name for t in threading.enumerate()])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with trio.fail_after(WAIT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(signalled)
+            await run(config=str(cfg), socket=None)
+    assert signal.getsignal(signal.SIGTERM) is found
+    assert "affidavit-stop-signals" not in seen[0], seen
+    assert "signal 15: stopping the start-up" in caplog.text
+
+
+@pytest.mark.usefixtures("serve_s_signals")  # (should run take the process's signals)
 async def test_a_failure_whose_bound_cannot_start_is_the_failure_raised(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
