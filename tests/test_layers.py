@@ -169,8 +169,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # The MCP server is an interface beside the daemon: the API (Broker, or the daemon's Client)
     # and the views; the engine, journal, approvals and reconcile only for their stop handle and
     # error types (OperatorError from the reconcile query, and how a journal that could not
-    # answer it is told), and only embedded (a proxy to the daemon imports none of them:
-    # tests/mcp/test_modes.py).
+    # answer it is told), and the config (read first, for the stop's bound), only embedded (a
+    # proxy to the daemon imports none of them: tests/mcp/test_modes.py).
     "affidavit.mcp": frozenset(
         {
             "affidavit",  # __version__ in the server's info
@@ -182,6 +182,10 @@ ALLOWED: Mapping[str, frozenset[str]] = {
             "affidavit.journal",
             "affidavit.session",
             "affidavit.stopping",  # embedded: its signals and its stop's bound
+            # embedded: the config read before the signals are taken, so that a stop during
+            # the start-up's recovery is bounded by its terms (grace, a journal's reconnect)
+            "affidavit.config",
+            "affidavit.text",  # the one escaping rule for the text rendering's lines
         }
     ),
     "affidavit.docgen": frozenset({"affidavit.statemachine", "affidavit.adapters"}),

@@ -28,7 +28,7 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
-GOLDEN = "6ac59a734d79113c009b8aeaddecc3327636f4c39ee3386ebdf1c5a1348b3190"
+GOLDEN = "527b1ea0451cf2fea621c40386d1607b5f47115603d0641de1f97444286850da"
 
 TOKEN = "tok-equivalence-0123456789abcdef"
 
@@ -46,11 +46,14 @@ _VARYING = frozenset(
         "marker_sha256",
         "sealed_summary_sha256",
         "summary_sha256",
+        "lease_boot",
+        "requester",
     }
 )
 """Keys whose values change from run to run: times, the peer, and what is keyed by the
 journal's random key or covers what is (the stored result's marker and sealed summary -- the
-summary itself is in the envelope).  Each is replaced by a placeholder naming the key and the
+summary itself is in the envelope), the machine's boot id (``lease_boot``) and the uid running
+the tests (``requester``).  Each is replaced by a placeholder naming the key and the
 value's type: the type stays pinned."""
 
 _HMAC = re.compile(r"hmac-sha256:(?:[0-9a-f]{64}|[0-9a-f]{32})(?![0-9a-f])")
