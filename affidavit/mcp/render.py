@@ -34,10 +34,12 @@ ID = 200
 """Characters of a caller's id (a batch item's) the text shows; longer ones are cut, marked."""
 
 ITEMS = 50
-LISTED_ITEMS = 3
-"""Unclean batch items listed per action in ``list_actions`` (``ITEMS`` for one record): a
-page of 1000 batch actions listing 50 each was ~54k lines; the record itself has them all."""
 """Batch items that did not commit cleanly listed one line each; the rest are counted."""
+
+LISTED_ITEMS = 3
+"""Unclean batch items listed, and kinds counted, per action in ``list_actions`` (``ITEMS`` for
+one record): a page of 1000 batch actions listing 50 each was ~54k lines; the record itself has
+them all."""
 
 PREVIEW = 2000
 """Characters of a result's body (or stdout), or of an answer's compact JSON, the text shows;
@@ -97,12 +99,13 @@ def _shown(value: Any, budget: list[int], top: bool = False) -> Any:
         return kept + f"… ({len(value)} characters, cut)"
     if isinstance(value, Mapping):
         budget[0] -= 2
+        mark = _mark_key(value)
         if budget[0] <= 0:
-            return {"…": f"{len(value)} more"} if value else {}
+            return {mark: f"{len(value)} more"} if value else {}
         shown: dict[Any, Any] = {}
         for n, key in enumerate(value if top else _first_keys(value, budget[0])):
             if budget[0] <= 0:
-                shown["…"] = f"{len(value) - n} more"
+                shown[mark] = f"{len(value) - n} more"
                 break
             budget[0] -= _width(str(key)) + 3
             shown[key] = _shown(value[key], budget)
@@ -120,10 +123,20 @@ def _shown(value: Any, budget: list[int], top: bool = False) -> Any:
     return value
 
 
+def _mark_key(value: Mapping[Any, Any]) -> str:
+    """The key of a mapping's "N more" mark: "…", lengthened until the mapping has no such
+    key -- a real "…" key (a remote's) was overwritten by the mark, or read as one."""
+    mark = "…"
+    while mark in value:
+        mark += "…"
+    return mark
+
+
 def _first_keys(value: Mapping[Any, Any], budget: int) -> list[Any]:
     """A mapping's keys in sorted order, only as many as ``budget`` can show: a key and its
-    value are written in 5 characters at least (``"":0,``), so at most ``budget // 5 + 1`` are
-    walked.  Sorting them all cost the whole mapping: 1M keys 0.14 s and 15 MB to show ~380."""
+    value are written in 5 characters at least (``"":0,``), so at most ``budget // 5 + 2`` are
+    walked (the last to find the budget spent and mark the rest).  Sorting them all cost the
+    whole mapping: 1M keys 0.14 s and 15 MB to show ~380."""
     return heapq.nsmallest(budget // 5 + 2, value, key=str)
 
 
@@ -282,7 +295,8 @@ def _operation(op: Any) -> list[str]:
 
 def _items(items: Sequence[Any], cap: int = ITEMS) -> list[str]:
     """A batch's items: one line counting them by (outcome, code, retry), then those that did
-    not commit cleanly (another outcome, or a code), the first ``cap`` of them; those that are
+    not commit cleanly (another outcome, or a code), the first ``cap`` of them (and of the
+    kinds counted); those that are
     not objects are counted apart, malformed.  One line per item made a 1 MiB batch (~110k
     items) 6.1 MB of text with the invocation_id after it."""
     kinds: Counter[tuple[str, str, str]] = Counter()
@@ -297,13 +311,14 @@ def _items(items: Sequence[Any], cap: int = ITEMS) -> list[str]:
                 f"item {_ident(item.get('id'))}: outcome {kind[0]}, code {kind[1]}, retry {kind[2]}"
             )
     counted = ", ".join(
-        f"{n} outcome {o} code {c} retry {r}" for (o, c, r), n in kinds.most_common(ITEMS)
+        f"{n} outcome {o} code {c} retry {r}" for (o, c, r), n in kinds.most_common(cap)
     )
-    more = f", {len(kinds) - ITEMS} more kinds" if len(kinds) > ITEMS else ""
+    more = f", {len(kinds) - cap} more kinds" if len(kinds) > cap else ""
     listed = kinds.total()
     if listed < len(items):  # not counted as items: nothing says what they are
         more += f"; {len(items) - listed} more malformed (not objects)"
-    lines = [f"items {listed}: {counted}{more}", *unclean[:cap]]
+    head = f"items {listed}: {counted}{more}" if counted else f"items {listed}{more}"
+    lines = [head, *unclean[:cap]]
     if len(unclean) > cap:
         lines.append(f"{len(unclean) - cap} more: structured content `items`")
     return lines

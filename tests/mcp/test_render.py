@@ -782,6 +782,34 @@ def test_a_listed_action_lists_fewer_unclean_items_than_one_record() -> None:
     assert one.count('record i-6 item "it-') == ITEMS, one
 
 
+def test_a_real_ellipsis_key_is_neither_overwritten_by_the_more_mark_nor_read_as_one() -> None:
+    """The JSON line marks a mapping's keys left out as "…": "N more".  A real "…" key (a
+    remote's) was overwritten by that mark, and a hostile "…": "0 more" read as one."""
+    answer = {"x": {"…": "real", "€": "y" * 3000, "你": 1}}
+    line = render(answer).splitlines()[-1]
+    shown = json.loads(line)["x"]
+    assert shown["…"] == "real" and shown["……"] == "1 more", line
+
+
+def test_a_listed_action_counts_at_most_listed_items_kinds() -> None:
+    """The counted line is bounded like the listed items: a listed action shows
+    ``LISTED_ITEMS`` kinds, then "N more kinds" (each kind is up to ~640 characters)."""
+    items = [
+        {"id": f"it-{i}", "outcome": "rejected", "code": f"C{i}", "retry": "never"}
+        for i in range(LISTED_ITEMS + 4)
+    ]
+    record = {**_record("i-8", "failed", "rejected", "never", "X"), "items": items}
+    listed = render({"session": "s-1", "actions": [record], "total": 1, "truncated": False})
+    line = next(x for x in listed.splitlines() if x.startswith("action i-8 items "))
+    assert line.count(" outcome rejected code C") == LISTED_ITEMS, line
+    assert line.endswith(", 4 more kinds"), line
+
+
+def test_a_batch_of_no_objects_counts_nothing_after_its_number() -> None:
+    lines = render({"record": {**_record("i-9", "failed", "unknown", "x", "X"), "items": [1]}})
+    assert "record i-9 items 0; 1 more malformed (not objects)" in lines.splitlines(), lines
+
+
 def test_a_record_shows_its_retry_after() -> None:
     """A throttled call's record names the remote's wait: ``retry backoff`` alone says none."""
     record = {**_record("i-5", "failed", "rejected", "backoff", "REMOTE_THROTTLED")}
