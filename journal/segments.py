@@ -466,8 +466,12 @@ class SegmentWriter:
 
     async def drain(self) -> None:
         """Wait until every chunk sent is written; ``ResultStoreFailed`` if one was not."""
-        self._send()
-        await self._wait(lambda: self._processed == self._queued)
+        # Nothing ever queued (a result held whole, as most are): no thread holds a chunk of
+        # it, so there is nothing to wait for nor a lock to take (a small result's sink and
+        # commit drain it several times a call, issue 15).
+        if self._queued:
+            self._send()
+            await self._wait(lambda: self._processed == self._queued)
         self._raise()
 
     async def flush(self) -> None:
@@ -476,7 +480,8 @@ class SegmentWriter:
         failed."""
         await self.drain()
         if self._flushed:  # (commit_result flushes what the sink flushed already)
-            self._check_synced()
+            if self._queued:  # (else no byte of it is in a segment: nothing to have synced)
+                self._check_synced()
             return
         store = self._store
         if self._entries:
