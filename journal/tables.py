@@ -79,9 +79,11 @@ SQL: dict[str, str] = {
     "invocation_events": f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE invocation_id = ? "
     "ORDER BY seq",
     # The attrs of an invocation's rows holding a text (a LIKE pattern, ``Tables.attrs_holding``):
-    # a claim's check (``journal/txn``) reads only those, not every row of a long record.
+    # a claim's check (``journal/txn``) reads only those, not every row of a long record.  The
+    # escape is '!', not a backslash: PostgreSQL reads '\\' as an unterminated literal in a
+    # session with standard_conforming_strings off, '!' the same in every string mode.
     "attrs_holding": "SELECT attrs FROM events WHERE invocation_id = ? AND attrs LIKE ? "
-    "ESCAPE '\\' ORDER BY seq",
+    "ESCAPE '!' ORDER BY seq",
     "scan_events": f"SELECT {EVENT_READ_COLUMNS} FROM events ORDER BY seq",
     "session_events": f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE session_id = ? ORDER BY seq",
     # Each invocation's events together, invocations in order of first appearance: a view can
@@ -255,7 +257,7 @@ class Tables:
     def attrs_holding(self, iid: str, text: str) -> Iterator[Any]:
         """The attrs (as stored) of ``iid``'s rows whose attrs hold ``text`` -- some others
         too (SQLite's LIKE ignores ASCII case): the caller decodes and checks each."""
-        escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        escaped = text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
         return self.rows("attrs_holding", (iid, f"%{escaped}%"))
 
     def events_of(self, iids: Sequence[str]) -> Iterator[Any]:
