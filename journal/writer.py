@@ -513,10 +513,14 @@ class Writer:
         """The invocation's projection as of this writer's last commit, when the writer may
         vouch for it: called on the trio thread while no batch is in the writer thread, with a
         committed head known.  (The caller still checks that the file's last seq is that head:
-        another process may append to the same file.)"""
+        another process may append to the same file.)  Not an empty fold: a transaction folds
+        an id before its first row is checked (``Txn.insert``, a batch's ``preload``), and a
+        refused first row leaves that fold cached -- a record of a call never written, where
+        the file has none."""
         p = self.projectors.get(invocation_id)
         if (
             p is not None
+            and p.events
             and not self.busy
             and self.known_head is not None
             and threading.get_ident() == self.loop_thread

@@ -119,6 +119,11 @@ class Projector:
         return self._state
 
     @property
+    def events(self) -> int:
+        """How many events are folded: 0 for a fold of an id no row names (``Record.events``)."""
+        return self._events
+
+    @property
     def generation(self) -> int:
         """The current lease generation (0 before any lease): the attempt whose events the
         record accepts."""

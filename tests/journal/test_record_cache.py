@@ -194,3 +194,48 @@ async def test_the_owner_of_a_sqlite_journal_answers_record_without_reading_the_
         before = heads
         assert j.record("b", now=0.0) == _fresh(path, "b")
         assert heads == before + 1
+
+
+def _refused_first_rows(iid: str) -> list[tuple[Event, type[Exception]]]:
+    """A new id's first row refused by the fold (no call starts interrupted) and by the
+    journal's own checks (an observer holding NUL, refused alike on every backend)."""
+    from affidavit.journal import JournalError
+    from affidavit.statemachine import EvidenceSource, ImpossibleEvent
+
+    nul = Event(
+        E.ACTION_ACCEPTED,
+        iid,
+        dict(happy(iid)[0].attrs),
+        source=EvidenceSource.REMOTE_QUERY,
+        observer="o\x00bs",
+        observer_seq=1,
+    )
+    return [
+        (
+            Event(E.ATTEMPT_INTERRUPTED, iid, {"code": "REMOTE_OUTCOME_UNKNOWN", "generation": 1}),
+            ImpossibleEvent,
+        ),
+        (nul, JournalError),
+    ]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["append", "post_many"])
+@pytest.mark.parametrize("which", [0, 1], ids=["impossible", "journal-error"])
+async def test_a_refused_first_row_leaves_no_record_of_its_id(
+    path: Path, batched: bool, which: int
+) -> None:
+    """A refused first row of a new id folded it empty (``Txn.insert``'s load, a batch's
+    ``preload``) and that fold stayed cached: ``Journal.record`` answered a record for a call
+    never written, where the file (a reader) has none."""
+    event, error = _refused_first_rows("new")[which]
+    async with Journal.open(path) as j:
+        for ev in happy("a"):
+            await j.append(ev)
+        with pytest.raises(error):
+            if batched:
+                await (await j.post_many([(event, None)])).wait()
+            else:
+                await j.append(event)
+        assert _fresh(path, "new") is None
+        assert j.record("new", now=0.0) is None
+        assert j.record("a", now=0.0) == _fresh(path, "a")
