@@ -81,7 +81,7 @@ from affidavit.journal.backend import where as journal_where
 from affidavit.journal.compact import NOT_A_DIRECTORY, not_a_directory, refusal_message
 from affidavit.journal.exposure import serving
 from affidavit.stopping.bound import EXIT_STOP_UNFINISHED, StopBound, pending_words, stop_bound
-from affidavit.stopping.signals import StopSignals
+from affidavit.stopping.signals import NOT_MAIN_THREAD, StopSignals, off_the_main_thread
 from affidavit.text import named
 
 from .admission import ConsoleCap, Server
@@ -284,6 +284,9 @@ class Daemon:
         end instead."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        refused = off_the_main_thread("the daemon")
+        if refused is not None:
+            raise DaemonError(refused, NOT_MAIN_THREAD)
         if not peer_credentials_supported():
             raise DaemonError("this platform has no SO_PEERCRED: peers could not be identified")
         if (
@@ -713,7 +716,8 @@ async def serve(
     returns; a stop past its bound is logged, not an exit.  Only ``affidavit serve`` (``_cli``:
     private) makes the process the daemon's: its own signals' thread, exit 74 past the bound,
     and a signal once it stopped ending the process, 0 (``affidavit.stopping.signals``) -- in
-    a caller's program that would end the caller."""
+    a caller's program that would end the caller.  Called off the main thread (no signal could
+    reach its stop) it is refused: ``DaemonError``, ``NOT_MAIN_THREAD`` (``Daemon.run``)."""
     _raise_open_files()
     daemon = Daemon(config, socket_path=socket_path, console=console, exposed=exposed)
     if _cli:

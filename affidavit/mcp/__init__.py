@@ -7,6 +7,6 @@ through the daemon's ``Client``; ``transport`` is stdio that knows which answers
 With ``--socket`` (or ``$AFFIDAVIT_SOCKET``) the process is a thin proxy that holds no secret and
 imports neither the engine nor the journal; ``run`` picks the backend."""
 
-from .run import run
+from .run import McpError, run
 
-__all__ = ["run"]
+__all__ = ["McpError", "run"]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from affidavit.stopping.signals import StopSignals
+from affidavit.stopping.signals import NOT_MAIN_THREAD, StopSignals, off_the_main_thread
 
 from .backends import Daemon, Embedded
 from .server import DEFAULT_GRACE, new_session_id, serve
@@ -20,9 +20,18 @@ from .transport import StdioTransport
 if TYPE_CHECKING:
     from affidavit.config import Config
 
-__all__ = ["run"]
+__all__ = ["McpError", "run"]
 
 log = logging.getLogger("affidavit.mcp")
+
+
+class McpError(Exception):
+    """``run`` cannot start (the message says why; ``code`` is stable), as the daemon's
+    ``DaemonError``."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 async def run(
@@ -44,7 +53,11 @@ async def run(
     logged, not an exit.  Only ``affidavit mcp`` (``_cli``: private) makes the process the
     broker's: its own signals' thread, exit 74 past the bound, and a signal once it stopped
     ending the process, 0 (``affidavit.stopping.signals``) -- in a caller's program that would
-    end the caller."""
+    end the caller.  Called off the main thread it is refused (``McpError``, ``NOT_MAIN_THREAD``):
+    no signal could reach its stop."""
+    refused = off_the_main_thread("affidavit.mcp.run")
+    if refused is not None:
+        raise McpError(refused, NOT_MAIN_THREAD)
     session = new_session_id()
     if socket is not None:
         async with Daemon.open(socket, daemon_uid) as daemon, StdioTransport.claim() as transport:

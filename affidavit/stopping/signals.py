@@ -67,12 +67,30 @@ import threading
 from collections.abc import Callable
 from types import FrameType, TracebackType
 
-__all__ = ["STOP_SIGNALS", "StopSignals"]
+__all__ = ["NOT_MAIN_THREAD", "STOP_SIGNALS", "StopSignals", "off_the_main_thread"]
 
 log = logging.getLogger("affidavit.stopping")
 
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 JOIN_WAIT = 2.0
+NOT_MAIN_THREAD = "NOT_MAIN_THREAD"
+"""The code of a broker run refused off the main thread (``off_the_main_thread``)."""
+
+
+def off_the_main_thread(what: str) -> str | None:
+    """Why ``what`` (a broker's run, which takes SIGTERM and SIGINT for its stop) cannot run on
+    this thread -- None on the main thread.  Python sets signal handlers on the main thread
+    only: off it trio's receiver and this module's thread would fail with a bare RuntimeError
+    or ValueError, and a stop no signal can start is no stop."""
+    if threading.current_thread() is threading.main_thread():
+        return None
+    return (
+        f"{what} takes SIGTERM and SIGINT for its stop, which Python allows on the main "
+        f"thread only: run it there (trio.run on the main thread), not on thread "
+        f"{threading.current_thread().name!r}"
+    )
+
+
 """Seconds the exit waits for the thread to act on the signals taken before it, at most (an
 ``on_signal`` that hangs leaves the thread behind, not the exit)."""
 
