@@ -407,8 +407,12 @@ def _nothing_sent(keyed: bool) -> str:
 
 def carries_key(action: object) -> bool:
     """Whether the caller's ``action`` (its JSON, unparsed) carries an idempotency_key: ended
-    before it named an invocation, it is worded so (``_nothing_sent``)."""
-    return isinstance(action, Mapping) and action.get("idempotency_key") is not None
+    before it named an invocation, it is worded so (``_nothing_sent``).  A plain dict is
+    told apart first: ``isinstance`` against the ``Mapping`` ABC on every call was a check
+    tests/broker/test_loop_frames.py keeps out of a warm call (issue 15)."""
+    if type(action) is not dict and not isinstance(action, Mapping):
+        return False
+    return action.get("idempotency_key") is not None
 
 
 def unrecorded(invocation_id: str | None, keyed: bool = False) -> str:
