@@ -717,7 +717,11 @@ async def serve(
     private) makes the process the daemon's: its own signals' thread, exit 74 past the bound,
     and a signal once it stopped ending the process, 0 (``affidavit.stopping.signals``) -- in
     a caller's program that would end the caller.  Called off the main thread (no signal could
-    reach its stop) it is refused: ``DaemonError``, ``NOT_MAIN_THREAD`` (``Daemon.run``)."""
+    reach its stop) it is refused: ``DaemonError``, ``NOT_MAIN_THREAD`` -- before anything,
+    the process's open-files limit included."""
+    refused = off_the_main_thread("the daemon")
+    if refused is not None:
+        raise DaemonError(refused, NOT_MAIN_THREAD)
     _raise_open_files()
     daemon = Daemon(config, socket_path=socket_path, console=console, exposed=exposed)
     if _cli:

@@ -73,6 +73,8 @@ log = logging.getLogger("affidavit.stopping")
 
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 JOIN_WAIT = 2.0
+"""Seconds the exit waits for the thread to act on the signals taken before it, at most (an
+``on_signal`` that hangs leaves the thread behind, not the exit)."""
 NOT_MAIN_THREAD = "NOT_MAIN_THREAD"
 """The code of a broker run refused off the main thread (``off_the_main_thread``)."""
 
@@ -89,10 +91,6 @@ def off_the_main_thread(what: str) -> str | None:
         f"thread only: run it there (trio.run on the main thread), not on thread "
         f"{threading.current_thread().name!r}"
     )
-
-
-"""Seconds the exit waits for the thread to act on the signals taken before it, at most (an
-``on_signal`` that hangs leaves the thread behind, not the exit)."""
 
 
 class StopSignals:
