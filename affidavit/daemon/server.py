@@ -80,7 +80,7 @@ from affidavit.journal import Exposure, Journal, JournalError
 from affidavit.journal.backend import where as journal_where
 from affidavit.journal.compact import NOT_A_DIRECTORY, not_a_directory, refusal_message
 from affidavit.journal.exposure import serving
-from affidavit.stopping.bound import EXIT_STOP_UNFINISHED, StopBound, pending_words, stop_bound
+from affidavit.stopping.bound import EXIT_STOP_UNFINISHED, StopBound, journal_pending, stop_bound
 from affidavit.stopping.signals import NOT_MAIN_THREAD, StopSignals, off_the_main_thread
 from affidavit.text import named
 
@@ -574,9 +574,7 @@ class Daemon:
             if calls
             else []
         )
-        if journal is None:
-            return pending_words([], running)
-        return pending_words(journal.unanswered_writes(), running, journal.last_answered_ago())
+        return journal_pending(journal, running)
 
     async def _drain(
         self, calls: Calls, server: Server, context: WorkerContext, connections: trio.Nursery

@@ -37,7 +37,7 @@ import trio
 from affidavit.stopping.bound import (
     EXIT_STOP_UNFINISHED,
     StopBound,
-    pending_words,
+    journal_pending,
     stop_bound,
 )
 
@@ -149,6 +149,4 @@ class EmbeddedStop:
         """The watchdog's account of what the stop still waited for (its thread)."""
         embedded, journal = self._embedded, self._journal
         running = embedded.running_ids() if embedded is not None else []
-        if journal is None:
-            return pending_words([], running)
-        return pending_words(journal.unanswered_writes(), running, journal.last_answered_ago())
+        return journal_pending(journal, running)

@@ -47,6 +47,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from affidavit.text import named
 
@@ -56,6 +57,7 @@ __all__ = [
     "LOG_WAIT",
     "RECORD_WAIT",
     "StopBound",
+    "journal_pending",
     "pending_words",
     "stop_bound",
 ]
@@ -216,6 +218,19 @@ def pending_words(
             last,
         )
     )
+
+
+class _Journal(Protocol):
+    def unanswered_writes(self) -> list[tuple[str, str]]: ...
+    def last_answered_ago(self) -> float | None: ...
+
+
+def journal_pending(journal: _Journal | None, calls: list[str]) -> str:
+    """``pending_words`` of an open journal (None: none opened yet) and the calls still running:
+    the watchdog's account for ``affidavit serve`` and the embedded ``affidavit mcp`` alike."""
+    if journal is None:
+        return pending_words([], calls)
+    return pending_words(journal.unanswered_writes(), calls, journal.last_answered_ago())
 
 
 def _listed(what: str, items: list[str]) -> str:
