@@ -268,6 +268,28 @@ HTTP_LINE_ERRORS = [
     ('url = "https://billing.example.com"', 'url = "https://x.com/?q=1"', "targets.billing.url"),
     ('url = "https://billing.example.com"', 'url = "https://x.com/#f"', "targets.billing.url"),
     ('url = "https://billing.example.com"', 'url = "https://x.com/a/../b"', "targets.billing.url"),
+    # the base path is checked as an action's path is (segments.py): padded, double-encoded,
+    # overlong and full-width dot segments are ways out of it too
+    (
+        'url = "https://billing.example.com"',
+        'url = "https://x.com/a/..%20/b"',
+        "targets.billing.url",
+    ),
+    (
+        'url = "https://billing.example.com"',
+        'url = "https://x.com/%252e%252e"',
+        "targets.billing.url",
+    ),
+    (
+        'url = "https://billing.example.com"',
+        'url = "https://x.com/%C0%AE%C0%AE"',
+        "targets.billing.url",
+    ),
+    (
+        'url = "https://billing.example.com"',
+        'url = "https://x.com/%EF%BC%8E"',
+        "targets.billing.url",
+    ),
     ('url = "https://billing.example.com"', 'url = "https://x.com/a b"', "targets.billing.url"),
     ('url = "https://billing.example.com"', 'url = "https://x.com:99999"', "targets.billing.url"),
     ('url = "https://billing.example.com"', 'url = "https://"', "targets.billing.url"),

@@ -124,6 +124,14 @@ def _policy(tmp_path: Path) -> Any:
         "/api/..;/admin",  # ".." to a server that drops path parameters first (Tomcat)
         "/api/x/..;y=1/..;/admin",
         "/api/..%3B/admin",
+        # the readings segments.py takes (audit48 #6): padded, decoded twice, overlong,
+        # full-width, IIS's %u -- each is a way out of /api to some server
+        "/api/..%20/admin",
+        "/api/..%00/admin",
+        "/api/%252e%252e/admin",
+        "/api/%c0%ae%c0%ae/admin",
+        "/api/%ef%bc%8e%ef%bc%8e/admin",
+        "/api/%u002e%u002e/admin",
     ],
 )
 def test_a_same_origin_redirect_that_climbs_out_of_the_base_path_drops_the_credential(

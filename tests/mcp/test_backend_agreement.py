@@ -32,6 +32,7 @@ def deep(levels: int) -> object:
 
 
 ACTION = '{"target":"ok","method":"GET","path":"/"%s}'
+PATH = '{"target":"ok","method":"GET","path":"%s"}'
 CASES: list[tuple[str, str, str, str]] = [
     # (name, arguments, code, field)
     ("deep", ACTION % f',"headers":{{"X-A":{json.dumps(deep(20))}}}', "PAYLOAD_LIMIT", "action"),
@@ -44,6 +45,11 @@ CASES: list[tuple[str, str, str, str]] = [
     ("inf_body", ACTION % ',"body":1e400', "INVALID_FIELD", "body"),
     ("inf_timeout", ACTION % ',"timeout":1e400', "INVALID_FIELD", "timeout"),
     ("inf_header", ACTION % ',"headers":{"X-A":-1e400}', "INVALID_FIELD", "headers.X-A"),
+    # ways out of the base path (audit48 #6): the broker's one check, whichever backend
+    ("dots_padded", PATH % "/a/..%20/x", "INVALID_FIELD", "path"),
+    ("dots_twice", PATH % "/a/%252e%252e/x", "INVALID_FIELD", "path"),
+    ("dots_overlong", PATH % "/a/%c0%ae%c0%ae/x", "INVALID_FIELD", "path"),
+    ("dots_full_width", PATH % "/a/%ef%bc%8e%ef%bc%8e/x", "INVALID_FIELD", "path"),
 ]
 
 

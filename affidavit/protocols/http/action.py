@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import re
 import sys
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -31,6 +30,7 @@ from affidavit.secrets.credentials import parse_inject
 from affidavit.statemachine import Code
 
 from .params import OVERRIDE_HEADERS, check_form_body, check_query
+from .segments import climbs
 from .target import CREDENTIAL_HEADERS, TOKEN, TRANSPORT_HEADERS, HttpTarget
 
 __all__ = ["HTTP_ACTION", "HTTP_FIELDS", "HttpAction", "describe", "full_path"]
@@ -121,30 +121,6 @@ def parse(obj: Mapping[str, Any], name: str, target: HttpTarget) -> HttpAction:
     )
 
 
-_SEPARATORS = re.compile(r"[/\\]")
-"""What a server may read as a path separator once it decoded a segment ("%2F", "%5C", "\\")."""
-
-
-def has_dot_segment(route: str) -> bool:
-    """A "." or ".." segment (also percent-encoded) in a URL path: it would let the path climb
-    out of the target's base path once the server normalizes it (RFC 3986 §5.2.4).  Servers
-    that decode "%2F" (or "%5C", "\\" on Windows/IIS) before normalizing see "..%2Fadmin" as
-    "../admin", so the decoded segment is split on both separators too.  Servers that drop a
-    segment's path parameters before normalizing (Tomcat, Jetty, Spring) see "..;x" (also
-    "..%3Bx") as "..", so a part counts up to its first ";"."""
-    for segment in route.split("/"):
-        # Without "%" or "\\" a segment decodes to itself and holds no separator: it is its
-        # only part (no unquote and no split per segment, issue 15).
-        parts = (
-            (segment,)
-            if "%" not in segment and "\\" not in segment
-            else _SEPARATORS.split(urllib.parse.unquote(segment))
-        )
-        if any(part.partition(";")[0] in (".", "..") for part in parts):
-            return True
-    return False
-
-
 def _check_path(path: str, target: HttpTarget) -> None:
     if len(path) > MAX_PATH:
         raise ActionInvalid(Code.PAYLOAD_LIMIT, "path", f"is longer than {MAX_PATH} characters")
@@ -162,8 +138,9 @@ def _check_path(path: str, target: HttpTarget) -> None:
     if _BAD_PERCENT.search(path):
         raise ActionInvalid(Code.INVALID_FIELD, "path", 'has a "%" not followed by two hex digits')
     route, _, query = path.partition("?")
-    if has_dot_segment(route):
-        raise ActionInvalid(Code.INVALID_FIELD, "path", 'must not contain "." or ".." segments')
+    why = climbs(route)
+    if why is not None:
+        raise ActionInvalid(Code.INVALID_FIELD, "path", why)
     if query:
         scheme, param = parse_inject(target.inject)
         check_query(query, param if scheme == "query" else None)
@@ -421,7 +398,12 @@ HTTP_FIELDS = (
         max_length=MAX_PATH,
         pattern=_PATH_FORM,
         checks=(
-            (Code.INVALID_FIELD, 'a "." or ".." segment, also percent-encoded'),
+            (
+                Code.INVALID_FIELD,
+                'a "." or ".." segment as any server may read one (percent-encoded once or '
+                'more, with ";" parameters, NUL or spaces, full-width); percent-escapes that '
+                "are not UTF-8",
+            ),
             (Code.FORBIDDEN_HEADER, "the query parameter that carries the credential"),
             (
                 Code.FORBIDDEN_HEADER,

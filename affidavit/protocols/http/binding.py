@@ -12,8 +12,9 @@ from affidavit.protocols.spec import Prepared
 from affidavit.secrets.credentials import Credential, apply_query, inject_http
 from affidavit.secrets.redaction import redactor
 
-from .action import HttpAction, has_dot_segment, needs_approval
+from .action import HttpAction, needs_approval
 from .decoding import BodyDecoding
+from .segments import climbs
 from .target import HttpTarget, origin_of
 
 __all__ = ["HttpBinding"]
@@ -128,9 +129,9 @@ def _redirect_policy(target: HttpTarget) -> Any:
                 return RedirectDecision(False, False, "origin is not in redirect_origins")
             return RedirectDecision(True, keep_credential=False, reason="other origin")
         path = split_url(url).path  # a Location: it may echo the credential
-        # A caller's path may hold no "." or ".." segment (also percent-encoded); a Location
-        # that does may climb out of the base path once the server normalizes it.
-        in_scope = not has_dot_segment(path) and (
+        # A caller's path may not climb out of the base path (segments.py); a Location that
+        # may -- a dot segment in any reading, escapes that are not UTF-8 -- is out of it.
+        in_scope = climbs(path) is None and (
             not base or path == base or path.startswith(base + "/")
         )
         return RedirectDecision(True, keep_credential=in_scope, reason="" if in_scope else "path")

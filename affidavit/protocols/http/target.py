@@ -37,6 +37,7 @@ from affidavit.secrets.credentials import parse_inject
 from .batch import BATCH, BatchContract
 from .operations import OperationsContract, parse_operations
 from .reconcile import ReconcileQuery, parse_reconcile
+from .segments import climbs
 
 __all__ = [
     "CREDENTIAL_HEADERS",
@@ -171,9 +172,10 @@ def _url(r: Read) -> str:
         raise r.error("must not have a query or fragment")
     if not _PATH_CHARS.fullmatch(path) or re.search(r"%(?![0-9A-Fa-f]{2})", path):
         raise r.error("base path has characters that need percent-encoding")
+    why = climbs(path)  # every action path is appended to it: the same rule (segments.py)
+    if why is not None:
+        raise r.error(f"base path {why}")
     segments = [s for s in path.split("/") if s]
-    if any(urllib.parse.unquote(s) in (".", "..") for s in segments):
-        raise r.error('base path must not contain "." or ".." segments')
     base_path = "/" + "/".join(segments) if segments else ""
     netloc = host_for_url(host) + ("" if port == _DEFAULT_PORT[scheme] else f":{port}")
     return f"{scheme}://{netloc}{base_path}"
@@ -318,8 +320,10 @@ HTTP_TARGET = TargetSchema(
         Field(
             "url",
             _url,
-            doc="`http(s)://host[:port][/base/path]` — no user:password, query or fragment, "
-            "no `.`/`..` segments",
+            doc="`http(s)://host[:port][/base/path]` — no user:password, query or fragment; "
+            "the base path is held to the rule of an action's path "
+            "([below](#a-path-stays-under-the-base-path): no `.`/`..` segment in any reading, "
+            "escapes UTF-8)",
         ),
         Field("origin", lambda r: origin_of(r.values["url"]), key=None, account=same),
         # The base path names the tenant at many services (Twilio's /Accounts/AC..., Jira's
