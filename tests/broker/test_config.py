@@ -36,6 +36,7 @@ from affidavit.protocols.http import HttpTarget, IdempotencyContract
 from affidavit.protocols.http.batch import BatchContract
 from affidavit.protocols.http.operations import OperationsContract
 from affidavit.protocols.http.reconcile import ReconcileQuery as HttpReconcile
+from affidavit.protocols.http.segments import BAD_PERCENT
 from affidavit.protocols.http.selectors import Selector
 from affidavit.protocols.placeholders import parse_template
 from affidavit.protocols.ssh import SshTarget
@@ -290,6 +291,16 @@ HTTP_LINE_ERRORS = [
         'url = "https://x.com/%EF%BC%8E"',
         "targets.billing.url",
     ),
+    (
+        'url = "https://billing.example.com"',
+        'url = "https://x.com/..%3F"',  # a decoded "?" ends the name (segments.py)
+        "targets.billing.url",
+    ),
+    (
+        'url = "https://billing.example.com"',
+        'url = "https://x.com/%EF%BC%85%EF%BC%92%EF%BD%85"',  # "％２ｅ": "%2e" to NFKC
+        "targets.billing.url",
+    ),
     ('url = "https://billing.example.com"', 'url = "https://x.com/a b"', "targets.billing.url"),
     ('url = "https://billing.example.com"', 'url = "https://x.com:99999"', "targets.billing.url"),
     ('url = "https://billing.example.com"', 'url = "https://"', "targets.billing.url"),
@@ -388,6 +399,17 @@ def test_every_http_field_is_validated_with_its_path(
     assert err.field == field
     assert str(err) == f"{tmp_path / 'affidavit.toml'}: {field}: {err.message}"
     _names_its_field_once(err)
+
+
+def test_a_base_path_percent_that_is_no_escape_is_refused_with_the_one_message(
+    tmp_path: Path,
+) -> None:
+    """IIS reads ``%u002e`` as "."; the base path is held to the action path's check."""
+    err = error(
+        tmp_path,
+        _replace(BASE, 'url = "https://billing.example.com"', 'url = "https://x.com/%u002e"'),
+    )
+    assert (err.field, err.message) == ("targets.billing.url", f"base path {BAD_PERCENT}")
 
 
 def _names_its_field_once(err: ConfigError) -> None:

@@ -30,7 +30,7 @@ from affidavit.secrets.credentials import parse_inject
 from affidavit.statemachine import Code
 
 from .params import OVERRIDE_HEADERS, check_form_body, check_query
-from .segments import climbs
+from .segments import MAX_DECODES, bad_percent, climbs
 from .target import CREDENTIAL_HEADERS, TOKEN, TRANSPORT_HEADERS, HttpTarget
 
 __all__ = ["HTTP_ACTION", "HTTP_FIELDS", "HttpAction", "describe", "full_path"]
@@ -44,7 +44,6 @@ MAX_HEADER_VALUE = 8192
 # smuggling vector; the caller must percent-encode it.
 _PCHAR = r"A-Za-z0-9\-._~!$&'()*+,;=:@"
 _TARGET_CHARS = re.compile(rf"[{_PCHAR}/?%]*")
-_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _PRINTABLE = re.compile(r"[\x20-\x7e]+")
 _ESCAPE = "%[0-9A-Fa-f]{2}"
 # What _check_path's form checks accept, as one expression (for the published schema): a single
@@ -135,10 +134,8 @@ def _check_path(path: str, target: HttpTarget) -> None:
             "path",
             "has characters that must be percent-encoded (space, #, \\, non-ASCII, ...)",
         )
-    if _BAD_PERCENT.search(path):
-        raise ActionInvalid(Code.INVALID_FIELD, "path", 'has a "%" not followed by two hex digits')
     route, _, query = path.partition("?")
-    why = climbs(route)
+    why = climbs(route) or bad_percent(query)  # climbs checks the route's "%"s
     if why is not None:
         raise ActionInvalid(Code.INVALID_FIELD, "path", why)
     if query:
@@ -401,8 +398,9 @@ HTTP_FIELDS = (
             (
                 Code.INVALID_FIELD,
                 'a "." or ".." segment as any server may read one (percent-encoded once or '
-                'more, with ";" parameters, NUL or spaces, full-width); percent-escapes that '
-                "are not UTF-8",
+                'more, with ";" parameters, "?" or "#", NUL or spaces, full-width); '
+                "percent-escapes that are not UTF-8; a segment percent-encoded more than "
+                f"{MAX_DECODES} times over",
             ),
             (Code.FORBIDDEN_HEADER, "the query parameter that carries the credential"),
             (

@@ -12,18 +12,24 @@ every one of these:
 * split on ``/`` and ``\\`` once decoded (``..%2Fadmin`` is ``../admin`` to a server that
   decodes ``%2F``, or ``%5C`` on Windows/IIS);
 * up to its first ``;`` (Tomcat, Jetty and Spring drop path parameters before normalizing:
-  ``..;x`` is ``..``) and up to its first NUL (C code ends the string there: ``..%00x``);
+  ``..;x`` is ``..``), up to its first NUL (C code ends the string there: ``..%00x``) and up to
+  a decoded ``?`` or ``#`` (a proxy that decodes and forwards the path unescaped -- Apache
+  mod_rewrite ``[P]`` with ``$1``, CVE-2024-38474's class -- sends ``..%3Fx`` as ``..?x``: the
+  parent, and a query);
 * NFKC-normalized (full-width ``．．`` U+FF0E, ``‥`` U+2025, full-width ``／`` and ``＼``) and
-  without whitespace, control or format characters anywhere (``..%20``, ``..%09``, ``.%C2%AD.``:
-  Windows drops trailing spaces from a name, other code strips or ignores them).
+  without whitespace, control or format characters anywhere (``..%20``, ``.%20.``, ``..%09``,
+  ``.%C2%AD.``: Windows drops trailing spaces from a name, other code strips or ignores them);
+  where NFKC makes escapes of its own (full-width ``％２ｅ`` is ``%2e``), the NFKC form is
+  decoded too -- two readings out of each, so at most ``2 ** MAX_DECODES`` at the last depth.
 
 Decoding is strict UTF-8: an escape sequence that is not UTF-8 -- an overlong ``%C0%AE`` is "."
 to a lenient decoder (old IIS, Java's modified UTF-8) -- is refused at whatever depth it appears,
-rather than guessed at.  IIS's ``%u002e`` is refused as written (a "%" without two hex digits)
-and decoded where a decoding produced it (``%25u002e``).
+rather than guessed at.  IIS's ``%u002e`` is refused as written (a "%" without two hex digits:
+``bad_percent``, the one check of it, which the query is held to as well) and decoded where a
+decoding produced it (``%25u002e``).
 
 Only a segment that *becomes* "." or ".." is refused: ``...``, ``a..b``, ``.well-known``,
-``a%2Fb`` and ``%2541`` (a literal ``%41``) pass.
+``a%2Fb``, ``a%3F..`` and ``%2541`` (a literal ``%41``) pass.
 """
 
 from __future__ import annotations
@@ -32,7 +38,15 @@ import re
 import unicodedata
 import urllib.parse
 
-__all__ = ["BAD_PERCENT", "DOT_SEGMENT", "MAX_DECODES", "NOT_UTF8", "TOO_DEEP", "climbs"]
+__all__ = [
+    "BAD_PERCENT",
+    "DOT_SEGMENT",
+    "MAX_DECODES",
+    "NOT_UTF8",
+    "TOO_DEEP",
+    "bad_percent",
+    "climbs",
+]
 
 MAX_DECODES = 4
 """How many times over a segment is percent-decoded and checked."""
@@ -52,6 +66,11 @@ _IIS_ESCAPE = re.compile(r"%[uU]([0-9A-Fa-f]{4})")
 """IIS's own escape: refused as sent (``BAD_PERCENT``); decoded when a decoding produced it."""
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _SEPARATORS = re.compile(r"[/\\]")
+_END = re.compile("[;\x00?#]")
+"""Where a name ends: a path parameter (Tomcat, Jetty, Spring), C's NUL, and -- once decoded
+-- a query or a fragment (a proxy that decodes, then forwards the path unescaped: Apache
+mod_rewrite's ``[P]`` with ``$1`` sends ``..%3Fx`` as ``..?x``, which the backend reads as
+``..`` and a query; CVE-2024-38474's class)."""
 _DOTS = (".", "..")
 _INVISIBLE = frozenset({"Cc", "Cf"})
 
@@ -62,8 +81,9 @@ def climbs(route: str) -> str | None:
     if _PLAIN.fullmatch(route):  # the common path: nothing to decode (issue 15)
         plain = any(s.partition(";")[0] in _DOTS for s in route.split("/"))
         return DOT_SEGMENT if plain else None
-    if _BAD_ESCAPE.search(route):
-        return BAD_PERCENT
+    why = bad_percent(route)
+    if why is not None:
+        return why
     for segment in route.split("/"):
         why = _segment(segment)
         if why is not None:
@@ -71,18 +91,34 @@ def climbs(route: str) -> str | None:
     return None
 
 
+def bad_percent(text: str) -> str | None:
+    """``BAD_PERCENT`` if ``text`` (a path, a query) has a "%" that is no escape, else None:
+    the one check, for a query too, where no segment is read (``action.py``)."""
+    return BAD_PERCENT if _BAD_ESCAPE.search(text) else None
+
+
 def _segment(text: str) -> str | None:
+    # Each depth's readings: the text as decoded, and its NFKC form where NFKC makes escapes
+    # of its own (full-width "％２ｅ" is "%2e" to a server that normalizes, then decodes).
+    # At most two readings from each: 2**MAX_DECODES at the last depth, each decoded once.
+    readings = [text]  # a list, not a set: which refusal is named must not vary by hash
     for depth in range(MAX_DECODES + 1):
-        if _reads_as_dots(text):
+        if any(_reads_as_dots(r) for r in readings):
             return DOT_SEGMENT
-        if not _ESCAPE.search(text):
+        further: dict[str, None] = {}
+        for reading in readings:
+            for form in dict.fromkeys((reading, unicodedata.normalize("NFKC", reading))):
+                if not _ESCAPE.search(form):
+                    continue
+                if depth == MAX_DECODES:
+                    return TOO_DEEP
+                try:
+                    further[_decode(form)] = None
+                except UnicodeError:  # not UTF-8, or an IIS escape of a lone surrogate
+                    return NOT_UTF8
+        if not further:
             return None
-        if depth == MAX_DECODES:
-            return TOO_DEEP
-        try:
-            text = _decode(text)
-        except UnicodeError:  # not UTF-8, or an IIS escape of a lone surrogate
-            return NOT_UTF8
+        readings = list(further)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -94,7 +130,7 @@ def _decode(text: str) -> str:
 def _reads_as_dots(text: str) -> bool:
     """Some part of ``text`` (one segment at one depth of decoding) reads as "." or ".."."""
     for part in _SEPARATORS.split(unicodedata.normalize("NFKC", text)):
-        name = part.partition(";")[0].partition("\x00")[0]
+        name = _END.split(part, 1)[0]
         if "." in name and _visible(name) in _DOTS:
             return True
     return False

@@ -170,9 +170,10 @@ def _url(r: Read) -> str:
         raise r.error(str(exc)) from None
     if parts.query or parts.fragment or "?" in raw or "#" in raw:
         raise r.error("must not have a query or fragment")
-    if not _PATH_CHARS.fullmatch(path) or re.search(r"%(?![0-9A-Fa-f]{2})", path):
+    if not _PATH_CHARS.fullmatch(path):
         raise r.error("base path has characters that need percent-encoding")
-    why = climbs(path)  # every action path is appended to it: the same rule (segments.py)
+    why = climbs(path)  # every action path is appended to it: the same rule (segments.py),
+    # a "%" that is no escape included
     if why is not None:
         raise r.error(f"base path {why}")
     segments = [s for s in path.split("/") if s]
