@@ -53,7 +53,7 @@ MAX_DECODES = 4
 
 DOT_SEGMENT = (
     'must not contain "." or ".." segments, as any server may read one (percent-encoded, '
-    'once or more; with ";" parameters, NUL, spaces; full-width)'
+    'once or more; with ";" parameters, NUL, a "?" or "#", spaces; full-width)'
 )
 NOT_UTF8 = 'has percent-escapes that are not UTF-8 (an overlong "%C0%AE" is "." to some servers)'
 TOO_DEEP = f"has a segment percent-encoded more than {MAX_DECODES} times over"
