@@ -264,17 +264,24 @@ class FramingError(Exception):
         self.observations = list(observations or [])
 
 
-def _close_delimited(method: str, ev: h11.Response) -> bool:
-    """RFC 9112 §6.3 as h11 applies it (``h11._connection._body_framing``): a response to HEAD,
-    a 204 or 304, or a 2xx to CONNECT has no body; Transfer-Encoding (h11 accepts only chunked)
-    or Content-Length frames it; otherwise it runs to the connection's close."""
+def _body_framing(method: str, ev: h11.Response) -> str:
+    """How a final response's body is framed, by RFC 9112 §6.3 in its order of precedence (as
+    h11 applies it, ``h11._connection._body_framing``): ``"none"`` -- a response to HEAD, a 204
+    or 304 (item 1), or a 2xx to CONNECT (item 2: a tunnel, ``_refuse_paused``), whatever its
+    fields say; ``"conflict"`` -- both Transfer-Encoding and Content-Length (item 3: "ought to
+    be handled as an error"; h11 lets chunked win, which a peer smuggling a second response
+    counts on); ``"framed"`` -- one of them; ``"close"`` -- neither: the body runs to the
+    connection's close (item 8)."""
     if ev.status_code in (204, 304) or method == "HEAD":
-        return False
+        return "none"
     if method == "CONNECT" and 200 <= ev.status_code < 300:
-        return False
+        return "none"
     # ``raw_items``: a list, not the ``Sequence`` protocol's ``__getitem__`` per header.
     names = {n.lower() for n, _ in ev.headers.raw_items()}
-    return b"transfer-encoding" not in names and b"content-length" not in names
+    te, cl = b"transfer-encoding" in names, b"content-length" in names
+    if te and cl:
+        return "conflict"
+    return "framed" if te or cl else "close"
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -479,6 +486,15 @@ class HttpExchange:
                 self._fire_abort(out, "peer_closed" if closed else "malformed")
                 raise FramingError(self._framing_reason(closed), out) from e
             if ev is h11.NEED_DATA or ev is h11.PAUSED:
+                if ev is h11.PAUSED:
+                    self._refuse_paused(out)
+                if self._receive_closed():
+                    # No byte can come after the end of stream: an exchange h11 left waiting
+                    # there never ends, and a driver reading on would spin on a closed socket
+                    # (each read ``b""`` at once) until its deadline.  (h11 0.16 raises for a
+                    # message cut at EOF itself; this holds whatever state it waits in.)
+                    self._fire_abort(out, "malformed")
+                    raise FramingError("end of stream with the response unfinished", out)
                 return out
             # By exact type: h11's event classes are ABCs, and an ``isinstance`` against one
             # costs an ``ABCMeta.__instancecheck__`` call (up to four per event, issue 15).
@@ -499,7 +515,8 @@ class HttpExchange:
                 self.final_response_started = True
                 self.final_status = ev.status_code
                 self.http_version = ev.http_version.decode("ascii", "replace")
-                self.close_delimited = _close_delimited(self.request_method, ev)
+                framing = _body_framing(self.request_method, ev)
+                self.close_delimited = framing == "close"
                 headers = tuple(
                     (n.decode("latin-1"), v.decode("latin-1")) for n, v in ev.headers.raw_items()
                 )
@@ -524,6 +541,13 @@ class HttpExchange:
                         headers=headers,
                     )
                 )
+                if framing == "conflict":
+                    # The head is recorded (its field names show why); its body is never read
+                    # as a result, and the connection, its framing unknowable, never pooled.
+                    self._fire_abort(out, "malformed")
+                    raise FramingError(
+                        "response framed by both Transfer-Encoding and Content-Length", out
+                    )
             elif type(ev) is h11.Data:
                 # Not copied to ``bytes``: h11 made this bytearray for this event alone (a
                 # slice of its buffer, or the buffer itself handed over: receive_buffer.py) and
@@ -575,6 +599,17 @@ class HttpExchange:
         self.interim_refused = True
         self._fire_abort(out, "malformed")
         raise FramingError(reason, out)
+
+    def _refuse_paused(self, out: list[Observation]) -> None:
+        """h11 stops parsing (``PAUSED``) once the peer switched protocols -- a 2xx to CONNECT
+        (RFC 9110 §9.3.6: the connection becomes a tunnel), a 101 to an Upgrade (§15.2.2) --
+        and never reports an end of message: the exchange can never complete, so it ends
+        ``malformed`` at the read that brought the switch, the stream open or not.  (h11 also
+        pauses with a whole response read and bytes past it; ``_pull`` has returned at that
+        end of message already.)  A target may not list CONNECT (``methods``), and callers may
+        not send ``Upgrade``: this holds whatever reaches the exchange."""
+        self._fire_abort(out, "malformed")
+        raise FramingError("the peer switched protocols: no HTTP/1.1 response can complete", out)
 
     def abort(self, event: str, facts: Mapping[str, Any] | None = None) -> Observation | None:
         """Record an early end (timeout, reset, cancellation) if the exchange is unfinished."""

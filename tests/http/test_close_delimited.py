@@ -12,7 +12,7 @@ import trio
 
 from affidavit.adapters.base import AttemptInterrupted
 from affidavit.adapters.http import HttpClient
-from affidavit.adapters.http.machine import _close_delimited
+from affidavit.adapters.http.machine import _body_framing
 from affidavit.statemachine import Code
 
 from .fakes import FakeEngine
@@ -118,20 +118,22 @@ async def test_the_reported_http_version_is_the_responses(client: HttpClient) ->
 @pytest.mark.parametrize(
     ("headers", "method", "status", "want"),
     [
-        ([("Content-Length", "3")], "GET", 200, False),
-        ([("CONTENT-LENGTH", "0")], "GET", 200, False),
-        ([("Transfer-Encoding", "chunked")], "GET", 200, False),
-        ([("Content-Type", "text/plain")], "GET", 200, True),
-        ([], "GET", 200, True),
-        ([], "HEAD", 200, False),
-        ([], "GET", 204, False),
-        ([], "CONNECT", 200, False),
+        ([("Content-Length", "3")], "GET", 200, "framed"),
+        ([("CONTENT-LENGTH", "0")], "GET", 200, "framed"),
+        ([("Transfer-Encoding", "chunked")], "GET", 200, "framed"),
+        ([("Content-Type", "text/plain")], "GET", 200, "close"),
+        ([], "GET", 200, "close"),
+        ([], "HEAD", 200, "none"),
+        ([], "GET", 204, "none"),
+        ([], "CONNECT", 200, "none"),
+        ([("transfer-encoding", "chunked"), ("Content-length", "2")], "GET", 200, "conflict"),
+        ([("Transfer-Encoding", "chunked"), ("Content-Length", "2")], "HEAD", 200, "none"),
     ],
 )
-def test_close_delimited_reads_framing_headers_in_any_case(
-    headers: list[tuple[str, str]], method: str, status: int, want: bool
+def test_body_framing_reads_framing_headers_in_any_case(
+    headers: list[tuple[str, str]], method: str, status: int, want: str
 ) -> None:
     """The framing headers are found whatever case the peer wrote them in (the check reads
     h11's raw names and lower-cases them itself), as h11 frames the body."""
     ev = h11.Response(status_code=status, headers=headers)
-    assert _close_delimited(method, ev) is want
+    assert _body_framing(method, ev) == want
