@@ -311,6 +311,13 @@ HTTP_LINE_ERRORS = [
     ('methods = ["GET", "POST"]', 'methods = "GET"', "targets.billing.methods"),
     ('methods = ["GET", "POST"]', 'methods = ["GET", "P OST"]', "targets.billing.methods[1]"),
     ('methods = ["GET", "POST"]', 'methods = ["GET", 1]', "targets.billing.methods[1]"),
+    # CONNECT asks for a tunnel, which the HTTP adapter cannot carry (audit 48b #4).
+    ('methods = ["GET", "POST"]', 'methods = ["GET", "connect"]', "targets.billing.methods[1]"),
+    (
+        'idempotent = ["GET", "PUT", "DELETE"]',
+        'idempotent = ["CONNECT", "GET"]',
+        "targets.billing.idempotent[0]",
+    ),
     (
         'idempotent = ["GET", "PUT", "DELETE"]',
         'idempotent = ["G/T"]',

@@ -182,6 +182,14 @@ def _url(r: Read) -> str:
     return f"{scheme}://{netloc}{base_path}"
 
 
+_UNCARRIED_METHODS = frozenset({"CONNECT"})
+"""Methods the HTTP adapter cannot carry: a 2xx to CONNECT turns the connection into a tunnel
+(RFC 9110 §9.3.6), whose bytes are no HTTP/1.1 response with an end -- the exchange could
+never complete (adapters/http/machine.py, ``_refuse_paused``).  (The other way to switch
+protocols, an ``Upgrade`` header, is in ``TRANSPORT_HEADERS``: no caller or injection sets
+it.)"""
+
+
 def _methods(r: Read) -> frozenset[str]:
     items = r.string_list()
     if r.default is MISSING and not items:  # a required list of methods may not be empty
@@ -190,6 +198,11 @@ def _methods(r: Read) -> frozenset[str]:
     for i, m in enumerate(items):
         if not TOKEN.fullmatch(m):
             raise r.error("is not an HTTP method token", f"[{i}]")
+        if m.upper() in _UNCARRIED_METHODS:
+            raise r.error(
+                f"{m.upper()} opens a tunnel, which the broker cannot carry as a request",
+                f"[{i}]",
+            )
         out.add(m.upper())
     return frozenset(out)
 
@@ -335,7 +348,11 @@ HTTP_TARGET = TargetSchema(
             key=None,
             account=same,
         ),
-        Field("methods", _methods, doc="methods callers may send (normalized to upper case)"),
+        Field(
+            "methods",
+            _methods,
+            doc="methods callers may send (normalized to upper case); not `CONNECT` (a tunnel)",
+        ),
         Field(
             "idempotent",
             _methods,
