@@ -316,7 +316,8 @@ CODES: dict[Code, CodeInfo] = {
         _RE,
         _UN,
         Retry.RECONCILE,
-        "The remote result ended without a completion signal (framing, exit status).",
+        "The remote result ended without a completion signal that proves it whole (framing cut "
+        "short, malformed or ambiguous; exit status).",
     ),
     Code.RESULT_SIZE_LIMIT: CodeInfo(
         _RE,
