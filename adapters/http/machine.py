@@ -368,6 +368,9 @@ class HttpExchange:
     held: bool = False
     """``receive(piecewise=True)`` stopped after a body piece: h11 may hold more events
     (``more``)."""
+    stream_ended: bool = False
+    """``receive(b"")`` was called: the transport's stream has ended, no byte can follow (a flag,
+    not h11's ``trailing_data``, which copies its buffer on each look)."""
     interim_refused: bool = False
     """The interim (1xx) responses passed ``MAX_INFORMATIONAL`` or ``MAX_INFORMATIONAL_BYTES``:
     the exchange ended ``malformed`` with no final head parsed, and the bytes left unparsed are
@@ -464,6 +467,8 @@ class HttpExchange:
         cannot complete; partial body bytes already returned were only ever *chunks* — the
         driver never presents them as a result (seed: "never present a partial body")."""
         self.bytes_received += len(data)
+        if not data:
+            self.stream_ended = True
         try:
             self.conn.receive_data(data)
         except RuntimeError as e:  # data after EOF: our bug, not the peer's
@@ -488,7 +493,7 @@ class HttpExchange:
             if ev is h11.NEED_DATA or ev is h11.PAUSED:
                 if ev is h11.PAUSED:
                     self._refuse_paused(out)
-                if self._receive_closed():
+                if self.stream_ended:
                     # No byte can come after the end of stream: an exchange h11 left waiting
                     # there never ends, and a driver reading on would spin on a closed socket
                     # (each read ``b""`` at once) until its deadline.  (h11 0.16 raises for a
