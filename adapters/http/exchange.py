@@ -407,6 +407,10 @@ class _Hop:
                 obs = ex.body_written()
                 ctx.observe(obs.step, obs.facts)
             self.during = "read"
+            # Bounded by the peer's bytes: a read returning the end of stream (``b""``, at once
+            # on a closed socket) leaves the exchange finished or raises ``FramingError`` --
+            # never waiting for more (``HttpExchange.stream_ended``; a switch of protocols,
+            # after which h11 only pauses, ends it at its head: audit 48b #4).
             while not ex.finished:
                 await self._read_some(t.read)
         if io.cancelled_caught:
