@@ -41,7 +41,14 @@ import trio
 from affidavit.adapters.base import AttemptContext, AttemptInterrupted, ResultTooLarge
 from affidavit.statemachine import Code
 
-from .classify import Redactor, evidence_from, is_conditional, is_proxy_answer
+from .classify import (
+    Redactor,
+    evidence_from,
+    header_value,
+    is_conditional,
+    is_proxy_answer,
+    parse_proxy_status,
+)
 from .connect import READ_SIZE, Connection, errno_name, setup_failed
 from .machine import FramingError, HttpExchange, Observation
 from .pool import Pool
@@ -263,8 +270,6 @@ class _Hop:
             status, hdrs, via_forward_proxy=forward_proxy
         )
         self.ex.head_echoed = self._head_echoed
-        self.informational_echo = False
-        """An informational (1xx) head of this hop held a secret (``_head_echoed``)."""
         self.during = "write"
         """What the hop was doing (write, expect_continue, read): reported when it fails."""
         self._sha: Any = None
@@ -430,6 +435,9 @@ class _Hop:
         limit in one read or over several."""
         ex = self.ex
         await self._handle(ex.receive(data, piecewise=True))
+        # A final head with faulty framing (``HttpExchange.framing_fault``) stopped the read at
+        # itself: handled above (a refusal at it stops the hop there), it ends the exchange now.
+        ex.faulty_framing()
         while ex.held:
             await self._handle(ex.more())
 
@@ -449,8 +457,6 @@ class _Hop:
         ctx, plan = self.ctx, self.plan
         for i, obs in enumerate(observations):
             ctx.observe(obs.step, obs.facts)
-            if obs.status is None and obs.headers and not self.informational_echo:
-                self.informational_echo = self._echoes(obs)  # a 1xx head's fields
             if obs.status is not None:
                 self.head = obs
                 plan_response(
@@ -519,19 +525,19 @@ class _Hop:
         out = self.interruption(exc.detail)
         return AttemptInterrupted(exc.code, exc.detail, {**out.facts, **exc.facts})
 
-    def _echoes(self, head: Observation) -> bool:
-        red = self.redactor
-        return red.contains(head.reason) or any(red.contains(f"{n}: {v}") for n, v in head.headers)
-
     def _head_echoed(self) -> bool:
-        """Whether a response head holds a secret: an informational one, the final head parsed
-        (its reason, its header fields), or the bytes received and not parsed yet (a head cut
-        short)."""
-        head = self.head
-        if self.informational_echo or (head is not None and self._echoes(head)):
+        """Whether a response head of this hop holds a secret: one parsed (``ex.heads``: every
+        interim and final head, kept before any abort -- its reason, its header fields), the
+        bytes received before a final head was parsed (``ex.head_bytes``: a head h11 refused
+        has left its buffer), or the bytes received and not parsed yet (a head cut short)."""
+        red, ex = self.redactor, self.ex
+        for reason, fields_ in ex.heads:
+            if red.contains(reason) or any(red.contains(f"{n}: {v}") for n, v in fields_):
+                return True
+        if ex.head_bytes and red.contains(bytes(ex.head_bytes).decode("latin-1")):
             return True
         unparsed = self.conn.h11.trailing_data[0]
-        return bool(unparsed) and self.redactor.contains(bytes(unparsed).decode("latin-1"))
+        return bool(unparsed) and red.contains(bytes(unparsed).decode("latin-1"))
 
     def interruption(self, detail: str) -> AttemptInterrupted:
         ex, conn = self.ex, self.conn
@@ -541,9 +547,21 @@ class _Hop:
         # Through a forward proxy our transport only ever saw the proxy's socket; through a
         # CONNECT tunnel it spoke TLS with the origin itself.
         hop = "proxy" if conn.forward_proxy else "origin"
+        ps = None
+        if ex.proxy_response:
+            # A proxy's own error (judged at its head) is never a result of the origin's, whole
+            # or not: the origin's outcome is unknown, as for the whole error (``client.py``),
+            # its Proxy-Status beside it -- not a result cut short.
+            code, hop = Code.REMOTE_OUTCOME_UNKNOWN, "proxy"
+            fields_ = ex.heads[-1][1]
+            ps = self.redactor.scrub_parsed(
+                parse_proxy_status(header_value(fields_, "proxy-status"))
+            )
         facts = {
             "hop": hop,
-            "evidence_from": evidence_from(hop, proxy=conn.via_proxy, status=ex.final_status),
+            "evidence_from": evidence_from(
+                hop, proxy=conn.via_proxy, status=ex.final_status, proxy_status=ps
+            ),
             "via_proxy": conn.via_proxy,
             "hop_number": ex.hop,
             "connection": conn.id,
@@ -551,6 +569,8 @@ class _Hop:
             "during": self.during,
             **ex.progress(),
         }
+        if ex.proxy_response:
+            facts.update(status=ex.final_status, proxy_status=ps)
         return AttemptInterrupted(code, detail, facts)
 
     # -- 4. the connection afterwards, and the hop's result -----------------------------------

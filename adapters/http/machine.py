@@ -53,6 +53,7 @@ from .receive_buffer import client_connection
 __all__ = [
     "ABORT_EVENTS",
     "CONTENT_CODINGS",
+    "HEAD_BYTES_KEPT",
     "HTTP_TABLE",
     "MAX_INFORMATIONAL",
     "MAX_INFORMATIONAL_BYTES",
@@ -83,6 +84,11 @@ a long operation and ``103 Early Hints`` before the answer."""
 MAX_INFORMATIONAL_BYTES: Final = 64 * 1024
 """Bytes of one hop's interim (1xx) heads together; past it the exchange is ``malformed``.  h11
 bounds each head alone (16 KiB, ``max_incomplete_event_size``), the final one included."""
+
+HEAD_BYTES_KEPT: Final = MAX_INFORMATIONAL_BYTES + 2 * 16 * 1024
+"""Bytes received before the final head that ``head_bytes`` keeps: every interim head (past
+``MAX_INFORMATIONAL_BYTES`` the exchange is refused) and a final head up to h11's own bound
+(16 KiB, ``max_incomplete_event_size``), with room for the head that crossed the first bound."""
 
 CONTENT_CODINGS: Final = frozenset({"gzip", "x-gzip", "deflate", "identity"})
 """Content codings (RFC 9110 §8.4.1) named as themselves in ``content_coding``; any other is
@@ -264,21 +270,35 @@ class FramingError(Exception):
         self.observations = list(observations or [])
 
 
+_FAULTY_FRAMING: Final = {
+    "conflict": "response framed by both Transfer-Encoding and Content-Length",
+    "te_in_1_0": "HTTP/1.0 response framed by Transfer-Encoding",
+}
+"""``_body_framing``'s faulty framings, with the ``FramingError`` each ends the exchange with."""
+
+
 def _body_framing(method: str, ev: h11.Response) -> str:
     """How a final response's body is framed, by RFC 9112 §6.3 in its order of precedence (as
     h11 applies it, ``h11._connection._body_framing``): ``"none"`` -- a response to HEAD, a 204
     or 304 (item 1), or a 2xx to CONNECT (item 2: a tunnel, ``_refuse_paused``), whatever its
-    fields say; ``"conflict"`` -- both Transfer-Encoding and Content-Length (item 3: "ought to
-    be handled as an error"; h11 lets chunked win, which a peer smuggling a second response
-    counts on); ``"framed"`` -- one of them; ``"close"`` -- neither: the body runs to the
-    connection's close (item 8)."""
-    if ev.status_code in (204, 304) or method == "HEAD":
-        return "none"
-    if method == "CONNECT" and 200 <= ev.status_code < 300:
-        return "none"
+    fields say (``"none_te"`` when one is Transfer-Encoding: complete, but the connection is
+    not pooled -- §6.1: "A server MUST NOT send a Transfer-Encoding header field in any
+    response with a status code of 1xx (Informational) or 204 (No Content)", so its peer's
+    framing is in doubt); ``"conflict"`` -- both Transfer-Encoding and Content-Length (item 3:
+    "ought to be handled as an error"; h11 lets chunked win, which a peer smuggling a second
+    response counts on); ``"te_in_1_0"`` -- Transfer-Encoding in an HTTP/1.0 response (§6.1: "A
+    client MUST treat ... as faulty", with or without Content-Length; h11 reads it chunked);
+    ``"framed"`` -- one of them; ``"close"`` -- neither: the body runs to the connection's
+    close (item 8)."""
     # ``raw_items``: a list, not the ``Sequence`` protocol's ``__getitem__`` per header.
     names = {n.lower() for n, _ in ev.headers.raw_items()}
     te, cl = b"transfer-encoding" in names, b"content-length" in names
+    if ev.status_code in (204, 304) or method == "HEAD":
+        return "none_te" if te else "none"
+    if method == "CONNECT" and 200 <= ev.status_code < 300:
+        return "none"
+    if te and ev.http_version == b"1.0":
+        return "te_in_1_0"
     if te and cl:
         return "conflict"
     return "framed" if te or cl else "close"
@@ -371,6 +391,19 @@ class HttpExchange:
     stream_ended: bool = False
     """``receive(b"")`` was called: the transport's stream has ended, no byte can follow (a flag,
     not h11's ``trailing_data``, which copies its buffer on each look)."""
+    heads: list[tuple[str, tuple[tuple[str, str], ...]]] = field(default_factory=list)
+    """The reason and header fields of every response head parsed (interim and final), kept as
+    it is parsed -- before any abort -- for ``head_echoed``."""
+    head_bytes: bytearray = field(default_factory=bytearray)
+    """The first ``HEAD_BYTES_KEPT`` bytes received while no final head was parsed (emptied at
+    it): a head h11 refuses (a malformed field line) is taken out of its buffer before it is
+    refused, so neither ``heads`` nor the unparsed bytes would show an echo in it."""
+    framing_fault: str | None = None
+    """The final head's framing is faulty (``_body_framing``): why.  The driver ends the
+    exchange ``malformed`` once it has decided on the head (``faulty_framing``)."""
+    unpoolable: bool = False
+    """The final response is complete, but its connection may not be pooled (``reusable``): a
+    HEAD, 204 or 304 answer carrying Transfer-Encoding."""
     interim_refused: bool = False
     """The interim (1xx) responses passed ``MAX_INFORMATIONAL`` or ``MAX_INFORMATIONAL_BYTES``:
     the exchange ended ``malformed`` with no final head parsed, and the bytes left unparsed are
@@ -469,6 +502,10 @@ class HttpExchange:
         self.bytes_received += len(data)
         if not data:
             self.stream_ended = True
+        elif not self.final_response_started:
+            room = HEAD_BYTES_KEPT - len(self.head_bytes)
+            if room > 0:
+                self.head_bytes += data[:room]
         try:
             self.conn.receive_data(data)
         except RuntimeError as e:  # data after EOF: our bug, not the peer's
@@ -506,14 +543,14 @@ class HttpExchange:
             # h11 makes these classes themselves, never subclasses; anything else is refused
             # below as it was.
             if type(ev) is h11.InformationalResponse:
-                self._bound_interim(out)
-                self.informational_seen.append(ev.status_code)
-                step = self.machine.fire("informational")
-                # Its fields ride along (no ``status``: not the final head) for ``head_echoed``.
                 fields_ = tuple(
                     (n.decode("latin-1"), v.decode("latin-1")) for n, v in ev.headers.raw_items()
                 )
                 reason = ev.reason.decode("latin-1")
+                self.heads.append((reason, fields_))  # before any abort: ``head_echoed``
+                self._bound_interim(out)
+                self.informational_seen.append(ev.status_code)
+                step = self.machine.fire("informational")
                 seen = {"hop": self.hop, "status": ev.status_code}
                 out.append(Observation(step, seen, reason=reason, headers=fields_))
             elif type(ev) is h11.Response:
@@ -522,9 +559,15 @@ class HttpExchange:
                 self.http_version = ev.http_version.decode("ascii", "replace")
                 framing = _body_framing(self.request_method, ev)
                 self.close_delimited = framing == "close"
+                self.unpoolable = framing == "none_te"
                 headers = tuple(
                     (n.decode("latin-1"), v.decode("latin-1")) for n, v in ev.headers.raw_items()
                 )
+                reason = ev.reason.decode("latin-1")
+                # Kept before anything can abort (``head_echoed``); the copy of the bytes
+                # before it is no longer needed: this head is parsed.
+                self.heads.append((reason, headers))
+                self.head_bytes = bytearray()
                 self.proxy_response = bool(
                     self.proxy_judge and self.proxy_judge(ev.status_code, headers)
                 )
@@ -542,17 +585,18 @@ class HttpExchange:
                         step,
                         facts,
                         status=ev.status_code,
-                        reason=ev.reason.decode("latin-1"),
+                        reason=reason,
                         headers=headers,
                     )
                 )
-                if framing == "conflict":
-                    # The head is recorded (its field names show why); its body is never read
-                    # as a result, and the connection, its framing unknowable, never pooled.
-                    self._fire_abort(out, "malformed")
-                    raise FramingError(
-                        "response framed by both Transfer-Encoding and Content-Length", out
-                    )
+                if framing in _FAULTY_FRAMING:
+                    # Faulty framing: the head is recorded (its field names show why), its body
+                    # is never read as a result, and the connection, its framing unknowable,
+                    # never pooled.  Flagged, not aborted here: the driver decides on the head
+                    # first (a refusal at it wins, ``redirects.py``), then ends the exchange
+                    # (``faulty_framing``).
+                    self.framing_fault = _FAULTY_FRAMING[framing]
+                    return out
             elif type(ev) is h11.Data:
                 # Not copied to ``bytes``: h11 made this bytearray for this event alone (a
                 # slice of its buffer, or the buffer itself handed over: receive_buffer.py) and
@@ -616,6 +660,16 @@ class HttpExchange:
         self._fire_abort(out, "malformed")
         raise FramingError("the peer switched protocols: no HTTP/1.1 response can complete", out)
 
+    def faulty_framing(self) -> None:
+        """Raise ``FramingError`` (after firing ``malformed``) when the final head's framing was
+        faulty (``framing_fault``); the driver calls this once it has decided on the head."""
+        fault = self.framing_fault
+        if fault is None:
+            return
+        out: list[Observation] = []
+        self._fire_abort(out, "malformed")
+        raise FramingError(fault, out)
+
     def abort(self, event: str, facts: Mapping[str, Any] | None = None) -> Observation | None:
         """Record an early end (timeout, reset, cancellation) if the exchange is unfinished."""
         if not self.machine.allows(event):
@@ -678,6 +732,7 @@ class HttpExchange:
             and self.finished
             and not self._receive_closed()
             and not self._pending()
+            and not self.unpoolable
         )
 
     # -- internals ----------------------------------------------------------------------------

@@ -260,6 +260,44 @@ async def test_an_echo_in_the_head_of_an_answer_cut_short_is_not_measured(
     _assert_same(seen)
 
 
+def _echo_then(tail: bytes, status: bytes = b"200 OK") -> Any:
+    """A peer whose head echoes the credential in ``X-Echo``, followed (in the same write) by
+    ``tail``: the rest of a head or a body that ends the exchange before a result."""
+
+    async def serve(peer: Peer) -> None:
+        req = await peer.read_request()
+        if req is None:
+            return
+        said = (req.header("authorization") or "").encode()
+        await peer.send_raw(b"HTTP/1.1 " + status + b"\r\nX-Echo: " + said + b"\r\n" + tail)
+        await peer.close()
+
+    return serve
+
+
+# Each ended the exchange in the sans-IO core (or, the first, once the driver saw the head)
+# before the driver recorded the head: the head's echo went unseen and ``response_bytes``,
+# which counts it, measured the credential (fixF review #1).
+_HEAD_ECHO_ENDS = {
+    # Framed by both Transfer-Encoding and Content-Length: malformed at its head.
+    "te-and-cl": _echo_then(b"Transfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n2\r\nok"),
+    # The head and a broken chunk in one read: h11 refuses the chunk after yielding the head.
+    "broken-chunk": _echo_then(b"Transfer-Encoding: chunked\r\n\r\nzz\r\nok\r\n"),
+    # A 101 no request asked for: h11 refuses it after taking its bytes from its buffer.
+    "unasked-101": _echo_then(b"Upgrade: x\r\n\r\n", b"101 Switching Protocols"),
+    # A field line h11 refuses: the head's bytes are gone from its buffer, nothing parsed.
+    "refused-field": _echo_then(b"no colon here\r\n\r\n"),
+}
+
+
+@pytest.mark.parametrize("serve", list(_HEAD_ECHO_ENDS.values()), ids=list(_HEAD_ECHO_ENDS))
+async def test_an_echo_in_a_head_that_ends_the_exchange_is_not_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, serve: Any
+) -> None:
+    _, seen = await _cut_short_numbers(tmp_path, monkeypatch, serve)
+    _assert_same(seen)
+
+
 async def _cut_after_informational_echo(peer: Peer) -> None:
     """Echo the credential in an informational (1xx) head, then close: no final response."""
     req = await peer.read_request()

@@ -96,6 +96,50 @@ async def test_a_proxys_own_error_with_proxy_status_is_unknown_and_names_the_hop
     assert origin.requests == []
 
 
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n3\r\nbad\r\n0\r\n\r\n",
+        b"Content-Length: 100\r\n\r\nbad",  # cut short: the proxy closes
+    ],
+    ids=["te-and-cl", "cut-short"],
+)
+async def test_a_proxys_own_error_that_ends_malformed_is_still_unknown_with_its_proxy_status(
+    tmp_path: Path, token: str, framing: bytes
+) -> None:
+    """A proxy's own error is judged at its head: its body's framing (faulty, or cut short)
+    decides nothing of the origin's outcome -- unknown, the Proxy-Status beside it, as for the
+    whole error above; never ``REMOTE_RESULT_INCOMPLETE``, a result of the origin's cut short
+    (fixF review #2: the framing fault was raised before the head was judged)."""
+
+    async def proxy_script(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send_raw(
+            b"HTTP/1.1 502 Bad Gateway\r\nProxy-Status: edge1; error=connection_timeout\r\n"
+            + framing
+        )
+        await peer.close()
+
+    async with (
+        HostileServer.running(scripts.serve(Reply(201))) as origin,
+        HostileServer.running(proxy_script) as proxy,
+    ):
+        env, events = await _call(tmp_path, origin.url, proxy.url, POST)
+    err = env["error"]
+    assert (err["outcome"], err["code"]) == ("unknown", "REMOTE_OUTCOME_UNKNOWN")
+    hop = {
+        "hop": "proxy",
+        "proxy": proxy.hostport,
+        "status": 502,
+        "proxy_status": [{"proxy": "edge1", "error": "connection_timeout"}],
+    }
+    assert env["evidence"]["evidence_from"] == hop
+    interrupted = _attrs(events, E.ATTEMPT_INTERRUPTED)
+    assert interrupted["evidence_from"] == hop
+    assert interrupted["facts"]["proxy_status"] == hop["proxy_status"]
+    assert "result" not in env and origin.requests == []
+
+
 async def test_a_forward_proxys_own_500_is_never_the_origins_committed_result(
     tmp_path: Path, token: str
 ) -> None:

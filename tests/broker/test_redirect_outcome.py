@@ -180,6 +180,39 @@ async def test_a_refusal_where_the_credential_was_not_sent_is_no_rejection(
     assert rec.evidence["status"] == 307
 
 
+async def test_a_refusal_framed_two_ways_where_the_credential_was_not_sent_still_stops_there(
+    tmp_path: Path, token: str
+) -> None:
+    """The refusal is decided at its head, before its framing (Transfer-Encoding beside
+    Content-Length) ends the exchange malformed: the 307 to the request that carried the
+    credential stands, as for any refusal (fixF review #2: the framing fault was raised first,
+    and the call ended ``REMOTE_RESULT_INCOMPLETE``)."""
+
+    async def refuses(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send_raw(
+            b"HTTP/1.1 401 Unauthorized\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n"
+            b"\r\n2\r\nno\r\n0\r\n\r\n"
+        )
+        await peer.close()
+
+    async with HostileServer.running(refuses) as other:
+        moved = scripts.redirect(other.url + "/pay", 307)
+        async with HostileServer.running(moved) as srv:
+            env, rec = await _call(
+                tmp_path, srv.url, {**PAY, "method": "PUT"}, redirect_origins=[other.origin]
+            )
+    assert len(other.requests) == 1 and token not in str(other.requests[0].headers)
+    assert env["result"]["status"] == 307 and env["result"]["body"] == "moved"
+    refused = env["evidence"]["redirect_not_followed"]
+    assert (refused["reason"], refused["hop"], refused["status"]) == (
+        REFUSED_WITHOUT_CREDENTIAL,
+        2,
+        401,
+    )
+    assert rec.evidence["status"] == 307 and rec.evidence["http"]["path"][-1] == "redirect_refused"
+
+
 async def test_a_batch_answered_from_another_origin_takes_no_item_outcome_from_it(
     tmp_path: Path, token: str
 ) -> None:

@@ -127,7 +127,10 @@ async def test_the_reported_http_version_is_the_responses(client: HttpClient) ->
         ([], "GET", 204, "none"),
         ([], "CONNECT", 200, "none"),
         ([("transfer-encoding", "chunked"), ("Content-length", "2")], "GET", 200, "conflict"),
-        ([("Transfer-Encoding", "chunked"), ("Content-Length", "2")], "HEAD", 200, "none"),
+        # RFC 9112 §6.1: no Transfer-Encoding in a 204 -- complete, never pooled (``unpoolable``)
+        ([("Transfer-Encoding", "chunked"), ("Content-Length", "2")], "HEAD", 200, "none_te"),
+        ([("transfer-encoding", "chunked")], "GET", 204, "none_te"),
+        ([("Transfer-Encoding", "chunked")], "GET", 304, "none_te"),
     ],
 )
 def test_body_framing_reads_framing_headers_in_any_case(
@@ -137,3 +140,21 @@ def test_body_framing_reads_framing_headers_in_any_case(
     h11's raw names and lower-cases them itself), as h11 frames the body."""
     ev = h11.Response(status_code=status, headers=headers)
     assert _body_framing(method, ev) == want
+
+
+@pytest.mark.parametrize(
+    ("headers", "want"),
+    [
+        ([("Transfer-Encoding", "chunked")], "te_in_1_0"),
+        ([("Transfer-Encoding", "chunked"), ("Content-Length", "2")], "te_in_1_0"),
+        ([("Content-Length", "2")], "framed"),
+        ([], "close"),
+    ],
+)
+def test_body_framing_of_an_http_1_0_response_with_transfer_encoding_is_faulty(
+    headers: list[tuple[str, str]], want: str
+) -> None:
+    """RFC 9112 §6.1: "If a message is received with ... Transfer-Encoding ... [in] HTTP/1.0,
+    the client MUST treat [the framing] as faulty", even with a Content-Length."""
+    ev = h11.Response(status_code=200, headers=headers, http_version=b"1.0")
+    assert _body_framing("GET", ev) == want

@@ -24,7 +24,7 @@ from affidavit.adapters.http.connect import Connection
 from affidavit.statemachine import Code, ProtocolMachine
 
 from .fakes import FakeEngine
-from .hostile import HostileServer, Peer
+from .hostile import HostileServer, Peer, Reply
 from .test_rows import req
 
 TE_CL = (
@@ -96,42 +96,98 @@ def test_an_end_of_stream_the_core_did_not_end_on_is_malformed_not_more_to_come(
     )
 
 
+TE_CL_MESSAGE = "response framed by both Transfer-Encoding and Content-Length"
+TE_1_0_MESSAGE = "HTTP/1.0 response framed by Transfer-Encoding"
+
+
 @pytest.mark.parametrize(
-    "head",
+    ("head", "message"),
     [
-        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nTRANSFER-ENCODING: chunked\r\ncontent-length: 2\r\n\r\n",
-        b"HTTP/1.1 500 X\r\nTransfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n",
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n",
+            TE_CL_MESSAGE,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTRANSFER-ENCODING: chunked\r\ncontent-length: 2\r\n\r\n",
+            TE_CL_MESSAGE,
+        ),
+        (
+            b"HTTP/1.1 500 X\r\nTransfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n",
+            TE_CL_MESSAGE,
+        ),
+        # RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 message is faulty framing, with or
+        # without a Content-Length (h11 reads it chunked).
+        (b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", TE_1_0_MESSAGE),
+        (
+            b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n",
+            TE_1_0_MESSAGE,
+        ),
     ],
-    ids=["cl-then-te", "te-then-cl-any-case", "an-error-status"],
+    ids=["cl-then-te", "te-then-cl-any-case", "an-error-status", "te-in-1.0", "te-cl-in-1.0"],
 )
-def test_both_transfer_encoding_and_content_length_is_malformed(head: bytes) -> None:
+def test_faulty_framing_is_malformed_once_the_driver_has_seen_the_head(
+    head: bytes, message: str
+) -> None:
     """RFC 9112 §6.3 item 3: such a message "ought to be handled as an error" (h11 lets chunked
-    win).  The head is recorded -- its field names show why -- then ``malformed``; the chunked
-    body after it, however whole, is never read as a result."""
+    win).  The head is returned and recorded -- its field names show why -- nothing past it
+    (the driver decides on the head first: a refusal at it wins); ``faulty_framing`` then ends
+    the exchange ``malformed``; the chunked body after the head, however whole, is never read
+    as a result."""
     ex = _sent("POST")
-    with pytest.raises(FramingError) as info:
-        ex.receive(head + b"2\r\nok\r\n0\r\n\r\n")
-    head_obs, abort = info.value.observations
+    [head_obs] = ex.receive(head + b"2\r\nok\r\n0\r\n\r\n")
     assert head_obs.step.event == "response_headers"
-    assert {"content-length", "transfer-encoding"} <= set(head_obs.facts["header_names"])
+    assert "transfer-encoding" in set(head_obs.facts["header_names"])
+    assert ex.framing_fault == message
+    with pytest.raises(FramingError) as info:
+        ex.faulty_framing()
+    [abort] = info.value.observations
+    assert str(info.value) == message
     assert abort.step.event == "malformed" and ex.machine.state == "closed_early"
     assert ex.response_started and not ex.reusable and ex.body_bytes_received == 0
+
+
+def test_a_well_framed_head_leaves_nothing_for_faulty_framing() -> None:
+    ex = _sent("GET")
+    ex.receive(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    assert ex.framing_fault is None
+    ex.faulty_framing()  # returns
+    assert ex.machine.complete and ex.reusable
+
+
+@pytest.mark.parametrize(
+    ("method", "status", "fields"),
+    [
+        ("HEAD", 200, "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n"),
+        ("GET", 304, "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n"),
+        ("GET", 204, "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n"),
+        ("HEAD", 200, "Transfer-Encoding: chunked\r\n"),
+        ("GET", 204, "Transfer-Encoding: chunked\r\n"),
+    ],
+    ids=["head", "304", "204", "head-te", "204-te"],
+)
+def test_transfer_encoding_on_a_response_without_a_body_completes_but_is_not_pooled(
+    method: str, status: int, fields: str
+) -> None:
+    """§6.3's item 1 comes first: a HEAD response, a 204 or a 304 ends at its head whatever its
+    fields say, so they frame nothing and are no conflict (a HEAD answer carries the fields its
+    GET would): complete.  But §6.1 forbids Transfer-Encoding in a 204 (a 304's or a HEAD
+    answer's names the coding its GET would have had): a peer sending it there may frame what
+    follows otherwise than h11 reads it, so the connection is not pooled."""
+    ex = _sent(method)
+    head = f"HTTP/1.1 {status} X\r\n{fields}\r\n"
+    assert [o.step.event for o in ex.receive(head.encode())][-1] == "end"
+    assert ex.machine.complete and ex.unpoolable and not ex.reusable
 
 
 @pytest.mark.parametrize(
     ("method", "status"), [("HEAD", 200), ("GET", 304), ("GET", 204)], ids=["head", "304", "204"]
 )
-def test_both_headers_on_a_response_without_a_body_frame_nothing_and_pass(
-    method: str, status: int
-) -> None:
-    """§6.3's items 1-2 come first: a HEAD response, a 204 or a 304 ends at its head whatever
-    its fields say, so they frame nothing and are no conflict (a HEAD answer carries the
-    fields its GET would)."""
+def test_a_response_without_a_body_or_transfer_encoding_is_pooled(method: str, status: int) -> None:
     ex = _sent(method)
-    head = f"HTTP/1.1 {status} X\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n"
-    assert [o.step.event for o in ex.receive(head.encode())][-1] == "end"
-    assert ex.machine.complete
+    assert [o.step.event for o in ex.receive(f"HTTP/1.1 {status} X\r\n\r\n".encode())][-1] == (
+        "end"
+    )
+    assert ex.machine.complete and ex.reusable
 
 
 # -- the driver: reads counted -----------------------------------------------------------------
@@ -184,15 +240,19 @@ async def test_a_2xx_to_connect_ends_the_hop_without_reading_on(
     assert fe.events[-2:] == ["response_headers", "malformed"]
     assert fe.machine.state == "closed_early" and fe.machine.dispatched
     assert info.value.code is Code.REMOTE_RESULT_INCOMPLETE
-    assert len(reads) <= 2, reads
+    assert len(reads) == 1, reads  # the head's read alone: not one more
 
 
+TE_1_0 = b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize("raw", [TE_CL, TE_1_0], ids=["te-and-cl", "te-in-1.0"])
 async def test_a_chunked_body_beside_a_content_length_is_never_a_result(
-    client: HttpClient,
+    client: HttpClient, raw: bytes
 ) -> None:
     async def script(peer: Peer) -> None:
         while await peer.read_request() is not None:
-            await peer.send_raw(TE_CL)
+            await peer.send_raw(raw)
 
     async with HostileServer.running(script) as srv:
         for _ in range(2):
@@ -203,3 +263,35 @@ async def test_a_chunked_body_beside_a_content_length_is_never_a_result(
             assert fe.events[-1] == "malformed" and fe.body == b""
     # The connection it came on is closed, never pooled: the second call opened its own.
     assert srv.connections == 2
+
+
+@pytest.mark.parametrize(
+    ("method", "raw"),
+    [
+        ("GET", b"HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n"),
+        ("HEAD", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 9\r\n\r\n"),
+        ("GET", None),
+    ],
+    ids=["204-te", "head-te-cl", "204-plain"],
+)
+async def test_an_answer_without_a_body_carrying_transfer_encoding_completes_unpooled(
+    client: HttpClient, method: str, raw: bytes | None
+) -> None:
+    """The answer is the result (RFC 9112 §6.3 item 1: it ends at its head), but its peer sent
+    a field §6.1 forbids there: the next call opens a connection of its own.  A plain 204 is
+    pooled (the control row: the server's h11 writes it, and reads the next request)."""
+
+    async def script(peer: Peer) -> None:
+        while await peer.read_request() is not None:
+            if raw is None:
+                await peer.respond(Reply(204))
+            else:
+                await peer.send_raw(raw)
+
+    async with HostileServer.running(script) as srv:
+        for _ in range(2):
+            fe = FakeEngine()
+            with trio.fail_after(10):
+                await client.perform(req(srv.url + "/x", method), fe.ctx)
+            assert fe.machine.complete and fe.events[-1] == "end"
+    assert srv.connections == (1 if raw is None else 2)
