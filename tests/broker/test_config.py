@@ -318,6 +318,13 @@ HTTP_LINE_ERRORS = [
         'idempotent = ["CONNECT", "GET"]',
         "targets.billing.idempotent[0]",
     ),
+    # TRACE's answer is the request as received, credential and all (RFC 9110 §9.3.8).
+    ('methods = ["GET", "POST"]', 'methods = ["GET", "Trace"]', "targets.billing.methods[1]"),
+    (
+        'idempotent = ["GET", "PUT", "DELETE"]',
+        'idempotent = ["GET", "TRACE"]',
+        "targets.billing.idempotent[1]",
+    ),
     (
         'idempotent = ["GET", "PUT", "DELETE"]',
         'idempotent = ["G/T"]',
@@ -417,6 +424,26 @@ def test_a_base_path_percent_that_is_no_escape_is_refused_with_the_one_message(
         _replace(BASE, 'url = "https://billing.example.com"', 'url = "https://x.com/%u002e"'),
     )
     assert (err.field, err.message) == ("targets.billing.url", f"base path {BAD_PERCENT}")
+
+
+@pytest.mark.parametrize(
+    ("method", "why"),
+    [
+        ("connect", "CONNECT opens a tunnel, which the broker cannot carry as a request"),
+        ("TRACE", "TRACE would echo the injected credential back"),
+    ],
+)
+@pytest.mark.parametrize("key", ["methods", "idempotent"])
+def test_a_method_the_broker_will_not_send_is_refused_with_why(
+    tmp_path: Path, method: str, why: str, key: str
+) -> None:
+    old = {
+        "methods": 'methods = ["GET", "POST"]',
+        "idempotent": 'idempotent = ["GET", "PUT", "DELETE"]',
+    }
+    err = error(tmp_path, _replace(BASE, old[key], f'{key} = ["GET", "{method}"]'))
+    assert (err.code, err.field) == ("CONFIG_INVALID", f"targets.billing.{key}[1]")
+    assert err.message.startswith(why), err.message
 
 
 def _names_its_field_once(err: ConfigError) -> None:

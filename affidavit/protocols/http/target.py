@@ -12,7 +12,7 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from affidavit.adapters.http.urls import split_url
 from affidavit.schema import (
@@ -182,12 +182,21 @@ def _url(r: Read) -> str:
     return f"{scheme}://{netloc}{base_path}"
 
 
-_UNCARRIED_METHODS = frozenset({"CONNECT"})
-"""Methods the HTTP adapter cannot carry: a 2xx to CONNECT turns the connection into a tunnel
-(RFC 9110 §9.3.6), whose bytes are no HTTP/1.1 response with an end -- the exchange could
-never complete (adapters/http/machine.py, ``_refuse_paused``).  (The other way to switch
-protocols, an ``Upgrade`` header, is in ``TRANSPORT_HEADERS``: no caller or injection sets
-it.)"""
+_UNCARRIED_METHODS: Final = {
+    "CONNECT": "opens a tunnel, which the broker cannot carry as a request",
+    "TRACE": "would echo the injected credential back (RFC 9110 §9.3.8: no sensitive fields "
+    "in a TRACE request)",
+}
+"""Methods a target may not list, each with why.  A 2xx to CONNECT turns the connection into a
+tunnel (RFC 9110 §9.3.6), whose bytes are no HTTP/1.1 response with an end -- the exchange
+could never complete (adapters/http/machine.py, ``_refuse_paused``).  (The other way to switch
+protocols, an ``Upgrade`` header, is in ``TRANSPORT_HEADERS``: no caller or injection sets it.)
+TRACE's answer is the request head as received (§9.3.8: "A client MUST NOT generate fields in a
+TRACE request containing sensitive data that might be disclosed by the response", stored
+credentials the example): the broker injects the credential into every request, so the
+redactor would be the only protection left.  An action's method must be one the target lists
+(``action.parse``), as must a redirect hop's and a reconciliation query's: none can be
+either."""
 
 
 def _methods(r: Read) -> frozenset[str]:
@@ -198,11 +207,9 @@ def _methods(r: Read) -> frozenset[str]:
     for i, m in enumerate(items):
         if not TOKEN.fullmatch(m):
             raise r.error("is not an HTTP method token", f"[{i}]")
-        if m.upper() in _UNCARRIED_METHODS:
-            raise r.error(
-                f"{m.upper()} opens a tunnel, which the broker cannot carry as a request",
-                f"[{i}]",
-            )
+        why = _UNCARRIED_METHODS.get(m.upper())
+        if why is not None:
+            raise r.error(f"{m.upper()} {why}", f"[{i}]")
         out.add(m.upper())
     return frozenset(out)
 
@@ -351,7 +358,8 @@ HTTP_TARGET = TargetSchema(
         Field(
             "methods",
             _methods,
-            doc="methods callers may send (normalized to upper case); not `CONNECT` (a tunnel)",
+            doc="methods callers may send (normalized to upper case); not `CONNECT` (a tunnel) "
+            "or `TRACE` (it echoes the credential)",
         ),
         Field(
             "idempotent",
