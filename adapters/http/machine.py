@@ -284,7 +284,9 @@ def _body_framing(method: str, ev: h11.Response) -> str:
     fields say (``"none_te"`` when one is Transfer-Encoding: complete, but the connection is
     not pooled -- §6.1: "A server MUST NOT send a Transfer-Encoding header field in any
     response with a status code of 1xx (Informational) or 204 (No Content)", so its peer's
-    framing is in doubt); ``"conflict"`` -- both Transfer-Encoding and Content-Length (item 3:
+    framing is in doubt; a HEAD or 304 answer MAY carry it, naming its GET's coding, but a
+    connection closed costs only a reconnect, and telling the two apart would trust the peer
+    that sent it); ``"conflict"`` -- both Transfer-Encoding and Content-Length (item 3:
     "ought to be handled as an error"; h11 lets chunked win, which a peer smuggling a second
     response counts on); ``"te_in_1_0"`` -- Transfer-Encoding in an HTTP/1.0 response (§6.1: "A
     client MUST treat ... as faulty", with or without Content-Length; h11 reads it chunked);
@@ -353,7 +355,8 @@ class HttpExchange:
         head = ex.start_request(method, target, headers, has_body)     # fires send_headers
         -> write head; ex.body_bytes(body) -> write; ex.body_written()  # fires send_body
         ex.receive(data) / ex.receive(b"") -> [Observation, ...]       # fires response steps
-        (the driver: ``receive(data, piecewise=True)``, then ``more()`` while ``held``)
+        (the driver: ``receive(data, piecewise=True)``, handles the steps, ``faulty_framing()``,
+        then ``more()`` while ``held``)
         ex.abort("peer_closed" | ...)                                  # on any early end
     """
 
@@ -496,6 +499,9 @@ class HttpExchange:
         may follow it in the same read is fired: a body past the limit ends ``closed_early``
         whatever the read boundaries, never ``framing_complete`` first.
 
+        A final head whose framing is faulty (``framing_fault``) is the last step returned:
+        the driver judges it, then calls ``faulty_framing``.
+
         Raises ``FramingError`` after firing ``malformed`` or ``peer_closed`` when the response
         cannot complete; partial body bytes already returned were only ever *chunks* — the
         driver never presents them as a result (seed: "never present a partial body")."""
@@ -505,7 +511,7 @@ class HttpExchange:
         elif not self.final_response_started:
             room = HEAD_BYTES_KEPT - len(self.head_bytes)
             if room > 0:
-                self.head_bytes += data[:room]
+                self.head_bytes += memoryview(data)[:room]  # one copy, not a slice and one
         try:
             self.conn.receive_data(data)
         except RuntimeError as e:  # data after EOF: our bug, not the peer's
