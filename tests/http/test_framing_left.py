@@ -1,7 +1,9 @@
 """Responses an HTTP/1.1 exchange cannot complete from: the peer switched protocols (a 2xx to
-CONNECT, a 101 to an Upgrade), or framed its body two ways at once (Transfer-Encoding beside
-Content-Length, RFC 9112 §6.3 item 3).  Each ends ``malformed`` -> ``closed_early`` at once:
-dispatched, so ``unknown``, never a result, and the connection is never pooled.
+CONNECT, a 101 to an Upgrade), or framed its body faultily (Transfer-Encoding beside
+Content-Length, RFC 9112 §6.3 item 3; Transfer-Encoding in HTTP/1.0, §6.1).  Each ends
+``malformed`` -> ``closed_early`` at its head: dispatched, so ``unknown``, never a result, and
+the connection is never pooled.  A HEAD, 204 or 304 answer carrying Transfer-Encoding completes
+but is not pooled either.
 
 Audit 48b #4: h11 answers ``PAUSED`` after a switch and never an end of message; the driver
 read on, on a socket its peer had closed (each read ``b""`` at once) -- 100% CPU until the
