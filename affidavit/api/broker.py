@@ -322,6 +322,7 @@ class Broker:
         control: CallControl | None = None,
         requester: int | None = None,
         deliver: Deliver | None = None,
+        operator: bool = False,
     ) -> dict[str, Any]:
         """Query a job's status resource once, as a linked invocation of its target, and return
         ``{"operation": {...}, "poll": the poll's envelope}`` (``poll`` is None when the job had
@@ -336,7 +337,10 @@ class Broker:
         the poll's, as ``call``'s (a host's shutdown stops it where it is); ``requester``: as
         ``call``'s -- the poll waits for an operator when the target's approval covers it;
         ``deliver``: as ``call``'s -- the answer is written through it, and the poll's result
-        recorded delivered only once it was written whole."""
+        recorded delivered only once it was written whole; ``operator``: as ``fetch_result``'s
+        -- an operator's channel (the embedded command line) polls an operation a caller may not
+        read (``callable_by_caller``), which any other asker is told does not exist, word for
+        word as an unknown id."""
         await self.settled()  # the submission's record as its caller was told it
         return await self._engine.poll_operation(
             operation_id,
@@ -344,6 +348,7 @@ class Broker:
             control=control,
             requester=requester,
             deliver=deliver,
+            operator=operator,
         )
 
     def catalog(self) -> dict[str, Any]:
@@ -423,6 +428,7 @@ class Broker:
         control: CallControl | None = None,
         requester: int | None = None,
         deliver: Deliver | None = None,
+        as_operator: bool = False,
     ) -> dict[str, Any]:
         """Settle an unknown outcome: ``query=True`` runs the target's reconciliation query as a
         linked invocation; ``attest="committed" | "rejected"`` (with a ``note``; operators
@@ -432,7 +438,11 @@ class Broker:
         ``control``: the query's, as ``call``'s (a host's shutdown stops it where it is);
         ``requester``: as ``call``'s -- the query waits for an operator when the target's
         approval covers it; ``deliver``: a query's answer is written through it, as
-        ``poll_operation``'s (an attestation's is returned)."""
+        ``poll_operation``'s (an attestation's is returned).  A query names an invocation a
+        caller may not read (``callable_by_caller``) only ``as_operator`` (the console, the
+        embedded command line: an operator's channel, as ``fetch_result``'s ``operator``); for
+        any other asker it is refused as an id that names nothing, word for word -- its state
+        untold (an attestation is an operator's: it reads every record)."""
         if query == (attest is not None):
             raise OperatorError("BAD_REQUEST", "give exactly one of query or attest", 400)
         reconcile.note_refused(query, note)  # never dropped unsaid: a query records no note
@@ -447,6 +457,7 @@ class Broker:
                     control=control,
                     requester=requester,
                     deliver=deliver,
+                    operator=as_operator,
                 )
             assert attest is not None
             envelope = await reconcile.attest(

@@ -285,7 +285,12 @@ def _reconcile(args: argparse.Namespace) -> int:
 
         async def reconcile(broker: Any) -> Any:
             return await broker.reconcile(
-                iid, query=args.query, attest=args.attest, note=note, timeout=args.timeout
+                iid,
+                query=args.query,
+                attest=args.attest,
+                note=note,
+                timeout=args.timeout,
+                as_operator=True,  # the journal's owner, run here: `affidavit record` reads it
             )
 
         from affidavit.reconcile import service

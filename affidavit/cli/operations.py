@@ -91,7 +91,8 @@ def _poll(args: argparse.Namespace) -> int:
     config = load_or_usage(args.config)
 
     async def poll(broker: Broker) -> dict[str, Any]:
-        return await broker.poll_operation(op_id, timeout=args.timeout)
+        # The journal's owner, run here: every operation, as `affidavit operations` lists them.
+        return await broker.poll_operation(op_id, timeout=args.timeout, operator=True)
 
     async def main() -> dict[str, Any]:
         try:  # a journal that failed it: the daemon's words, then the journal's (``acting``)

@@ -225,6 +225,7 @@ class Handlers:
                     operator=who,
                     control=control,
                     requester=who.uid,  # a query may not be approved by its asker
+                    as_operator=True,  # the console shows the operator every record
                 )
         except OperatorError as exc:
             return await self._invocation(req, iid, Refused.of(exc))

@@ -333,13 +333,15 @@ class Engine:
         control: CallControl | None = None,
         requester: int | None = None,
         deliver: Deliver | None = None,
+        operator: bool = False,
     ) -> dict[str, Any]:
         """Query an operation's status resource once as a linked invocation and fold what it
         read (``operations.py``): ``{"operation": ..., "poll": the poll's envelope or None}``.
-        ``OperationError`` when there is no such operation or nothing to query.  ``control``:
-        the poll's, as ``call``'s (a shutdown stops it where it is); ``requester``: as
-        ``call``'s (the poll is a call, under the target's approval policy); ``deliver``: the
-        surface's, which writes the answer (``operations.poll``)."""
+        ``OperationError`` when there is no such operation or nothing to query -- or, unless
+        ``operator``, one a caller may not read (``operations.find``).  ``control``: the
+        poll's, as ``call``'s (a shutdown stops it where it is); ``requester``: as ``call``'s
+        (the poll is a call, under the target's approval policy); ``deliver``: the surface's,
+        which writes the answer (``operations.poll``)."""
         try:
             return await operations.poll(
                 self,
@@ -348,6 +350,7 @@ class Engine:
                 control=control,
                 requester=asker(requester, self.settings),
                 deliver=deliver,
+                operator=operator,
             )
         finally:
             self.recorder.done()  # the poll's call was released; the fold written after it too

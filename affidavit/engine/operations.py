@@ -96,11 +96,17 @@ def poll_failure(exc: Exception, op_id: str, *, operator: bool = False) -> tuple
     )
 
 
-def find(engine: Engine, op_id: str) -> Record:
-    """The submitting invocation's record of ``op_id``; ``OperationError`` if there is none."""
+def find(engine: Engine, op_id: str, *, operator: bool) -> Record:
+    """The submitting invocation's record of ``op_id``; ``OperationError`` if there is none --
+    and, unless ``operator`` (an operator's channel), if its submission is one a caller may not
+    read (``Engine.callable_by_caller``: on a target the configuration no longer names, or
+    another broker's on a shared journal): the same words as for an id that names nothing, so
+    that neither its existence nor its state (an ended job answered whole) can be probed."""
     iid = invocation_of(op_id)
     record = engine.journal.record(iid) if iid is not None else None
     if record is None or record.operation is None or record.operation["id"] != op_id:
+        record = None
+    if record is None or not (operator or engine.callable_by_caller(record)):
         raise OperationError(f"no operation {echoed(op_id)} in the journal", "operation_id")
     return record
 
@@ -113,6 +119,7 @@ async def poll(
     control: CallControl | None = None,
     requester: int | None = None,
     deliver: Deliver | None = None,
+    operator: bool = False,
 ) -> dict[str, Any]:
     """Query the job's status resource once (unless the operation is already succeeded or
     failed); return ``{"operation": ..., "poll": the poll's envelope or None}``, and
@@ -122,8 +129,8 @@ async def poll(
     first (``requester`` asked: it may not approve its own poll).  ``deliver``: the surface's
     (the daemon's answer, MCP's), through which that answer is written -- the poll's result is
     recorded delivered only once it was written whole (``deliver_linked``); None: returned
-    in-process, which is the transfer."""
-    record = find(engine, op_id)
+    in-process, which is the transfer.  ``operator``: ``find``'s."""
+    record = find(engine, op_id, operator=operator)
     op = record.operation
     assert op is not None
     if op["state"] != "pending":
@@ -175,14 +182,17 @@ async def poll(
         except ClaimRefused:
             await _refused(engine, record, op_id)
             # Ended since it was read: answered as a read a moment later would have been.
-            answer = {"operation": operation_json(find(engine, op_id)), "poll": None}
+            answer = {
+                "operation": operation_json(find(engine, op_id, operator=operator)),
+                "poll": None,
+            }
             return await deliver_linked(engine, answer, None, deliver)
         ran = poll_id
     still = asked and still_open(envelope)  # the next poll takes it up
     refused = await _record_poll(
         engine, record.invocation_id, op_id, envelope, target, contracts, still
     )
-    answer = {"operation": operation_json(find(engine, op_id)), "poll": envelope}
+    answer = {"operation": operation_json(find(engine, op_id, operator=operator)), "poll": envelope}
     if refused is not None:
         answer["refused"] = refused
     return await deliver_linked(engine, answer, ran, deliver)

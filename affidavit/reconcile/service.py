@@ -114,10 +114,16 @@ def note_refused(query: bool, note: str | None) -> None:
         )
 
 
-async def _unknown_at_rest(engine: Engine, invocation_id: str) -> Record:
-    """The invocation, when it is unknown and no attempt of it is running."""
+async def _unknown_at_rest(engine: Engine, invocation_id: str, *, operator: bool) -> Record:
+    """The invocation, when it is unknown and no attempt of it is running.  Unless
+    ``operator`` (an attestation, whose operator was checked first; a query from an operator's
+    channel: the console, the embedded command line), one a caller may not read
+    (``Engine.callable_by_caller``: on a target this broker's configuration does not name) is
+    refused word for word as an id that names nothing -- before anything else is read of it
+    or written (a stale lease closed): neither its state nor its target's is told, so ids
+    cannot be probed through a reconciliation as they cannot through a fetch."""
     record = engine.journal.record(invocation_id)
-    if record is None:
+    if record is None or not (operator or engine.callable_by_caller(record)):
         raise OperatorError(
             "NO_SUCH_INVOCATION", f"no invocation {invocation_id}", 404, "invocation_id"
         )
@@ -180,7 +186,7 @@ async def attest(
             "BAD_OUTCOME", "--attest takes committed or rejected", 400, field="attest"
         )
     checked = check_note(note, required=True)
-    record = await _unknown_at_rest(engine, invocation_id)
+    record = await _unknown_at_rest(engine, invocation_id, operator=True)
     event = Event(
         E.RECONCILED,
         invocation_id,
@@ -206,6 +212,7 @@ async def query(
     control: CallControl | None = None,
     requester: int | None = None,
     deliver: Deliver | None = None,
+    operator: bool = False,
 ) -> dict[str, Any]:
     """Run the target's reconciliation query once; return ``{"reconciled": bool, "envelope":
     the reconciled invocation's, "query": the query's own envelope}``.  What the query found
@@ -216,9 +223,11 @@ async def query(
     ``deliver``: the surface's (the daemon's answer, MCP's), through which the answer is
     written -- the query's result is recorded delivered only once it was written whole
     (``deliver_linked``); None: returned in-process, which is the transfer.  ``requester``:
-    the uid asking (default this process's: ``asker``)."""
+    the uid asking (default this process's: ``asker``).  ``operator``: asked through an
+    operator's channel (the console, the embedded command line), which may name an invocation
+    a caller may not read (``_unknown_at_rest``)."""
     requester = asker(requester, engine.settings)
-    record = await _unknown_at_rest(engine, invocation_id)
+    record = await _unknown_at_rest(engine, invocation_id, operator=operator)
     target = engine.config.targets.get(record.target or "")
     spec = get(target.kind) if target is not None else None
     if target is None or spec is None or spec.reconcile is None or target.kind != record.protocol:

@@ -410,8 +410,8 @@ async def test_an_attestation_of_a_record_retried_after_it_was_read_is_refused(
         iid = await _unknown(b, "ch-11")
         read = service._unknown_at_rest
 
-        async def then_retried(engine: Any, invocation_id: str) -> Any:
-            record = await read(engine, invocation_id)
+        async def then_retried(engine: Any, invocation_id: str, *, operator: bool) -> Any:
+            record = await read(engine, invocation_id, operator=operator)
             lease = await b.journal.acquire_lease(invocation_id, "worker-2", 60.0)
             if retry_ended:  # the retry stopped in setup: unknown and at rest again
                 setup = {"code": "CONNECTION_REFUSED", "stage": "tcp_connect"}
