@@ -444,7 +444,11 @@ class Broker:
         any other asker it is refused as an id that names nothing, word for word -- its state
         untold (an attestation is an operator's: it reads every record)."""
         if query == (attest is not None):
-            raise OperatorError("BAD_REQUEST", "give exactly one of query or attest", 400)
+            # ``query`` the field to correct: the one any asker may give (``attest`` is an
+            # operator's), whether neither or both were given.
+            raise OperatorError(
+                "BAD_REQUEST", "query: give exactly one of query or attest", 400, "query"
+            )
         reconcile.note_refused(query, note)  # never dropped unsaid: a query records no note
         await self.settled()  # the record as its caller was told it (its delivery included)
         try:

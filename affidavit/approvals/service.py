@@ -78,12 +78,13 @@ answer names where the journal or its keys live (``engine.unplaced``).  The log 
 
 def check_note(note: str | None, *, required: bool = False) -> str | None:
     """An operator's note as the journal keeps it (plain text: it is evidence, in the clear);
-    refused with ``OperatorError`` at field ``note`` -- the name every interface gives it (the
-    console's form field, the daemon API's key, ``--note``)."""
+    refused with ``OperatorError`` at field ``note`` -- the name the daemon API's key, the
+    console's form field and ``Broker``'s argument give it; its words name no interface's own
+    spelling (the command line shows ``--note``: ``affidavit.cli.approvals``)."""
     if note is None or not note.strip():
         if required:
             raise OperatorError(
-                "NOTE_REQUIRED", "give a --note saying what was checked", 400, "note"
+                "NOTE_REQUIRED", "note: required, saying what was checked", 400, "note"
             )
         return None
     if len(note) > MAX_NOTE:
@@ -221,7 +222,10 @@ def content(reader: JournalReader, invocation_id: str, name: str) -> bytes:
     digest = request.get(f"{name}_sha256")
     if not isinstance(digest, str) or f"{name}_bytes" not in request:
         raise OperatorError(
-            "NO_SUCH_CONTENT", f"the request of {invocation_id} has no content {name!r}", 404
+            "NO_SUCH_CONTENT",
+            f"the request of {invocation_id} has no content {name!r}",
+            404,
+            "name",  # the path's last segment: the content to correct
         )
     accepted = next((e for e in reader.events(invocation_id) if e.kind is E.ACTION_ACCEPTED), None)
     try:
@@ -275,8 +279,8 @@ def _blindness(
         raise OperatorError(
             "REQUEST_UNREADABLE",
             f"blind: the request of {invocation_id} cannot be read here -- {why}: approving "
-            "it is approving blind; deny it, or approve it blind (--blind, "
-            '{"blind": true}) and the grant records that nobody read it',
+            "it is approving blind; deny it, or approve it blind and the grant records that "
+            "nobody read it",
             409,
             "blind",
         )
@@ -287,7 +291,10 @@ def _approval_record(reader: JournalReader, invocation_id: str) -> Record:
     record = reader.record(invocation_id)
     if record is None or not isinstance(record.evidence.get("approval"), Mapping):
         raise OperatorError(
-            "NO_SUCH_APPROVAL", f"no approval was requested for {echoed(invocation_id)}", 404
+            "NO_SUCH_APPROVAL",
+            f"no approval was requested for {echoed(invocation_id)}",
+            404,
+            "invocation_id",  # the id in the path names none: the part to correct
         )
     return record
 

@@ -38,7 +38,6 @@ from affidavit.cli import (
     UsageError,
     add_socket_arg,
     ask_daemon,
-    daemon_json,
     daemon_refusal,
     daemon_socket,
     refusal,
@@ -113,12 +112,49 @@ def _operator_errors(work: Callable[[], T]) -> T:
     try:
         return work()
     except OperatorError as exc:
-        raise refusal(exc.message, exc.code, exc.field) from None
+        raise _flagged(exc.message, exc.code, exc.field) from None
+
+
+FLAGS = {
+    "note": "--note",
+    "blind": "--blind",
+    "attest": "--attest",
+    "query": "--query",
+    "name": "--content",
+}
+"""The fields the operator services and the daemon's routes name (a body's key, the path's
+content ``name``) as these commands spell them: a refusal names the option to correct, never
+another interface's key (``note`` on the socket is ``--note`` here)."""
+
+
+def _flagged(message: str, code: str | None, field: str | None) -> UsageError:
+    """``refusal``, its ``field`` -- and the message's lead, when it names it -- as this command
+    line spells it (``FLAGS``); embedded and through the daemon alike."""
+    flag = FLAGS.get(field or "")
+    if flag is not None:
+        message, field = message.removeprefix(f"{field}: "), flag
+    return refusal(message, code, field)
 
 
 def _daemon_answer(socket: DaemonSocket, method: str, target: str, body: Any = None) -> Any:
+    """``daemon_json``'s, a refusal's field as spelt here (``_refused``)."""
+    from affidavit.api.wire import ClientError
+
     data = None if body is None else json.dumps(body).encode("utf-8")
-    return daemon_json(ask_daemon(socket, method, target, data))
+    response = ask_daemon(socket, method, target, data)
+    try:
+        return response.json()
+    except ClientError as exc:
+        raise _refused(exc) from None
+
+
+def _refused(exc: Exception) -> UsageError:
+    """``daemon_refusal``, an API refusal's field as spelt here (``_flagged``)."""
+    from affidavit.api.wire import ApiError
+
+    if isinstance(exc, ApiError):
+        return _flagged(exc.message, exc.code, exc.field)
+    return daemon_refusal(exc)
 
 
 def _embedded(
@@ -227,7 +263,7 @@ def _content(args: argparse.Namespace, iid: str, name: str) -> int:
 
         response = ask_daemon(socket, "GET", approval_path(iid, f"/content/{quote(name, safe='')}"))
         if response.status != 200:
-            raise daemon_refusal(response.error())
+            raise _refused(response.error())
         data = response.body
     else:
         from affidavit import approvals

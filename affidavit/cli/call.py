@@ -303,7 +303,9 @@ def _result(args: argparse.Namespace) -> int:
     envelope = run_journal(main)
     if envelope is None:
         raise UsageError(
-            f"no invocation {args.invocation_id} in {_where(config)}", "NO_SUCH_INVOCATION"
+            f"no invocation {args.invocation_id} in {_where(config)}",
+            "NO_SUCH_INVOCATION",
+            "invocation_id",  # as the daemon's 404 names it: the argument to correct
         )
     if not delivering:
         _print(envelope)
@@ -365,7 +367,11 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
             raise _result_refusal(exc, iid) from None
         if stored is None:
             if envelope is None:
-                raise UsageError(f"no invocation {iid} in {_where(config)}", "NO_SUCH_INVOCATION")
+                raise UsageError(
+                    f"no invocation {iid} in {_where(config)}",
+                    "NO_SUCH_INVOCATION",
+                    "invocation_id",
+                )
             err = envelope.get("error") or {}
             print(
                 f"affidavit: invocation {iid} has no stored result (outcome "

@@ -307,7 +307,9 @@ def _record(args: argparse.Namespace) -> int:
             rec = j.record(args.invocation_id)
         if rec is None:
             raise UsageError(
-                f"no invocation {args.invocation_id} in the journal", "NO_SUCH_INVOCATION"
+                f"no invocation {args.invocation_id} in the journal",
+                "NO_SUCH_INVOCATION",
+                "invocation_id",  # as the daemon's 404 names it: the argument to correct
             )
         # Embedded: whoever reads the journal is its operator, shown what was recorded.
         data = record_view(rec, events, operator=True)

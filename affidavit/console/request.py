@@ -68,7 +68,19 @@ class Refused(Exception):
     @classmethod
     def of(cls, exc: OperatorError) -> Refused:
         """The refusal of a decision or a reconciliation, as the daemon's API answers it: its
-        status, code and field (``INVALID_FIELD`` at ``note``, never only its words)."""
+        status, code and field (``INVALID_FIELD`` at ``note``, never only its words) -- in the
+        console's terms, a form field or a query parameter: an id or a content name of the
+        page's address is none (its own ``NO_SUCH_INVOCATION`` names none), and a field the
+        console has no control for (``blind``: it approves only a request it shows) is named
+        as the interfaces that have one spell it, with no field of its own."""
+        if exc.field in ("invocation_id", "name"):  # the daemon API's path parts
+            return cls(exc.status, exc.message, exc.code)
+        if exc.field == "blind":
+            message = exc.message.removeprefix("blind: ") + (
+                " -- not here: the console approves only a request it shows (`affidavit "
+                'approvals approve ID --blind`, or the daemon API\'s {"blind": true}, does)'
+            )
+            return cls(exc.status, message, exc.code)
         return cls(exc.status, exc.message, exc.code, field=exc.field)
 
 

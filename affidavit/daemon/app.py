@@ -352,7 +352,10 @@ class Api:
                 # lives: a socket caller (an agent) has no business knowing its path or
                 # database URL.
                 raise ApiProblem(
-                    404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
+                    404,
+                    "NO_SUCH_INVOCATION",
+                    f"no invocation {invocation_id} in the journal",
+                    "invocation_id",  # the id in the path names nothing: the part to correct
                 )
             await write(req, envelope)
         except JournalError as exc:  # as every surface answers it (``result_failure``)
@@ -373,7 +376,10 @@ class Api:
         # probed for.
         if rec is None or not self.broker.callable_by_caller(rec):
             raise ApiProblem(
-                404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
+                404,
+                "NO_SUCH_INVOCATION",
+                f"no invocation {invocation_id} in the journal",
+                "invocation_id",  # the id in the path names nothing: the part to correct
             )
         # A caller's: its lease holder tagged, plain hashes withheld.
         await req.respond_json(record_view(rec, events, holder=self.broker.journal.holder_tag))

@@ -183,7 +183,7 @@ async def attest(
     policy.require(operator, "attest an outcome")
     if outcome not in ATTESTABLE:
         raise OperatorError(
-            "BAD_OUTCOME", "--attest takes committed or rejected", 400, field="attest"
+            "BAD_OUTCOME", "attest: expected committed or rejected", 400, field="attest"
         )
     checked = check_note(note, required=True)
     record = await _unknown_at_rest(engine, invocation_id, operator=True)

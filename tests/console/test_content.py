@@ -158,6 +158,9 @@ async def test_a_request_the_broker_cannot_read_is_not_approved_from_the_console
             {"Origin": world.origin, "Cookie": cookie},
         )
         assert status == 409 and b"REQUEST_UNREADABLE" in page, page
+        # It names no field the console lacks (``blind``), and says where one is.
+        assert b"affidavit approvals approve ID --blind" in page, page
+        assert b'data-field="blind"' not in page, page
         kinds = [e["kind"] for e in (await world.record(iid))["events"]]
         assert "APPROVAL_GRANTED" not in kinds, kinds
     assert world.pay.requests == []

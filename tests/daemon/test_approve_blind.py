@@ -67,8 +67,10 @@ async def test_an_unreadable_request_is_approved_only_blind_and_the_grant_says_s
                 refused = await cli(daemon, "approvals", "approve", iid)
                 assert refused.returncode == 2, refused
                 # The daemon's code and field, as embedded prints them (tests/daemon/
-                # test_cli_refusals.py): not the message alone.
-                head = b"affidavit: REQUEST_UNREADABLE: blind: the request of "
+                # test_cli_refusals.py): not the message alone -- the field as the command
+                # line spells it, where the socket's words name no option of it.
+                assert "--blind" not in error["message"], error
+                head = b"affidavit: REQUEST_UNREADABLE: --blind: the request of "
                 assert refused.stderr.startswith(head), refused
                 assert ALTERED.encode() in refused.stderr, refused
                 _, view = await _ask(socket, "GET", f"/v1/approvals/{iid}")

@@ -61,6 +61,7 @@ FIELDS = {  # the field each --json refusal names (no key: it names none)
     ("actions", "--since", "bogus", "--json"): "--since",
     ("actions", "--session", "s\udcff", "--json"): "--session",
     ("metrics", "--since", "bogus", "--json"): "--since",
+    ("record", NOPE, "--json"): "invocation_id",  # the argument naming nothing (its 404's)
 }
 LINE = re.compile(r"affidavit: (?:([A-Z][A-Z0-9_]+): )?(.*)\n")
 
