@@ -80,19 +80,19 @@ class OperationError(Exception):
         super().__init__(message)
 
 
-def poll_failure(exc: Exception, op_id: str, *, operator: bool = False) -> tuple[int, str, str]:
+def poll_failure(
+    exc: Exception, op_id: str, *, operator: bool = False, check: str = "`affidavit operations`"
+) -> tuple[int, str, str]:
     """A poll the journal could not take, as every surface answers it (``act_failure``): the
     poll's own call not recorded (``CallNotRecorded``'s words), its OPERATION_POLLED write
-    failed -- 503 JOURNAL_UNAVAILABLE, ``affidavit operations`` tells once the journal is
-    back -- or the operation unread (503, or 500 JOURNAL_UNREADABLE); the poll's own stored
-    answer failing its verification: 500 RESULT_UNVERIFIED, the operation as it was.
-    ``operator``: the command line's own poll (``act_failure``)."""
+    failed -- 503 JOURNAL_UNAVAILABLE, ``check`` tells once the journal is back -- or the
+    operation unread (503, or 500 JOURNAL_UNREADABLE); the poll's own stored answer failing
+    its verification: 500 RESULT_UNVERIFIED, the operation as it was.  ``operator``: the
+    command line's own poll (``act_failure``).  ``check``: how the surface's caller reads what
+    was recorded -- the command line's and the daemon's ``affidavit operations``, MCP's
+    ``get_record`` of the submission (``mcp.backends``)."""
     return act_failure(
-        exc,
-        f"the operation {op_id}",
-        f"the poll of {op_id}",
-        "`affidavit operations`",
-        operator=operator,
+        exc, f"the operation {op_id}", f"the poll of {op_id}", check, operator=operator
     )
 
 

@@ -40,7 +40,10 @@ __all__ = ["Backend", "Daemon", "Embedded", "Exchange", "Undelivered"]
 log = logging.getLogger("affidavit.mcp")
 
 FETCH_RESULT = "the fetch_result tool (invocation_id {})"
-"""How an agent reads an invocation's record (``internal_failure``): it has no CLI."""
+"""How an agent reads an invocation's result (``internal_failure``): it has no CLI."""
+GET_RECORD = "the get_record tool (invocation_id {})"
+"""How it reads an invocation's record, a reconciliation's or a poll's included
+(``reconcile.service.failure``, ``poll_failure``)."""
 
 
 class Undelivered(Exception):
@@ -270,6 +273,7 @@ class Embedded:
         503 JOURNAL_UNAVAILABLE: ``poll_failure``), never as INTERNAL."""
         from affidavit.engine import OperationError, poll_failure
         from affidavit.journal import JournalError
+        from affidavit.statemachine import invocation_of
 
         try:
             with self._control() as control:
@@ -279,7 +283,10 @@ class Embedded:
         except OperationError as exc:  # the id sent, echoed as sent: no journal words to unplace
             return act_refused(exc.code, str(exc), exc.field, "operation_id")
         except JournalError as exc:
-            _status, code, message = poll_failure(exc, operation_id)
+            # Its polls are on its submission's record: get_record of that tells what was.
+            submission = invocation_of(operation_id) or operation_id
+            check = GET_RECORD.format(submission)
+            _status, code, message = poll_failure(exc, operation_id, check=check)
             return self._api_error(code, message, operation_id, sent=True, retry="backoff")
         except Exception as exc:
             return self._internal(exc, control, "a poll", retry="backoff")
@@ -302,7 +309,7 @@ class Embedded:
         except OperatorError as exc:  # its words name the id sent, echoed as sent
             return act_refused(exc.code, exc.message, exc.field, "invocation_id")
         except JournalError as exc:
-            _status, code, message = service.failure(exc, invocation_id)
+            _status, code, message = service.failure(exc, invocation_id, check=GET_RECORD)
             return self._api_error(code, message, invocation_id, sent=True, retry="backoff")
         except Exception as exc:
             return self._internal(exc, control, "a reconciliation", retry="backoff")

@@ -85,18 +85,26 @@ E = EventKind
 ATTESTABLE = (Outcome.COMMITTED.value, Outcome.REJECTED.value)
 
 
-def failure(exc: Exception, invocation_id: str, *, operator: bool = False) -> tuple[int, str, str]:
+def failure(
+    exc: Exception,
+    invocation_id: str,
+    *,
+    operator: bool = False,
+    check: str = "`affidavit record {}`",
+) -> tuple[int, str, str]:
     """A reconciliation the journal could not take, as every interface answers it
     (``act_failure``): the query's own call not recorded, the RECONCILED (or inconclusive)
-    event's write failed -- 503 JOURNAL_UNAVAILABLE, ``affidavit record`` tells once the
-    journal is back -- or the record unread; the query's own stored answer failing its
-    verification: 500 RESULT_UNVERIFIED, nothing reconciled.  ``operator``: the command
-    line's own reconciliation (``act_failure``)."""
+    event's write failed -- 503 JOURNAL_UNAVAILABLE, ``check`` tells once the journal is back
+    -- or the record unread; the query's own stored answer failing its verification: 500
+    RESULT_UNVERIFIED, nothing reconciled.  ``operator``: the command line's own
+    reconciliation (``act_failure``).  ``check``: how the interface's caller reads the record
+    (``{}``: the id) -- the command line's and the daemon's ``affidavit record``, MCP's
+    ``get_record`` (``mcp.backends``), as ``internal_failure``'s ``fetch``."""
     return act_failure(
         exc,
         f"the record of {invocation_id}",
         f"the reconciliation of {invocation_id}",
-        f"`affidavit record {invocation_id}`",
+        check.format(invocation_id),
         operator=operator,
     )
 

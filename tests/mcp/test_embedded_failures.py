@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from affidavit.engine import call_failure
-from affidavit.journal import JournalError, JournalReplaced, ReadFailed
+from affidavit.journal import JournalError, JournalReplaced, JournalWriteError, ReadFailed
 from affidavit.mcp.backends import Embedded, Exchange
 from tests.broker.helpers import TOKEN_ENV
 
@@ -96,3 +96,38 @@ def test_a_keyed_call_the_journal_ended_unnamed_never_says_nothing_was_sent(
     assert "nothing was sent" in call_failure(exc, None)[2]
     keyed = call_failure(exc, None, keyed=True)[2]
     assert KEYED in keyed and "nothing was sent" not in keyed, keyed
+
+
+@pytest.mark.parametrize(
+    ("tool", "asked", "read"),
+    [
+        ("poll_operation", "op_01J00000000000000000000000", "act_01J00000000000000000000000"),
+        ("reconcile_query", "act_01J00000000000000000000000", "act_01J00000000000000000000000"),
+    ],
+)
+async def test_a_poll_or_query_the_journal_did_not_take_names_the_tool_that_tells(
+    tmp_path: Path,
+    remotes: Remotes,
+    token: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tool: str,
+    asked: str,
+    read: str,
+) -> None:
+    """Its write lost (JOURNAL_UNAVAILABLE): what tells whether it was recorded, once the
+    journal is back, is the agent's own get_record (of the submission, whose record holds its
+    polls) -- never a command line the agent does not have (``affidavit record``)."""
+
+    async def lost(*args: Any, **kwargs: Any) -> Any:
+        raise JournalWriteError("the write was lost")
+
+    monkeypatch.setenv(TOKEN_ENV, token)
+    with trio.fail_after(WAIT):
+        async with Embedded.open(str(remotes.config(tmp_path))) as backend:
+            monkeypatch.setattr(backend.broker, "poll_operation", lost)
+            monkeypatch.setattr(backend.broker, "reconcile", lost)
+            answer = await getattr(backend, tool)(asked)
+    error = answer["api_error"]
+    assert (error["code"], error["outcome"]) == ("JOURNAL_UNAVAILABLE", "unknown"), error
+    assert f"the get_record tool (invocation_id {read})" in error["message"], error
+    assert "affidavit " not in error["message"], error
