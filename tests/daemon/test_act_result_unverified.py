@@ -150,7 +150,13 @@ async def test_a_poll_whose_answer_fails_verification_is_result_unverified(
     assert (exc.status, exc.code) == (500, "RESULT_UNVERIFIED"), exc
     said = [_words(m, tmp_path) for m in (exc.message, *said)]  # a caller of the daemon's
     for words in (*said, _unverified(run), _words(embedded_mcp)):
-        assert f"the poll of {op_id}" in words and "`affidavit operations`" in words, words
+        assert f"the poll of {op_id}" in words, words
+    for words in (*said, _unverified(run)):
+        assert "`affidavit operations`" in words, words
+    # Embedded, MCP names the agent's own tool (the submission's record holds its polls), as an
+    # INTERNAL's fetch_result: the agent has no command line.
+    submission = "act_" + op_id.removeprefix("op_")
+    assert f"the get_record tool (invocation_id {submission})" in _words(embedded_mcp)
     assert len(srv.requests) == 5  # the submission, then one query per poll: none sent again
     assert _kinds(journal, "OPERATION_POLLED", "OPERATION_POLL_FAILED") == 0
 
@@ -183,6 +189,8 @@ async def test_a_reconciliation_query_whose_answer_fails_verification_is_result_
     said = [_unverified(run, tmp_path), *(_words(m, tmp_path) for m in said)]
     for words in (*said, _unverified(runs[0]), _words(embedded_mcp)):
         assert f"the reconciliation of {iid}" in words, words
+    for words in (*said, _unverified(runs[0])):
         assert f"`affidavit record {iid}`" in words, words
+    assert f"the get_record tool (invocation_id {iid})" in _words(embedded_mcp)  # (as a poll's)
     assert [r.method for r in srv.requests] == ["POST", "GET", "GET", "GET", "GET"]
     assert _kinds(journal, "RECONCILED", "RECONCILE_INCONCLUSIVE") == 0

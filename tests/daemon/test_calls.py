@@ -129,7 +129,9 @@ async def test_the_same_refusal_both_ways_for_an_unknown_invocation(
         local = await embedded("record", "act_NOPE", "--journal", str(daemon.journal))
         assert (through.returncode, through.stderr) == (local.returncode, local.stderr)
         assert through.returncode == 2
-        assert through.stderr.startswith(b"affidavit: NO_SUCH_INVOCATION: no invocation act_NOPE")
+        # The argument to correct named both ways (the daemon's 404 names it: ``field``).
+        head = b"affidavit: NO_SUCH_INVOCATION: invocation_id: no invocation act_NOPE"
+        assert through.stderr.startswith(head), through.stderr
         via_socket = await cli(daemon, "result", "act_NOPE")
         from affidavit.api.wire import blocking_request
 
@@ -137,6 +139,7 @@ async def test_the_same_refusal_both_ways_for_an_unknown_invocation(
             blocking_request, str(daemon.socket), "GET", "/v1/invocations/act_NOPE/result"
         )
         assert (raw.status, raw.error().code) == (404, "NO_SUCH_INVOCATION"), raw
+        assert raw.error().field == "invocation_id", raw
         assert raw.error().message == "no invocation act_NOPE in the journal", raw
         assert str(daemon.journal).encode() not in raw.body, raw
     # `affidavit result` embedded writes the journal: only once the daemon has stopped.
