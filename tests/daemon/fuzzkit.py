@@ -275,7 +275,7 @@ def parse_answers(raw: bytes, *, head: bool = False) -> list[Answer]:
             return answers
 
 
-_PATH_FIELDS = frozenset({(404, "invocation_id"), (422, "operation_id")})
+_PATH_FIELDS = frozenset({(404, "invocation_id"), (404, "name"), (422, "operation_id")})
 """The refusals that name a path parameter, not a body field, as the part to fix."""
 
 
@@ -305,8 +305,9 @@ def check(answer: Answer, route: str = "", *, head: bool = False) -> Any:
         assert isinstance(error["message"], str) and error["message"], value
         assert "Traceback" not in error["message"]
         if "field" in error and answer.status != 400:
-            # An id in the path that names nothing: a reconcile's 404 NO_SUCH_INVOCATION, a
-            # poll's 422 OPERATION_ERROR (docs/deployment.md) -- the path's own parameter.
+            # An id in the path that names nothing: a record's, a result's or a reconcile's
+            # 404 NO_SUCH_INVOCATION, NO_SUCH_APPROVAL, a content's NO_SUCH_CONTENT (``name``),
+            # a poll's 422 OPERATION_ERROR (docs/deployment.md) -- the path's own parameter.
             assert (answer.status, error["field"]) in _PATH_FIELDS, value
         elif "field" in error:  # the part to fix, named where the message starts
             assert isinstance(error["field"], str), value

@@ -82,7 +82,7 @@ async def test_an_id_or_path_is_echoed_at_most_64_printable_characters(
                 f"/v1/invocations/act_{'B' * 10_000}",
                 404,
                 "NO_SUCH_INVOCATION",
-                None,
+                "invocation_id",
                 f"no invocation act_{'B' * 57}... in the journal",
             ),
             (
