@@ -120,3 +120,24 @@ async def test_a_failure_shows_a_code_never_its_exception(
     assert (status, refusal(page)) == (500, ("CONSOLE_FAILED", None))
     assert b"secret-path" not in page and b"4242" not in page
     assert "secret-path" in caplog.text
+
+
+async def test_a_query_of_an_invocation_on_a_removed_target_is_answered_as_the_operator_sees_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console is an operator's channel: a reconciliation asked there of an invocation on a
+    target the configuration no longer names is answered with what its record shows
+    (``NOT_UNKNOWN``: it ended not attempted), as the console's page of it shows it -- never
+    ``NO_SUCH_INVOCATION``, the words a caller on the socket or MCP gets for it
+    (tests/daemon/test_hidden_ids.py)."""
+    both = {"pay": http_target("http://127.0.0.1:9"), "old": http_target("http://127.0.0.1:9")}
+    path = operator_config(tmp_path, monkeypatch, both)
+    async with open_broker(path) as b:
+        iid = (await b.call({"target": "old", "method": "GET", "path": "/"}))["invocation_id"]
+    path = operator_config(tmp_path, monkeypatch, {"pay": both["pay"]})  # "old" removed
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, csrf = await log_in_to(console, origin)
+        same = {"Origin": origin, "Cookie": cookie}
+        reconcile = f"{origin}/invocations/{iid}/reconcile"
+        status, _, page = await post(reconcile, {"csrf": csrf, "how": "query"}, same)
+    assert (status, refusal(page)) == (409, ("NOT_UNKNOWN", None)), page
