@@ -368,13 +368,16 @@ class Api:
 
         def both(j: JournalReader) -> tuple[Record | None, list[Event]]:
             rec = j.record(invocation_id)
-            return rec, (j.events(invocation_id) if rec is not None else [])
+            # One on a target the caller may not call answers as an unknown id, word for word
+            # (``Broker.callable_by_caller``, as ``fetch_result``'s), checked before its events
+            # are read: neither read nor probed for -- not by an answer slower, nor one an
+            # altered event row turns into JOURNAL_UNREADABLE (MCP's ``get_record`` likewise).
+            if rec is None or not self.broker.callable_by_caller(rec):
+                return None, []
+            return rec, j.events(invocation_id)
 
         rec, events = await self._read(both, f"the record of {invocation_id}")
-        # One on a target the caller may not call answers as an unknown id, word for word
-        # (``Broker.callable_by_caller``, as ``fetch_result``'s): it can be neither read nor
-        # probed for.
-        if rec is None or not self.broker.callable_by_caller(rec):
+        if rec is None:
             raise ApiProblem(
                 404,
                 "NO_SUCH_INVOCATION",

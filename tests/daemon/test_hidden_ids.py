@@ -136,3 +136,49 @@ async def test_a_hidden_invocation_is_reconciled_and_polled_as_an_unknown_id(
     argv = ("reconcile", ids["unknown"], "--query", "--config", str(cfg))
     queried = await embedded(*argv, token=token)
     assert queried.returncode == 2 and b"NOT_UNKNOWN" in queried.stderr, queried.stderr
+
+
+async def test_the_record_of_a_hidden_invocation_reads_its_rows_as_an_unknown_id_s(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GET /v1/invocations/{id} checks the target before reading the events for the view: a
+    # hidden record's rows are read once (to fold it), as a made-up id's (none) -- not a second
+    # time, each row read again a longer answer, a read again a chance of 503 where an unknown
+    # id answers 404.  (The fold itself reads them: a row altered so that it no longer folds
+    # still answers 500 JOURNAL_UNREADABLE -- whose target it named is unknowable then.)
+    from affidavit.journal import JournalReader
+
+    from .kit import in_process
+
+    monkeypatch.setenv(TOKEN_ENV, token)  # the embedded calls' credential
+    async with HostileServer.running(scripts.serve(jobs)) as srv:
+        every = {**api_target(srv.url), "old": http_target(srv.url)}
+        cfg = write_daemon_config(tmp_path, every, socket=tmp_path / "affidavit.sock")
+        ids = await committed_on_old(cfg)
+    read: list[str] = []
+    events = JournalReader.events
+
+    def counted(self: JournalReader, invocation_id: str) -> Any:
+        read.append(invocation_id)
+        return events(self, invocation_id)
+
+    monkeypatch.setattr(JournalReader, "events", counted)
+    made_up = unknown_like(ids)
+    answers = {}
+    async with in_process(tmp_path, scripts.serve(jobs)) as (_srv, socket):  # "old" removed
+        with trio.fail_after(HUNG):
+            for iid in (ids, made_up):
+                status, _h, body = await ask(socket, "GET", f"/v1/invocations/{iid}")
+                answers[iid] = (status, json.loads(body))
+    assert answers[made_up][0] == 404, answers
+    assert answers[ids] == as_if(answers[made_up], made_up, ids), answers
+    assert (read.count(ids), read.count(made_up)) == (1, 1), read
+
+
+async def committed_on_old(cfg: Path) -> str:
+    """One committed call on ``old``: its invocation id."""
+    async with open_broker(cfg) as broker:
+        with trio.fail_after(HUNG):
+            done = await broker.call({"target": "old", "method": "GET", "path": "/thing"})
+    assert done.get("error") is None, done
+    return str(done["invocation_id"])
