@@ -7,12 +7,14 @@ target removed from it answers exactly as an unknown id does (INVALID_FIELD at
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 import pytest
 
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
+from tests.daemon.kit import running_daemon
 from tests.daemon.test_fetch_by_target import BODY, SESSION, made_on_two_targets, unknown_like
 from tests.daemon.test_hidden_ids import OPERATIONS, jobs, made_on_removed_targets
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -55,13 +57,14 @@ async def test_fetch_result_of_a_target_no_longer_configured_is_an_unknown_id(
         assert old not in str(page)
 
 
+@pytest.mark.parametrize("how", ["embedded", "proxied"])
 async def test_reconcile_query_and_poll_of_a_hidden_id_answer_as_an_unknown_one(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    # The embedded server's reconcile_query and poll_operation (the daemon's routes behind the
-    # proxy: tests/daemon/test_hidden_ids.py): an invocation or a job on a removed target is
-    # answered exactly as an id that names nothing -- not NOT_UNKNOWN, NO_QUERY nor the ended
-    # job whole.
+    # The embedded server's tools and ``affidavit mcp --socket`` (the daemon's routes behind
+    # the proxy: tests/daemon/test_hidden_ids.py asks them over HTTP): an invocation or a job on
+    # a removed target is answered exactly as an id that names nothing -- not NOT_UNKNOWN,
+    # NO_QUERY, the ended job whole, the record nor the result.
     monkeypatch.setenv(TOKEN_ENV, token)  # the embedded calls' credential
     async with (
         HostileServer.running(scripts.serve(jobs)) as srv,
@@ -74,21 +77,35 @@ async def test_reconcile_query_and_poll_of_a_hidden_id_answer_as_an_unknown_one(
         }
         ids = await made_on_removed_targets(write_config(tmp_path, every))
         sent = len(srv.requests), len(dropper.requests)
-        cfg = write_config(tmp_path, {"api": http_target(srv.url)})  # "old" and "gone" removed
-        env = env_without_secrets(**{TOKEN_ENV: token})
+        kept = {"api": http_target(srv.url)}  # "old" and "gone" removed
         iid, op = unknown_like(ids["committed"]), unknown_like(ids["ended"])
         asked = {"committed": iid, "unknown": iid, "ended": op, "pending": op}
-        async with connected(["--config", str(cfg)], env, tmp_path / "mcp.log") as mcp:
+        async with contextlib.AsyncExitStack() as stack:
+            if how == "embedded":
+                args = ["--config", str(write_config(tmp_path, kept))]
+                env = env_without_secrets(**{TOKEN_ENV: token})
+            else:
+                daemon = await stack.enter_async_context(
+                    running_daemon(tmp_path, kept, token=token)
+                )
+                args, env = ["--socket", str(daemon.socket)], env_without_secrets()
+            mcp = await stack.enter_async_context(connected(args, env, tmp_path / "mcp.log"))
             answers = {}
             for name in ("committed", "unknown", "made-up invocation"):
-                arguments = {"invocation_id": ids.get(name, iid)}
-                answers[name] = structured(await mcp.call("reconcile_query", arguments))
+                for tool in ("reconcile_query", "get_record", "fetch_result"):
+                    arguments = {"invocation_id": ids.get(name, iid)}
+                    answers[name, tool] = structured(await mcp.call(tool, arguments))
             for name in ("ended", "pending", "made-up operation"):
                 arguments = {"operation_id": ids.get(name, op)}
-                answers[name] = structured(await mcp.call("poll_operation", arguments))
+                answers[name, "poll_operation"] = structured(
+                    await mcp.call("poll_operation", arguments)
+                )
         assert (len(srv.requests), len(dropper.requests)) == sent  # nothing sent for them
-    assert answers["made-up invocation"]["error"]["field"] == "invocation_id", answers
-    assert answers["made-up operation"]["error"]["field"] == "operation_id", answers
-    for name, made_up in asked.items():
-        unknown = answers["made-up invocation" if made_up == iid else "made-up operation"]
-        assert answers[name] == json.loads(json.dumps(unknown).replace(made_up, ids[name]))
+    assert answers["made-up invocation", "get_record"]["error"]["field"] == "invocation_id"
+    assert answers["made-up operation", "poll_operation"]["error"]["field"] == "operation_id"
+    for (name, tool), answer in answers.items():
+        if name in asked:
+            made_up = asked[name]
+            unknown = "made-up invocation" if made_up == iid else "made-up operation"
+            shown = json.loads(json.dumps(answers[unknown, tool]).replace(made_up, ids[name]))
+            assert answer == shown, (name, tool, answer)
