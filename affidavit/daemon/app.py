@@ -283,7 +283,9 @@ class Api:
         except OperationError as exc:
             raise ApiProblem(exc.status, exc.code, str(exc), exc.field) from None
         except JournalError as exc:
-            raise operators.act_problem(exc, poll_failure(exc, operation_id)) from None
+            # The submission's record (its polls are on it) tells what was.
+            failure = poll_failure(exc, operation_id, check=operators.RECORD_CHECK)
+            raise operators.act_problem(exc, failure) from None
         except ApiProblem:
             raise  # OVERLOADED: nothing run
         except Exception as exc:  # a bug: named, as a call's (never the h11 server's traceback)

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .app import Api
 
 __all__ = [
+    "RECORD_CHECK",
     "act_problem",
     "approval",
     "approvals",
@@ -51,6 +52,13 @@ __all__ = [
 
 T = TypeVar("T")
 log = logging.getLogger("affidavit.daemon")
+
+RECORD_CHECK = "the record of {0} (GET /v1/invocations/{0}, MCP's get_record)"
+"""How a caller of the daemon reads what a poll or a query the journal did not take recorded
+(``{0}``: the reconciled invocation, or the job's submission, whose record holds its polls) --
+the act's ``check`` (``reconcile.service.failure``, ``poll_failure``): in the words of the
+socket, which an HTTP client, ``affidavit`` run against the daemon and an agent behind ``affidavit
+mcp --socket`` (the proxy passes the words on) all read, never one interface's command."""
 
 
 def operator_of(req: Request) -> Operator:
@@ -195,7 +203,9 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
         except Exception as exc:  # a bug: named, as a call's (never the h11 server's traceback)
             raise internal_problem(exc, control, "a reconciliation") from None
 
-    answer = await _run(work, lambda exc: reconciling.failure(exc, invocation_id))
+    answer = await _run(
+        work, lambda exc: reconciling.failure(exc, invocation_id, check=RECORD_CHECK)
+    )
     if deliver is None:
         await req.respond_json(answer)
     else:

@@ -89,8 +89,10 @@ def poll_failure(
     operation unread (503, or 500 JOURNAL_UNREADABLE); the poll's own stored answer failing
     its verification: 500 RESULT_UNVERIFIED, the operation as it was.  ``operator``: the
     command line's own poll (``act_failure``).  ``check``: how the surface's caller reads what
-    was recorded -- the command line's and the daemon's ``affidavit operations``, MCP's
-    ``get_record`` of the submission (``mcp.backends``)."""
+    was recorded -- the command line's ``affidavit operations``, the submission's record to
+    the daemon's callers (``daemon.operators.RECORD_CHECK``), MCP's ``get_record`` of it
+    (``mcp.backends``); ``{0}`` in it: the submission, whose record holds the polls."""
+    check = check.format(invocation_of(op_id) or op_id)  # its polls are on that record
     return act_failure(
         exc, f"the operation {op_id}", f"the poll of {op_id}", check, operator=operator
     )

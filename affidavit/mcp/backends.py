@@ -273,7 +273,6 @@ class Embedded:
         503 JOURNAL_UNAVAILABLE: ``poll_failure``), never as INTERNAL."""
         from affidavit.engine import OperationError, poll_failure
         from affidavit.journal import JournalError
-        from affidavit.statemachine import invocation_of
 
         try:
             with self._control() as control:
@@ -284,9 +283,7 @@ class Embedded:
             return act_refused(exc.code, str(exc), exc.field, "operation_id")
         except JournalError as exc:
             # Its polls are on its submission's record: get_record of that tells what was.
-            submission = invocation_of(operation_id) or operation_id
-            check = GET_RECORD.format(submission)
-            _status, code, message = poll_failure(exc, operation_id, check=check)
+            _status, code, message = poll_failure(exc, operation_id, check=GET_RECORD)
             return self._api_error(code, message, operation_id, sent=True, retry="backoff")
         except Exception as exc:
             return self._internal(exc, control, "a poll", retry="backoff")

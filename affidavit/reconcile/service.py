@@ -98,8 +98,9 @@ def failure(
     -- or the record unread; the query's own stored answer failing its verification: 500
     RESULT_UNVERIFIED, nothing reconciled.  ``operator``: the command line's own
     reconciliation (``act_failure``).  ``check``: how the interface's caller reads the record
-    (``{}``: the id) -- the command line's and the daemon's ``affidavit record``, MCP's
-    ``get_record`` (``mcp.backends``), as ``internal_failure``'s ``fetch``."""
+    (``{}``: the id) -- the command line's ``affidavit record``, the daemon's route and tool
+    (``daemon.operators.RECORD_CHECK``), MCP's ``get_record`` (``mcp.backends``), as
+    ``internal_failure``'s ``fetch``."""
     return act_failure(
         exc,
         f"the record of {invocation_id}",

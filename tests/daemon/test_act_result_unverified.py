@@ -20,6 +20,7 @@ import trio
 
 from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
+from affidavit.daemon.operators import RECORD_CHECK
 from tests.broker.approvalkit import reconcile_target
 from tests.broker.test_operations import ACCEPTED, JOBS
 from tests.external import require_module
@@ -151,11 +152,13 @@ async def test_a_poll_whose_answer_fails_verification_is_result_unverified(
     said = [_words(m, tmp_path) for m in (exc.message, *said)]  # a caller of the daemon's
     for words in (*said, _unverified(run), _words(embedded_mcp)):
         assert f"the poll of {op_id}" in words, words
-    for words in (*said, _unverified(run)):
-        assert "`affidavit operations`" in words, words
-    # Embedded, MCP names the agent's own tool (the submission's record holds its polls), as an
-    # INTERNAL's fetch_result: the agent has no command line.
+    # The daemon's words name the submission's record (it holds the polls) as the socket reads
+    # it, for whichever interface asked -- an agent behind the proxy has no command line; the
+    # command line run embedded names its own command; MCP embedded its own tool.
     submission = "act_" + op_id.removeprefix("op_")
+    for words in said:
+        assert RECORD_CHECK.format(submission) in words and "affidavit op" not in words, words
+    assert "`affidavit operations`" in _unverified(run), run
     assert f"the get_record tool (invocation_id {submission})" in _words(embedded_mcp)
     assert len(srv.requests) == 5  # the submission, then one query per poll: none sent again
     assert _kinds(journal, "OPERATION_POLLED", "OPERATION_POLL_FAILED") == 0
@@ -189,8 +192,9 @@ async def test_a_reconciliation_query_whose_answer_fails_verification_is_result_
     said = [_unverified(run, tmp_path), *(_words(m, tmp_path) for m in said)]
     for words in (*said, _unverified(runs[0]), _words(embedded_mcp)):
         assert f"the reconciliation of {iid}" in words, words
-    for words in (*said, _unverified(runs[0])):
-        assert f"`affidavit record {iid}`" in words, words
+    for words in said:  # the daemon's, whichever interface asked it (as a poll's)
+        assert RECORD_CHECK.format(iid) in words and "affidavit record" not in words, words
+    assert f"`affidavit record {iid}`" in _unverified(runs[0]), runs[0]
     assert f"the get_record tool (invocation_id {iid})" in _words(embedded_mcp)  # (as a poll's)
     assert [r.method for r in srv.requests] == ["POST", "GET", "GET", "GET", "GET"]
     assert _kinds(journal, "RECONCILED", "RECONCILE_INCONCLUSIVE") == 0
