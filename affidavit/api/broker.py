@@ -270,12 +270,13 @@ class Broker:
         from_chunk: int | None = None,
         chunks: int | None = None,
         deliver: Deliver | None = None,
-        operator: bool = False,
+        as_operator: bool = False,
         defer: bool = False,
         reader: int | None = None,
     ) -> dict[str, Any] | None:
         """The recorded envelope of an invocation — never a re-execution.  None if unknown id,
-        or (unless ``operator``) an invocation on a target this broker's configuration does not
+        or (unless ``as_operator``: the console, the embedded command line, a script reading
+        as the journal's owner) an invocation on a target this broker's configuration does not
         name: a caller reads only what it may call, and cannot tell the two apart.
         ``from_chunk=N``: the result's streams from chunk N on, plus ``result.resume`` (each
         stream's chunk count, size and hash) — to resume an interrupted delivery;
@@ -293,7 +294,7 @@ class Broker:
             from_chunk=from_chunk,
             chunks=chunks,
             deliver=deliver,
-            operator=operator,
+            operator=as_operator,
             defer=defer,
             reader=reader,
         )
@@ -322,7 +323,7 @@ class Broker:
         control: CallControl | None = None,
         requester: int | None = None,
         deliver: Deliver | None = None,
-        operator: bool = False,
+        as_operator: bool = False,
     ) -> dict[str, Any]:
         """Query a job's status resource once, as a linked invocation of its target, and return
         ``{"operation": {...}, "poll": the poll's envelope}`` (``poll`` is None when the job had
@@ -337,7 +338,7 @@ class Broker:
         the poll's, as ``call``'s (a host's shutdown stops it where it is); ``requester``: as
         ``call``'s -- the poll waits for an operator when the target's approval covers it;
         ``deliver``: as ``call``'s -- the answer is written through it, and the poll's result
-        recorded delivered only once it was written whole; ``operator``: as ``fetch_result``'s
+        recorded delivered only once it was written whole; ``as_operator``: as ``fetch_result``'s
         -- an operator's channel (the embedded command line) polls an operation a caller may not
         read (``callable_by_caller``), which any other asker is told does not exist, word for
         word as an unknown id."""
@@ -348,7 +349,7 @@ class Broker:
             control=control,
             requester=requester,
             deliver=deliver,
-            operator=operator,
+            operator=as_operator,
         )
 
     def catalog(self) -> dict[str, Any]:
@@ -440,7 +441,7 @@ class Broker:
         approval covers it; ``deliver``: a query's answer is written through it, as
         ``poll_operation``'s (an attestation's is returned).  A query names an invocation a
         caller may not read (``callable_by_caller``) only ``as_operator`` (the console, the
-        embedded command line: an operator's channel, as ``fetch_result``'s ``operator``); for
+        embedded command line: an operator's channel, as ``fetch_result``'s); for
         any other asker it is refused as an id that names nothing, word for word -- its state
         untold (an attestation is an operator's: it reads every record)."""
         if query == (attest is not None):

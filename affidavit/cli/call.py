@@ -294,7 +294,7 @@ def _result(args: argparse.Namespace) -> int:
                     args.invocation_id,
                     from_chunk=args.from_chunk,
                     deliver=deliver,
-                    operator=True,
+                    as_operator=True,
                     reader=os.getuid(),
                 )
             except JournalError as exc:  # as the daemon answers it, not JOURNAL_UNUSABLE
@@ -359,7 +359,7 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
         try:  # the marker and summary, verified; else the stored envelope
             stored = broker.result_stream(iid)
             envelope = (
-                await broker.fetch_result(iid, operator=True, reader=os.getuid())
+                await broker.fetch_result(iid, as_operator=True, reader=os.getuid())
                 if stored is None
                 else None
             )

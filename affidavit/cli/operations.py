@@ -92,7 +92,7 @@ def _poll(args: argparse.Namespace) -> int:
 
     async def poll(broker: Broker) -> dict[str, Any]:
         # The journal's owner, run here: every operation, as `affidavit operations` lists them.
-        return await broker.poll_operation(op_id, timeout=args.timeout, operator=True)
+        return await broker.poll_operation(op_id, timeout=args.timeout, as_operator=True)
 
     async def main() -> dict[str, Any]:
         try:  # a journal that failed it: the daemon's words, then the journal's (``acting``)

@@ -274,7 +274,7 @@ class Handlers:
         try:
             found: dict[str, Any] | bool | None = await self.read(stored)
             if found is False:
-                found = await self.broker.fetch_result(iid, from_chunk=0, operator=True)
+                found = await self.broker.fetch_result(iid, from_chunk=0, as_operator=True)
         except (JournalUnavailable, ReadFailed, AlteredRow) as exc:  # not unverified: unread
             # (away, declined) or a row altered in place, in the words of every console page
             raise read_refusal(exc, read_failure(exc, f"the result of {iid}")) from None

@@ -118,7 +118,7 @@ async def test_a_binder_judged_gone_by_the_caller_s_window_is_fenced_and_sends_n
             x, y = out["x"], out["y"]
             assert y["error"]["code"] == "IDEMPOTENCY_MISMATCH", y
             assert "nothing was sent under the key" in y["error"]["message"]
-            fetched = await bx.fetch_result(x["invocation_id"], operator=True)
+            fetched = await bx.fetch_result(x["invocation_id"], as_operator=True)
             assert fetched is not None
             assert x["error"] == fetched["error"], (x, fetched)
             assert x["error"]["code"] == "IDEMPOTENCY_MISMATCH", x

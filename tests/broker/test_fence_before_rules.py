@@ -94,7 +94,7 @@ async def test_a_fence_from_before_its_rules_is_read_for_what_its_rows_prove(
             assert record is not None and (record.state, record.fenced) == (state, None), record
             sent = E.DISPATCH_STARTED in [kind for kind, _ in rows]
             with trio.fail_after(LIMIT):
-                fetched = await broker.fetch_result(iid, operator=True)
+                fetched = await broker.fetch_result(iid, as_operator=True)
                 # Another request under the key: refused, from the record -- "nothing was sent
                 # under the key" only where the record proves it (no dispatch).
                 other = await broker.call({**POST, "idempotency_key": KEY})

@@ -217,7 +217,7 @@ async def _closed_answers(w: Window) -> None:
         "message": None,
     }, y
     assert UNSENT in y["error"]["message"], y
-    fetched = await w.bx.fetch_result(w.xid, operator=True)
+    fetched = await w.bx.fetch_result(w.xid, as_operator=True)
     assert fetched is not None
     assert _error(x) == _error(fetched), (x, fetched)
     assert x["error"]["code"] == "IDEMPOTENCY_MISMATCH", x
@@ -354,7 +354,7 @@ async def test_recovery_in_the_window_closes_the_record_as_the_fence_does(
         async with Broker.open(config=load_config(w.cy)) as bz:
             closed = await bz.recover()
             seen.append(closed)
-            seen.append(await w.bx.fetch_result(w.xid, operator=True))
+            seen.append(await w.bx.fetch_result(w.xid, as_operator=True))
 
     async with _window(tmp_path, recovery) as w:
         closed, fetched = seen

@@ -65,3 +65,17 @@ async def test_a_hidden_record_left_open_is_refused_as_an_unknown_id_and_left_as
                 await broker.reconcile(hidden, query=True, as_operator=True)
             assert caught.value.code != "NO_SUCH_INVOCATION", caught.value
         assert len(broker.events(hidden)) > before
+
+
+def test_the_operator_s_channel_is_asked_for_by_one_keyword() -> None:
+    # The reads a hidden id is refused at take one flag, named alike, never by position --
+    # ``reconcile`` already had ``operator: Operator`` (who attests) beside it.
+    import inspect
+
+    from affidavit.api.broker import Broker
+
+    for method in (Broker.reconcile, Broker.poll_operation, Broker.fetch_result):
+        params = inspect.signature(method).parameters
+        flag = params["as_operator"]
+        assert (flag.kind, flag.default) == (inspect.Parameter.KEYWORD_ONLY, False), method
+        assert method is Broker.reconcile or "operator" not in params, method
