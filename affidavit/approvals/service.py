@@ -90,7 +90,7 @@ def check_note(note: str | None, *, required: bool = False) -> str | None:
     if len(note) > MAX_NOTE:
         raise OperatorError(
             "BAD_NOTE",
-            f"a note is at most {MAX_NOTE} characters (this one has {len(note)})",
+            f"note: at most {MAX_NOTE} characters (this one has {len(note)})",
             400,
             "note",
         )
@@ -100,7 +100,7 @@ def check_note(note: str | None, *, required: bool = False) -> str | None:
     if bad is not None:
         raise OperatorError(
             "BAD_NOTE",
-            f"a note holds a control character ({escape_char(bad)}): one line of plain text, "
+            f"note: holds a control character ({escape_char(bad)}): one line of plain text, "
             "without control, bidi or zero-width characters",
             400,
             "note",

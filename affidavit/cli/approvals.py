@@ -307,7 +307,7 @@ def _reconcile(args: argparse.Namespace) -> int:
     assert iid is not None
     args.timeout = timeout_arg(args.timeout)
     if args.attest is not None and not (note or "").strip():
-        raise UsageError("required with --attest: say what you checked", "INVALID_FIELD", "--note")
+        raise UsageError("required with --attest: say what you checked", "NOTE_REQUIRED", "--note")
     if args.query and note is not None:
         raise UsageError("only with --attest: a query records no note", "INVALID_FIELD", "--note")
     socket = daemon_socket(args, "config")

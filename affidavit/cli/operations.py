@@ -98,7 +98,7 @@ def _poll(args: argparse.Namespace) -> int:
         try:  # a journal that failed it: the daemon's words, then the journal's (``acting``)
             return await acting(config, poll, lambda exc: poll_failure(exc, op_id, operator=True))
         except OperationError as exc:  # the daemon's 422 code, here as through it
-            raise UsageError(str(exc), exc.code) from None
+            raise UsageError(str(exc), exc.code, exc.field) from None
 
     # As every embedded journal command: SIGTERM closes the poll's record where it stood (exit
     # 143), a journal that cannot be opened (the daemon's, unusable) is its own code.

@@ -322,7 +322,10 @@ FIELD_CASES: list[tuple[tuple[str, ...], str, str]] = [
     *((argv, code, field) for argv, code, field in HANDLER_CASES if field is not None),
     # A ``UsageError(field=...)`` raised directly, its message not led by the field: the line
     # used to drop it (only ``--json`` had it).
-    (("reconcile", NOPE, "--attest", "committed"), "INVALID_FIELD", "--note"),
+    (("reconcile", NOPE, "--attest", "committed"), "NOTE_REQUIRED", "--note"),
+    # An ``OperationError``'s field, passed on (it was dropped: the line had the code alone).
+    (("operation", "poll", "op_" + NOPE.removeprefix("act_")), "OPERATION_ERROR",
+     "operation_id"),
     (("journal", "audit-open", "--key", "auditor.key", "--seq", "1"), "INVALID_FIELD",
      "--public-key"),
     # Led by the field already: never twice.

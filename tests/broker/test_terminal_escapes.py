@@ -73,7 +73,7 @@ def test_a_note_is_refused_for_what_is_wrong_with_it() -> None:
         with pytest.raises(OperatorError) as info:
             check_note(bad)
         assert (info.value.code, info.value.field, info.value.status) == ("BAD_NOTE", "note", 400)
-        assert f"a note holds a control character ({shown})" in info.value.message
+        assert f"note: holds a control character ({shown})" in info.value.message
     with pytest.raises(OperatorError) as info:
         check_note("x" * (MAX_NOTE + 1))
     assert (info.value.code, info.value.field, info.value.status) == ("BAD_NOTE", "note", 400)

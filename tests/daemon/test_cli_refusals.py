@@ -35,7 +35,7 @@ from .kit import (
 NOPE = "act_01J00000000000000000000000"
 CASES: list[tuple[tuple[str, ...], str | None]] = [
     # Argument refusals checked before any request: once without a code.
-    (("reconcile", NOPE, "--attest", "committed"), "INVALID_FIELD"),  # no --note
+    (("reconcile", NOPE, "--attest", "committed"), "NOTE_REQUIRED"),  # no --note
     (("result", NOPE, "--stream", "body"), "INVALID_FIELD"),  # --stream goes with --raw
     (("approvals", "show", NOPE), "NO_SUCH_APPROVAL"),
     (("approvals", "show", NOPE, "--content", "body"), "NO_SUCH_APPROVAL"),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import trio
 
+from affidavit.approvals.service import MAX_NOTE
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .kit import HUNG, api_target, ask, cli, embedded, start_daemon, stop, write_daemon_config
@@ -44,6 +45,10 @@ async def test_each_refusal_names_the_sockets_own_field(tmp_path: Path, token: s
                      "attest"),
                     ("POST", reconcile, {"attest": "committed", "note": " "}, 400,
                      "NOTE_REQUIRED", "note"),
+                    ("POST", reconcile, {"attest": "committed", "note": "x" * (MAX_NOTE + 1)},
+                     400, "BAD_NOTE", "note"),
+                    ("POST", f"/v1/approvals/{iid}/deny", {"note": "a\x1b[2Jb"}, 400,
+                     "BAD_NOTE", "note"),
                     ("GET", f"/v1/approvals/{NOPE}", None, 404, "NO_SUCH_APPROVAL",
                      "invocation_id"),
                     ("POST", f"/v1/approvals/{NOPE}/deny", {}, 404, "NO_SUCH_APPROVAL",
