@@ -23,7 +23,8 @@
 Everything else is the API's own trouble: 400 bad JSON or query (or a malformed request, with
 408, 415 for a Content-Encoding, 431, 501 for CONNECT, Upgrade or a Transfer-Encoding but
 chunked and 503 for too many connections: h11server.py), 403 peer refused (on accept,
-before a byte is read: ``refusal``), 404, 405, 413, 503 overloaded, shutting down or journal
+before a byte is read: ``refusal``), 404, 405, 413, 503 ``VIEWS_IN_FLIGHT`` (a uid
+with ``VIEW_QUEUE`` views waiting: ``shares.FairShare``), 503 overloaded, shutting down or journal
 unavailable (``JOURNAL_UNAVAILABLE``: a call the journal could not record has no envelope to
 render; a record or a view it could not read is named) or a read it declined this once
 (``JOURNAL_READ_DECLINED``: a statement timeout, a lock not granted) -- a read's with
@@ -46,7 +47,6 @@ import trio
 
 import affidavit
 from affidavit.api.broker import Broker
-from affidavit.api.readers import busy
 from affidavit.api.wire import (
     ACTIONS_LIMIT,
     MAX_ACTIONS_LIMIT,
@@ -91,6 +91,7 @@ from . import operators, results
 from .calls import Calls, Running, internal_problem
 from .http import ApiProblem, ClientGone, Request, api_error_body, echoed, named
 from .peer import Peer, PeerPolicy
+from .shares import CONSOLE, Asker, FairShare
 
 __all__ = ["Api"]
 
@@ -106,7 +107,13 @@ _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 VIEW_THREADS = 4
 """Worker threads the views (the socket's and the console's) hold at once (``Api.read``): their
 own, never trio's default ones -- which the calls' journal opens and closes share -- so a caller
-flooding the views waits its turn on the event loop and takes no thread a call needs."""
+flooding the views waits its turn on the event loop and takes no thread a call needs.  Shared
+out by asker (``shares.FairShare``): a uid that is not an operator holds at most half of them,
+those uids together all but one when operators are configured."""
+
+VIEW_QUEUE = 16
+"""Views one uid that is not an operator may have waiting, for a thread or for the kept views'
+turn: one more is answered 503 ``VIEWS_IN_FLIGHT`` at once (``shares.ViewsInFlight``)."""
 
 
 class Api:
@@ -124,12 +131,39 @@ class Api:
         request (not folded again)."""
         self.view_threads = trio.CapacityLimiter(VIEW_THREADS)
         """The views' worker threads (``read``)."""
+        operators = broker.operator_policy
+        reserve = 1 if operators.uids or operators.gids else 0  # none to keep one for
+        self.view_share = FairShare(
+            VIEW_THREADS,
+            per_asker=max(1, VIEW_THREADS // 2),
+            others=VIEW_THREADS - reserve,
+            queue=VIEW_QUEUE,
+            what="every view thread",
+            theirs="every view thread this uid may use",
+        )
+        """Who may take the next of ``view_threads`` (``read``): a uid flooding the views
+        waits behind its own, not every other asker (audit 48, #5)."""
         self.health_said: set[str] = set()
         """The journal codes ``health`` has logged: once each, not once a probe."""
-        self.summary_turn = trio.Lock()
+        self.summary_turn = FairShare(
+            1, per_asker=1, others=1, queue=VIEW_QUEUE, what="the kept views' turn"
+        )
         """The views that bring ``summary`` to the head take turns here, on the event loop
         (``read_summarized``): its first fold (~20 s at 1M events) holds one thread, not one
-        per request waiting on its lock."""
+        per request waiting on its lock -- by asker, in turn (``shares.FairShare``)."""
+
+    def asker(self, req: Request) -> Asker:
+        """Whose view ``req`` asks for: its peer's uid, an operator's by the kernel's
+        credentials as the operator routes decide."""
+        operator = self.broker.operator_policy.is_operator(operators.operator_of(req))
+        return Asker(req.peer.uid, operator)
+
+    def console_reads(self) -> tuple[Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]]:
+        """``read`` and ``read_summarized`` for the operator console (``CONSOLE``'s share)."""
+        return (
+            functools.partial(self.read, asker=CONSOLE),
+            functools.partial(self.read_summarized, asker=CONSOLE),
+        )
 
     def refusal(self, peer: Peer) -> bytes | None:
         """The whole answer to a peer the policy refuses (403 ``PEER_REFUSED``, then the
@@ -378,7 +412,7 @@ class Api:
                 return None, []
             return rec, j.events(invocation_id)
 
-        rec, events = await self._read(both, f"the record of {invocation_id}")
+        rec, events = await self._read(both, f"the record of {invocation_id}", self.asker(req))
         if rec is None:
             raise ApiProblem(
                 404,
@@ -439,7 +473,7 @@ class Api:
         # A filtered page, or a session's while nothing is kept, is streamed and does not.
         plain = outcome is None and phase is None and since is None and until is None
         first_fold = plain and session is None and not summary.kept
-        data = await self._read(body, "the actions view", summarized=first_fold)
+        data = await self._read(body, "the actions view", self.asker(req), first_fold)
         with results.held(req, len(data)):
             await req.respond(200, data)
 
@@ -459,7 +493,7 @@ class Api:
             sessions, as_of = j.summarized_sessions(summary, self.broker.callable_target)
             return {**newest_sessions(sessions, limit), "as_of": _as_of(as_of)}
 
-        page = await self._read(view, "the sessions view", summarized=True)
+        page = await self._read(view, "the sessions view", self.asker(req), summarized=True)
         await req.respond_json(page)
 
     async def metrics(self, req: Request) -> None:
@@ -478,7 +512,9 @@ class Api:
         # (A session's while nothing is kept is its own fold: it does not take the kept
         # views' turn -- the ``kept`` hint is read here, on the event loop.)
         kept = session is None or summary.kept
-        data = await self._read(count, "the records the metrics count", summarized=kept)
+        data = await self._read(
+            count, "the records the metrics count", self.asker(req), summarized=kept
+        )
         fmt = req.params.get("format", "prometheus")
         if fmt == "json":
             await req.respond_json(data)
@@ -511,38 +547,38 @@ class Api:
         )
 
     async def _read(
-        self, view: Callable[[JournalReader], Any], what: str, summarized: bool = False
+        self,
+        view: Callable[[JournalReader], Any],
+        what: str,
+        asker: Asker,
+        summarized: bool = False,
     ) -> Any:
         """``read`` (``read_summarized`` when the view brings ``summary`` to the head), a
         ``JournalError`` answered as the API's trouble (``_journal_problem``), ``what`` naming
-        the view."""
+        the view, ``asker`` whose it is."""
         try:
-            return await (self.read_summarized if summarized else self.read)(view)
+            return await (self.read_summarized if summarized else self.read)(view, asker)
         except JournalError as exc:
             raise _journal_problem(exc, what) from None
 
-    async def read(self, view: Callable[[JournalReader], Any]) -> Any:
+    async def read(self, view: Callable[[JournalReader], Any], asker: Asker) -> Any:
         """A whole-journal view, on its own read-only connection in a worker thread: a long
         scan must not stall the calls on the event loop (the console's reads too, which answer
         a ``JournalError`` themselves) -- one of the views' own ``VIEW_THREADS``: a request
-        waits for one on the event loop, holding no thread."""
+        waits for one on the event loop, holding no thread, in ``asker``'s share of them
+        (``view_share``: at most the broker's ``view_wait``, then declined, ``ReadFailed``;
+        ``VIEWS_IN_FLIGHT`` past its queue)."""
+        async with self.view_share.place(asker, self.broker.view_wait):
+            return await self.broker.view(view, self.view_threads)
 
-        return await self.broker.view(view, self.view_threads)
-
-    async def read_summarized(self, view: Callable[[JournalReader], Any]) -> Any:
+    async def read_summarized(self, view: Callable[[JournalReader], Any], asker: Asker) -> Any:
         """``read``, for a view that brings ``summary`` to the head: one at a time
         (``summary_turn``) -- they take turns on its lock anyway, and one that waits for
-        another's fold waits on the event loop, not in a thread of ``read``'s -- at most the
-        broker's ``view_wait``, then declined (``ReadFailed``), as a wait for a thread is."""
-        wait = self.broker.view_wait
-        with trio.move_on_after(wait) as waiting:
-            await self.summary_turn.acquire()
-        if waiting.cancelled_caught:
-            raise busy(wait, "the kept views' turn")
-        try:
-            return await self.read(view)
-        finally:
-            self.summary_turn.release()
+        another's fold waits on the event loop, not in a thread of ``read``'s -- each asker in
+        turn, at most the broker's ``view_wait``, then declined (``ReadFailed``), as a wait
+        for a thread is."""
+        async with self.summary_turn.place(asker, self.broker.view_wait):
+            return await self.read(view, asker)
 
 
 def _as_of(as_of: AsOf | None) -> dict[str, Any] | None:

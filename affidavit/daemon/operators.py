@@ -101,10 +101,11 @@ def act_problem(exc: JournalError, answer: tuple[int, str, str]) -> ApiProblem:
     return ApiProblem(status, code, message)
 
 
-async def _reading(api: Api, view: Callable[[JournalReader], T], what: str) -> T:
-    """A view on a read-only connection of its own, in a worker thread (``Api._read``)."""
+async def _reading(api: Api, req: Request, view: Callable[[JournalReader], T], what: str) -> T:
+    """A view on a read-only connection of its own, in a worker thread (``Api._read``), in
+    the operator's share (``Api.asker``)."""
     try:
-        result: T = await api._read(view, what)
+        result: T = await api._read(view, what, api.asker(req))
     except OperatorError as exc:
         raise _problem(exc) from None
     return result
@@ -112,14 +113,14 @@ async def _reading(api: Api, view: Callable[[JournalReader], T], what: str) -> T
 
 async def approvals(api: Api, req: Request) -> None:
     _require(api, req, "list approvals")
-    await req.respond_json(await _reading(api, service.pending, "the pending approvals"))
+    await req.respond_json(await _reading(api, req, service.pending, "the pending approvals"))
 
 
 async def approval(api: Api, req: Request, invocation_id: str) -> None:
     _require(api, req, "see approvals")
     await req.respond_json(
         await _reading(
-            api, lambda r: service.show(r, invocation_id), f"the approval of {invocation_id}"
+            api, req, lambda r: service.show(r, invocation_id), f"the approval of {invocation_id}"
         )
     )
 
@@ -130,6 +131,7 @@ async def content(api: Api, req: Request, invocation_id: str, name: str) -> None
     _require(api, req, "see approvals")
     data = await _reading(
         api,
+        req,
         lambda r: service.content(r, invocation_id, name),
         f"the approval of {invocation_id}",
     )

@@ -49,6 +49,7 @@ from .http import ApiProblem, Request, json_body
 
 if TYPE_CHECKING:
     from .app import Api
+    from .shares import Asker
 
 __all__ = [
     "ANSWER_RETRY",
@@ -188,23 +189,23 @@ def _scan_some(r: JournalReader, plan: _Plan, start: int) -> int:
     return end
 
 
-async def _scan(api: Api, d: Deferred, hold: Callable[[int], object]) -> _Plan:
+async def _scan(api: Api, asker: Asker, d: Deferred, hold: Callable[[int], object]) -> _Plan:
     """The plan of ``d``'s answer; ``hold(n)``: hold ``n`` more bytes of the budget while the
     answer lasts (a stream from before per-chunk hashes, read whole), or ``AnswersInFlight``."""
     plan = _Plan(d)
     at = d.from_chunk
     while True:
-        at = await api.read(functools.partial(_scan_some, plan=plan, start=at))
+        at = await api.read(functools.partial(_scan_some, plan=plan, start=at), asker)
         if plan.legacy is not None and plan.whole is None:
             hold(plan.legacy)
-            plan.whole = await api.read(functools.partial(_read_whole, plan=plan))
+            plan.whole = await api.read(functools.partial(_read_whole, plan=plan), asker)
             continue
         if at >= d.to_chunk:
             plan.decoder = codecs.getincrementaldecoder("utf-8")()  # fresh for the writing
             return plan
 
 
-async def _pieces(api: Api, plan: _Plan) -> AsyncGenerator[bytes, None]:
+async def _pieces(api: Api, asker: Asker, plan: _Plan) -> AsyncGenerator[bytes, None]:
     """The stream's JSON string (no quotes), a piece per trip; the same bytes the scan
     measured, or ``ResultUnverified``."""
     d, carry, sent = plan.deferred, b"", 0
@@ -222,7 +223,7 @@ async def _pieces(api: Api, plan: _Plan) -> AsyncGenerator[bytes, None]:
         return base64.b64encode(data[:cut])
 
     for start in range(d.from_chunk, d.to_chunk, PIECE_CHUNKS):
-        out = await api.read(functools.partial(piece, start=start))
+        out = await api.read(functools.partial(piece, start=start), asker)
         sent += len(out)
         yield out
     if sent != plan.length:
@@ -273,7 +274,8 @@ async def respond_result(api: Api, req: Request, envelope: dict[str, Any]) -> No
         contextlib.ExitStack() as more,
     ):
         hold = functools.partial(_hold_more, more, req)
-        plans = [await _scan(api, d, hold) for d in deferred]
+        asker = api.asker(req)  # each read in the fetching uid's share of the view threads
+        plans = [await _scan(api, asker, d, hold) for d in deferred]
         body = _shown(envelope, token, [p.text for p in plans])
         marks = [b'"%s%d"' % (token.encode(), i) for i in range(len(plans))]
         length = len(body) + sum(p.length + 2 - len(m) for p, m in zip(plans, marks, strict=True))
@@ -283,7 +285,7 @@ async def respond_result(api: Api, req: Request, envelope: dict[str, Any]) -> No
             for plan, mark in zip(plans, marks, strict=True):
                 cut = body.index(mark, at)
                 yield body[at:cut] + b'"'
-                async with contextlib.aclosing(_pieces(api, plan)) as pieces:
+                async with contextlib.aclosing(_pieces(api, asker, plan)) as pieces:
                     async for piece in pieces:
                         yield piece
                 yield b'"'

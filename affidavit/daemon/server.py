@@ -416,15 +416,16 @@ class Daemon:
             api.console_url = public or bound  # where login links lead
             api.tokens = TokenStore(token_dir(self.config.journal.path))
             proxy = self.config.service.console_proxy_user
+            read, read_summarized = api.console_reads()
             self.console = Console(
                 broker,
-                api.read,
+                read,
                 api.tokens,
                 origin=bound,
                 public_origin=public,
                 proxy_uid=proxy,
                 summary=api.summary,
-                read_summarized=api.read_summarized,
+                read_summarized=read_summarized,
                 slot=calls.console,
             )
             log.info("operator console on %s", api.console_url)

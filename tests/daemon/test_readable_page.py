@@ -17,6 +17,7 @@ import pytest
 import trio
 
 import affidavit.daemon.app
+from affidavit.daemon.shares import CONSOLE
 from affidavit.journal import JournalReader
 from affidavit.views import Newest
 from tests.broker.helpers import TOKEN_ENV, http_target, open_broker, write_config
@@ -166,9 +167,9 @@ async def test_only_the_page_that_makes_the_first_fold_takes_the_kept_views_turn
         real_init(self, *a, **k)
         apis.append(self)
 
-    async def turn(self: Any, view: Any) -> Any:
+    async def turn(self: Any, view: Any, asker: Any) -> Any:
         turns.append(self.summary.kept)
-        return await real_turn(self, view)
+        return await real_turn(self, view, asker)
 
     monkeypatch.setattr(Api, "__init__", init)
     monkeypatch.setattr(Api, "read_summarized", turn)
@@ -179,12 +180,12 @@ async def test_only_the_page_that_makes_the_first_fold_takes_the_kept_views_turn
             assert turns == [False]  # the first fold took the turn
             (api,) = apis
             assert api.summary.kept
-            await api.summary_turn.acquire()  # another view's turn, held throughout
+            await api.summary_turn.acquire(CONSOLE, HUNG)  # another's turn, held throughout
             try:
                 for query in ("", "?limit=1", "?session=s1&limit=1"):
                     status, _h, body = await ask(socket, "GET", f"/v1/actions{query}")
                     assert status == 200, body
                     assert json.loads(body)["actions"], body
             finally:
-                api.summary_turn.release()
+                api.summary_turn.release(CONSOLE)
     assert turns == [False]

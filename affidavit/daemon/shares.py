@@ -1,0 +1,191 @@
+"""Fair shares of what the socket's askers take turns on (audit 48, finding 5).
+
+``FairShare``: the views' worker threads (``Api.view_share``) and the kept views' turn
+(``Api.summary_turn``) handed out by asker -- a peer's uid, or the operator console -- not in
+the order the requests came:
+
+* an asker who is not an operator holds at most ``per_asker`` at once (half the views'
+  threads); the askers who are not operators hold at most ``others`` together (all but one
+  when operators are configured: theirs is never taken by agents' views);
+* a free place goes to the operators' first waiting view, else to the first waiting view of
+  the asker holding the fewest, the one served longest ago among equals -- one uid looping on
+  ``/v1/sessions`` on 30 connections makes another's view wait for one view of its, not 30;
+* at most ``queue`` views of one asker who is not an operator wait at once: one more is
+  answered at once 503 ``VIEWS_IN_FLIGHT`` with ``Retry-After`` (``ViewsInFlight``), read
+  nothing -- its own views ahead of it are what it waits for;
+* a view waits at most ``wait`` seconds (the broker's ``view_wait``), then is declined as
+  before (``busy``: 503 ``JOURNAL_READ_DECLINED``).
+
+Everything here runs on the event loop (no locks): trio's one thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import trio
+
+from affidavit.api.readers import busy
+
+from .http import ApiProblem
+
+__all__ = ["CONSOLE", "Asker", "FairShare", "ViewsInFlight"]
+
+log = logging.getLogger("affidavit.daemon")
+
+SHARE_RETRY = 1
+"""``Retry-After`` (seconds) of a 503 ``VIEWS_IN_FLIGHT``: its own views ahead end soon."""
+
+
+@dataclass(frozen=True)
+class Asker:
+    """Whose view it is: ``key`` a peer's uid (the kernel's), or ``"console"``; ``operator``:
+    an operator's (by the kernel's credentials, as the operator routes decide)."""
+
+    key: int | str
+    operator: bool
+
+
+CONSOLE = Asker("console", operator=True)
+"""The operator console's views: only a logged-in operator reaches them."""
+
+
+class ViewsInFlight(ApiProblem):
+    """503 ``VIEWS_IN_FLIGHT``: the asker has ``queue`` views waiting already; nothing read."""
+
+    def __init__(self, queue: int) -> None:
+        super().__init__(
+            503,
+            "VIEWS_IN_FLIGHT",
+            f"{queue} views of this uid are waiting for the journal already; read again when "
+            "they are answered",
+            retry_after=SHARE_RETRY,
+        )
+
+
+class _Waiter:
+    __slots__ = ("asker", "granted")
+
+    def __init__(self, asker: Asker) -> None:
+        self.asker = asker
+        self.granted = trio.Event()
+
+
+class FairShare:
+    """``slots`` places handed out by asker (the module's rules).  ``place(asker, wait)`` is an
+    async context manager: the place is held inside it."""
+
+    def __init__(
+        self,
+        slots: int,
+        *,
+        per_asker: int,
+        others: int,
+        queue: int,
+        what: str,
+        theirs: str | None = None,
+    ) -> None:
+        self.slots, self.per_asker, self.others, self.queue = slots, per_asker, others, queue
+        self.what = what
+        """What an operator's view waited for, in its message when declined (``busy``) ..."""
+        self.theirs = theirs or what
+        """... and what another's did (its share of them: not necessarily all were busy)."""
+        self.total = 0
+        """Places held."""
+        self.held: dict[int | str, int] = {}
+        """Places held, by asker (none held: no entry)."""
+        self.held_by_others = 0
+        """Places held by askers who are not operators."""
+        self.waiting: dict[int | str, deque[_Waiter]] = {}
+        """Waiting views by asker, first come first (none waiting: no entry)."""
+        self._served: dict[int | str, int] = {}
+        """When each asker holding or waiting was last given a place (a count, not a clock)."""
+        self._tick = 0
+
+    def place(self, asker: Asker, wait: float) -> _Place:
+        return _Place(self, asker, wait)
+
+    async def acquire(self, asker: Asker, wait: float) -> None:
+        queue = self.waiting.get(asker.key)
+        if not asker.operator and queue is not None and len(queue) >= self.queue:
+            raise ViewsInFlight(self.queue)
+        waiter = _Waiter(asker)
+        self.waiting.setdefault(asker.key, deque()).append(waiter)
+        self._hand_out()
+        try:
+            with trio.move_on_after(wait):
+                await waiter.granted.wait()
+        except BaseException:  # cancelled (a caller gone, a shutdown): nothing kept
+            if waiter.granted.is_set():
+                self.release(asker)
+            else:
+                self._withdraw(waiter)
+            raise
+        if not waiter.granted.is_set():
+            self._withdraw(waiter)
+            raise busy(wait, self.what if asker.operator else self.theirs)
+
+    def release(self, asker: Asker) -> None:
+        self.total -= 1
+        left = self.held[asker.key] - 1
+        if left:
+            self.held[asker.key] = left
+        else:
+            del self.held[asker.key]
+            if asker.key not in self.waiting:
+                self._served.pop(asker.key, None)
+        if not asker.operator:
+            self.held_by_others -= 1
+        self._hand_out()
+
+    def _withdraw(self, waiter: _Waiter) -> None:
+        key = waiter.asker.key
+        queue = self.waiting[key]
+        queue.remove(waiter)
+        if not queue:
+            del self.waiting[key]
+            if key not in self.held:
+                self._served.pop(key, None)
+
+    def _may_take(self, asker: Asker) -> bool:
+        if asker.operator:
+            return True
+        return self.held.get(asker.key, 0) < self.per_asker and self.held_by_others < self.others
+
+    def _hand_out(self) -> None:
+        while self.total < self.slots:
+            best: tuple[bool, int, int] | None = None
+            chosen: deque[_Waiter] | None = None
+            for key, queue in self.waiting.items():
+                asker = queue[0].asker
+                if not self._may_take(asker):
+                    continue
+                rank = (not asker.operator, self.held.get(key, 0), self._served.get(key, -1))
+                if best is None or rank < best:
+                    best, chosen = rank, queue
+            if chosen is None:
+                return
+            waiter = chosen.popleft()
+            key = waiter.asker.key
+            if not chosen:
+                del self.waiting[key]
+            self.held[key] = self.held.get(key, 0) + 1
+            self.total += 1
+            if not waiter.asker.operator:
+                self.held_by_others += 1
+            self._tick += 1
+            self._served[key] = self._tick
+            waiter.granted.set()
+
+
+class _Place:
+    def __init__(self, share: FairShare, asker: Asker, wait: float) -> None:
+        self.share, self.asker, self.wait = share, asker, wait
+
+    async def __aenter__(self) -> None:
+        await self.share.acquire(self.asker, self.wait)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.share.release(self.asker)

@@ -1,0 +1,128 @@
+"""``daemon/shares.py`` alone: who gets the next view place (``FairShare``), and that nothing of
+a view is kept once it is done."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from affidavit.daemon.shares import Asker, FairShare, ViewsInFlight
+from affidavit.journal import ReadFailed
+
+A, B, C = Asker(1001, False), Asker(1002, False), Asker(1003, False)
+OP = Asker(0, True)
+
+
+def _share(slots: int = 4, others: int = 3, queue: int = 8) -> FairShare:
+    return FairShare(
+        slots, per_asker=slots // 2, others=others, queue=queue, what="all", theirs="yours"
+    )
+
+
+async def _hold(share: FairShare, asker: Asker, order: list[int | str], go: trio.Event) -> None:
+    async with share.place(asker, 60):
+        order.append(asker.key)
+        await go.wait()
+
+
+def _empty(share: FairShare) -> bool:
+    return (share.total, share.held, share.waiting, share.held_by_others, share._served) == (
+        0,
+        {},
+        {},
+        0,
+        {},
+    )
+
+
+async def test_a_free_place_goes_to_the_operator_then_the_asker_holding_fewest() -> None:
+    """A floods (its two, four more waiting), then B asks, then C and an operator: the operator
+    has the last place at once, and the place one of A's frees goes to C -- never to A's
+    earlier waiters first."""
+    share, order, go = _share(others=3), [], trio.Event()
+    first = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_hold, share, A, order, first)
+        await trio.testing.wait_all_tasks_blocked()  # (holding: tasks start in no set order)
+        for _ in range(5):
+            nursery.start_soon(_hold, share, A, order, go)
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == [A.key, A.key]  # its share: two of four
+        nursery.start_soon(_hold, share, B, order, go)
+        await trio.testing.wait_all_tasks_blocked()
+        assert order[2:] == [B.key]  # at once: a place was free
+        nursery.start_soon(_hold, share, C, order, go)
+        nursery.start_soon(_hold, share, OP, order, go)
+        await trio.testing.wait_all_tasks_blocked()
+        assert order[3:] == [OP.key]  # the agents hold their three: C waits, the operator not
+        first.set()  # one of A's ends
+        await trio.testing.wait_all_tasks_blocked()
+        assert order[4:] == [C.key]  # C holds none, A one: C's turn
+        assert len(share.waiting[A.key]) == 4
+        go.set()
+    assert order.count(A.key) == 6
+    assert _empty(share)
+
+
+async def test_the_kept_turn_goes_round_the_askers() -> None:
+    """One place (the kept views' turn): A's five waiting views and B's one -- B's is next."""
+    share = FairShare(1, per_asker=1, others=1, queue=8, what="the turn")
+    order: list[int | str] = []
+    gates = [trio.Event() for _ in range(7)]
+
+    async def one(asker: Asker, gate: trio.Event) -> None:
+        async with share.place(asker, 60):
+            order.append(asker.key)
+            await gate.wait()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(6):
+            nursery.start_soon(one, A, gates[i])
+            await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(one, B, gates[6])
+        await trio.testing.wait_all_tasks_blocked()
+        for gate in gates:
+            gate.set()
+            await trio.testing.wait_all_tasks_blocked()
+    assert order[:2] == [A.key, B.key], order
+    assert _empty(share)
+
+
+async def test_past_its_queue_a_uid_is_refused_at_once_the_operator_never() -> None:
+    share, order, go = _share(queue=3), [], trio.Event()
+    async with trio.open_nursery() as nursery:
+        for _ in range(2 + 3):
+            nursery.start_soon(_hold, share, A, order, go)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(ViewsInFlight) as refused:
+            await share.acquire(A, 60)
+        assert (refused.value.status, refused.value.code, refused.value.retry_after) == (
+            503,
+            "VIEWS_IN_FLIGHT",
+            1,
+        )
+        for _ in range(5):
+            nursery.start_soon(_hold, share, OP, order, go)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(share.waiting[OP.key]) == 3  # two places were free; no queue bound for it
+        go.set()
+    assert _empty(share)
+
+
+async def test_a_wait_past_its_bound_or_cancelled_leaves_nothing_behind() -> None:
+    """Declined after ``wait`` (ReadFailed, naming what a non-operator waited for: its share),
+    or cancelled while waiting or holding: no place, no waiter, no entry kept."""
+    share, order, go = _share(), [], trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_hold, share, A, order, go)
+        nursery.start_soon(_hold, share, A, order, go)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(ReadFailed, match="yours stayed busy"):
+            await share.acquire(A, 0)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await share.acquire(A, 60)
+        assert share.waiting == {}
+        go.set()
+    assert _empty(share)

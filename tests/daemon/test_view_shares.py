@@ -1,0 +1,176 @@
+"""Each uid's fair share of the socket (audit 48): of the views' threads and waits (finding 5:
+one uid looping on the views made another's 503 JOURNAL_READ_DECLINED or slow).
+
+The daemon runs in this process (``Daemon.run``) with its own ``[service]``; several local uids
+are stood for by connections bound to abstract names (``test_connections._Strangers``: the
+peer of any other connection is the kernel's).  Pages of one session are held in their view
+threads on cue (``JournalReader.iter_actions``), bounded."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import affidavit.api.readers
+from affidavit.config import load_config
+from affidavit.daemon import server as daemon_server
+from affidavit.daemon.app import VIEW_QUEUE, VIEW_THREADS
+from affidavit.journal import JournalReader
+from tests.broker.helpers import TOKEN_ENV
+
+from .kit import WAIT, action_bytes, api_target, write_daemon_config
+from .test_connections import AGENT, OTHER_AGENT, _Strangers
+
+OPERATOR = os.getuid()
+"""This process's uid: the operator (``operator_uids``)."""
+PAGE = "/v1/actions?session=s"
+"""A view held in its thread on cue (``_Held``)."""
+
+
+@contextlib.asynccontextmanager
+async def daemon_of_uids(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch, **service: Any
+) -> AsyncIterator[_Strangers]:
+    """A daemon in this process answering this uid (its operator) and the two agents;
+    ``service``: more of its ``[service]``."""
+    monkeypatch.setenv(TOKEN_ENV, "canary-shares")
+    socket = tmp / "affidavit.sock"
+    strangers = _Strangers(socket)
+    monkeypatch.setattr(daemon_server, "peer_of", strangers.peer_of)
+    settings = {"allow_uids": [OPERATOR, AGENT, OTHER_AGENT], "operator_uids": [OPERATOR]}
+    config = write_daemon_config(
+        tmp, api_target("http://127.0.0.1:9"), socket=socket, service={**settings, **service}
+    )
+    async with trio.open_nursery() as nursery:
+        daemon = daemon_server.Daemon(load_config(config))
+        await nursery.start(daemon.run)
+        try:
+            yield strangers
+        finally:
+            daemon.shutdown.set()
+
+
+async def ask_as(
+    strangers: _Strangers, uid: int, method: str, path: str, body: bytes = b""
+) -> tuple[int, dict[str, str], bytes]:
+    """One request as ``uid`` on its own connection: status, headers (lower-cased), body."""
+    stream = await strangers.connect(uid)
+    async with stream:
+        head = f"{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+        if body:
+            head += f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        await stream.send_all(head.encode() + b"\r\n" + body)
+        data = b""
+        with contextlib.suppress(trio.BrokenResourceError):
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+    top, _, payload = data.partition(b"\r\n\r\n")
+    lines = top.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split(" ", 2)[1]), headers, payload
+
+
+class _Held:
+    """``iter_actions`` held until ``release``: how many view threads are inside it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.lock, self.inside, self.release = threading.Lock(), 0, threading.Event()
+        real = JournalReader.iter_actions
+
+        def held(reader: JournalReader, *a: Any, **k: Any) -> Any:
+            with self.lock:
+                self.inside += 1
+            assert self.release.wait(WAIT)  # bounded: held until the test has its answers
+            return real(reader, *a, **k)
+
+        monkeypatch.setattr(JournalReader, "iter_actions", held)
+
+    async def until(self, n: int) -> None:
+        with trio.fail_after(WAIT):
+            while self.inside < n:
+                await trio.sleep(0.01)
+
+
+async def test_one_uid_flooding_the_views_leaves_threads_to_another_and_the_operators(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent's slow pages held every view thread: another agent's record view, and an
+    operator's, waited for one as long as the pages read, then were declined (503
+    JOURNAL_READ_DECLINED).  Now one uid holds at most half of them and the agents together
+    all but one: both are answered while every page the agents may hold is held."""
+    monkeypatch.setattr(affidavit.api.readers, "VIEW_WAIT", WAIT)  # a wait is no refusal here
+    answers: list[tuple[int, int]] = []
+    async with daemon_of_uids(tmp_path, monkeypatch) as strangers:
+        body = action_bytes(method="DELETE")  # refused, recorded: a record to read
+        with trio.fail_after(WAIT):
+            _, _, envelope = await ask_as(strangers, AGENT, "POST", "/v1/calls", body)
+        record = f"/v1/invocations/{json.loads(envelope)['invocation_id']}"
+        held = _Held(monkeypatch)
+
+        async def page(uid: int) -> None:
+            status, _, _ = await ask_as(strangers, uid, "GET", PAGE)
+            answers.append((uid, status))
+
+        try:
+            async with trio.open_nursery() as flood:
+                for _ in range(VIEW_THREADS + 2):
+                    flood.start_soon(page, AGENT)
+                await held.until(VIEW_THREADS // 2)
+                with trio.fail_after(WAIT):
+                    other = await ask_as(strangers, OTHER_AGENT, "GET", record)
+                inside_for_one = held.inside
+                for _ in range(VIEW_THREADS):
+                    flood.start_soon(page, OTHER_AGENT)
+                await held.until(VIEW_THREADS - 1)  # the agents' all-but-one
+                with trio.fail_after(WAIT):
+                    operator = await ask_as(strangers, OPERATOR, "GET", record)
+                inside_for_all = held.inside
+                held.release.set()
+        finally:
+            held.release.set()
+    assert other[0] == 200, other
+    assert operator[0] == 200, operator
+    assert inside_for_one == VIEW_THREADS // 2
+    assert inside_for_all == VIEW_THREADS - 1
+    assert sorted(answers) == sorted(
+        [(AGENT, 200)] * (VIEW_THREADS + 2) + [(OTHER_AGENT, 200)] * VIEW_THREADS
+    )
+
+
+async def test_views_past_a_uids_queue_are_refused_at_once_with_retry_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A uid with ``VIEW_QUEUE`` views waiting behind its own is answered 503
+    ``VIEWS_IN_FLIGHT`` (``Retry-After: 1``) at once, nothing read; another uid's view is
+    answered meanwhile, and the operator's however many it has waiting."""
+    monkeypatch.setattr(affidavit.api.readers, "VIEW_WAIT", WAIT)
+    async with daemon_of_uids(tmp_path, monkeypatch) as strangers:
+        held = _Held(monkeypatch)
+        try:
+            async with trio.open_nursery() as flood:
+                for _ in range(VIEW_THREADS // 2 + VIEW_QUEUE):
+                    flood.start_soon(ask_as, strangers, AGENT, "GET", PAGE)
+                await held.until(VIEW_THREADS // 2)
+                with trio.fail_after(WAIT):
+                    while True:  # (each of the flood's requests read and waiting)
+                        refused = await ask_as(strangers, AGENT, "GET", PAGE)
+                        if refused[0] == 503:
+                            break
+                        await trio.sleep(0.05)  # one slipped in before the rest: again
+                    other = await ask_as(strangers, OTHER_AGENT, "GET", "/v1/sessions")
+                held.release.set()
+        finally:
+            held.release.set()
+    status, headers, body = refused
+    error = json.loads(body)["api_error"]
+    assert (status, error["code"], headers.get("retry-after")) == (503, "VIEWS_IN_FLIGHT", "1")
+    assert f"{VIEW_QUEUE} views of this uid" in error["message"]
+    assert other[0] == 200, other
