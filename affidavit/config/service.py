@@ -40,6 +40,10 @@ class ServiceConfig:
     allow_gids: tuple[int, ...]
     shutdown_grace: float
     max_calls: int
+    call_rate: float
+    """Calls (and job polls) one uid may start a second, sustained (``daemon/shares.py``)."""
+    call_burst: int
+    """... and at once, after a quiet spell (the token bucket's size)."""
     operator_uids: tuple[int, ...]
     """Who may approve, deny and attest (docs/approvals.md): by uid ..."""
     operator_gids: tuple[int, ...]
@@ -140,6 +144,23 @@ def _max_calls(r: Read) -> int:
     return r.integer(1, 100_000)
 
 
+CALL_RATE_RANGE = (0.01, 100_000.0)
+"""``call_rate``'s bounds: a call a hundred seconds to as many as a daemon could journal."""
+
+
+def _call_rate(r: Read) -> float:
+    value = r.raw()
+    lo, hi = CALL_RATE_RANGE
+    # bool is an int subclass: `call_rate = true` is a mistake, not 1 call a second.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise r.error(f"must be a number of calls a second from {lo:g} to {hi:g}")
+    return float(value)
+
+
+def _call_burst(r: Read) -> int:
+    return r.integer(1, 1_000_000)
+
+
 def _max_pending(r: Read) -> int:
     return r.integer(1, 10_000)
 
@@ -182,6 +203,22 @@ SERVICE = Schema(
             "count as calls (each reaches the remote); one more is answered overloaded (503 / "
             "OVERLOADED), nothing run (an operator's attestation, which sends nothing, is never "
             "refused so)",
+        ),
+        Field(
+            "call_rate",
+            _call_rate,
+            default=20,
+            doc="calls one peer uid may start a second through the socket, sustained -- a "
+            "job's poll counts as a call; past it (and `call_burst`) a call is answered 429 / "
+            "RATE_LIMITED with `Retry-After`, nothing journaled, nothing sent: one uid cannot "
+            "fill the journal's disk faster than this (a refused call is journaled too, ~2.4 KB)",
+        ),
+        Field(
+            "call_burst",
+            _call_burst,
+            default=200,
+            doc="calls one peer uid may start at once after a quiet spell (the bucket "
+            "`call_rate` refills)",
         ),
         Field(
             "operator_uids",

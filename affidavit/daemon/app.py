@@ -23,7 +23,8 @@
 Everything else is the API's own trouble: 400 bad JSON or query (or a malformed request, with
 408, 415 for a Content-Encoding, 431, 501 for CONNECT, Upgrade or a Transfer-Encoding but
 chunked and 503 for too many connections: h11server.py), 403 peer refused (on accept,
-before a byte is read: ``refusal``), 404, 405, 413, 503 ``VIEWS_IN_FLIGHT`` (a uid
+before a byte is read: ``refusal``), 404, 405, 413, 429 ``RATE_LIMITED`` (a uid past its
+``[service] call_rate``: nothing journaled, ``shares.CallRate``), 503 ``VIEWS_IN_FLIGHT`` (a uid
 with ``VIEW_QUEUE`` views waiting: ``shares.FairShare``), 503 overloaded, shutting down or journal
 unavailable (``JOURNAL_UNAVAILABLE``: a call the journal could not record has no envelope to
 render; a record or a view it could not read is named) or a read it declined this once
@@ -91,7 +92,7 @@ from . import operators, results
 from .calls import Calls, Running, internal_problem
 from .http import ApiProblem, ClientGone, Request, api_error_body, echoed, named
 from .peer import Peer, PeerPolicy
-from .shares import CONSOLE, Asker, FairShare
+from .shares import CONSOLE, Asker, CallRate, FairShare
 
 __all__ = ["Api"]
 
@@ -143,6 +144,9 @@ class Api:
         )
         """Who may take the next of ``view_threads`` (``read``): a uid flooding the views
         waits behind its own, not every other asker (audit 48, #5)."""
+        service = broker.config.service
+        self.call_rate = CallRate(service.call_rate, service.call_burst)
+        """The calls and polls each uid may start (``[service] call_rate``, ``call_burst``)."""
         self.health_said: set[str] = set()
         """The journal codes ``health`` has logged: once each, not once a probe."""
         self.summary_turn = FairShare(
@@ -269,6 +273,7 @@ class Api:
                 requester=req.peer.uid,  # it may not approve its own request
             )
 
+        self.call_rate.take(req.peer.uid)  # or 429 RATE_LIMITED: nothing journaled, nothing run
         running = self.calls.start(run)  # or 503 OVERLOADED (``Overloaded``), nothing run
         withdraw = functools.partial(_withdraw, running)
         req.link.on_hang_up.add(withdraw)
@@ -304,6 +309,7 @@ class Api:
             raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
         control = None
         deliver = self.answering(req)
+        self.call_rate.take(req.peer.uid)  # a poll journals a linked invocation: as a call
         try:
             # Refused OVERLOADED past ``max_calls`` and stopped at the grace's end, as a call.
             with self.calls.linked() as control:

@@ -1,4 +1,4 @@
-"""Fair shares of what the socket's askers take turns on (audit 48, finding 5).
+"""Fair shares of what the socket's askers take turns on (audit 48, findings 4 and 5).
 
 ``FairShare``: the views' worker threads (``Api.view_share``) and the kept views' turn
 (``Api.summary_turn``) handed out by asker -- a peer's uid, or the operator console -- not in
@@ -16,13 +16,23 @@ the order the requests came:
 * a view waits at most ``wait`` seconds (the broker's ``view_wait``), then is declined as
   before (``busy``: 503 ``JOURNAL_READ_DECLINED``).
 
+``CallRate``: the calls (and job polls) one uid may start, a token bucket per uid --
+``[service] call_rate`` a second, ``call_burst`` at once -- past which a call is answered 429
+``RATE_LIMITED`` with ``Retry-After`` before anything of it is journaled or run: a refused call
+was still journaled whole (~2.4 KB each, 10 000 in 11 s from one uid), and nothing bounded how
+fast one uid filled the journal's disk.  Memory: one bucket per uid that called within the
+last ``call_burst / call_rate`` seconds (a full bucket is dropped: it is what a new one is).
+
 Everything here runs on the event loop (no locks): trio's one thread.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -31,9 +41,12 @@ from affidavit.api.readers import busy
 
 from .http import ApiProblem
 
-__all__ = ["CONSOLE", "Asker", "FairShare", "ViewsInFlight"]
+__all__ = ["CONSOLE", "Asker", "CallRate", "FairShare", "RateLimited", "ViewsInFlight"]
 
 log = logging.getLogger("affidavit.daemon")
+
+PRUNE_AT = 64
+"""Buckets kept before the refilled ones are dropped (``CallRate._prune``)."""
 
 SHARE_RETRY = 1
 """``Retry-After`` (seconds) of a 503 ``VIEWS_IN_FLIGHT``: its own views ahead end soon."""
@@ -189,3 +202,65 @@ class _Place:
 
     async def __aexit__(self, *exc: object) -> None:
         self.share.release(self.asker)
+
+
+class RateLimited(ApiProblem):
+    """429 ``RATE_LIMITED``: the uid started ``burst`` calls faster than ``rate`` a second;
+    nothing journaled, nothing run."""
+
+    def __init__(self, rate: float, burst: int, retry_after: int) -> None:
+        super().__init__(
+            429,
+            "RATE_LIMITED",
+            f"this uid started calls faster than {rate:g} a second (at most {burst} at once: "
+            "the daemon's [service] call_rate and call_burst); nothing was recorded or sent: "
+            f"call again in {retry_after} s",
+            retry_after=retry_after,
+        )
+
+
+class CallRate:
+    """The calls each uid may start: a token bucket per uid (the module's words)."""
+
+    def __init__(
+        self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rate, self.burst, self._clock = rate, burst, clock
+        self.buckets: dict[int, tuple[float, float]] = {}
+        """By uid: its tokens and when they were counted.  A refilled one is dropped."""
+        self.dry: set[int] = set()
+        """The uids refused since their bucket was last full: logged once per spell."""
+        self._prune_at = PRUNE_AT
+
+    def take(self, uid: int) -> None:
+        """One call of ``uid``'s, or ``RateLimited`` -- logged once per spell (until its
+        bucket is full again)."""
+        now = self._clock()
+        if len(self.buckets) >= self._prune_at:
+            self._prune(now)
+        tokens, then = self.buckets.get(uid, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - then) * self.rate)
+        if tokens >= self.burst:
+            self.dry.discard(uid)
+        if tokens < 1.0:
+            self.buckets[uid] = (tokens, now)
+            if uid not in self.dry:
+                self.dry.add(uid)
+                log.warning(
+                    "uid %d starts calls faster than [service] call_rate (%g a second, %d at "
+                    "once): refused RATE_LIMITED, nothing journaled, until it slows down",
+                    uid,
+                    self.rate,
+                    self.burst,
+                )
+            raise RateLimited(self.rate, self.burst, max(1, math.ceil((1.0 - tokens) / self.rate)))
+        self.buckets[uid] = (tokens - 1.0, now)
+
+    def _prune(self, now: float) -> None:
+        """Drop the buckets refilled since (each as a new one would be): O(1) a call amortized
+        -- done when their number doubled since the last prune."""
+        full = self.burst / self.rate
+        for uid in [u for u, (_, then) in self.buckets.items() if now - then >= full]:
+            del self.buckets[uid]
+            self.dry.discard(uid)
+        self._prune_at = max(PRUNE_AT, 2 * len(self.buckets))

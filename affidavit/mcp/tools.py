@@ -54,7 +54,7 @@ CONTRACT = (
     "have run, never resend it blindly; `retry_after`: seconds to wait), never its code: one "
     "code may come before a call was sent or after (SHUTTING_DOWN, JOURNAL_READ_DECLINED), so "
     "read `outcome` and `retry`. Codes: OVERLOADED, SHUTTING_DOWN, DAEMON_UNAVAILABLE, "
-    "JOURNAL_READ_DECLINED, ANSWERS_IN_FLIGHT, VIEWS_IN_FLIGHT, ANSWER_LOST, "
+    "JOURNAL_READ_DECLINED, ANSWERS_IN_FLIGHT, VIEWS_IN_FLIGHT, RATE_LIMITED, ANSWER_LOST, "
     "CALLER_GONE (an answer lost on its "
     "way: list_actions for the action's session, then fetch_result), INTERNAL, "
     "JOURNAL_UNAVAILABLE, JOURNAL_UNREADABLE, RESULT_UNVERIFIED, CLIENT_ERROR and the daemon's "
@@ -95,6 +95,7 @@ NOT_SENT: dict[str, str] = {
     "OVERLOADED": "backoff",
     "SHUTTING_DOWN": "backoff",
     "TOO_MANY_CONNECTIONS": "backoff",
+    "RATE_LIMITED": "backoff",  # this uid's [service] call_rate: nothing journaled (shares.py)
     "DAEMON_UNAVAILABLE": "backoff",
     "REQUEST_TIMEOUT": "backoff",
     "BAD_JSON": "after_correction",

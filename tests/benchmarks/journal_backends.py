@@ -71,7 +71,8 @@ def _start(home: Path, port: int, url: str | None, shared_key: Path) -> subproce
     socket = home / "affidavit.sock"
     config.write_text(
         _journal_table(home, url, shared_key)
-        + f'\n[service]\nsocket = "{socket}"\nmax_calls = 4096\n\n'
+        + f'\n[service]\nsocket = "{socket}"\nmax_calls = 4096\n'
+        + "call_rate = 100000\ncall_burst = 1000000\n\n"  # the journal's ceiling, not a uid's
         + target,
         encoding="utf-8",
     )

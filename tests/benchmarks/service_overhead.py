@@ -67,7 +67,11 @@ def _config(dir: Path, port: int, name: str) -> Path:
     home = dir / name
     home.mkdir()
     path = home / "affidavit.toml"
-    service = f'\n[service]\nsocket = "{home / "affidavit.sock"}"\n'
+    # The daemon's own ceiling is measured: no uid's call_rate stands in its way.
+    service = (
+        f'\n[service]\nsocket = "{home / "affidavit.sock"}"\n'
+        "call_rate = 100000\ncall_burst = 1000000\n"
+    )
     path.write_text(http_overhead._config(home, port) + service, encoding="utf-8")
     return path
 

@@ -196,6 +196,11 @@ def test_service_defaults_resolve_beside_the_config() -> None:
         ({"allow_gids": 5}, "service.allow_gids", "must be an array of numeric ids"),
         ({"shutdown_grace": "soon"}, "service.shutdown_grace", "must be a duration"),
         ({"max_calls": 0}, "service.max_calls", "must be between 1 and 100000"),
+        ({"call_rate": 0}, "service.call_rate", "calls a second from 0.01 to 100000"),
+        ({"call_rate": True}, "service.call_rate", "calls a second from 0.01 to 100000"),
+        ({"call_rate": "20/s"}, "service.call_rate", "calls a second from 0.01 to 100000"),
+        ({"call_rate": float("inf")}, "service.call_rate", "calls a second from 0.01"),
+        ({"call_burst": 0}, "service.call_burst", "must be between 1 and 1000000"),
         ({"sockett": "x"}, "service.sockett", "unknown setting"),
     ],
 )

@@ -1,13 +1,22 @@
-"""``daemon/shares.py`` alone: who gets the next view place (``FairShare``), and that nothing of
-a view is kept once it is done."""
+"""``daemon/shares.py`` alone: who gets the next view place (``FairShare``), and the calls a uid
+may start (``CallRate``) -- with what each keeps in memory counted, not timed."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import trio
 import trio.testing
 
-from affidavit.daemon.shares import Asker, FairShare, ViewsInFlight
+from affidavit.daemon.shares import (
+    PRUNE_AT,
+    Asker,
+    CallRate,
+    FairShare,
+    RateLimited,
+    ViewsInFlight,
+)
 from affidavit.journal import ReadFailed
 
 A, B, C = Asker(1001, False), Asker(1002, False), Asker(1003, False)
@@ -126,3 +135,42 @@ async def test_a_wait_past_its_bound_or_cancelled_leaves_nothing_behind() -> Non
         assert share.waiting == {}
         go.set()
     assert _empty(share)
+
+
+def test_a_bucket_lets_a_burst_then_its_rate_and_says_when() -> None:
+    now = [0.0]
+    rate = CallRate(2.0, 3, clock=lambda: now[0])
+    for _ in range(3):
+        rate.take(7)
+    with pytest.raises(RateLimited) as refused:
+        rate.take(7)
+    assert (refused.value.status, refused.value.code, refused.value.retry_after) == (
+        429,
+        "RATE_LIMITED",
+        1,
+    )
+    rate.take(8)  # another uid's bucket is its own
+    now[0] = 0.5  # one token back
+    rate.take(7)
+    with pytest.raises(RateLimited):
+        rate.take(7)
+    slow = CallRate(0.01, 1, clock=lambda: now[0])
+    slow.take(7)
+    with pytest.raises(RateLimited) as refused:
+        slow.take(7)
+    assert refused.value.retry_after == math.ceil(1 / 0.01)  # a whole token to come back
+
+
+def test_buckets_are_kept_only_for_uids_that_called_lately() -> None:
+    """Memory: 100 000 uids calling once each, a second apart in bursts of 1000, keep no more
+    buckets than twice those that called within the refill time (here 10 s) -- a full bucket
+    is what a new one is, so it is dropped."""
+    now = [0.0]
+    rate = CallRate(10.0, 100, clock=lambda: now[0])
+    most = 0
+    for second in range(100):
+        now[0] = float(second)
+        for uid in range(second * 1000, second * 1000 + 1000):
+            rate.take(uid)
+        most = max(most, len(rate.buckets))
+    assert most <= 2 * 11 * 1000 + PRUNE_AT, most

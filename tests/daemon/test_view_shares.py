@@ -1,5 +1,7 @@
 """Each uid's fair share of the socket (audit 48): of the views' threads and waits (finding 5:
-one uid looping on the views made another's 503 JOURNAL_READ_DECLINED or slow).
+one uid looping on the views made another's 503 JOURNAL_READ_DECLINED or slow), and of the
+calls it may start a second (finding 4: one uid filled the journal's disk with refused calls,
+10 000 in 11 s, nothing limiting it).
 
 The daemon runs in this process (``Daemon.run``) with its own ``[service]``; several local uids
 are stood for by connections bound to abstract names (``test_connections._Strangers``: the
@@ -174,3 +176,32 @@ async def test_views_past_a_uids_queue_are_refused_at_once_with_retry_after(
     assert (status, error["code"], headers.get("retry-after")) == (503, "VIEWS_IN_FLIGHT", "1")
     assert f"{VIEW_QUEUE} views of this uid" in error["message"]
     assert other[0] == 200, other
+
+
+async def test_a_uid_past_its_call_rate_is_refused_before_anything_is_journaled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``[service] call_rate`` / ``call_burst``: an agent's calls past its bucket are 429
+    ``RATE_LIMITED`` with ``Retry-After``, and nothing of them is journaled (the journal holds
+    the burst's records only: refused calls were journaled whole, at any rate); another uid's
+    bucket is its own; logged once per spell."""
+    burst = 3
+    async with daemon_of_uids(tmp_path, monkeypatch, call_rate=0.01, call_burst=burst) as ss:
+        body = action_bytes(method="DELETE")  # refused before dispatch, and journaled
+        with trio.fail_after(WAIT):
+            first = [await ask_as(ss, AGENT, "POST", "/v1/calls", body) for _ in range(burst)]
+            limited = [await ask_as(ss, AGENT, "POST", "/v1/calls", body) for _ in range(3)]
+            poll = await ask_as(ss, AGENT, "POST", "/v1/operations/nope/poll")
+            other = await ask_as(ss, OTHER_AGENT, "POST", "/v1/calls", body)
+            _, _, page = await ask_as(ss, OPERATOR, "GET", "/v1/actions?limit=100")
+    assert [json.loads(b)["error"]["code"] for _, _, b in first] == ["UNSUPPORTED_ACTION"] * burst
+    for status, headers, answer in [*limited, poll]:
+        error = json.loads(answer)["api_error"]
+        assert (status, error["code"]) == (429, "RATE_LIMITED"), answer
+        assert int(headers["retry-after"]) >= 1, headers
+        assert "nothing was recorded or sent" in error["message"]
+        assert "invocation_id" not in error
+    assert json.loads(other[2])["error"]["code"] == "UNSUPPORTED_ACTION"
+    assert json.loads(page)["total"] == burst + 1  # the agent's burst and the other's call
+    said = [r for r in caplog.records if "call_rate" in r.getMessage()]
+    assert len(said) == 1 and str(AGENT) in said[0].getMessage(), said
