@@ -34,6 +34,7 @@ from __future__ import annotations
 import base64
 import codecs
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -276,6 +277,7 @@ async def respond_result(api: Api, req: Request, envelope: dict[str, Any]) -> No
         hold = functools.partial(_hold_more, more, req)
         asker = api.asker(req)  # each read in the fetching uid's share of the view threads
         plans = [await _scan(api, asker, d, hold) for d in deferred]
+        asker = dataclasses.replace(asker, answering=True)  # its pieces: the answer is under way
         body = _shown(envelope, token, [p.text for p in plans])
         marks = [b'"%s%d"' % (token.encode(), i) for i in range(len(plans))]
         length = len(body) + sum(p.length + 2 - len(m) for p, m in zip(plans, marks, strict=True))

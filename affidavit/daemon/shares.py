@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import trio
 
 from affidavit.api.readers import busy
+from affidavit.engine import NotAnswered
 
 from .http import ApiProblem
 
@@ -55,18 +56,23 @@ SHARE_RETRY = 1
 @dataclass(frozen=True)
 class Asker:
     """Whose view it is: ``key`` a peer's uid (the kernel's), or ``"console"``; ``operator``:
-    an operator's (by the kernel's credentials, as the operator routes decide)."""
+    an operator's (by the kernel's credentials, as the operator routes decide); ``answering``:
+    a read of an answer already under way (a stored result's next piece), never refused for
+    its asker's queue -- it waits its turn as any, and the answers under way are bounded by the
+    answer budget -- so an answer is not cut short by the asker's other views."""
 
     key: int | str
     operator: bool
+    answering: bool = False
 
 
 CONSOLE = Asker("console", operator=True)
 """The operator console's views: only a logged-in operator reaches them."""
 
 
-class ViewsInFlight(ApiProblem):
-    """503 ``VIEWS_IN_FLIGHT``: the asker has ``queue`` views waiting already; nothing read."""
+class ViewsInFlight(ApiProblem, NotAnswered):
+    """503 ``VIEWS_IN_FLIGHT``: the asker has ``queue`` views waiting already; nothing read --
+    to the engine a ``NotAnswered`` (a fetch refused so records no delivery failure)."""
 
     def __init__(self, queue: int) -> None:
         super().__init__(
@@ -122,7 +128,8 @@ class FairShare:
 
     async def acquire(self, asker: Asker, wait: float) -> None:
         queue = self.waiting.get(asker.key)
-        if not asker.operator and queue is not None and len(queue) >= self.queue:
+        bounded = not (asker.operator or asker.answering)
+        if bounded and queue is not None and len(queue) >= self.queue:
             raise ViewsInFlight(self.queue)
         waiter = _Waiter(asker)
         self.waiting.setdefault(asker.key, deque()).append(waiter)

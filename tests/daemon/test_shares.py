@@ -3,6 +3,7 @@ may start (``CallRate``) -- with what each keeps in memory counted, not timed.""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -111,6 +112,10 @@ async def test_past_its_queue_a_uid_is_refused_at_once_the_operator_never() -> N
             "VIEWS_IN_FLIGHT",
             1,
         )
+        # The next piece of an answer under way waits its turn: never cut short by the queue.
+        nursery.start_soon(_hold, share, dataclasses.replace(A, answering=True), order, go)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(share.waiting[A.key]) == 4
         for _ in range(5):
             nursery.start_soon(_hold, share, OP, order, go)
         await trio.testing.wait_all_tasks_blocked()

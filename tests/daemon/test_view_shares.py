@@ -27,6 +27,7 @@ from affidavit.daemon import server as daemon_server
 from affidavit.daemon.app import VIEW_QUEUE, VIEW_THREADS
 from affidavit.journal import JournalReader
 from tests.broker.helpers import TOKEN_ENV
+from tests.http.hostile import HostileServer, Reply, scripts
 
 from .kit import WAIT, action_bytes, api_target, write_daemon_config
 from .test_connections import AGENT, OTHER_AGENT, _Strangers
@@ -39,17 +40,24 @@ PAGE = "/v1/actions?session=s"
 
 @contextlib.asynccontextmanager
 async def daemon_of_uids(
-    tmp: Path, monkeypatch: pytest.MonkeyPatch, **service: Any
+    tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    remote: str = "http://127.0.0.1:9",
+    overrides: dict[str, Any] | None = None,
+    **service: Any,
 ) -> AsyncIterator[_Strangers]:
-    """A daemon in this process answering this uid (its operator) and the two agents;
-    ``service``: more of its ``[service]``."""
+    """A daemon in this process answering this uid (its operator) and the two agents, its
+    target ``api`` at ``remote`` (with ``overrides``); ``service``: more of its ``[service]``."""
     monkeypatch.setenv(TOKEN_ENV, "canary-shares")
     socket = tmp / "affidavit.sock"
     strangers = _Strangers(socket)
     monkeypatch.setattr(daemon_server, "peer_of", strangers.peer_of)
     settings = {"allow_uids": [OPERATOR, AGENT, OTHER_AGENT], "operator_uids": [OPERATOR]}
     config = write_daemon_config(
-        tmp, api_target("http://127.0.0.1:9"), socket=socket, service={**settings, **service}
+        tmp,
+        api_target(remote, **(overrides or {})),
+        socket=socket,
+        service={**settings, **service},
     )
     async with trio.open_nursery() as nursery:
         daemon = daemon_server.Daemon(load_config(config))
@@ -176,6 +184,61 @@ async def test_views_past_a_uids_queue_are_refused_at_once_with_retry_after(
     assert (status, error["code"], headers.get("retry-after")) == (503, "VIEWS_IN_FLIGHT", "1")
     assert f"{VIEW_QUEUE} views of this uid" in error["message"]
     assert other[0] == 200, other
+
+
+async def test_a_fetch_refused_for_its_uids_queue_records_no_delivery_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The requester's whole fetch of its stored result while its uid has ``VIEW_QUEUE`` views
+    waiting: 503 ``VIEWS_IN_FLIGHT`` before a byte of it is read -- no delivery, failed or made,
+    recorded (seed: a failure only for an answer attempted).  Once its views are answered, the
+    next fetch delivers it."""
+    monkeypatch.setattr(affidavit.api.readers, "VIEW_WAIT", WAIT)
+    async with (
+        HostileServer.running(scripts.serve(Reply(200, body=b"paid"))) as srv,
+        daemon_of_uids(tmp_path, monkeypatch, srv.url, {"approval": "always"}) as strangers,
+    ):
+        with trio.fail_after(WAIT):
+            call = action_bytes(method="POST", path="/c")
+            _, _, envelope = await ask_as(strangers, AGENT, "POST", "/v1/calls", call)
+            iid = json.loads(envelope)["invocation_id"]
+            note = json.dumps({"note": "ok"}).encode()
+            await ask_as(strangers, OPERATOR, "POST", f"/v1/approvals/{iid}/approve", note)
+            while True:  # bounded by fail_after
+                _, _, got = await ask_as(strangers, OPERATOR, "GET", f"/v1/invocations/{iid}")
+                if json.loads(got)["record"]["state"] == "stored_committed":
+                    break
+                await trio.sleep(0.05)
+            before = [e["kind"] for e in json.loads(got)["events"]]
+        held = _Held(monkeypatch)
+        try:
+            async with trio.open_nursery() as flood:
+                for _ in range(VIEW_THREADS // 2 + VIEW_QUEUE):
+                    flood.start_soon(ask_as, strangers, AGENT, "GET", PAGE)
+                await held.until(VIEW_THREADS // 2)
+                with trio.fail_after(WAIT):
+                    while True:  # (each of the flood's requests read and waiting)
+                        refused = await ask_as(
+                            strangers, AGENT, "GET", f"/v1/invocations/{iid}/result"
+                        )
+                        if refused[0] != 200:
+                            break
+                        await trio.sleep(0.05)  # (not yet: the fetch delivered it)
+                    _, _, got = await ask_as(strangers, OPERATOR, "GET", f"/v1/invocations/{iid}")
+                held.release.set()
+        finally:
+            held.release.set()
+        after = [e["kind"] for e in json.loads(got)["events"]]
+        with trio.fail_after(WAIT):
+            status, _, payload = await ask_as(
+                strangers, AGENT, "GET", f"/v1/invocations/{iid}/result"
+            )
+            _, _, got = await ask_as(strangers, OPERATOR, "GET", f"/v1/invocations/{iid}")
+    assert refused[0] == 503, refused
+    assert json.loads(refused[2])["api_error"]["code"] == "VIEWS_IN_FLIGHT"
+    assert after == before
+    assert status == 200 and json.loads(payload)["result"]["body"] == "paid"
+    assert [e["kind"] for e in json.loads(got)["events"]] == [*before, "RESULT_DELIVERED"]
 
 
 async def test_a_uid_past_its_call_rate_is_refused_before_anything_is_journaled(
