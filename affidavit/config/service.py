@@ -41,7 +41,8 @@ class ServiceConfig:
     shutdown_grace: float
     max_calls: int
     call_rate: float
-    """Calls (and job polls) one uid may start a second, sustained (``daemon/shares.py``)."""
+    """Calls (job polls and reconciliation queries too) one uid may start a second, sustained
+    (``daemon/shares.py``)."""
     call_burst: int
     """... and at once, after a quiet spell (the token bucket's size)."""
     operator_uids: tuple[int, ...]
@@ -209,9 +210,10 @@ SERVICE = Schema(
             _call_rate,
             default=20,
             doc="calls one peer uid may start a second through the socket, sustained -- a "
-            "job's poll counts as a call; past it (and `call_burst`) a call is answered 429 / "
-            "RATE_LIMITED with `Retry-After`, nothing journaled, nothing sent: one uid cannot "
-            "fill the journal's disk faster than this (a refused call is journaled too, ~2.4 KB)",
+            "job's poll and a reconciliation query count as calls; past it (and `call_burst`) "
+            "a call is answered 429 / RATE_LIMITED with `Retry-After`, nothing journaled, "
+            "nothing sent: one uid cannot fill the journal's disk faster than this (a refused "
+            "call is journaled too, ~2.4 KB)",
         ),
         Field(
             "call_burst",

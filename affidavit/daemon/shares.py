@@ -16,12 +16,13 @@ the order the requests came:
 * a view waits at most ``wait`` seconds (the broker's ``view_wait``), then is declined as
   before (``busy``: 503 ``JOURNAL_READ_DECLINED``).
 
-``CallRate``: the calls (and job polls) one uid may start, a token bucket per uid --
-``[service] call_rate`` a second, ``call_burst`` at once -- past which a call is answered 429
-``RATE_LIMITED`` with ``Retry-After`` before anything of it is journaled or run: a refused call
-was still journaled whole (~2.4 KB each, 10 000 in 11 s from one uid), and nothing bounded how
-fast one uid filled the journal's disk.  Memory: one bucket per uid that called within the
-last ``call_burst / call_rate`` seconds (a full bucket is dropped: it is what a new one is).
+``CallRate``: the calls (job polls and reconciliation queries too) one uid may start, a token
+bucket per uid -- ``[service] call_rate`` a second, ``call_burst`` at once -- past which a call
+is answered 429 ``RATE_LIMITED`` with ``Retry-After`` before anything of it is journaled or
+run: a refused call was still journaled whole (~2.4 KB each, 10 000 in 11 s from one uid), and
+nothing bounded how fast one uid filled the journal's disk.  Memory: one bucket per uid that
+called within the last ``call_burst / call_rate`` seconds (a full bucket is dropped: it is what
+a new one is).
 
 Everything here runs on the event loop (no locks): trio's one thread.
 """

@@ -244,10 +244,11 @@ async def test_a_fetch_refused_for_its_uids_queue_records_no_delivery_failure(
 async def test_a_uid_past_its_call_rate_is_refused_before_anything_is_journaled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``[service] call_rate`` / ``call_burst``: an agent's calls past its bucket are 429
-    ``RATE_LIMITED`` with ``Retry-After``, and nothing of them is journaled (the journal holds
-    the burst's records only: refused calls were journaled whole, at any rate); another uid's
-    bucket is its own; logged once per spell."""
+    """``[service] call_rate`` / ``call_burst``: an agent's calls past its bucket -- a job's
+    poll and a reconciliation query too -- are 429 ``RATE_LIMITED`` with ``Retry-After``, and
+    nothing of them is journaled (the journal holds the burst's records only: refused calls
+    were journaled whole, at any rate); another uid's bucket is its own; logged once per
+    spell."""
     burst = 3
     async with daemon_of_uids(tmp_path, monkeypatch, call_rate=0.01, call_burst=burst) as ss:
         body = action_bytes(method="DELETE")  # refused before dispatch, and journaled
@@ -255,10 +256,13 @@ async def test_a_uid_past_its_call_rate_is_refused_before_anything_is_journaled(
             first = [await ask_as(ss, AGENT, "POST", "/v1/calls", body) for _ in range(burst)]
             limited = [await ask_as(ss, AGENT, "POST", "/v1/calls", body) for _ in range(3)]
             poll = await ask_as(ss, AGENT, "POST", "/v1/operations/nope/poll")
+            iid = json.loads(first[0][2])["invocation_id"]
+            query = b'{"query": true}'
+            ask = await ask_as(ss, AGENT, "POST", f"/v1/invocations/{iid}/reconcile", query)
             other = await ask_as(ss, OTHER_AGENT, "POST", "/v1/calls", body)
             _, _, page = await ask_as(ss, OPERATOR, "GET", "/v1/actions?limit=100")
     assert [json.loads(b)["error"]["code"] for _, _, b in first] == ["UNSUPPORTED_ACTION"] * burst
-    for status, headers, answer in [*limited, poll]:
+    for status, headers, answer in [*limited, poll, ask]:
         error = json.loads(answer)["api_error"]
         assert (status, error["code"]) == (429, "RATE_LIMITED"), answer
         assert int(headers["retry-after"]) >= 1, headers
