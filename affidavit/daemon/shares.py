@@ -20,9 +20,10 @@ the order the requests came:
 bucket per uid -- ``[service] call_rate`` a second, ``call_burst`` at once -- past which a call
 is answered 429 ``RATE_LIMITED`` with ``Retry-After`` before anything of it is journaled or
 run: a refused call was still journaled whole (~2.4 KB each, 10 000 in 11 s from one uid), and
-nothing bounded how fast one uid filled the journal's disk.  Memory: one bucket per uid that
-called within the last ``call_burst / call_rate`` seconds (a full bucket is dropped: it is what
-a new one is).
+nothing bounded how fast one uid filled the journal's disk.  Memory: a bucket per uid that
+called within the last ``call_burst / call_rate`` seconds, and up to as many again (or
+``PRUNE_AT``) before the refilled ones are dropped -- a full bucket is what a new one is
+(``tests/daemon/test_shares.py`` counts them).
 
 Everything here runs on the event loop (no locks): trio's one thread.
 """
