@@ -59,7 +59,7 @@ from affidavit.secrets.vault import Vault
 from affidavit.statemachine import Event, Record, operation_json
 
 from . import readers as view_readers
-from .readers import BoundedTurn, ViewReaders
+from .readers import BoundedTurn, ThreadTurn, ViewReaders
 from .wire import check_timeout
 
 __all__ = ["Broker", "exposed_files"]
@@ -527,7 +527,9 @@ class Broker:
     def events(self, invocation_id: str) -> list[Event]:
         return self.journal.events(invocation_id)
 
-    async def view(self, read: Callable[[JournalReader], T], limiter: trio.CapacityLimiter) -> T:
+    async def view(
+        self, read: Callable[[JournalReader], T], limiter: trio.CapacityLimiter | ThreadTurn
+    ) -> T:
         """``read`` -- a view or an operator's read (a record and its events, the actions,
         the sessions, the metrics, the approvals, a verify) -- on a read-only connection no
         other read uses meanwhile, in a worker thread of ``limiter`` (a host's own, never
@@ -541,17 +543,18 @@ class Broker:
         is opened with the broker key.  A ``JournalError`` is raised as the read raised it.
 
         Bounded waits (``view_wait``): a view that found every ``limiter`` thread busy that
-        long, or whose read met a lock another session held that long (the reader's
-        ``lock_wait``), is ``ReadFailed`` -- unread this once, 503 ``JOURNAL_READ_DECLINED``
-        -- never parked behind the views or the session that hold them.
+        long (a ``ThreadTurn``: its own bound and order), or whose read met a lock another
+        session held that long (the reader's ``lock_wait``), is ``ReadFailed`` -- unread this
+        once, 503 ``JOURNAL_READ_DECLINED`` -- never parked behind the views or the session
+        that hold them.
 
         Cancellable: its connection has no statement timeout (a long scan is a view's right),
         so a cancelled view -- a shutdown past its grace, a caller gone -- abandons its thread
         rather than wait as long as the database holds the read (a daemon asked to stop
-        stopped only when the database let go).  The thread keeps its ``limiter`` slot until
-        the read ends, then closes its reader (never given back); it only reads, so nothing is
-        left half done (a view that folds ``summary`` does so under that summary's own
-        lock)."""
+        stopped only when the database let go).  The thread keeps its ``limiter`` slot (a
+        ``ThreadTurn``'s place) until the read ends, then closes its reader (never given
+        back); it only reads, so nothing is left half done (a view that folds ``summary`` does
+        so under that summary's own lock)."""
         # A call's queued delivery shows in the view that follows it -- waited for no longer
         # than a view waits for anything (``view_wait``), and cancellably: a writer held up (a
         # shared journal reconnecting) leaves the view to show what is committed, a result
@@ -559,6 +562,8 @@ class Broker:
         with trio.move_on_after(self.view_wait):
             await self.settled(cancellable=True)
         readers, windows = self.view_readers, self.journal.send_windows
+        if isinstance(limiter, trio.CapacityLimiter):
+            limiter = BoundedTurn(limiter, self.view_wait)
         total = limiter.total_tokens
         keep = int(total) if total != float("inf") else 1 << 16
         abandoned = threading.Event()
@@ -578,10 +583,9 @@ class Broker:
             return got
 
         try:
-            turn = BoundedTurn(limiter, self.view_wait)
             return await trio.to_thread.run_sync(
                 run,
-                limiter=turn,  # type: ignore[arg-type]  # (trio takes any limiter-like object)
+                limiter=limiter,  # type: ignore[arg-type]  # (trio takes any limiter-like object)
                 abandon_on_cancel=True,
             )
         except trio.Cancelled:

@@ -28,12 +28,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
 from affidavit.journal import JournalReader, ReadFailed
 
-__all__ = ["IDLE_FOR", "VIEW_WAIT", "BoundedTurn", "ViewReaders"]
+__all__ = ["IDLE_FOR", "VIEW_WAIT", "BoundedTurn", "ThreadTurn", "ViewReaders"]
 
 IDLE_FOR = 60.0
 """Seconds an idle reader is kept at most (then closed by the next ``prune``)."""
@@ -184,6 +185,20 @@ class ViewReaders:
             self.discard(reader)
 
 
+class ThreadTurn(Protocol):
+    """A view's wait for a thread as ``trio.to_thread.run_sync`` takes one (its ``limiter``),
+    bounded (a wait past its bound raises ``ReadFailed``), and how many threads it shares out
+    (``total_tokens``): ``BoundedTurn``, or the daemon's fair share of them
+    (``affidavit.daemon.shares.Place``)."""
+
+    @property
+    def total_tokens(self) -> float: ...
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None: ...
+
+    def release_on_behalf_of(self, borrower: object) -> None: ...
+
+
 class BoundedTurn:
     """``limiter`` as ``trio.to_thread.run_sync`` takes one, its wait for a thread bounded:
     after ``wait`` seconds a view is declined (``ReadFailed``: every view thread stayed busy)
@@ -193,6 +208,10 @@ class BoundedTurn:
     def __init__(self, limiter: trio.CapacityLimiter, wait: float) -> None:
         self._limiter = limiter
         self._wait = wait
+
+    @property
+    def total_tokens(self) -> float:
+        return self._limiter.total_tokens
 
     async def acquire_on_behalf_of(self, borrower: object) -> None:
         with trio.move_on_after(self._wait):

@@ -110,7 +110,8 @@ VIEW_THREADS = 4
 own, never trio's default ones -- which the calls' journal opens and closes share -- so a caller
 flooding the views waits its turn on the event loop and takes no thread a call needs.  Shared
 out by asker (``shares.FairShare``): a uid that is not an operator holds at most half of them,
-those uids together all but one when operators are configured."""
+those uids together all but one when operators are configured.  The views that bring the kept
+counts to the head have one more, their own (``Api.summary_turn``)."""
 
 VIEW_QUEUE = 16
 """Views one uid that is not an operator may have waiting, for a thread or for the kept views'
@@ -130,8 +131,6 @@ class Api:
         self.summary = SessionSummary(metrics_key)
         """``/v1/sessions``' and unfiltered ``/v1/metrics``' counts, brought up to date per
         request (not folded again)."""
-        self.view_threads = trio.CapacityLimiter(VIEW_THREADS)
-        """The views' worker threads (``read``)."""
         operators = broker.operator_policy
         reserve = 1 if operators.uids or operators.gids else 0  # none to keep one for
         self.view_share = FairShare(
@@ -142,8 +141,8 @@ class Api:
             what="every view thread",
             theirs="every view thread this uid may use",
         )
-        """Who may take the next of ``view_threads`` (``read``): a uid flooding the views
-        waits behind its own, not every other asker (audit 48, #5)."""
+        """Who may take the next of the views' ``VIEW_THREADS`` threads (``read``): a uid
+        flooding the views waits behind its own, not every other asker (audit 48, #5)."""
         service = broker.config.service
         self.call_rate = CallRate(service.call_rate, service.call_burst)
         """The calls and polls each uid may start (``[service] call_rate``, ``call_burst``)."""
@@ -153,8 +152,9 @@ class Api:
             1, per_asker=1, others=1, queue=VIEW_QUEUE, what="the kept views' turn"
         )
         """The views that bring ``summary`` to the head take turns here, on the event loop
-        (``read_summarized``): its first fold (~20 s at 1M events) holds one thread, not one
-        per request waiting on its lock -- by asker, in turn (``shares.FairShare``)."""
+        (``read_summarized``), for their own thread -- by asker, in turn
+        (``shares.FairShare``): its first fold (~20 s at 1M events) holds one thread, not one
+        per request waiting on its lock."""
 
     def asker(self, req: Request) -> Asker:
         """Whose view ``req`` asks for: its peer's uid, an operator's by the kernel's
@@ -573,18 +573,20 @@ class Api:
         a ``JournalError`` themselves) -- one of the views' own ``VIEW_THREADS``: a request
         waits for one on the event loop, holding no thread, in ``asker``'s share of them
         (``view_share``: at most the broker's ``view_wait``, then declined, ``ReadFailed``;
-        ``VIEWS_IN_FLIGHT`` past its queue)."""
-        async with self.view_share.place(asker, self.broker.view_wait):
-            return await self.broker.view(view, self.view_threads)
+        ``VIEWS_IN_FLIGHT`` past its queue) -- its place held until the thread ends, a view
+        abandoned by its caller's too (``shares.Place``)."""
+        return await self.broker.view(view, self.view_share.place(asker, self.broker.view_wait))
 
     async def read_summarized(self, view: Callable[[JournalReader], Any], asker: Asker) -> Any:
-        """``read``, for a view that brings ``summary`` to the head: one at a time
-        (``summary_turn``) -- they take turns on its lock anyway, and one that waits for
-        another's fold waits on the event loop, not in a thread of ``read``'s -- each asker in
-        turn, at most the broker's ``view_wait``, then declined (``ReadFailed``), as a wait
-        for a thread is."""
-        async with self.summary_turn.place(asker, self.broker.view_wait):
-            return await self.read(view, asker)
+        """``read``, for a view that brings ``summary`` to the head: one at a time, in the
+        kept views' own thread (``summary_turn``) -- they take turns on its lock anyway, and
+        one that waits for another's fold waits on the event loop, not in a thread -- each
+        asker in turn, at most the broker's ``view_wait``, then declined (``ReadFailed``), as
+        a wait for a thread is.  Not also in ``view_share``: the turn held while its uid's
+        other views hold that uid's threads left every other asker's kept views waiting on a
+        turn doing nothing (rv48 #1); the turn is one more thread, at most."""
+        place = self.summary_turn.place(asker, self.broker.view_wait)
+        return await self.broker.view(view, place)
 
 
 def _as_of(as_of: AsOf | None) -> dict[str, Any] | None:

@@ -10,11 +10,18 @@ the order the requests came:
 * a free place goes to the operators' first waiting view, else to the first waiting view of
   the asker holding the fewest, the one served longest ago among equals -- one uid looping on
   ``/v1/sessions`` on 30 connections makes another's view wait for one view of its, not 30;
+* an asker's first waiting view is the next piece of an answer under way (``answering``),
+  if one waits: ahead of its asker's other views, or the answer could wait behind them past
+  ``wait`` and be cut short;
+* an asker is a uid as an operator or not (``Asker.group``): counted and queued apart;
 * at most ``queue`` views of one asker who is not an operator wait at once: one more is
   answered at once 503 ``VIEWS_IN_FLIGHT`` with ``Retry-After`` (``ViewsInFlight``), read
   nothing -- its own views ahead of it are what it waits for;
 * a view waits at most ``wait`` seconds (the broker's ``view_wait``), then is declined as
   before (``busy``: 503 ``JOURNAL_READ_DECLINED``).
+
+A place is held inside ``async with share.place(...)``, or as ``trio.to_thread.run_sync``'s
+limiter from before the thread starts until it ends (``Place``; ``Broker.view``).
 
 ``CallRate``: the calls (job polls and reconciliation queries too) one uid may start, a token
 bucket per uid -- ``[service] call_rate`` a second, ``call_burst`` at once -- past which a call
@@ -44,7 +51,7 @@ from affidavit.engine import NotAnswered
 
 from .http import ApiProblem
 
-__all__ = ["CONSOLE", "Asker", "CallRate", "FairShare", "RateLimited", "ViewsInFlight"]
+__all__ = ["CONSOLE", "Asker", "CallRate", "FairShare", "Place", "RateLimited", "ViewsInFlight"]
 
 log = logging.getLogger("affidavit.daemon")
 
@@ -66,6 +73,12 @@ class Asker:
     key: int | str
     operator: bool
     answering: bool = False
+
+    @property
+    def group(self) -> tuple[int | str, bool]:
+        """Whose queue and count a view is in: one uid's operator views apart from its others
+        (operator status may differ between its connections: ``operator_gids``)."""
+        return (self.key, self.operator)
 
 
 CONSOLE = Asker("console", operator=True)
@@ -94,9 +107,13 @@ class _Waiter:
         self.granted = trio.Event()
 
 
+Group = tuple[int | str, bool]
+
+
 class FairShare:
-    """``slots`` places handed out by asker (the module's rules).  ``place(asker, wait)`` is an
-    async context manager: the place is held inside it."""
+    """``slots`` places handed out by asker (the module's rules).  ``place(asker, wait)`` is
+    one asker's turn: an async context manager holding a place, or the limiter
+    ``trio.to_thread.run_sync`` takes (its place is then given back when the thread ends)."""
 
     def __init__(
         self,
@@ -115,26 +132,31 @@ class FairShare:
         """... and what another's did (its share of them: not necessarily all were busy)."""
         self.total = 0
         """Places held."""
-        self.held: dict[int | str, int] = {}
-        """Places held, by asker (none held: no entry)."""
+        self.held: dict[Group, int] = {}
+        """Places held, by asker (``Asker.group``; none held: no entry)."""
         self.held_by_others = 0
         """Places held by askers who are not operators."""
-        self.waiting: dict[int | str, deque[_Waiter]] = {}
-        """Waiting views by asker, first come first (none waiting: no entry)."""
-        self._served: dict[int | str, int] = {}
+        self.waiting: dict[Group, deque[_Waiter]] = {}
+        """Waiting views by asker, the pieces of answers under way first, then first come
+        first (none waiting: no entry)."""
+        self._served: dict[Group, int] = {}
         """When each asker holding or waiting was last given a place (a count, not a clock)."""
         self._tick = 0
 
-    def place(self, asker: Asker, wait: float) -> _Place:
-        return _Place(self, asker, wait)
+    def place(self, asker: Asker, wait: float) -> Place:
+        return Place(self, asker, wait)
 
     async def acquire(self, asker: Asker, wait: float) -> None:
-        queue = self.waiting.get(asker.key)
+        queue = self.waiting.get(asker.group)
         bounded = not (asker.operator or asker.answering)
         if bounded and queue is not None and len(queue) >= self.queue:
             raise ViewsInFlight(self.queue)
         waiter = _Waiter(asker)
-        self.waiting.setdefault(asker.key, deque()).append(waiter)
+        queue = self.waiting.setdefault(asker.group, deque())
+        if asker.answering:  # an answer's next piece: behind those of answers, before views
+            queue.insert(sum(1 for w in queue if w.asker.answering), waiter)
+        else:
+            queue.append(waiter)
         self._hand_out()
         try:
             with trio.move_on_after(wait):
@@ -151,19 +173,20 @@ class FairShare:
 
     def release(self, asker: Asker) -> None:
         self.total -= 1
-        left = self.held[asker.key] - 1
+        group = asker.group
+        left = self.held[group] - 1
         if left:
-            self.held[asker.key] = left
+            self.held[group] = left
         else:
-            del self.held[asker.key]
-            if asker.key not in self.waiting:
-                self._served.pop(asker.key, None)
+            del self.held[group]
+            if group not in self.waiting:
+                self._served.pop(group, None)
         if not asker.operator:
             self.held_by_others -= 1
         self._hand_out()
 
     def _withdraw(self, waiter: _Waiter) -> None:
-        key = waiter.asker.key
+        key = waiter.asker.group
         queue = self.waiting[key]
         queue.remove(waiter)
         if not queue:
@@ -174,7 +197,7 @@ class FairShare:
     def _may_take(self, asker: Asker) -> bool:
         if asker.operator:
             return True
-        return self.held.get(asker.key, 0) < self.per_asker and self.held_by_others < self.others
+        return self.held.get(asker.group, 0) < self.per_asker and self.held_by_others < self.others
 
     def _hand_out(self) -> None:
         while self.total < self.slots:
@@ -190,7 +213,7 @@ class FairShare:
             if chosen is None:
                 return
             waiter = chosen.popleft()
-            key = waiter.asker.key
+            key = waiter.asker.group
             if not chosen:
                 del self.waiting[key]
             self.held[key] = self.held.get(key, 0) + 1
@@ -202,9 +225,26 @@ class FairShare:
             waiter.granted.set()
 
 
-class _Place:
+class Place:
+    """``asker``'s place in ``share``, waited for at most ``wait`` seconds: held inside
+    ``async with``, or -- given to ``trio.to_thread.run_sync`` as its limiter (``Broker.view``)
+    -- from before the thread starts until it ends: a view abandoned when its caller is
+    cancelled keeps its place until its read ends, as it keeps its thread, so a place given
+    to the next view is a thread free for it (never one it waits for outside these rules)."""
+
     def __init__(self, share: FairShare, asker: Asker, wait: float) -> None:
         self.share, self.asker, self.wait = share, asker, wait
+
+    @property
+    def total_tokens(self) -> int:
+        """The threads of ``share`` (``Broker.view`` keeps as many readers idle)."""
+        return self.share.slots
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        await self.share.acquire(self.asker, self.wait)
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        self.share.release(self.asker)
 
     async def __aenter__(self) -> None:
         await self.share.acquire(self.asker, self.wait)

@@ -31,7 +31,7 @@ import trio
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from affidavit.api.readers import busy  # noqa: E402
+from affidavit.api.readers import BoundedTurn  # noqa: E402
 from affidavit.config import load_config  # noqa: E402
 from affidavit.daemon import app as daemon_app  # noqa: E402
 from affidavit.daemon import server as daemon_server  # noqa: E402
@@ -51,16 +51,8 @@ class FirstCome:
     def __init__(self, slots: int) -> None:
         self.limiter = trio.CapacityLimiter(slots)
 
-    @contextlib.asynccontextmanager
-    async def place(self, asker: Any, wait: float) -> AsyncIterator[None]:
-        with trio.move_on_after(wait) as waiting:
-            await self.limiter.acquire()
-        if waiting.cancelled_caught:
-            raise busy(wait, "every view thread")
-        try:
-            yield
-        finally:
-            self.limiter.release()
+    def place(self, asker: Any, wait: float) -> BoundedTurn:
+        return BoundedTurn(self.limiter, wait)
 
 
 @contextlib.asynccontextmanager

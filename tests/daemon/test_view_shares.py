@@ -155,6 +155,55 @@ async def test_one_uid_flooding_the_views_leaves_threads_to_another_and_the_oper
     )
 
 
+async def test_a_uid_held_at_its_share_never_holds_the_kept_views_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent holding its two view threads (pages held) and looping on ``/v1/sessions`` on
+    three connections: its kept view took the turn, then waited for a thread of its share
+    (``view_wait``), holding the turn doing nothing -- every other asker's ``/v1/sessions``
+    and ``/v1/metrics`` waited behind it, the operator's too (rv48 #1: 0.92-0.96 s a
+    ``/v1/metrics`` at a 1 s ``view_wait``; here ``view_wait`` is longer than the test is
+    given, so it failed outright).  The kept views' turn is their own thread now: the other
+    agent's and the operator's are answered while the pages are held, and the agent's own
+    loop too."""
+    monkeypatch.setattr(affidavit.api.readers, "VIEW_WAIT", 2 * WAIT)
+    answers: dict[int, list[int]] = {AGENT: [], OTHER_AGENT: [], OPERATOR: []}
+    async with daemon_of_uids(tmp_path, monkeypatch) as strangers:
+        with trio.fail_after(WAIT):
+            await ask_as(strangers, AGENT, "GET", "/v1/sessions")  # the first fold: kept
+        held, stop = _Held(monkeypatch), trio.Event()
+
+        async def loop() -> None:
+            while not stop.is_set():
+                status, _, _ = await ask_as(strangers, AGENT, "GET", "/v1/sessions")
+                answers[AGENT].append(status)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(VIEW_THREADS // 2):
+                    nursery.start_soon(ask_as, strangers, AGENT, "GET", PAGE)
+                await held.until(VIEW_THREADS // 2)
+                for _ in range(3):
+                    nursery.start_soon(loop)
+                with trio.fail_after(WAIT):
+                    while len(answers[AGENT]) < 3:  # (the loop under way)
+                        await trio.sleep(0.01)
+                    for _ in range(3):
+                        for uid in (OPERATOR, OTHER_AGENT):
+                            for path in ("/v1/metrics?format=json", "/v1/sessions"):
+                                status, _, _ = await ask_as(strangers, uid, "GET", path)
+                                answers[uid].append(status)
+                inside = held.inside
+                stop.set()
+                held.release.set()
+        finally:
+            stop.set()
+            held.release.set()
+    assert answers[OPERATOR] == answers[OTHER_AGENT] == [200] * 6
+    assert set(answers[AGENT]) == {200}
+    assert inside == VIEW_THREADS // 2  # (the pages were held throughout)
+
+
 async def test_views_past_a_uids_queue_are_refused_at_once_with_retry_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
