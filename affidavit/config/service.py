@@ -209,8 +209,9 @@ SERVICE = Schema(
             "call_rate",
             _call_rate,
             default=20,
-            doc="calls one peer uid may start a second through the socket, sustained -- a "
-            "job's poll and a reconciliation query count as calls; past it (and `call_burst`) "
+            doc="calls one peer uid may start a second through the socket, sustained (an "
+            "operator's are not counted) -- a job's poll and a reconciliation query count as "
+            "calls; past it (and `call_burst`) "
             "a call is answered 429 / RATE_LIMITED with `Retry-After`, nothing journaled, "
             "nothing sent: one uid cannot fill the journal's disk faster than this (a refused "
             "call is journaled too, ~2.4 KB)",

@@ -162,6 +162,12 @@ class Api:
         operator = self.broker.operator_policy.is_operator(operators.operator_of(req))
         return Asker(req.peer.uid, operator)
 
+    def take_call(self, req: Request) -> None:
+        """One of the calls ``req``'s uid may start (``call_rate``), or 429 ``RATE_LIMITED``
+        -- an operator's are not counted: trusted, as in the views' share and admission."""
+        if not self.asker(req).operator:
+            self.call_rate.take(req.peer.uid)
+
     def console_reads(self) -> tuple[Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]]:
         """``read`` and ``read_summarized`` for the operator console (``CONSOLE``'s share)."""
         return (
@@ -273,7 +279,7 @@ class Api:
                 requester=req.peer.uid,  # it may not approve its own request
             )
 
-        self.call_rate.take(req.peer.uid)  # or 429 RATE_LIMITED: nothing journaled, nothing run
+        self.take_call(req)  # or 429 RATE_LIMITED: nothing journaled, nothing run
         running = self.calls.start(run)  # or 503 OVERLOADED (``Overloaded``), nothing run
         withdraw = functools.partial(_withdraw, running)
         req.link.on_hang_up.add(withdraw)
@@ -309,7 +315,7 @@ class Api:
             raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
         control = None
         deliver = self.answering(req)
-        self.call_rate.take(req.peer.uid)  # a poll journals a linked invocation: as a call
+        self.take_call(req)  # a poll journals a linked invocation: as a call
         try:
             # Refused OVERLOADED past ``max_calls`` and stopped at the grace's end, as a call.
             with self.calls.linked() as control:

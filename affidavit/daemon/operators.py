@@ -182,7 +182,7 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
     if query and not api.calls.accepting:  # a query is a call: none is taken once stopping
         raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
     if query:  # it journals a linked invocation: one of the uid's calls (429 RATE_LIMITED)
-        api.call_rate.take(req.peer.uid)
+        api.take_call(req)
 
     deliver = api.answering(req) if query else None  # a query's result: delivered by its answer
 

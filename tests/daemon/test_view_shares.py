@@ -31,6 +31,7 @@ from tests.http.hostile import HostileServer, Reply, scripts
 
 from .kit import WAIT, action_bytes, api_target, write_daemon_config
 from .test_connections import AGENT, OTHER_AGENT, _Strangers
+from .test_max_calls import OVERRIDES, remote
 
 OPERATOR = os.getuid()
 """This process's uid: the operator (``operator_uids``)."""
@@ -293,31 +294,60 @@ async def test_a_fetch_refused_for_its_uids_queue_records_no_delivery_failure(
 async def test_a_uid_past_its_call_rate_is_refused_before_anything_is_journaled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``[service] call_rate`` / ``call_burst``: an agent's calls past its bucket -- a job's
-    poll and a reconciliation query too -- are 429 ``RATE_LIMITED`` with ``Retry-After``, and
-    nothing of them is journaled (the journal holds the burst's records only: refused calls
-    were journaled whole, at any rate); another uid's bucket is its own; logged once per
-    spell."""
+    """``[service] call_rate`` / ``call_burst``: an agent's calls past its bucket -- a poll of
+    its real job and a reconciliation query of its unknown outcome too, each of which would
+    journal a linked invocation and reach the remote -- are 429 ``RATE_LIMITED`` with
+    ``Retry-After``: nothing journaled (the actions total, the job's and the unknown call's
+    events unchanged), nothing sent (refused calls were journaled whole, at any rate).  Another
+    uid's bucket is its own; an operator's calls are not counted (trusted, as in the views'
+    share: they were 429 too); logged once per spell."""
     burst = 3
-    async with daemon_of_uids(tmp_path, monkeypatch, call_rate=0.01, call_burst=burst) as ss:
+    async with (
+        HostileServer.running(remote) as srv,
+        daemon_of_uids(
+            tmp_path, monkeypatch, srv.url, OVERRIDES, call_rate=0.01, call_burst=burst
+        ) as ss,
+    ):
         body = action_bytes(method="DELETE")  # refused before dispatch, and journaled
         with trio.fail_after(WAIT):
-            first = [await ask_as(ss, AGENT, "POST", "/v1/calls", body) for _ in range(burst)]
+            job = await ask_as(ss, AGENT, "POST", "/v1/calls", action_bytes("/v1/jobs", "POST"))
+            drop = action_bytes("/v1/drop", "POST", body="{}", idempotency_key="K1")
+            unknown = await ask_as(ss, AGENT, "POST", "/v1/calls", drop)
+            first = await ask_as(ss, AGENT, "POST", "/v1/calls", body)
+            op_id = json.loads(job[2])["operation"]["id"]
+            iid = json.loads(unknown[2])["invocation_id"]
+            events = {}
+            for name, of in (("job", job), ("unknown", unknown)):
+                got = await ask_as(ss, OPERATOR, "GET", f"/v1/invocations/{_iid(of)}")
+                events[name] = len(json.loads(got[2])["events"])
+            sent = len(srv.requests)
             limited = [await ask_as(ss, AGENT, "POST", "/v1/calls", body) for _ in range(3)]
-            poll = await ask_as(ss, AGENT, "POST", "/v1/operations/nope/poll")
-            iid = json.loads(first[0][2])["invocation_id"]
+            poll = await ask_as(ss, AGENT, "POST", f"/v1/operations/{op_id}/poll")
             query = b'{"query": true}'
             ask = await ask_as(ss, AGENT, "POST", f"/v1/invocations/{iid}/reconcile", query)
             other = await ask_as(ss, OTHER_AGENT, "POST", "/v1/calls", body)
+            operator = [await ask_as(ss, OPERATOR, "POST", "/v1/calls", body) for _ in range(5)]
+            after = {}
+            for name, of in (("job", job), ("unknown", unknown)):
+                got = await ask_as(ss, OPERATOR, "GET", f"/v1/invocations/{_iid(of)}")
+                after[name] = len(json.loads(got[2])["events"])
             _, _, page = await ask_as(ss, OPERATOR, "GET", "/v1/actions?limit=100")
-    assert [json.loads(b)["error"]["code"] for _, _, b in first] == ["UNSUPPORTED_ACTION"] * burst
+    assert json.loads(unknown[2])["error"]["outcome"] == "unknown", unknown
+    assert json.loads(first[2])["error"]["code"] == "UNSUPPORTED_ACTION"
     for status, headers, answer in [*limited, poll, ask]:
         error = json.loads(answer)["api_error"]
         assert (status, error["code"]) == (429, "RATE_LIMITED"), answer
         assert int(headers["retry-after"]) >= 1, headers
         assert "nothing was recorded or sent" in error["message"]
         assert "invocation_id" not in error
+    assert after == events
+    assert len(srv.requests) == sent
     assert json.loads(other[2])["error"]["code"] == "UNSUPPORTED_ACTION"
-    assert json.loads(page)["total"] == burst + 1  # the agent's burst and the other's call
+    assert [json.loads(b)["error"]["code"] for _, _, b in operator] == ["UNSUPPORTED_ACTION"] * 5
+    assert json.loads(page)["total"] == burst + 1 + 5  # the agent's, the other's, the operator's
     said = [r for r in caplog.records if "call_rate" in r.getMessage()]
     assert len(said) == 1 and str(AGENT) in said[0].getMessage(), said
+
+
+def _iid(answer: tuple[int, dict[str, str], bytes]) -> str:
+    return str(json.loads(answer[2])["invocation_id"])
