@@ -14,6 +14,14 @@ unknown/reconcile action, the caller should have to make an explicitly unsafe de
 and never sooner than Retry-After; everything else raises.  There is deliberately no flag that
 retries ``reconcile``: a caller who has reconciled and still wants to send again must build and
 send a new action itself.
+
+Through the daemon (``affidavit.Client``) a call may also be refused before anything of it is
+journaled or sent: ``ApiError`` 503 ``OVERLOADED`` (``[service] max_calls``), 429
+``RATE_LIMITED`` (its uid's ``call_rate``), or unread (``NOT_SENT_CODES``).  No invocation
+exists, so sending the same action again is a first attempt, not a retry: ``call_checked``
+waits (``Retry-After``, at least its backoff) and calls again, at most ``refused_retries``
+times and ``refused_wait`` seconds in all, then raises the last ``ApiError`` -- a batch script
+is not broken by one busy second.
 """
 
 from __future__ import annotations
@@ -23,9 +31,18 @@ from typing import Any, Protocol
 
 import trio
 
-__all__ = ["AUTO_RETRY_HINTS", "AffidavitError", "call_checked"]
+from .wire import ApiError
+
+__all__ = ["AUTO_RETRY_HINTS", "NOT_SENT_CODES", "AffidavitError", "call_checked"]
 
 AUTO_RETRY_HINTS = frozenset({"backoff", "same_idempotency_key"})
+
+NOT_SENT_CODES = frozenset(
+    {"OVERLOADED", "RATE_LIMITED", "TOO_MANY_CONNECTIONS", "BODIES_IN_FLIGHT"}
+)
+"""The daemon's refusals of a call for being busy, before anything of it was journaled or sent
+(an ``ApiError``'s ``code``; the last two: the request not even read): ``call_checked`` calls
+again after them.  ``SHUTTING_DOWN`` is not among them: a daemon stopping is no busy second."""
 
 
 class _Caller(Protocol):
@@ -67,15 +84,23 @@ async def call_checked(
     auto_retry: int = 0,
     backoff_base: float = 0.2,
     backoff_cap: float = 30.0,
+    refused_retries: int = 5,
+    refused_wait: float = 60.0,
 ) -> dict[str, Any]:
     """Call; return the envelope when it has no error, else raise ``AffidavitError``.
 
     With ``auto_retry=N``, up to N further calls are made, and only when the hint is ``backoff``
     or ``same_idempotency_key``: the latter re-sends with the recorded key, so the broker resumes
-    the same invocation (and its budget) instead of creating a new one."""
+    the same invocation (and its budget) instead of creating a new one.
+
+    A call the daemon refused unsent (``ApiError`` with a ``NOT_SENT_CODES`` code) is made again
+    after its ``Retry-After`` (at least the backoff), up to ``refused_retries`` times and while
+    the waits total at most ``refused_wait`` seconds; then, or for any other ``ApiError``, the
+    ``ApiError`` is raised."""
     current = dict(action)
+    refused = _Refused(refused_retries, refused_wait, backoff_base, backoff_cap)
     for attempt in range(auto_retry + 1):
-        envelope = await broker.call(current, timeout=timeout)
+        envelope = await refused.call(broker, current, timeout)
         err = envelope.get("error")
         if err is None:
             return envelope
@@ -89,3 +114,29 @@ async def call_checked(
         else:
             await trio.sleep(_delay(envelope, attempt, backoff_base, backoff_cap))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _Refused:
+    """``call_checked``'s bound on calling again after the daemon's unsent refusals."""
+
+    def __init__(self, retries: int, wait: float, base: float, cap: float) -> None:
+        self.left, self.wait, self.base, self.cap = retries, wait, base, cap
+        self.waited = 0.0
+        self.tries = 0
+
+    async def call(
+        self, broker: _Caller, action: Mapping[str, Any], timeout: float | None
+    ) -> dict[str, Any]:
+        while True:
+            try:
+                return await broker.call(action, timeout=timeout)
+            except ApiError as exc:
+                if exc.code not in NOT_SENT_CODES or self.left <= 0:
+                    raise
+                delay = max(min(self.cap, self.base * 2.0**self.tries), exc.retry_after or 0)
+                if self.waited + delay > self.wait:
+                    raise
+                self.left -= 1
+                self.tries += 1
+                self.waited += delay
+                await trio.sleep(delay)

@@ -123,10 +123,13 @@ class NotSent(ValueError):
 
 class ApiError(ClientError):
     """The daemon answered with an API-level error (400 bad JSON, 403 peer refused, 404,
-    503 overloaded, shutting down or too many connections) -- never an action's error, which
-    is an envelope.  ``field``: the request's part to fix (a body field, a query parameter),
-    when the daemon named one.  ``retry_after``: its ``Retry-After`` in seconds, when it sent one
-    (a read declined this once, answers in flight: the same request may succeed then).
+    429 ``RATE_LIMITED`` -- the uid's ``[service] call_rate`` --, 503 overloaded, shutting down
+    or too many connections) -- never an action's error, which is an envelope.  A call refused
+    busy (``affidavit.sdk.NOT_SENT_CODES``) was neither journaled nor sent: ``call_checked``
+    calls again after it.  ``field``: the request's part to fix (a body field, a query
+    parameter), when the daemon named one.  ``retry_after``: its ``Retry-After`` in seconds,
+    when it sent one (a read declined this once, answers in flight: the same request may
+    succeed then).
     ``action_code``: for an action the daemon refused before journaling it (``BAD_JSON``), the
     code the broker gives the same fault embedded (PAYLOAD_LIMIT, INVALID_FIELD)."""
 

@@ -12,6 +12,7 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.api.sdk import AffidavitError, call_checked
+from affidavit.api.wire import ApiError
 from affidavit.cli.tour import DemoServer, demo_config
 from affidavit.config import load_config
 
@@ -76,7 +77,7 @@ async def test_same_idempotency_key_is_retried_on_the_same_invocation(
 class _Scripted:
     """A caller answering from a script, to pin the retry schedule without a server."""
 
-    def __init__(self, envelopes: list[dict[str, object]]) -> None:
+    def __init__(self, envelopes: list[dict[str, object] | ApiError]) -> None:
         self.envelopes = envelopes
         self.actions: list[dict[str, object]] = []
         self.times: list[float] = []
@@ -84,7 +85,10 @@ class _Scripted:
     async def call(self, action: object, *, timeout: float | None = None) -> dict[str, object]:
         self.actions.append(dict(action))  # type: ignore[call-overload]
         self.times.append(trio.current_time())
-        return self.envelopes.pop(0)
+        answer = self.envelopes.pop(0)
+        if isinstance(answer, ApiError):
+            raise answer
+        return answer
 
 
 def _err(retry: str, outcome: str, **evidence: object) -> dict[str, object]:
@@ -107,6 +111,38 @@ async def test_backoff_waits_at_least_retry_after(autojump_clock: object) -> Non
     env = await call_checked(caller, {"target": "t"}, auto_retry=2, backoff_base=0.1)
     assert env is ok
     assert caller.times[1] - caller.times[0] >= 7.0
+
+
+async def test_an_overloaded_refusal_is_called_again_after_retry_after(
+    autojump_clock: object,
+) -> None:
+    """503 ``OVERLOADED`` (``max_calls``): nothing was sent -- called again, the same action,
+    after its ``Retry-After`` (a 429 through a real daemon: ``test_call_checked_refused``)."""
+    ok = {"invocation_id": "act_y", "result": {"status": 200}, "evidence": {}}
+    busy = ApiError(503, "OVERLOADED", "busy", retry_after=3)
+    caller = _Scripted([busy, busy, ok])
+    env = await call_checked(caller, {"target": "t"})
+    assert env is ok
+    assert caller.actions == [{"target": "t"}] * 3
+    assert caller.times[2] - caller.times[1] >= 3.0
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ApiError(503, "SHUTTING_DOWN", "stopping", retry_after=1),
+        ApiError(400, "BAD_JSON", "bad", field="action"),
+        ApiError(503, "VIEWS_IN_FLIGHT", "busy", retry_after=1),
+    ],
+)
+async def test_an_api_error_that_is_not_an_unsent_refusal_is_raised_at_once(
+    autojump_clock: object, error: ApiError
+) -> None:
+    caller = _Scripted([error])
+    with pytest.raises(ApiError) as raised:
+        await call_checked(caller, {"target": "t"}, auto_retry=3)
+    assert raised.value is error
+    assert len(caller.actions) == 1
 
 
 async def test_same_key_hint_without_a_recorded_key_raises(autojump_clock: object) -> None:
