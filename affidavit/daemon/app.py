@@ -140,6 +140,7 @@ class Api:
             queue=VIEW_QUEUE,
             what="every view thread",
             theirs="every view thread this uid may use",
+            keep=VIEW_THREADS + 1,
         )
         """Who may take the next of the views' ``VIEW_THREADS`` threads (``read``): a uid
         flooding the views waits behind its own, not every other asker (audit 48, #5)."""
@@ -149,7 +150,12 @@ class Api:
         self.health_said: set[str] = set()
         """The journal codes ``health`` has logged: once each, not once a probe."""
         self.summary_turn = FairShare(
-            1, per_asker=1, others=1, queue=VIEW_QUEUE, what="the kept views' turn"
+            1,
+            per_asker=1,
+            others=1,
+            queue=VIEW_QUEUE,
+            what="the kept views' turn",
+            keep=VIEW_THREADS + 1,  # (one pool of readers for both: ``Broker.view``)
         )
         """The views that bring ``summary`` to the head take turns here, on the event loop
         (``read_summarized``), for their own thread -- by asker, in turn

@@ -124,8 +124,13 @@ class FairShare:
         queue: int,
         what: str,
         theirs: str | None = None,
+        keep: int | None = None,
     ) -> None:
         self.slots, self.per_asker, self.others, self.queue = slots, per_asker, others, queue
+        self.keep = slots if keep is None else keep
+        """Readers kept idle for the next views (``Place.total_tokens``): the threads of every
+        share that takes from the same pool, not this one's alone -- a turn of one thread
+        closed its reader after each view while another's idled, and opened one for the next."""
         self.what = what
         """What an operator's view waited for, in its message when declined (``busy``) ..."""
         self.theirs = theirs or what
@@ -237,8 +242,8 @@ class Place:
 
     @property
     def total_tokens(self) -> int:
-        """The threads of ``share`` (``Broker.view`` keeps as many readers idle)."""
-        return self.share.slots
+        """The readers ``Broker.view`` keeps idle (``FairShare.keep``)."""
+        return self.share.keep
 
     async def acquire_on_behalf_of(self, borrower: object) -> None:
         await self.share.acquire(self.asker, self.wait)

@@ -1,6 +1,7 @@
 """One uid flooding the views, another uid's views meanwhile: the daemon's fair share of the view
 threads and the kept views' turn (``daemon/shares.py``) against first come, first served (a
-``trio.CapacityLimiter`` and a FIFO turn, as before), side by side from one run.
+``trio.CapacityLimiter`` for the views' threads and one for the kept views' own), side by side
+from one run.
 
     .venv/bin/python tests/benchmarks/view_shares.py [--sessions N] [--flood K] [--rounds R]
 

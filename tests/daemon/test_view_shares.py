@@ -23,6 +23,7 @@ import trio
 
 import affidavit.api.readers
 from affidavit.config import load_config
+from affidavit.daemon import app as daemon_app
 from affidavit.daemon import server as daemon_server
 from affidavit.daemon.app import VIEW_QUEUE, VIEW_THREADS
 from affidavit.journal import JournalReader
@@ -234,6 +235,48 @@ async def test_views_past_a_uids_queue_are_refused_at_once_with_retry_after(
     assert (status, error["code"], headers.get("retry-after")) == (503, "VIEWS_IN_FLIGHT", "1")
     assert f"{VIEW_QUEUE} views of this uid" in error["message"]
     assert other[0] == 200, other
+
+
+async def test_the_kept_views_thread_keeps_its_reader_as_the_others_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kept views' turn is one thread, but the readers are one pool: two pages read at
+    once leave two readers idle, and a ``/v1/sessions`` after them takes one and gives it back
+    -- it closed it (keeping no more than its own one thread's worth) and the next view opened
+    a new connection: under a ``/v1/sessions`` flood another uid's views took ~2x the time."""
+    apis = _apis(monkeypatch)
+    async with daemon_of_uids(tmp_path, monkeypatch) as strangers:
+        (api,) = apis
+        readers = api.broker.view_readers
+        held = _Held(monkeypatch)
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(2):
+                    nursery.start_soon(ask_as, strangers, AGENT, "GET", PAGE)
+                await held.until(2)
+                held.release.set()
+        finally:
+            held.release.set()
+        idle = readers.idle()
+        with trio.fail_after(WAIT):
+            status, _, _ = await ask_as(strangers, OTHER_AGENT, "GET", "/v1/sessions")
+        after = readers.idle()
+    assert status == 200
+    assert idle >= 2
+    assert after == idle
+
+
+def _apis(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The daemon's ``Api`` objects, as they are made."""
+    apis: list[Any] = []
+    real_init = daemon_app.Api.__init__
+
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        real_init(self, *a, **k)
+        apis.append(self)
+
+    monkeypatch.setattr(daemon_app.Api, "__init__", init)
+    return apis
 
 
 async def test_a_fetch_refused_for_its_uids_queue_records_no_delivery_failure(
