@@ -37,7 +37,8 @@ would find (see ``_scan``; a wrapped base64 form's needle is looked for with the
 breaks dropped, ``joined``, and an escaped break between base64 characters is an escape
 candidate), so a clean 50 MiB body costs a ``lower`` pass (case-changed needles are found in
 the lower-cased input), a copy without raw line breaks where there are any, and a few
-``find`` passes.
+``find`` passes -- or, in a read without any of the needles' rare bytes nor an escape byte,
+only a few ``memchr`` runs (``_anchor_hits``: anchors).
 
 A remote's short text (header fields, the reason phrase, a redirect's origin: ``scrub_text``)
 and a redirect's Location (``holds``) are matched with ``pattern_any_case``: the same forms, ASCII

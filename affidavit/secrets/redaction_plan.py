@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from .redaction_forms import (
     LONG_VALUE,
+    RAW_BREAK,
     _alternation,
     _alts,
     _any_case,
@@ -87,6 +88,11 @@ class _Plan:
         self.escapes = escapes
         """(escape byte, pattern) per escape character: the escapes that may start a match's
         escaped part (each pattern starts with its byte; see ``_escape_hits``)."""
+        self.anchors = _anchors((*self.needles_lower, *self.joined_lower))
+        """Per needle, its bytes, the rarest first, each with its other case if it is a letter:
+        a needle found in the lower-cased input, raw breaks dropped or not, is bytes of
+        the input, so each of its bytes is there in one case or the other
+        (``redaction_scan._anchor_hits``).  None if a needle has no byte but line breaks."""
         self.owners: dict[Owner, str] = {}
         """Owner -> version, of the credentials this plan's values are (``retain``): a plan
         whose every owner rotated is dropped from the cache."""
@@ -162,6 +168,37 @@ class _Plan:
             alts = sorted(groups[first].items(), key=lambda kv: (-kv[1], kv[0]))
             parts.append(_any_case_literal(bytes([first])) + _alternation(a for a, _ in alts))
         return b"|".join(parts)
+
+
+_COMMON = b' etaoinsrhl"0123456789dcum:,.fpgwyb/-_vk=xj+qz'
+"""Bytes by how often text bodies (prose, JSON, logs, URLs) hold them, most often first, lower
+case (needles are lower-cased); any other byte counts as rarer than all of them.  Only an
+order to try a needle's bytes in (``redaction_scan._anchor_hits``): a wrong guess costs a few
+``find`` calls, never a match."""
+
+
+Anchors = tuple[tuple[tuple[bytes, ...], ...], ...]
+"""Per needle, per byte tried: the byte strings to find (a letter in both cases)."""
+
+
+def _anchors(needles: Iterable[bytes]) -> Anchors | None:
+    """``_Plan.anchors`` of ``needles``: per needle, its bytes but line breaks (``joined``
+    drops them), the rarest first -- each as the byte strings to find, a letter in both
+    cases."""
+    out = []
+    for needle in needles:
+        usable = {b for b in needle if b not in RAW_BREAK}
+        if not usable:
+            return None
+        rare = sorted(usable, key=_commonness)
+        out.append(tuple(tuple(sorted({bytes([b]), bytes([b]).upper()})) for b in rare))
+    return tuple(out)
+
+
+def _commonness(byte: int) -> tuple[int, int]:
+    """Sorts the rarest first: unlisted bytes, then ``_COMMON`` from its end."""
+    rank = _COMMON.find(bytes([byte]))
+    return (-len(_COMMON) if rank < 0 else -rank, byte)
 
 
 _PLANS = 64

@@ -8,12 +8,98 @@ from __future__ import annotations
 import re
 
 from .redaction_forms import RAW_BREAK, joined
-from .redaction_plan import _Plan
+from .redaction_plan import Anchors, _Plan
 
 REDACTED = b"[REDACTED]"
 
+_ANCHORED_MIN = 65536
+"""Inputs at least this long are first searched for anchors (``_anchor_hits``); a shorter one
+is scanned whole at once, where the anchors' ``find`` runs would cost a larger share (a small
+body; a read over TLS, a record of at most 16 KiB).  A long plain-HTTP body's reads grow to
+1 MiB (``adapters/http/exchange.py``)."""
+_HITS_PER = 16384
+_HITS_FLOOR = 4
+"""At most one anchor hit per ``_HITS_PER`` input bytes, plus ``_HITS_FLOOR``, is looked at
+around (``_around``); past that the input is scanned whole (``_everywhere``): a window costs a
+few microseconds, a whole MiB one to three milliseconds."""
+_MISSES = 3
+"""Needle bytes tried per input that its first eighth holds too many of, before the input is
+scanned whole: a body holding every byte (binary, base64, prose) gives up after a few short
+``find`` runs."""
+_MARGIN = 16
+"""Bytes a window around an anchor hit reaches past the widest match on either side."""
+
 
 def _candidates(plan: _Plan, buf: bytes, limit: int) -> list[int] | None:
+    """Positions every match holds one of (see ``_everywhere``); None once there are more than
+    ``limit``: their windows would cover the buffer anyway.  A long input is first searched for
+    anchors (``_anchor_hits``): where none occurs -- most bodies hold no echo -- there is no
+    candidate, found at ``memchr`` speed without the lower-cased copy, the copy without line
+    breaks and a ``find`` pass per needle over the whole input; where few do, only the windows
+    around them are scanned so (``_around``)."""
+    anchors = plan.anchors
+    if len(buf) >= _ANCHORED_MIN and anchors is not None:
+        hits = _anchor_hits(plan, anchors, buf, len(buf) // _HITS_PER + _HITS_FLOOR)
+        if hits is not None:
+            return _around(plan, buf, hits, limit) if hits else []
+    return _everywhere(plan, buf, limit)
+
+
+def _anchor_hits(plan: _Plan, anchors: Anchors, buf: bytes, cap: int) -> list[int] | None:
+    """Every position in ``buf`` of an escape byte and of one byte of each needle (in either
+    case, if a letter), or None if that would be more than ``cap`` positions.  Every match holds
+    one: a match holds a needle (in the lower-cased input, maybe without raw line breaks) or an
+    escape (``_everywhere``), and every byte of a needle but a line break is a byte of the
+    match, lower-cased.  Each needle takes the first of its bytes, rarest first (``anchors``,
+    the plan's), that the input's first eighth holds at most an eighth of ``cap`` of; after
+    ``_MISSES`` bytes that it holds more of (a body holding every byte), or an escape byte it
+    holds more of, the input is given up on -- each such miss known after a few ``find``s."""
+    head, few = len(buf) >> 3, (cap >> 3) + 1
+    chosen: dict[tuple[bytes, ...], None] = {(first,): None for first, _ in plan.escapes}
+    if not all(_finds(buf, byte, [], few, head) for byte in chosen):
+        return None
+    probed: dict[tuple[bytes, ...], bool] = {}
+    for choices in anchors:
+        for byte in choices:
+            if byte not in probed:
+                probed[byte] = _finds(buf, byte, [], few, head)
+                if not probed[byte] and len(probed) - sum(probed.values()) >= _MISSES:
+                    return None
+            if probed[byte]:
+                chosen[byte] = None
+                break
+        else:
+            return None
+    out: list[int] = []
+    if not all(_finds(buf, byte, out, cap) for byte in chosen):
+        return None
+    return out
+
+
+def _around(plan: _Plan, buf: bytes, hits: list[int], limit: int) -> list[int] | None:
+    """The candidates of the windows around ``hits`` (merged where they meet), each scanned as
+    ``_everywhere`` scans a whole input, but with each escape tried at every byte it may start
+    at (``every``), not only from the end of the last one found: where a window starts, the
+    whole input's scan of escapes may be inside a match (its bytes joined across raw breaks).
+    A match holds a hit, so the window around that holds the whole match and a margin, and in
+    it the needle or the escape the match holds."""
+    reach = plan.widest + _MARGIN
+    spans: list[list[int]] = []
+    for h in sorted(hits):
+        if spans and h - reach <= spans[-1][1]:
+            spans[-1][1] = min(len(buf), h + reach)
+        else:
+            spans.append([max(0, h - reach), min(len(buf), h + reach)])
+    out: list[int] = []
+    for start, end in spans:
+        found = _everywhere(plan, buf[start:end], limit - len(out), every=True)
+        if found is None:
+            return None
+        out += [start + c for c in found]
+    return out
+
+
+def _everywhere(plan: _Plan, buf: bytes, limit: int, every: bool = False) -> list[int] | None:
     """Positions every match holds one of: a lower-cased needle's start in the lower-cased
     input, a base64 needle's in it without its raw line breaks (``joined``), or an escape (of
     a needle's character, or an escaped line break between two base64 characters).  (A match
@@ -21,9 +107,10 @@ def _candidates(plan: _Plan, buf: bytes, limit: int) -> list[int] | None:
     raw breaks if it is base64, and every concrete form contains a needle; a match with an
     escape holds the needle's span, and an escape of one of its characters followed by the
     next in either case -- or by a raw break and the next --, or an escaped break, in it.)
-    None once there are more than ``limit``: their windows would cover the buffer anyway.
-    Lower-casing costs a pass at about 1 GB/s and keeps every position; dropping the raw
-    breaks a copy where there are any, two ``find`` passes where there are none."""
+    None once there are more than ``limit``.  ``every``: each escape tried at every place it
+    starts, not from the end of the last one found (``_escape_hits``).  Lower-casing costs a
+    pass at about 1 GB/s and keeps every position; dropping the raw breaks a copy where there
+    are any, two ``find`` passes where there are none."""
     out: list[int] = []
     low = buf.lower()
     if not _finds(low, plan.needles_lower, out, limit):
@@ -33,7 +120,7 @@ def _candidates(plan: _Plan, buf: bytes, limit: int) -> list[int] | None:
     if not _finds(flat, plan.joined_lower, out, limit):
         return None
     for first, escape in plan.escapes:
-        if not _escape_hits(flat, first, escape, out, limit):
+        if not _escape_hits(flat, first, escape, out, limit, every):
             return None
     if flat is not low and len(out) > mark:
         out[mark:] = _unjoined(low, out[mark:])
@@ -41,16 +128,18 @@ def _candidates(plan: _Plan, buf: bytes, limit: int) -> list[int] | None:
     return out
 
 
-def _finds(text: bytes, needles: tuple[bytes, ...], out: list[int], limit: int) -> bool:
-    """Append every start of each needle in ``text`` to ``out`` (False past ``limit``)."""
+def _finds(
+    text: bytes, needles: tuple[bytes, ...], out: list[int], limit: int, end: int | None = None
+) -> bool:
+    """Append every start of each needle in ``text[:end]`` to ``out`` (False past ``limit``)."""
     find = text.find
     for needle in needles:
-        i = find(needle)
+        i = find(needle, 0, end)
         while i >= 0:
             out.append(i)
             if len(out) > limit:
                 return False
-            i = find(needle, i + 1)
+            i = find(needle, i + 1, end)
     return True
 
 
@@ -78,7 +167,12 @@ _FIND_EACH = 4
 
 
 def _escape_hits(
-    buf: bytes, first: bytes, escape: re.Pattern[bytes], out: list[int], limit: int
+    buf: bytes,
+    first: bytes,
+    escape: re.Pattern[bytes],
+    out: list[int],
+    limit: int,
+    every: bool = False,
 ) -> bool:
     """Append the start of every ``escape.finditer(buf)`` match to ``out`` (False once it holds
     more than ``limit``).  ``re`` scans for even a literal first byte at ~1 ms per MiB here,
@@ -86,12 +180,14 @@ def _escape_hits(
     redaction), so the escape byte is found first and the pattern tried only there -- the
     same matches, as a match can start nowhere else and the next one is looked for from the
     end of the last, as ``finditer`` does.  Past ``_FIND_EACH`` escape bytes (a body dense with
-    them) one ``finditer`` scans the rest."""
+    them) one ``finditer`` scans the rest.  ``every``: the pattern is tried at every escape
+    byte, also inside the last match (a window's scan, ``_around``: where it starts, the
+    whole input's scan may be in the middle of a match)."""
     find, match = buf.find, escape.match
     pos = tries = 0
     while (i := find(first, pos)) >= 0:
         tries += 1
-        if tries > _FIND_EACH:
+        if tries > _FIND_EACH and not every:
             for found in escape.finditer(buf, i):  # nothing can match in [pos, i)
                 out.append(found.start())
                 if len(out) > limit:
@@ -104,7 +200,7 @@ def _escape_hits(
         out.append(i)
         if len(out) > limit:
             return False
-        pos = m.end()
+        pos = i + 1 if every else m.end()
     return True
 
 

@@ -7,7 +7,9 @@ Bodies: ``json`` (records with a URL, an escaped backslash path, a percent escap
 (binary), ``php_json`` (every ``/`` escaped as ``\\/`` -- the case where escapes of a base64
 character are everywhere), ``echo`` (``json`` with the token echoed JSON-escaped once per MiB),
 ``mime`` (random bytes as MIME base64: 76 columns, CRLF, the token's base64 inside once per MiB,
-across a line break) and ``pieces`` (the adversary of wrapped forms: nothing but the token's
+across a line break), ``lines`` (``large_result.py``'s answer: numbered lines of a few words, no
+escape byte and not every letter -- a body the anchors, rare bytes of the needles, clear at
+``memchr`` speed) and ``pieces`` (the adversary of wrapped forms: nothing but the token's
 base64 in halves, each on its own line, so the whole body is a chain of wrapped matches).
 The credential is a bearer token whose base64 forms hold ``/`` and ``+`` (the worst case for
 escape candidates), and the redactor knows it and ``Bearer <token>``, as the HTTP binding lists
@@ -103,7 +105,9 @@ def bodies(size: int) -> dict[str, bytes]:
         mime[line : line + len(wrapped) + 2] = wrapped[:16] + b"\r\n" + wrapped[16:]
     form = base64.b64encode(TOKEN)
     pieces = b"\n".join(form[i : i + 24] for i in range(0, len(form), 24)) + b"\n"
+    lines = b"".join(b"%07d line of a large loopback response.......\n" % i for i in range(20000))
     return {
+        "lines": (lines * (size // len(lines) + 1))[:size],
         "json": js,
         "random": os.urandom(size),
         "php_json": php_b,

@@ -1,0 +1,177 @@
+"""A long body is searched for anchors before it is scanned (issue 15,
+``affidavit/secrets/redaction_scan.py``): every escape byte and one rare byte of each needle, a
+letter in either case, found at ``memchr`` speed.  A body holding none has no candidate -- no
+lower-cased copy of it, no copy without line breaks, no ``find`` pass per needle -- and where a
+few occur only the windows around them are scanned.  None of that may change what is redacted:
+the output stays exactly one ``re.sub`` of the pattern over the whole input, however it is fed
+(docs/redaction.md's forms, tested in test_redaction*.py, all hold on this path).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import os
+from collections.abc import Iterator
+from unittest import mock
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from affidavit.secrets import redaction_scan
+from affidavit.secrets.redaction import REDACTED, Redactor, secret_forms
+
+from .encoders import ENCODERS, SECRETS
+
+FILLER = st.binary(max_size=12) | st.sampled_from([b"%", b"\\", b"\\u00", b"+", b"%2", b"=", b"/"])
+LINES = b"".join(b"%07d line of a large loopback response.......\n" % i for i in range(5000))
+"""What ``tests/benchmarks/large_result.py`` answers: digits and a few lower-case words, no
+escape byte."""
+TOKEN = b"tok-6YgyY0Jc8EKXC0/JVUPImH2T+mksDrTk"
+BREAKS = [b"\n", b"\r\n", b"\\n", b"\\r\\n", b"%0A", b"%0d%0a"]
+
+
+@contextlib.contextmanager
+def _windows_everywhere() -> Iterator[None]:
+    """Every input, however short, takes the anchored path, and every hit gets its window."""
+    with (
+        mock.patch.object(redaction_scan, "_ANCHORED_MIN", 0),
+        mock.patch.object(redaction_scan, "_HITS_FLOOR", 1 << 40),
+    ):
+        yield
+
+
+def _fed(redactor: Redactor, stream: bytes, cuts: list[int]) -> bytes:
+    bounds = [0, *sorted(cuts), len(stream)]
+    out = b"".join(redactor.feed(stream[a:b]) for a, b in itertools.pairwise(bounds))
+    return out + redactor.flush()
+
+
+def _whole(redactor: Redactor, stream: bytes) -> bytes:
+    plan = redactor._plan
+    assert plan is not None
+    return plan.pattern.sub(REDACTED, stream)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    secret=SECRETS,
+    values=st.lists(st.binary(min_size=1, max_size=10) | SECRETS, max_size=2),
+    data=st.data(),
+)
+def test_windows_around_anchors_give_exactly_one_substitution_over_the_whole_input(
+    secret: bytes, values: list[bytes], data: st.DataObject
+) -> None:
+    """Forced onto every input: the candidates of the windows around the anchors find every
+    match a whole scan would -- each form, case-changed, in any encoding, beside escape
+    bytes."""
+    values = [secret, b"Bearer " + secret, *values]
+    forms = sorted(set().union(*(secret_forms(v) for v in values)))
+    folded = sorted({f.swapcase() for f in forms} | {f.upper() for f in forms})
+    encoder = data.draw(st.sampled_from(sorted(ENCODERS)))
+    shown = ENCODERS[encoder](data.draw(st.sampled_from(values[:2])), data)
+    pieces = st.sampled_from(forms) | st.sampled_from(folded) | FILLER | st.just(shown)
+    stream = b"".join(data.draw(st.lists(pieces, max_size=10)))
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=6))
+    redactor = Redactor(values)
+    expected = _whole(redactor, stream)
+    with _windows_everywhere():
+        assert _fed(redactor.fresh(), stream, cuts) == expected
+        assert redactor.sub(stream) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(secret=SECRETS, data=st.data())
+def test_an_echo_in_a_long_body_is_redacted_wherever_the_reads_cut_it(
+    secret: bytes, data: st.DataObject
+) -> None:
+    """As the sink feeds a long answer (reads of 64 KiB to 1 MiB): an echo in any encoding,
+    wrapped or case-changed, near a read's end or across it, is redacted as a whole scan
+    would redact it."""
+    injected = b"Bearer " + secret
+    encoder = data.draw(st.sampled_from(sorted(ENCODERS)))
+    shown = ENCODERS[encoder](data.draw(st.sampled_from([secret, injected])), data)
+    if len(secret) >= 8 and encoder in ("raw", "base64", "hex") and data.draw(st.booleans()):
+        shown = shown.swapcase()  # (an escape's own letters are not either case: \U, %2f)
+    if encoder.startswith("base64") and "percent" not in encoder and data.draw(st.booleans()):
+        width, brk = data.draw(st.integers(1, 20)), data.draw(st.sampled_from(BREAKS))
+        shown = brk.join(shown[i : i + width] for i in range(0, len(shown), width))
+    at = data.draw(st.integers(0, 300)) + data.draw(st.sampled_from([0, 65536, 131072]))
+    at -= data.draw(st.integers(0, min(at, len(shown) + 2)))
+    stream = LINES[:at] + shown + LINES[at:]
+    read = data.draw(st.sampled_from([65536, 1 << 20]))
+    cuts = list(range(read, len(stream), read))
+    redactor = Redactor([secret, injected])
+    expected = _whole(redactor, stream)
+    assert REDACTED in expected
+    assert _fed(redactor.fresh(), stream, cuts) == expected
+
+
+def _scanned_whole(values: list[bytes], body: bytes) -> list[int]:
+    """The lengths of the inputs scanned whole (lower-cased, every needle's ``find`` pass)
+    while ``body`` is fed in reads of 1 MiB and the rest flushed (the bytes held back, short,
+    are always scanned so)."""
+    redactor = Redactor(values)
+    with mock.patch.object(
+        redaction_scan, "_everywhere", wraps=redaction_scan._everywhere
+    ) as everywhere:
+        out = _fed(redactor, body, list(range(1 << 20, len(body), 1 << 20)))
+    assert out == _whole(redactor, body)
+    return [len(c.args[1]) for c in everywhere.call_args_list]
+
+
+@pytest.mark.parametrize("secret", [TOKEN, b"bench-" + b"5f902c5ff300298a0ec737d0"])
+def test_a_clean_long_body_without_the_needles_rare_bytes_is_not_scanned_whole(
+    secret: bytes,
+) -> None:
+    body = (LINES * 30)[: 3 << 20]
+    scanned = _scanned_whole([secret, b"Bearer " + secret], body)
+    assert max(scanned) < redaction_scan._ANCHORED_MIN
+
+
+def test_a_long_body_with_a_few_echoes_is_scanned_only_around_them() -> None:
+    body = bytearray((LINES * 30)[: 3 << 20])  # whole reads: the rest flushed is short
+    echoes = [TOKEN.upper(), base64.b64encode(b"\0" + TOKEN), b'"' + TOKEN.replace(b"/", b"\\/")]
+    for at, echo in zip((1000, 300_000, (1 << 20) - 5), echoes, strict=True):
+        body[at : at + len(echo)] = echo  # the last across the first read's end
+    plan = Redactor([TOKEN])._plan
+    assert plan is not None
+    scanned = _scanned_whole([TOKEN], bytes(body))
+    # About a window per echo (one across the read's end held back into the next read), and
+    # the rest flushed: some KiB of 3 MiB.
+    window = 2 * (plan.widest + redaction_scan._MARGIN) + 64
+    assert 3 <= len(scanned) <= 5 and sum(scanned) <= 5 * window
+
+
+def test_a_body_holding_every_byte_is_scanned_whole_as_before() -> None:
+    body = os.urandom(1 << 20)
+    assert _scanned_whole([TOKEN], body + body[:1000])[0] == (1 << 20)
+
+
+@pytest.mark.parametrize(
+    "escape", [b"%%%02X", b"%%%02x", b"\\u%04x", b"\\u%04X"], ids=["pct", "pct_lower", "u", "U"]
+)
+def test_an_echo_written_all_in_escapes_is_found_by_its_escape_bytes(escape: bytes) -> None:
+    """No byte of any needle is left to find such an echo by: its escape bytes are."""
+    shown = b"".join(escape % c for c in b"Bearer " + TOKEN)
+    body = LINES[:70_000] + shown + LINES
+    redactor = Redactor([TOKEN, b"Bearer " + TOKEN])
+    expected = _whole(redactor, body)
+    assert expected.count(REDACTED) == 1
+    assert _fed(redactor.fresh(), body, [65_536, 131_072]) == expected
+    assert redactor.sub(body) == expected
+
+
+def test_each_escape_byte_and_a_needle_s_rare_byte_in_either_case_is_a_hit() -> None:
+    """What the windows are built around: every escape byte, and one byte of each needle
+    (here its base64 needles' rarest, ``z``, which ``LINES`` lacks) in either case."""
+    plan = Redactor([TOKEN])._plan
+    assert plan is not None and plan.anchors is not None
+    assert all(choices[0] == (b"Z", b"z") for choices in plan.anchors[2:])
+    body = bytearray(LINES[:200_000])
+    for at, byte in ((1_000, b"%"), (50_000, b"\\"), (100_000, b"z"), (150_000, b"Z")):
+        body[at : at + 1] = byte
+    hits = redaction_scan._anchor_hits(plan, plan.anchors, bytes(body), 64)
+    assert hits is not None and {1_000, 50_000, 100_000, 150_000} <= set(hits)
