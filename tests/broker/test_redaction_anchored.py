@@ -153,15 +153,26 @@ def test_a_body_holding_every_byte_is_scanned_whole_as_before() -> None:
 @pytest.mark.parametrize(
     "escape", [b"%%%02X", b"%%%02x", b"\\u%04x", b"\\u%04X"], ids=["pct", "pct_lower", "u", "U"]
 )
-def test_an_echo_written_all_in_escapes_is_found_by_its_escape_bytes(escape: bytes) -> None:
-    """No byte of any needle is left to find such an echo by: its escape bytes are."""
-    shown = b"".join(escape % c for c in b"Bearer " + TOKEN)
-    body = LINES[:70_000] + shown + LINES
+def test_an_echo_whose_needle_bytes_are_escaped_is_found_by_its_escape_bytes(
+    escape: bytes,
+) -> None:
+    """An echo with every needle's chosen anchor escaped (``TOKEN``'s ``+`` and ``D``; its
+    other bytes are ``LINES``' own or not any needle's first choice) holds no needle byte to
+    find it by: its two escape bytes are, fewer than a 73 KB read's cap of 8, past the read's
+    first eighth -- so it is redacted from the windows around them, not by a whole scan."""
+    plan = Redactor([TOKEN, b"Bearer " + TOKEN])._plan
+    assert plan is not None and plan.anchors is not None
+    shown = b"".join(escape % c if c in b"+D" else bytes([c]) for c in TOKEN)
+    body = LINES[:70_000] + shown + LINES[70_000:73_000]
     redactor = Redactor([TOKEN, b"Bearer " + TOKEN])
     expected = _whole(redactor, body)
     assert expected.count(REDACTED) == 1
-    assert _fed(redactor.fresh(), body, [65_536, 131_072]) == expected
-    assert redactor.sub(body) == expected
+    with mock.patch.object(redaction_scan, "_around", wraps=redaction_scan._around) as around:
+        assert _fed(redactor.fresh(), body, []) == expected
+        assert redactor.sub(body) == expected
+    assert around.call_count == 2
+    hits = redaction_scan._anchor_hits(plan, plan.anchors, body, len(body) // 16384 + 4)
+    assert hits is not None and len(hits) == 2 and min(hits) > len(body) // 8
 
 
 def test_each_escape_byte_and_a_needle_s_rare_byte_in_either_case_is_a_hit() -> None:
