@@ -29,6 +29,9 @@ FILLER = st.binary(max_size=12) | st.sampled_from([b"%", b"\\", b"\\u00", b"+", 
 LINES = b"".join(b"%07d line of a large loopback response.......\n" % i for i in range(5000))
 """What ``tests/benchmarks/large_result.py`` answers: digits and a few lower-case words, no
 escape byte."""
+LONG = st.binary(min_size=129, max_size=400)
+"""A value matched as written (longer than ``LONG_VALUE``): its needles are its whole raw and
+base64 forms, as wide as its matches -- a window must reach across one from its anchor."""
 TOKEN = b"tok-6YgyY0Jc8EKXC0/JVUPImH2T+mksDrTk"
 BREAKS = [b"\n", b"\r\n", b"\\n", b"\\r\\n", b"%0A", b"%0d%0a"]
 
@@ -55,10 +58,30 @@ def _whole(redactor: Redactor, stream: bytes) -> bytes:
     return plan.pattern.sub(REDACTED, stream)
 
 
+def _wrapped(encoder: str, shown: bytes, data: st.DataObject) -> bytes:
+    """A base64 echo maybe wrapped at any width, with a raw or an escaped line break."""
+    if encoder.startswith("base64") and "percent" not in encoder and data.draw(st.booleans()):
+        width, brk = data.draw(st.integers(1, 20)), data.draw(st.sampled_from(BREAKS))
+        shown = brk.join(shown[i : i + width] for i in range(0, len(shown), width))
+    return shown
+
+
+def _anchorless(redactor: Redactor) -> bytes:
+    """The printable bytes no needle holds in either case, neither an escape byte nor a line
+    break: filler no anchor is found in (``_anchor_hits``), that no match can hold."""
+    plan = redactor._plan
+    assert plan is not None
+    held = b"".join((*plan.needles_lower, *plan.joined_lower, *(e for e, _ in plan.escapes)))
+    held += held.upper() + b"\r\n"
+    out = bytes(b for b in range(32, 127) if b not in held)
+    assert out
+    return out
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     secret=SECRETS,
-    values=st.lists(st.binary(min_size=1, max_size=10) | SECRETS, max_size=2),
+    values=st.lists(st.binary(min_size=1, max_size=10) | SECRETS | LONG, max_size=2),
     data=st.data(),
 )
 def test_windows_around_anchors_give_exactly_one_substitution_over_the_whole_input(
@@ -68,14 +91,21 @@ def test_windows_around_anchors_give_exactly_one_substitution_over_the_whole_inp
     match a whole scan would -- each form, case-changed, in any encoding, beside escape
     bytes."""
     values = [secret, b"Bearer " + secret, *values]
+    redactor = Redactor(values)
     forms = sorted(set().union(*(secret_forms(v) for v in values)))
     folded = sorted({f.swapcase() for f in forms} | {f.upper() for f in forms})
     encoder = data.draw(st.sampled_from(sorted(ENCODERS)))
-    shown = ENCODERS[encoder](data.draw(st.sampled_from(values[:2])), data)
+    shown = _wrapped(encoder, ENCODERS[encoder](data.draw(st.sampled_from(values[:2])), data), data)
     pieces = st.sampled_from(forms) | st.sampled_from(folded) | FILLER | st.just(shown)
-    stream = b"".join(data.draw(st.lists(pieces, max_size=10)))
+    # Each piece maybe followed by 2-8 KiB holding no anchor: the windows stay apart, each as
+    # wide as the scan makes it (``_around``'s reach), not one window over the whole stream.
+    gaps = st.just(0) | st.integers(2048, 8192)
+    pad = _anchorless(redactor)
+    stream = b"".join(
+        piece + (pad * (gap // len(pad) + 1))[:gap]
+        for piece, gap in data.draw(st.lists(st.tuples(pieces, gaps), max_size=10))
+    )
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=6))
-    redactor = Redactor(values)
     expected = _whole(redactor, stream)
     with _windows_everywhere():
         assert _fed(redactor.fresh(), stream, cuts) == expected
@@ -95,9 +125,7 @@ def test_an_echo_in_a_long_body_is_redacted_wherever_the_reads_cut_it(
     shown = ENCODERS[encoder](data.draw(st.sampled_from([secret, injected])), data)
     if len(secret) >= 8 and encoder in ("raw", "base64", "hex") and data.draw(st.booleans()):
         shown = shown.swapcase()  # (an escape's own letters are not either case: \U, %2f)
-    if encoder.startswith("base64") and "percent" not in encoder and data.draw(st.booleans()):
-        width, brk = data.draw(st.integers(1, 20)), data.draw(st.sampled_from(BREAKS))
-        shown = brk.join(shown[i : i + width] for i in range(0, len(shown), width))
+    shown = _wrapped(encoder, shown, data)
     at = data.draw(st.integers(0, 300)) + data.draw(st.sampled_from([0, 65536, 131072]))
     at -= data.draw(st.integers(0, min(at, len(shown) + 2)))
     stream = LINES[:at] + shown + LINES[at:]
@@ -107,6 +135,41 @@ def test_an_echo_in_a_long_body_is_redacted_wherever_the_reads_cut_it(
     expected = _whole(redactor, stream)
     assert REDACTED in expected
     assert _fed(redactor.fresh(), stream, cuts) == expected
+
+
+DIGITS = b"".join(b"%07d\n" % i for i in range(30_000))
+"""Filler holding digits and line feeds only: none of the echoes' rare bytes."""
+_Z = b"z" + (b"0123456789" * 42)[:415]
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (base64.b64decode(_Z), _Z),
+        (base64.b64decode(_Z[:170] + b"0="), b"\r\n".join(bytes([c]) for c in _Z[:170] + b"0=")),
+    ],
+    ids=["long_value_base64", "base64_of_128_bytes_each_char_on_a_crlf_line"],
+)
+def test_a_window_reaches_across_a_needle_from_an_anchor_at_its_end(
+    value: bytes, shown: bytes
+) -> None:
+    """The widest echoes one anchor finds, its only anchor byte (``z``) at one end: a 312-byte
+    value's base64, matched as written (its one needle the whole form, as wide as the widest
+    match: 416 bytes); a 128-byte value's base64 with each character on a raw CRLF line (514
+    bytes; its escaped forms, hits at every escape byte, are wider).  The window around that
+    byte must hold the whole needle, as far as the widest match reaches."""
+    plan = Redactor([value])._plan
+    assert plan is not None and plan.anchors is not None
+    body = DIGITS[:100_000] + shown + DIGITS[100_000:140_000]
+    redactor = Redactor([value])
+    expected = _whole(redactor, body)
+    assert expected.count(REDACTED) == 1
+    with mock.patch.object(redaction_scan, "_around", wraps=redaction_scan._around) as around:
+        assert _fed(redactor.fresh(), body, [65_536, 131_072]) == expected
+        assert redactor.sub(body) == expected
+    assert around.call_count == 2
+    read = body[65_536:131_072]
+    assert redaction_scan._anchor_hits(plan, plan.anchors, read, 8) == [100_000 - 65_536]
 
 
 def _scanned_whole(values: list[bytes], body: bytes) -> list[int]:
