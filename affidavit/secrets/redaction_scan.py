@@ -1,6 +1,9 @@
 """Redaction's scan: candidates found with ``bytes.find`` (needles in the lower-cased input,
 escape bytes), the compiled pattern run only in windows around them (``_scan``): exactly one
-``re.sub`` of the pattern over the whole input, at ``find`` speed on a clean body.
+``re.sub`` of the pattern over the whole input, at ``find`` speed on a clean body -- but for a
+base64 form mixing the two alphabets, which the pattern matches and no needle holds
+(docs/redaction.md, Speed): it is redacted only inside a window an escape in it or a needle
+near it brings.
 """
 
 from __future__ import annotations
@@ -214,7 +217,8 @@ def _scan(
     joins or appends them copies each byte once (issue 15: a clean 50 MiB body was copied twice
     here).
 
-    Why this equals ``pattern.sub`` over the whole input: every match starting at ``p`` has a
+    Why this equals ``pattern.sub`` over the whole input (but for a base64 form mixing the
+    two alphabets, which holds no needle: the module docstring): every match starting at ``p`` has a
     candidate in ``[p, p + widest)``, so windows ``[c - widest + 1, c + widest]`` around the
     candidates (merged when they overlap) hold every match start, and a match starting at or
     before a window's last candidate lies wholly inside the window (it is at most ``widest``
