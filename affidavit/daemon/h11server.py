@@ -25,7 +25,11 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
 
 * a malformed request line or header: 400, then close; a head over ``MAX_HEAD`` bytes: 431
   (h11's ``max_incomplete_event_size``), then close; a ``Transfer-Encoding`` other than one
-  ``chunked``: 501 ``TRANSFER_ENCODING_REFUSED`` (RFC 9112 section 6.1), then close;
+  ``chunked``: 501 ``TRANSFER_ENCODING_REFUSED`` (RFC 9112 section 6.1), then close; a
+  ``Content-Length`` beside ``Transfer-Encoding: chunked``: 400 ``AMBIGUOUS_FRAMING``
+  (field ``headers.content-length``) before a route or the body, then close (section 6.1:
+  reject, or read by the coding alone, and close either way -- ``_refuse_framing`` says which
+  and why);
 * more than ``MAX_CONNECTIONS`` open at once: the longest-idle one makes room, or the new
   one is answered 503 unread (``admission.py``, whose ``Server`` holds a listener's
   connections);
@@ -261,6 +265,9 @@ class Connection:
             ):
                 await self._refuse_encoding()
                 return
+            if _framed_twice(head):
+                await self._refuse_framing()
+                return
             self._body_by = trio.current_time() + self.server.body_wait
             self.declared = _content_length(head)
             path, _, query = head.target.partition(b"?")
@@ -331,6 +338,27 @@ class Connection:
             415,
             [(b"content-type", b"application/json")],
             api_error_body("CONTENT_ENCODING_REFUSED", message),
+            close=True,
+        )
+
+    async def _refuse_framing(self) -> None:
+        """``Content-Length`` beside ``Transfer-Encoding: chunked``: 400 before a route or a
+        byte of the body, then close.  RFC 9112 section 6.1 lets a server reject such a request
+        or read it by the chunked coding alone, and either way "MUST close the connection after
+        responding"; section 6.3 says it "ought to be handled as an error" (a smuggling
+        attempt).  Refused rather than read: no client of this socket sends both (ours, curl,
+        the MCP proxy send one), and a call must never run on a body two framings disagree
+        about -- which of them an intermediary between agent and socket honoured is unknowable
+        here."""
+        log.info("refused a request framed twice from %s (400)", self.peer.describe())
+        message = (
+            "a request body is framed by Content-Length or Transfer-Encoding: chunked, never both "
+            "(RFC 9112 section 6.1)"
+        )
+        await self.answer(
+            400,
+            [(b"content-type", b"application/json")],
+            api_error_body("AMBIGUOUS_FRAMING", message, "headers.content-length"),
             close=True,
         )
 
@@ -452,6 +480,13 @@ def _content_length(head: h11.Request) -> int | None:
         if name == b"content-length":
             return int(value)
     return None
+
+
+def _framed_twice(head: h11.Request) -> bool:
+    """Both a ``Content-Length`` and a ``Transfer-Encoding`` (h11 has refused any coding but
+    one ``chunked``, and reads the body by it, ignoring the length)."""
+    names = {name for name, _ in head.headers}
+    return b"content-length" in names and b"transfer-encoding" in names
 
 
 def _head_size(head: h11.Request) -> int:
