@@ -29,6 +29,14 @@ close after their answer) -- and keeps their number bounded:
   (anyone's of theirs: the share is joint), or is answered 503 the same way; an operator's
   at the cap takes the place of an idle one of theirs before an operator's idle longer.  The
   rules above stand: only an idle connection with nothing unread is ever closed;
+* and, with such a reserve, no one uid that is not an operator holds more than
+  ``max_per_other`` (a quarter of ``max_others``: 32 of 128 by default) -- one agent's uid at
+  ``max_per_uid`` held the whole joint share, busy (half a head each, reopened every
+  ``HEAD_WAIT``), and every other agent's connection was 503 while the operators were still
+  served (audit 48).  Now it takes three more uids to fill the agents' share; a quarter, not
+  an even split among the uids connected, because a split would have to close the busy
+  connections of the uid holding most when another arrives, and a busy one is never closed.
+  Past it, the uid's new connection takes the place of its own longest-idle one, or is 503;
 * a peer the daemon's policy refuses (not in ``allow_uids`` / ``allow_gids``) is never served:
   its credentials are known at accept, so ``refuse`` answers its 403 there, before a byte is
   read, bounded and limited as a 503 is, and never counted among the open ones -- so refused
@@ -48,10 +56,11 @@ A ``Server`` also keeps the bytes its connections hold in memory bounded: reques
 ``hold_answer``: a stored result's answer holds one piece of it while it is written -- results.py
 -- a view's page its length; 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After`` past it).  The
 answer budget is shared out as the connections are: no one uid holds more than
-``answer_per_uid`` of it (half by default), and the peers not ``reserved`` no more than
-``answer_others`` together (half) -- a piece is held for as long as its reader takes, and ~164
-slow readers of one uid (within its connection share) held all 256 MiB, every other fetch and
-``/v1/actions`` 503 for as long as they kept reading.
+``answer_per_uid`` of it (half by default), the peers not ``reserved`` no more than
+``answer_others`` together (half), and one uid of theirs no more than ``answer_per_other`` (a
+quarter of that) -- a piece is held for as long as its reader takes, and ~164 slow readers of
+one uid (within its connection share) held all 256 MiB, every other fetch and ``/v1/actions``
+503 for as long as they kept reading.
 
 The operator console's listener (TCP, each connection HTTP by hypercorn) has its own, simpler
 cap, ``ConsoleCap``: its port is open to every local uid, not only allowed peers, and without one
@@ -120,6 +129,11 @@ PARSE_THREADS = 2
 (``Request._parsed``): their own, never trio's default ones -- which the calls' journal opens
 and closes share -- so a flood of large bodies waits its turn and takes no thread a call
 needs."""
+OTHER_SHARES = 4
+"""Where operators are configured, one uid that is not an operator holds at most this part of
+what the peers who are not operators may hold together: ``max_per_other`` of ``max_others``
+connections, ``answer_per_other`` of ``answer_others`` answer bytes (the module docstring says
+why a fixed part)."""
 ANSWER_BUDGET = 256 * 1024 * 1024
 """Bytes of answers all of a ``Server``'s connections hold at once, at most (``hold_answer``):
 a stored result's answer is written a piece at a time (``results.py``: each holds its piece's
@@ -212,6 +226,8 @@ class Server:
         answer_budget: int | None = None,
         answer_per_uid: int | None = None,
         answer_others: int | None = None,
+        max_per_other: int | None = None,
+        answer_per_other: int | None = None,
     ) -> None:
         self.keep_alive = keep_alive
         self.max_body = max_body
@@ -233,6 +249,13 @@ class Server:
         """Bytes of answers one peer uid may hold at once (half the budget unless given)."""
         self.answer_others = self.answer_budget // 2 if answer_others is None else answer_others
         """Bytes of answers the peers not ``reserved`` hold together, at most (half)."""
+        self.answer_per_other = (
+            max(1, self.answer_others // OTHER_SHARES)
+            if answer_per_other is None
+            else answer_per_other
+        )
+        """Bytes of answers one peer uid not ``reserved`` may hold at once (a quarter of
+        ``answer_others`` unless given; none of this without a reserve)."""
         self.others_answers = 0
         """Of ``answers``, those held for peers not ``reserved``."""
         self._answers_by_uid: dict[int, int] = {}
@@ -248,6 +271,11 @@ class Server:
         credentials); None: no reserve."""
         self.max_others = max(1, max_connections // 2) if max_others is None else max_others
         """Places the peers not ``reserved`` hold together, at most (busy or idle)."""
+        self.max_per_other = (
+            max(1, self.max_others // OTHER_SHARES) if max_per_other is None else max_per_other
+        )
+        """Places one peer uid not ``reserved`` may hold at once (a quarter of ``max_others``
+        unless given): one agent's uid cannot hold every place of the agents'."""
         self.open = 0
         """Connections being served (not those being turned away, nor those evicted)."""
         self.others = 0
@@ -282,16 +310,26 @@ class Server:
         """A request's bodies are no longer held (its handling is over)."""
         self.bodies -= n
 
+    def share(self, other: bool) -> int:
+        """The places one uid may hold: ``max_per_uid``, and no more than ``max_per_other`` for
+        a peer not ``reserved`` (``other``)."""
+        return min(self.max_per_uid, self.max_per_other) if other else self.max_per_uid
+
+    def answer_share(self, other: bool) -> int:
+        """The answer bytes one uid may hold at once: ``answer_per_uid``, and no more than
+        ``answer_per_other`` for a peer not ``reserved`` (``other``)."""
+        return min(self.answer_per_uid, self.answer_per_other) if other else self.answer_per_uid
+
     def hold_answer(self, n: int, uid: int, other: bool) -> str | None:
         """Count ``n`` bytes of an answer to peer ``uid`` (``other``: one not ``reserved``) as
-        held, if they fit in ``answer_budget``, the uid's share (``answer_per_uid``) and --
+        held, if they fit in ``answer_budget``, the uid's share (``answer_share``) and --
         ``other`` -- the joint share of the peers not reserved (``answer_others``): None.  Else
         nothing is counted and the one they do not fit in is named: ``"all"``, ``"uid"`` or
         ``"others"``."""
         mine = self._answers_by_uid.get(uid, 0)
         if self.answers + n > self.answer_budget:
             return "all"
-        if mine + n > self.answer_per_uid:
+        if mine + n > self.answer_share(other):
             return "uid"
         if other and self.others_answers + n > self.answer_others:
             return "others"
@@ -325,8 +363,8 @@ class Server:
 
     async def serve(self, link: Link, peer: Peer, handler: Handler) -> None:
         """Serve one accepted connection until it closes (its peer already checked)."""
-        mine = self._per_uid.get(peer.uid, 0) >= self.max_per_uid
         other = self.reserved is not None and not self.reserved(peer)
+        mine = self._per_uid.get(peer.uid, 0) >= self.share(other)
         theirs = other and self.others >= self.max_others
         full = self.open >= self.max_connections
         if mine or theirs or full:
@@ -357,7 +395,7 @@ class Server:
                 log.info(
                     "%d connections are open%s, the most: closing the longest-idle one to let "
                     "each new one in (first %s's, for %s)",
-                    self.max_per_uid if mine else self.max_connections,
+                    self.share(other) if mine else self.max_connections,
                     f" for uid {peer.uid}" if mine else "",
                     evicted.peer.describe(),
                     peer.describe(),
@@ -431,7 +469,8 @@ class Server:
     async def _turn_away(self, link: Link, peer: Peer, mine: bool, theirs: bool = False) -> None:
         """503 and close, not a byte read: bounded by ``TURN_AWAY_WAIT``, and not answered at
         all while as many again are being turned away (each holds a descriptor meanwhile).
-        ``mine``: the peer's uid holds its share (``max_per_uid``), all of them busy;
+        ``mine``: the peer's uid holds its share (``share``: ``max_per_uid``, or
+        ``max_per_other``), all of them busy;
         ``theirs``: the peers not ``reserved`` hold theirs together (``max_others``), likewise."""
         if theirs:
             if not self._others_full:
