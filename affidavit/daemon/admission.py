@@ -260,6 +260,8 @@ class Server:
         """Of ``answers``, those held for peers not ``reserved``."""
         self._answers_by_uid: dict[int, int] = {}
         """Bytes of answers held now, by peer uid (none listed with 0)."""
+        self._answers_dropped = trio.Event()
+        """Set (and replaced) whenever answer bytes are no longer held (``wait_answer``)."""
         self.head_wait = head_wait
         self.body_wait = body_wait
         self.write_wait = write_wait
@@ -339,8 +341,22 @@ class Server:
         self.answers_peak = max(self.answers_peak, self.answers)
         return None
 
+    async def wait_answer(self, n: int, uid: int, other: bool, within: float) -> bool:
+        """``hold_answer``, waiting up to ``within`` seconds for room: whether they are held.
+        At once False for ``n`` more than the shares it must fit in could ever hold."""
+        most = min(self.answer_budget, self.answer_share(other))
+        if n > (min(most, self.answer_others) if other else most):
+            return False
+        with trio.move_on_after(within):
+            while self.hold_answer(n, uid, other) is not None:
+                await self._answers_dropped.wait()
+            return True
+        return False
+
     def drop_answer(self, n: int, uid: int, other: bool) -> None:
         """An answer's bytes are no longer held (written, or its writing given up)."""
+        self._answers_dropped.set()
+        self._answers_dropped = trio.Event()
         self.answers -= n
         self.others_answers -= n if other else 0
         left = self._answers_by_uid[uid] - n

@@ -75,7 +75,7 @@ from affidavit.journal import (
     JournalReader,
     SessionSummary,
 )
-from affidavit.statemachine import Event, Outcome, Phase, Record
+from affidavit.statemachine import Outcome, Phase, Record
 from affidavit.text import printable
 from affidavit.views import (
     actions_page,
@@ -87,9 +87,9 @@ from affidavit.views import (
     record_view,
 )
 
-from . import operators, results
+from . import answers, operators, results
 from .calls import Calls, Running, internal_problem
-from .http import ApiProblem, ClientGone, Request, api_error_body, echoed, named
+from .http import ApiProblem, ClientGone, Request, api_error_body, echoed, json_body, named
 from .peer import Peer, PeerPolicy
 
 __all__ = ["Api"]
@@ -256,7 +256,7 @@ class Api:
                 raise ApiProblem(*call_failure(running.journal_failed, iid, keyed))
             # Not the journal's: the invocation named, whose record says what happened.
             raise ApiProblem(*internal_failure(str(running.failure), running.control.invocation_id))
-        await req.respond_json(running.envelope)
+        await answers.respond_delivered(req, running.envelope)  # held in the answer budget
 
     def answering(self, req: Request) -> Answering:
         """The ``deliver`` a linked call's asker answers ``req`` through (``Answering``)."""
@@ -363,11 +363,18 @@ class Api:
         """The record and its events, read in a view thread (``read``): a database slow to
         answer this read stalls it alone, never the calls."""
 
-        def both(j: JournalReader) -> tuple[Record | None, list[Event]]:
-            rec = j.record(invocation_id)
-            return rec, (j.events(invocation_id) if rec is not None else [])
+        holder = self.broker.journal.holder_tag
 
-        rec, events = await self._read(both, f"the record of {invocation_id}")
+        def both(j: JournalReader) -> tuple[Record | None, bytes]:
+            # Encoded here, with the read: a record of many events is megabytes of JSON, which
+            # would stall the event loop; its answer is held in the budget (``respond_page``).
+            rec = j.record(invocation_id)
+            if rec is None:
+                return None, b""
+            # A caller's: its lease holder tagged, plain hashes withheld.
+            return rec, json_body(record_view(rec, j.events(invocation_id), holder=holder))
+
+        rec, data = await self._read(both, f"the record of {invocation_id}")
         # One on a target the caller may not call answers as an unknown id, word for word
         # (``Broker.callable_by_caller``, as ``fetch_result``'s): it can be neither read nor
         # probed for.
@@ -375,8 +382,7 @@ class Api:
             raise ApiProblem(
                 404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
             )
-        # A caller's: its lease holder tagged, plain hashes withheld.
-        await req.respond_json(record_view(rec, events, holder=self.broker.journal.holder_tag))
+        await answers.respond_page(req, data)
 
     async def actions(self, req: Request) -> None:
         """The newest ``limit`` records matching the filters (default ``ACTIONS_LIMIT``, at
@@ -429,8 +435,7 @@ class Api:
         plain = outcome is None and phase is None and since is None and until is None
         first_fold = plain and session is None and not summary.kept
         data = await self._read(body, "the actions view", summarized=first_fold)
-        with results.held(req, len(data)):
-            await req.respond(200, data)
+        await answers.respond_page(req, data)
 
     async def sessions(self, req: Request) -> None:
         """The ``limit`` sessions seen last (default ``SESSIONS_LIMIT``, at most
@@ -442,14 +447,16 @@ class Api:
         limit = _limit_param(req, SESSIONS_LIMIT, MAX_SESSIONS_LIMIT)
         summary = self.summary
 
-        # Cut to the page in the reading thread too: sorting many sessions is the agents' to
-        # make long, and the event loop is every client's.
-        def view(j: JournalReader) -> dict[str, Any]:
+        # Cut to the page and encoded in the reading thread too: sorting many sessions is the
+        # agents' to make long, and the event loop is every client's.  The page is held in the
+        # answer budget until it is written (``respond_page``), as an actions page is: 100
+        # unread 3.75 MB pages grew the daemon by 1.1 GB (audit 48).
+        def view(j: JournalReader) -> bytes:
             sessions, as_of = j.summarized_sessions(summary, self.broker.callable_target)
-            return {**newest_sessions(sessions, limit), "as_of": _as_of(as_of)}
+            return json_body({**newest_sessions(sessions, limit), "as_of": _as_of(as_of)})
 
         page = await self._read(view, "the sessions view", summarized=True)
-        await req.respond_json(page)
+        await answers.respond_page(req, page)
 
     async def metrics(self, req: Request) -> None:
         session, since = req.text_param("session"), _time_param(req, "since")
@@ -614,7 +621,7 @@ class Answering:
     async def unless_tried(self, answer: dict[str, Any]) -> None:
         """Answer with ``answer`` unless the broker tried to already: never written twice."""
         if not self.tried:
-            await self.req.respond_json(answer)
+            await answers.respond_delivered(self.req, answer)
 
 
 async def _deliver(
@@ -624,12 +631,13 @@ async def _deliver(
     write: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
 ) -> None:
     """Answer with ``envelope`` (through ``write``, when given: a stored result's streams read
-    as they are written); raise ``ClientGone`` unless it was delivered -- the client had not
-    hung up and every byte went into its socket (link.py says why that is the line)."""
+    as they are written; else whole, held in the answer budget: ``answers.respond_delivered``);
+    raise ``ClientGone`` unless it was delivered -- the client had not hung up and every byte
+    went into its socket (link.py says why that is the line)."""
     if req.link.hung_up.is_set():
         raise ClientGone("the client hung up before its answer")
     with scope:
-        await (write or req.respond_json)(envelope)
+        await (write or functools.partial(answers.respond_delivered, req))(envelope)
     if scope.cancelled_caught or req.link.broken:
         raise ClientGone("the answer could not be written whole")
 

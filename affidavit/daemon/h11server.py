@@ -112,6 +112,10 @@ TURN_AWAY_WAIT = 1.0
 """Seconds the 503 of a connection turned away (``admission.py``) may take to be written."""
 INBOX = 64 * 1024
 """Bytes read ahead of the parser at most (see the module docstring)."""
+JOINED = 64 * 1024
+"""An answer's body up to this many bytes is written joined to its head, in one ``send_all``
+(each write to a Unix socket wakes the reader: two per answer cost throughput, link.py); a
+larger one is written after its head, never copied into one buffer with it."""
 _RECV = 64 * 1024
 _REFUSED = {
     400: ("BAD_REQUEST", "malformed request"),
@@ -392,18 +396,26 @@ class Connection:
     async def answer(
         self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, close: bool
     ) -> None:
-        """Write one whole answer in one ``send_all``.  A failed write is noted by the link
-        (``broken``) and swallowed: the caller judges delivery by it (app.py ``_deliver``)."""
+        """Write one whole answer: in one ``send_all`` up to ``JOINED`` bytes of body, past it
+        the head then the body itself, never a copy of it -- joined, an answer was held twice
+        its size while written (the body and the framed copy) where the answer budget counts
+        it once (audit 48).  Both within one ``WRITE_WAIT``.  A failed write is noted by the
+        link (``broken``) and swallowed: the caller judges delivery by it (app.py
+        ``_deliver``)."""
         self._settle()
         headers.append((b"content-length", b"%d" % len(body)))
         if close or self.server.closing or self.h11.their_state is not h11.DONE:
             headers.append((b"connection", b"close"))
         conn = self.h11
-        data = conn.send(h11.Response(status_code=status, headers=headers))
+        parts = [conn.send(h11.Response(status_code=status, headers=headers)) or b""]
         if body and not self._head_only:
-            data += conn.send(h11.Data(data=body))
-        data += conn.send(h11.EndOfMessage())
-        await self._write(data)
+            # Content-Length framing: h11 hands the body back as it was given, unframed.
+            parts.extend(conn.send_with_data_passthrough(h11.Data(data=body)) or ())
+        parts.append(conn.send(h11.EndOfMessage()) or b"")  # b"" under Content-Length
+        if len(body) <= JOINED:
+            await self._write(b"".join(parts))
+        else:
+            await self._write(*parts)
 
     async def answer_parts(
         self,
@@ -448,14 +460,16 @@ class Connection:
                     return
                 self._feed()
 
-    async def _write(self, data: bytes) -> None:
-        """Write within ``WRITE_WAIT``; a write that failed or timed out leaves the link
-        ``broken`` (so not delivered, and the connection closes after this request), and no
-        later write is tried on it."""
+    async def _write(self, *parts: bytes) -> None:
+        """Write ``parts`` in turn, all within one ``WRITE_WAIT``; a write that failed or timed
+        out leaves the link ``broken`` (so not delivered, and the connection closes after this
+        request), and no later write is tried on it."""
         if self.link.broken:
             return
         with trio.move_on_after(self.server.write_wait) as late, contextlib.suppress(*GONE):
-            await self.link.send_all(data)
+            for data in parts:
+                if data:
+                    await self.link.send_all(data)
         if late.cancelled_caught:
             log.info(
                 "%s did not take its answer within %g s: the connection is closed",

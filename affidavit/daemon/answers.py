@@ -1,0 +1,113 @@
+"""Whole answers within the server's answer budget: views' pages, records, call envelopes.
+
+A stored result's answer is written a piece at a time (``results.py``); every other answer is
+written whole, and one may be megabytes: a ``/v1/sessions`` page at ``limit=10000`` (3.75 MB),
+a record of many events, a call's envelope carrying its inline result (1 MiB by default, up to
+six times that as JSON), a poll's or a reconciliation query's answer carrying one.  Such an
+answer is held until its last byte is written, which a client that does not read makes
+``WRITE_WAIT`` (30 s): 100 connections of one agent not reading a sessions page grew the
+daemon by 1.1 GB (audit 48).  So each is counted in the answer budget
+(``admission.ANSWER_BUDGET``: ``results.held``) while it is written, as a result's pieces are,
+and its JSON is encoded off the event loop once it may be large:
+
+* a view's page or a record (``respond_page``) is encoded in the view's thread, with the read,
+  then held -- past the budget, 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After``: a read, safe
+  to repeat, and nothing was written;
+* an answer the broker delivers (``respond_delivered``: a call's envelope, a poll's or a
+  query's answer) is the record of something that ran: it is never refused for the budget as
+  if it had not.  It waits for room, on the event loop and not encoded, at most
+  ``WRITE_WAIT`` -- as long as a client that does not read may hold it -- and then it is not
+  written: the link is ``broken``, so the delivery failed (``RESULT_DELIVERY_FAILED``: the
+  result stays stored, fetched, never run again) and the connection closes unanswered (the
+  client's ``AnswerLost``: it may have run).  One larger than its uid's share could ever hold
+  fails at once, logged with the sizes -- the daemon's inline limit (1 MiB of result, at most
+  about 6 MiB of JSON and the remote's headers) keeps an envelope well within an agent's 32
+  MiB.
+
+Not counted: the answers that are small by construction (health, metrics, the catalog, an
+``api_error``) and the operators' routes (an operator is not the hostile caller here).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import trio
+
+from .http import FREE_BODY, Request, json_body
+from .results import held
+
+__all__ = ["encoded", "respond_delivered", "respond_page"]
+
+log = logging.getLogger("affidavit.daemon")
+
+_NODES = 1000
+"""Values ``_bulk`` looks at before it calls an answer large anyway."""
+
+
+def _bulk(value: Any) -> int:
+    """About the bytes of text in ``value`` (its strings' lengths), without encoding it: past
+    ``FREE_BODY`` (or past ``_NODES`` values) it is encoded in a worker thread.  An envelope
+    holds a few dozen values; its inline result is one or two long strings."""
+    size, seen, todo = 0, 0, [value]
+    while todo:
+        item = todo.pop()
+        seen += 1
+        if seen > _NODES:
+            return FREE_BODY + 1
+        if isinstance(item, str | bytes):
+            size += len(item)
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+            size += sum(len(k) for k in item if isinstance(k, str))
+        elif isinstance(item, list | tuple):
+            todo.extend(item)
+    return size
+
+
+async def encoded(req: Request, value: Any) -> bytes:
+    """``json_body(value)``: on the event loop when small, else in one of the server's
+    ``parse_threads`` (encoding megabytes stalls every other connection meanwhile)."""
+    if _bulk(value) <= FREE_BODY:
+        return json_body(value)
+    encode = functools.partial(json_body, value)
+    return await trio.to_thread.run_sync(encode, limiter=req.server.parse_threads)
+
+
+async def respond_page(req: Request, data: bytes) -> None:
+    """Answer 200 with ``data`` (a view's page, a record: encoded with its read), held in the
+    answer budget until it is written -- or 503 ``ANSWERS_IN_FLIGHT`` (``results.held``)."""
+    with held(req, len(data)):
+        await req.respond(200, data)
+
+
+async def respond_delivered(req: Request, value: Any) -> None:
+    """Answer 200 with ``value`` (a call's envelope, a linked asker's answer), held in the
+    answer budget while it is written; waiting for room at most the server's ``write_wait``,
+    else not written and the link ``broken`` (the module docstring says why)."""
+    server, uid, other = req.server, req.peer.uid, req.other
+    data: bytes | None = await encoded(req, value)
+    assert data is not None
+    n = len(data)
+    if server.hold_answer(n, uid, other) is not None:
+        data = None  # not held while it waits: encoded again once there is room
+        if not await server.wait_answer(n, uid, other, server.write_wait):
+            log.warning(
+                "an answer of %d bytes to %s did not fit in the answer budget (%d bytes at "
+                "once, %d for its uid) within %g s: not written, the connection is closed",
+                n,
+                req.peer.describe(),
+                server.answer_budget,
+                server.answer_share(other),
+                server.write_wait,
+            )
+            req.link.broken = True  # never delivered: the caller fetches it
+            return
+    try:
+        if data is None:
+            data = await encoded(req, value)
+        await req.respond(200, data)
+    finally:
+        server.drop_answer(n, uid, other)
