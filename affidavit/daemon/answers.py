@@ -43,33 +43,27 @@ __all__ = ["encoded", "respond_delivered", "respond_page"]
 
 log = logging.getLogger("affidavit.daemon")
 
-_NODES = 1000
-"""Values ``_bulk`` looks at before it calls an answer large anyway."""
-
 
 def _bulk(value: Any) -> int:
-    """About the bytes of text in ``value`` (its strings' lengths), without encoding it: past
-    ``FREE_BODY`` (or past ``_NODES`` values) it is encoded in a worker thread.  An envelope
-    holds a few dozen values; its inline result is one or two long strings."""
-    size, seen, todo = 0, 0, [value]
-    while todo:
-        item = todo.pop()
-        seen += 1
-        if seen > _NODES:
-            return FREE_BODY + 1
-        if isinstance(item, str | bytes):
-            size += len(item)
-        elif isinstance(item, dict):
-            todo.extend(item.values())
-            size += sum(len(k) for k in item if isinstance(k, str))
-        elif isinstance(item, list | tuple):
-            todo.extend(item)
+    """About the bytes of ``value``'s inline results -- the text of each ``result``'s streams,
+    its own or that of an envelope it carries (a poll's ``poll``, a query's): an envelope's
+    other values are a few dozen short ones (its headers bounded by the remote's head limit).
+    A look at a few keys, not a walk of the tree: walking a whole envelope cost more than
+    encoding a small one."""
+    if not isinstance(value, dict):
+        return 0
+    size = 0
+    for holder in (value, *(v for v in value.values() if isinstance(v, dict))):
+        result = holder.get("result")
+        if isinstance(result, dict):
+            size += sum(len(v) for v in result.values() if isinstance(v, str))
     return size
 
 
 async def encoded(req: Request, value: Any) -> bytes:
-    """``json_body(value)``: on the event loop when small, else in one of the server's
-    ``parse_threads`` (encoding megabytes stalls every other connection meanwhile)."""
+    """``json_body(value)``: on the event loop when its inline results are small (``_bulk``),
+    else in one of the server's ``parse_threads`` (encoding megabytes stalls every other
+    connection meanwhile)."""
     if _bulk(value) <= FREE_BODY:
         return json_body(value)
     encode = functools.partial(json_body, value)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,30 @@ async def test_a_large_answer_is_written_without_a_copy_beside_its_framing() -> 
     assert routes.broken == [False]
     # The body itself (BIG) is the route's; a copy of it would be BIG more.
     assert peak < Routes.BIG * 1.5, (peak, Routes.BIG)
+
+
+async def test_an_envelope_with_a_large_inline_result_is_encoded_off_the_event_loop(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call's envelope carrying a large inline result (up to 1 MiB, ~6 MiB of JSON) was
+    encoded on the event loop, every other connection stalled meanwhile; now in one of the
+    server's worker threads -- a small one stays on the loop (a thread hop costs more)."""
+    from affidavit.daemon import answers
+
+    threads: list[bool] = []
+    real = answers.json_body
+
+    def noting(value: Any) -> bytes:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(value)
+
+    monkeypatch.setattr(answers, "json_body", noting)
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=BODY))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            big = await ask(socket, "POST", "/v1/calls", CALL)
+            small = json.dumps({"target": "api", "method": "DELETE", "path": "/"}).encode()
+            refused = await ask(socket, "POST", "/v1/calls", small)  # a small envelope
+    assert big[0] == 200 and json.loads(big[2])["result"]["body"] == BODY.decode()
+    assert refused[0] == 200 and "error" in json.loads(refused[2])
+    assert threads == [False, True]  # the large one in a worker thread, the small one not
