@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from affidavit.api.client import Client
 from affidavit.daemon.admission import Server
@@ -186,3 +187,26 @@ async def test_an_envelope_with_a_large_inline_result_is_encoded_off_the_event_l
     assert big[0] == 200 and json.loads(big[2])["result"]["body"] == BODY.decode()
     assert refused[0] == 200 and "error" in json.loads(refused[2])
     assert threads == [False, True]  # the large one in a worker thread, the small one not
+
+
+async def test_an_envelope_waits_for_room_in_the_budget_then_is_held_or_given_up() -> None:
+    """``Server.wait_answer``, what an envelope does when the budget is full: it is held as soon
+    as another answer's bytes are dropped; not held when none are within its wait; and at once
+    refused when it is larger than its uid's share could ever hold."""
+    server = Server(keep_alive=WAIT, answer_budget=100, answer_per_uid=100)
+    assert server.hold_answer(80, 1, False) is None
+    held: list[bool] = []
+
+    async def waiter() -> None:
+        held.append(await server.wait_answer(50, 2, False, WAIT))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        assert held == []  # 80 + 50 > 100: it waits
+        server.drop_answer(80, 1, False)
+    assert held == [True] and server.answers == 50
+    assert await server.wait_answer(60, 3, False, 0.05) is False  # no room came
+    assert server.answers == 50
+    with trio.fail_after(WAIT / 2):
+        assert await server.wait_answer(server.answer_per_uid + 1, 3, False, WAIT) is False
