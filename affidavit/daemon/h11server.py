@@ -5,9 +5,11 @@ is a handful of JSON routes, and hypercorn's ASGI machinery (its protocol wrappe
 stream, a task group, a lock and shielded cancel scopes per request) cost about as much daemon
 CPU as the broker's own work -- 1.2-1.4 ms per ``GET /v1/health`` at 64 keep-alive clients,
 where a whole journaled call costs 2.35-2.60 ms.  This driver parses with h11 and writes each
-answer in one ``send_all`` (tests/benchmarks/service_overhead.py measures both) -- but a stored
-result's, written a part at a time as it is read and verified (``answer_parts``: its memory held
-within the server's answer budget, admission.py ``ANSWER_BUDGET``).
+answer in one ``send_all`` (tests/benchmarks/service_overhead.py measures both) -- but a body
+over ``JOINED`` (64 KiB), written after its head rather than copied into one buffer with it, and
+a stored result's, written a part at a time as it is read and verified (``answer_parts``): the
+memory of both held within the server's answer budget (admission.py ``ANSWER_BUDGET``,
+answers.py).
 
 Each connection runs two tasks for its whole life:
 
