@@ -138,11 +138,16 @@ ANSWER_BUDGET = 256 * 1024 * 1024
 """Bytes of answers all of a ``Server``'s connections hold at once, at most (``hold_answer``):
 a stored result's answer is written a piece at a time (``results.py``: each holds its piece's
 worst case, ``results.PIECE_HOLD``, until its last byte is written) and a view's page while it
-is written (``/v1/actions``) -- past it, 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After``, before
-anything is read: N clients that do not read their answers cannot grow the daemon's memory
-without bound, as ``BODY_BUDGET`` keeps their request bodies.  One uid holds half of it at most,
-the peers who are not operators half together (``Server.answer_per_uid``, ``answer_others``),
-as they hold the connections."""
+is written: a view's page or a record (``answers.respond_page``) -- past it, 503
+``ANSWERS_IN_FLIGHT`` with ``Retry-After``, before anything is read -- and a delivered answer
+over ``http.FREE_BODY`` (a call's envelope, a poll's or a query's answer:
+``answers.respond_delivered``), which waits for room instead, ahead of new pages and fetches
+(``wait_answer``).  N clients that do not read their answers cannot grow the daemon's memory
+without bound, as ``BODY_BUDGET`` keeps their request bodies; a delivered answer up to
+``FREE_BODY`` is not counted, as a body that small is not (256 connections: 16 MiB at most).
+One uid holds half of it at most, the peers who are not operators half together, and -- with
+operators configured -- one uid of theirs a quarter of that (``Server.answer_share``,
+``answer_others``), as they hold the connections."""
 REFUSED_QUIET = 60.0
 """A spell of refused peers ends once this many seconds pass without one (``_RefusedPeers``)."""
 CONSOLE_MAX_CONNECTIONS = 64
@@ -238,6 +243,9 @@ class Server:
         """The bytes of request bodies held now (``hold_body``)."""
         self.parse_threads = trio.CapacityLimiter(PARSE_THREADS)
         """The threads large bodies are parsed in (``PARSE_THREADS``)."""
+        self.answer_threads = trio.CapacityLimiter(PARSE_THREADS)
+        """The threads large delivered answers are encoded in (``answers.encoded``): as many
+        as bodies are parsed in, and not theirs -- neither waits for the other."""
         self.answer_budget = ANSWER_BUDGET if answer_budget is None else answer_budget
         """The bytes of answers its connections may hold at once (``ANSWER_BUDGET``)."""
         self.answers = 0
@@ -260,8 +268,12 @@ class Server:
         """Of ``answers``, those held for peers not ``reserved``."""
         self._answers_by_uid: dict[int, int] = {}
         """Bytes of answers held now, by peer uid (none listed with 0)."""
-        self._answers_dropped = trio.Event()
-        """Set (and replaced) whenever answer bytes are no longer held (``wait_answer``)."""
+        self._wakes: set[trio.Event] = set()
+        """One per delivered answer waiting for room (``wait_answer``): set when answer bytes
+        are dropped or the server closes."""
+        self._waiting: dict[int | str, int] = {}
+        """Delivered answers waiting for room, by the share they did not fit in (a uid,
+        ``"others"``, ``"all"``): new pages and fetches in it are refused meanwhile."""
         self.head_wait = head_wait
         self.body_wait = body_wait
         self.write_wait = write_wait
@@ -322,18 +334,21 @@ class Server:
         ``answer_per_other`` for a peer not ``reserved`` (``other``)."""
         return min(self.answer_per_uid, self.answer_per_other) if other else self.answer_per_uid
 
-    def hold_answer(self, n: int, uid: int, other: bool) -> str | None:
+    def hold_answer(self, n: int, uid: int, other: bool, *, first: bool = False) -> str | None:
         """Count ``n`` bytes of an answer to peer ``uid`` (``other``: one not ``reserved``) as
         held, if they fit in ``answer_budget``, the uid's share (``answer_share``) and --
         ``other`` -- the joint share of the peers not reserved (``answer_others``): None.  Else
         nothing is counted and the one they do not fit in is named: ``"all"``, ``"uid"`` or
-        ``"others"``."""
+        ``"others"``.  Unless ``first`` (a delivered answer's), a share a delivered answer
+        waits for room in counts as full: that answer is the record of a call that ran, a
+        page or a fetch can be asked again (``wait_answer``)."""
         mine = self._answers_by_uid.get(uid, 0)
-        if self.answers + n > self.answer_budget:
+        waits = self._waiting if not first else {}
+        if waits.get("all") or self.answers + n > self.answer_budget:
             return "all"
-        if mine + n > self.answer_share(other):
+        if waits.get(uid) or mine + n > self.answer_share(other):
             return "uid"
-        if other and self.others_answers + n > self.answer_others:
+        if other and (waits.get("others") or self.others_answers + n > self.answer_others):
             return "others"
         self.answers += n
         self._answers_by_uid[uid] = mine + n
@@ -341,22 +356,50 @@ class Server:
         self.answers_peak = max(self.answers_peak, self.answers)
         return None
 
-    async def wait_answer(self, n: int, uid: int, other: bool, within: float) -> bool:
-        """``hold_answer``, waiting up to ``within`` seconds for room: whether they are held.
-        At once False for ``n`` more than the shares it must fit in could ever hold."""
+    async def wait_answer(
+        self, n: int, uid: int, other: bool, within: float, link: Link
+    ) -> str | None:
+        """``hold_answer`` for a delivered answer, waiting up to ``within`` seconds for room:
+        None once held, else why not -- at once ``"larger than its share"`` for ``n`` more
+        than the shares it must fit in could ever hold; ``"hung up"`` as soon as ``link``'s
+        client has; ``"stopping"`` once the server closes (``close``: the stop's grace is
+        over, so the failure is recorded before the connections are cancelled); ``"timed
+        out"``.  While it waits, new pages and fetches in the share it does not fit in are
+        refused (``hold_answer``), so the room that frees is its first."""
         most = min(self.answer_budget, self.answer_share(other))
         if n > (min(most, self.answer_others) if other else most):
-            return False
+            return "larger than its share"
         with trio.move_on_after(within):
-            while self.hold_answer(n, uid, other) is not None:
-                await self._answers_dropped.wait()
-            return True
-        return False
+            while (full := self.hold_answer(n, uid, other, first=True)) is not None:
+                if link.hung_up.is_set():
+                    return "hung up"
+                if self.closing:
+                    return "stopping"
+                share: int | str = uid if full == "uid" else full
+                wake = trio.Event()
+                self._wakes.add(wake)
+                link.on_hang_up.add(wake.set)
+                self._waiting[share] = self._waiting.get(share, 0) + 1
+                try:
+                    await wake.wait()
+                finally:
+                    self._wakes.discard(wake)
+                    link.on_hang_up.discard(wake.set)
+                    if self._waiting[share] == 1:
+                        del self._waiting[share]
+                    else:
+                        self._waiting[share] -= 1
+            return None
+        return "timed out"
+
+    def _wake(self) -> None:
+        """The delivered answers waiting for room look again (``wait_answer``)."""
+        for wake in self._wakes:
+            wake.set()
 
     def drop_answer(self, n: int, uid: int, other: bool) -> None:
         """An answer's bytes are no longer held (written, or its writing given up)."""
-        self._answers_dropped.set()
-        self._answers_dropped = trio.Event()
+        self._wake()
         self.answers -= n
         self.others_answers -= n if other else 0
         left = self._answers_by_uid[uid] - n
@@ -371,8 +414,10 @@ class Server:
         return len(self._idle)
 
     def close(self) -> None:
-        """Idle connections close now; busy ones once their answer is written."""
+        """Idle connections close now; busy ones once their answer is written -- a delivered
+        answer waiting for room is given up (``wait_answer``)."""
         self.closing = True
+        self._wake()
         for scope in self._idle.values():
             scope.cancel()
         self._refused.end()

@@ -15,6 +15,7 @@ import json
 import logging
 import threading
 import tracemalloc
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +25,16 @@ import trio.testing
 
 from affidavit.api.client import Client
 from affidavit.daemon.admission import Server
+from affidavit.daemon.link import Link
 from tests.broker.helpers import TOKEN_ENV
-from tests.http.hostile import Reply, scripts
+from tests.http.hostile import Peer, Reply, scripts
 
 from .kit import WAIT, ask, in_process
 from .test_http import Routes, serving
 
 BODY = b"x" * 300_000
 """A remote answer the call envelope carries inline (the default limit is 1 MiB)."""
+Links = Callable[[], tuple[Link, trio.socket.SocketType]]
 CALL = json.dumps({"target": "api", "method": "GET", "path": "/r", "session": "s"}).encode()
 
 
@@ -101,32 +104,156 @@ async def test_a_view_past_the_budget_is_answers_in_flight(
     assert headers["retry-after"] == "5"
 
 
-async def test_an_envelope_past_the_budget_is_not_written_and_its_delivery_failed(
+def _filled(server: Server, room: int) -> Callable[[], None]:
+    """Hold all but ``room`` bytes of ``server``'s budget for two other uids (pages not read,
+    each within its share): what drops them."""
+    n = server.answer_budget - room
+    held = [(n // 2, OTHER_UID), (n - n // 2, OTHER_UID + 1)]
+    for size, uid in held:
+        assert server.hold_answer(size, uid, False) is None
+
+    def drop() -> None:
+        for size, uid in held:
+            server.drop_answer(size, uid, False)
+
+    return drop
+
+
+OTHER_UID = 2**31 - 7
+"""A uid no test runs as: the reader of the answers that fill the budget."""
+
+
+async def test_an_envelope_past_the_budget_waits_then_is_not_written_and_its_delivery_failed(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A call that ran is never answered as if it had not: its envelope waits for room (the
-    write wait, short here), then is not written -- the connection closes unanswered (the
-    client's ``AnswerLost``), the journal says RESULT_DELIVERY_FAILED, and the result is
-    fetched once there is room, the remote asked once."""
+    """A call that ran is never answered as if it had not: its envelope, within its uid's share
+    but not in the room the budget has, waits for room (the write wait, short here), then is
+    not written -- the connection closes unanswered (the client's ``AnswerLost``), the journal
+    says RESULT_DELIVERY_FAILED, the result is fetched once there is room, the remote asked
+    once -- and the budget holds nothing once it is over."""
     caplog.set_level(logging.INFO, logger="affidavit.daemon")
     servers = _servers(monkeypatch, write_wait=0.5)
     monkeypatch.setenv(TOKEN_ENV, token)
     async with in_process(tmp_path, scripts.serve(Reply(200, body=BODY))) as (srv, socket):
         with trio.fail_after(WAIT):
-            servers[0].answer_budget = len(BODY) // 2  # no envelope of this call fits
+            filler = _filled(servers[0], len(BODY) // 2)  # no envelope of this call fits
             said = await _all_of(socket, b"POST /v1/calls HTTP/1.1\r\nhost: x\r\n", CALL)
-            servers[0].answer_budget = 256 * 1024 * 1024
+            filler()
             async with Client.open(socket) as client:
                 listed = await client.actions(session="s")
                 iid = str(listed["actions"][0]["invocation_id"])
                 kinds = [e["kind"] for e in await client.events(iid)]
                 fetched = await client.fetch_result(iid)
+            await _settled(servers[0])
     assert said == b"", said[:200]
     assert kinds[-1] == "RESULT_DELIVERY_FAILED", kinds
     assert fetched is not None and fetched["result"]["body"] == BODY.decode()
     assert len(srv.requests) == 1
     said = [r.getMessage() for r in caplog.records]
-    assert any("did not fit in the answer budget" in m for m in said), said
+    assert any("was not written (timed out;" in m for m in said), said
+    assert servers[0].answers == 0
+
+
+async def test_an_envelope_waiting_for_room_is_delivered_once_room_frees(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget full when a call's envelope is ready: it waits, and is written -- delivered,
+    RESULT_DELIVERED -- as soon as the answer filling the budget is done."""
+    servers = _servers(monkeypatch)
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=BODY))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            server = None
+            answered: list[tuple[int, dict[str, str], bytes]] = []
+
+            async def calling() -> None:
+                answered.append(await ask(socket, "POST", "/v1/calls", CALL))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(calling)
+                while not servers:
+                    await trio.sleep(0.01)
+                server = servers[0]
+                filler = _filled(server, len(BODY) // 2)
+                while not server._waiting:  # the envelope is waiting for room
+                    await trio.sleep(0.01)
+                assert answered == []
+                filler()
+            status, _h, payload = answered[0]
+            assert status == 200, payload[:300]
+            envelope = json.loads(payload)
+            assert envelope["result"]["body"] == BODY.decode()
+            async with Client.open(socket) as client:
+                kinds = [e["kind"] for e in await client.events(envelope["invocation_id"])]
+            await _settled(server)
+    assert kinds[-1] == "RESULT_DELIVERED", kinds
+    assert server.answers == 0
+
+
+@pytest.mark.parametrize("kind", ["small", "not attempted"])
+async def test_a_small_envelope_or_one_of_nothing_run_is_written_though_the_budget_is_full(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A delivered answer up to 64 KiB is not counted (as a request body that small is not), so
+    a few uids keeping large answers unread cannot cost another's small one its delivery -- nor
+    a call refused before dispatch an answer saying it may have run: both are written with the
+    whole budget held.  Before, each waited for room, then the connection closed unanswered."""
+    from affidavit.daemon import answers
+
+    servers = _servers(monkeypatch, write_wait=0.5)
+    monkeypatch.setenv(TOKEN_ENV, token)
+    if kind == "not attempted":
+        # However large: written because nothing ran, not because it is small.
+        monkeypatch.setattr(answers, "FREE_BODY", 0)
+    action = {
+        "small": CALL,
+        "not attempted": json.dumps({"target": "api", "method": "DELETE", "path": "/"}).encode(),
+    }[kind]
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            await ask(socket, "GET", "/v1/catalog")
+            filler = _filled(servers[0], 0)
+            status, _h, payload = await ask(socket, "POST", "/v1/calls", action)
+            filler()
+    assert status == 200, payload[:300]
+    envelope = json.loads(payload)
+    if kind == "small":
+        assert envelope["result"]["body"] == "ok"
+    else:
+        assert envelope["evidence"]["outcome"] == "not_attempted", envelope
+    assert servers[0].answers == 0
+
+
+async def test_a_poll_answer_is_held_in_the_answer_budget_while_it_is_written(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poll's answer carrying a large status document counts in the budget while it is
+    written, as a call's envelope does (app.py's ``Answering``: written through
+    ``respond_delivered``) -- fails with the poll answered by ``respond_json``."""
+    from tests.mcp.conftest import JOB
+    from tests.mcp.test_linked_delivery import OPERATIONS
+
+    done = Reply(200, body=json.dumps({"state": "done", "pad": "x" * 200_000}).encode())
+
+    async def jobs(peer: Peer) -> None:
+        while (req := await peer.read_request()) is not None:
+            await peer.respond(done if req.method == "GET" else JOB)
+
+    servers = _servers(monkeypatch)
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with in_process(tmp_path, jobs, overrides={"operations": OPERATIONS}) as (_s, socket):
+        with trio.fail_after(WAIT):
+            async with Client.open(socket) as client:
+                submitted = await client.call(
+                    {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
+                )
+                await _settled(servers[0])
+                servers[0].answers_peak = 0
+                polled = await client.poll_operation(submitted["operation"]["id"])
+            await _settled(servers[0])
+    assert polled["operation"]["state"] == "succeeded", polled
+    assert servers[0].answers_peak >= 200_000, servers[0].answers_peak
+    assert servers[0].answers == 0
 
 
 async def _all_of(socket: Path, head: bytes, body: bytes) -> bytes:
@@ -189,24 +316,121 @@ async def test_an_envelope_with_a_large_inline_result_is_encoded_off_the_event_l
     assert threads == [False, True]  # the large one in a worker thread, the small one not
 
 
-async def test_an_envelope_waits_for_room_in_the_budget_then_is_held_or_given_up() -> None:
-    """``Server.wait_answer``, what an envelope does when the budget is full: it is held as soon
-    as another answer's bytes are dropped; not held when none are within its wait; and at once
-    refused when it is larger than its uid's share could ever hold."""
+@pytest.fixture
+async def links() -> AsyncIterator[Links]:
+    """Makes a connection's ``Link`` and its client's end; both closed after the test."""
+    made: list[trio.socket.SocketType] = []
+
+    def link() -> tuple[Link, trio.socket.SocketType]:
+        ours, theirs = trio.socket.socketpair()
+        made.extend((ours, theirs))
+        return Link(trio.SocketStream(ours)), theirs
+
+    yield link
+    for sock in made:
+        sock.close()
+
+
+async def test_an_envelope_waits_for_room_in_the_budget_then_is_held_or_given_up(
+    links: Links,
+) -> None:
+    """``Server.wait_answer``, what a large envelope does when the budget is full: it is held as
+    soon as another answer's bytes are dropped; not held when none are within its wait; and at
+    once refused when it is larger than its uid's share could ever hold."""
     server = Server(keep_alive=WAIT, answer_budget=100, answer_per_uid=100)
+    link, _client = links()
     assert server.hold_answer(80, 1, False) is None
-    held: list[bool] = []
+    held: list[str | None] = []
 
     async def waiter() -> None:
-        held.append(await server.wait_answer(50, 2, False, WAIT))
+        held.append(await server.wait_answer(50, 2, False, WAIT, link))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(waiter)
         await trio.testing.wait_all_tasks_blocked()
         assert held == []  # 80 + 50 > 100: it waits
         server.drop_answer(80, 1, False)
-    assert held == [True] and server.answers == 50
-    assert await server.wait_answer(60, 3, False, 0.05) is False  # no room came
+    assert held == [None] and server.answers == 50
+    assert await server.wait_answer(60, 3, False, 0.05, link) == "timed out"  # no room came
     assert server.answers == 50
     with trio.fail_after(WAIT / 2):
-        assert await server.wait_answer(server.answer_per_uid + 1, 3, False, WAIT) is False
+        too_large = await server.wait_answer(server.answer_per_uid + 1, 3, False, WAIT, link)
+    assert too_large == "larger than its share"
+    server.drop_answer(50, 2, False)
+    assert server.answers == 0
+
+
+@pytest.mark.parametrize("full", ["all", "uid", "others"])
+async def test_a_waiting_envelope_gets_the_room_that_frees_before_new_pages(
+    full: str, links: Links
+) -> None:
+    """While a delivered answer waits for room, a page or a fetch in the share it waits in is
+    refused though it would fit (``hold_answer`` names that share), and one in another share is
+    not: the bytes dropped are the envelope's first -- else a stream of small pages could keep
+    a call's record from its client until it failed.  Fails without the priority."""
+    sizes = {"all": (100, 100, 100), "uid": (1000, 100, 1000), "others": (1000, 1000, 100)}
+    budget, per_uid, others = sizes[full]
+    server = Server(
+        keep_alive=WAIT, answer_budget=budget, answer_per_uid=per_uid, answer_others=others
+    )
+    server.reserved = lambda peer: False  # every uid here is an agent's (``other``)
+    server.answer_per_other = per_uid
+    link, _client = links()
+    filler = 1 if full != "uid" else 2  # the uid whose page fills the share
+    assert server.hold_answer(80, filler, True) is None
+    held: list[str | None] = []
+
+    async def waiter() -> None:
+        held.append(await server.wait_answer(50, 2, True, WAIT, link))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        assert server.hold_answer(10, 2, True) == full  # 90 would fit: the envelope is first
+        if full == "uid":
+            assert server.hold_answer(10, 3, True) is None  # another uid's share: not waited in
+            server.drop_answer(10, 3, True)
+        server.drop_answer(80, filler, True)
+    assert held == [None]
+    assert server.hold_answer(10, 2, True) is None  # no one waits: pages are held again
+    server.drop_answer(10, 2, True)
+    server.drop_answer(50, 2, True)
+    assert server.answers == 0
+
+
+async def test_a_waiting_envelope_ends_its_wait_at_a_hang_up_a_stop_or_a_cancel(
+    links: Links,
+) -> None:
+    """A delivered answer waiting for room stops waiting as soon as its client hangs up (it had
+    held its call's place and connection for the whole write wait: the delivery failed 3.6 s
+    late with a 4 s wait), or the server closes at the end of the stop's grace (the wait was
+    cancelled with the connections instead, and no failure recorded); cancelled, it leaves
+    nothing behind -- and the budget is back to 0 after each.  Fails without either end."""
+    server = Server(keep_alive=WAIT, answer_budget=100, answer_per_uid=100)
+    assert server.hold_answer(80, 1, False) is None
+    link, client = links()
+    why: list[str | None] = []
+
+    async def waiter(on: Link) -> None:
+        why.append(await server.wait_answer(50, 2, False, WAIT, on))
+
+    with trio.fail_after(WAIT / 2):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter, link)
+            await trio.testing.wait_all_tasks_blocked()
+            client.close()
+            assert await link.receive_some() == b""  # the connection's reader sees the end
+        assert why == ["hung up"]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter, links()[0])
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        assert why == ["hung up"] and server._waiting == {} and not server._wakes
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter, links()[0])
+            await trio.testing.wait_all_tasks_blocked()
+            server.close()
+        assert why == ["hung up", "stopping"]
+    assert server._waiting == {} and not server._wakes
+    server.drop_answer(80, 1, False)
+    assert server.answers == 0
