@@ -306,6 +306,8 @@ class Server:
         self._full = False
         """Connections were turned away since one was last served under the cap (logged once
         per spell)."""
+        self._uid_spells = _UidSpells()
+        """Uids turned away at their own share (a spell each)."""
         self._evicting = False
         """Idle connections were evicted since one was last served under the cap (likewise)."""
         self.closing = False
@@ -526,6 +528,11 @@ class Server:
             self._per_uid[uid] = left
         else:
             del self._per_uid[uid]
+        ended = self._uid_spells.left(uid, left, self.share(conn.other))
+        if ended is not None:
+            log.info(
+                "uid %s has room again (%d connections); %d were turned away", uid, left, ended
+            )
 
     async def _turn_away(self, link: Link, peer: Peer, mine: bool, theirs: bool = False) -> None:
         """503 and close, not a byte read: bounded by ``TURN_AWAY_WAIT``, and not answered at
@@ -542,12 +549,20 @@ class Server:
                     self.others,
                     peer.describe(),
                 )
+        elif mine:
+            if self._uid_spells.turned_away(peer.uid):
+                log.warning(
+                    "%d connections are open for uid %s, its most: turning its new ones away "
+                    "(503) until half of them have closed, first %s",
+                    self._per_uid.get(peer.uid, 0),
+                    peer.uid,
+                    peer.describe(),
+                )
         elif not self._full:
             self._full = True
             log.warning(
-                "%d connections are open%s, the most: turning new ones away (503), first %s",
-                self._per_uid.get(peer.uid, 0) if mine else self.open,
-                f" for uid {peer.uid}" if mine else "",
+                "%d connections are open, the most: turning new ones away (503), first %s",
+                self.open,
                 peer.describe(),
             )
         await self._answer(link, TURNED_AWAY)
@@ -621,6 +636,30 @@ def _console_owner(stream: trio.SocketStream) -> int | None:
         return None
 
 
+class _UidSpells:
+    """The uids turned away at their own share of connections (``Server``'s, ``ConsoleCap``'s):
+    a spell each, logged at its start and at its end -- once the uid holds half its share or
+    less, not at its first admission under it: a client reconnecting as fast as its
+    connections close would otherwise make a line per connection."""
+
+    def __init__(self) -> None:
+        self._turned_away: dict[int | None, int] = {}
+        """By uid in a spell: its connections turned away in it."""
+
+    def turned_away(self, uid: int | None) -> bool:
+        """One of ``uid``'s connections was turned away: whether a spell starts with it."""
+        first = uid not in self._turned_away
+        self._turned_away[uid] = self._turned_away.get(uid, 0) + 1
+        return first
+
+    def left(self, uid: int | None, held: int, share: int) -> int | None:
+        """``uid`` holds ``held`` connections now, of ``share``: how many were turned away
+        when its spell ends with this, else None."""
+        if uid in self._turned_away and held <= share // 2:
+            return self._turned_away.pop(uid)
+        return None
+
+
 class ConsoleCap:
     """The console listener's connections: at most ``max_connections`` served at once, and at
     most ``max_per_uid`` of one local uid (half, unless given; ``owner`` names a connection's
@@ -650,8 +689,8 @@ class ConsoleCap:
         self._others_turned_away = 0
         """Connections of those uids turned away in this spell at their joint share."""
         self._per_uid: dict[int | None, int] = {}
-        self._uid_turned_away: dict[int | None, int] = {}
-        """Per uid at its share: its connections turned away in this spell."""
+        self._uid_spells = _UidSpells()
+        """Uids turned away at their share (a spell each)."""
         self.turned_away = 0
         """Connections turned away in this spell at the cap (0 outside one)."""
         self._refusing = _Refusals(max_connections)
@@ -700,15 +739,13 @@ class ConsoleCap:
             )
         if uid is None:
             self.turned_away += 1
-        else:
-            if uid not in self._uid_turned_away:
-                log.warning(
-                    "uid %s holds %d console connections, its most: turning its new ones away "
-                    "(503) until half of them have closed",
-                    uid,
-                    self._per_uid.get(uid, 0),
-                )
-            self._uid_turned_away[uid] = self._uid_turned_away.get(uid, 0) + 1
+        elif self._uid_spells.turned_away(uid):
+            log.warning(
+                "uid %s holds %d console connections, its most: turning its new ones away "
+                "(503) until half of them have closed",
+                uid,
+                self._per_uid.get(uid, 0),
+            )
         await self._refusing.answer(stream, CONSOLE_TURNED_AWAY)
 
     async def _turn_away_other(self, stream: trio.SocketStream) -> None:
@@ -749,10 +786,11 @@ class ConsoleCap:
                 self.turned_away,
             )
             self.turned_away = 0
-        if uid in self._uid_turned_away and left <= self.max_per_uid // 2:
+        ended = self._uid_spells.left(uid, left, self.max_per_uid)
+        if ended is not None:
             log.info(
                 "uid %s has room again on the console (%d connections); %d were turned away",
                 uid,
                 left,
-                self._uid_turned_away.pop(uid),
+                ended,
             )

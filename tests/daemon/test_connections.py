@@ -191,6 +191,38 @@ async def test_one_agent_uid_holding_all_it_may_leaves_the_other_agents_served(
     assert any(f"1 connections are open for uid {AGENT}" in m for m in said), said
 
 
+async def test_a_uid_turned_away_at_its_share_is_logged_once_per_spell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A uid turned away at its own share starts a spell of its own, logged once, which ends
+    when that uid is back to half its share -- not when anyone is admitted with half the
+    places free: an agent reconnecting as another agent's connections came and went made a
+    WARNING per cycle (audit 48 review).  Fails with the spell the whole socket's."""
+    caplog.set_level(logging.INFO, logger="affidavit.daemon")
+    async with daemon_with_strangers(tmp_path, monkeypatch, operators=[os.getuid()]) as (
+        server,
+        strangers,
+    ):
+        held = await strangers.connect(AGENT)
+        await held.send_all(HALF_HEAD)  # busy: never evicted
+        await wait_until(lambda: server.open == 1 and server.idle == 0, "the agent's first")
+        for _ in range(3):
+            over = await strangers.connect(AGENT)
+            await over.send_all(HALF_HEAD)
+            assert (await to_the_end(over, WAIT)).startswith(b"HTTP/1.1 503 ")
+            await over.aclose()
+            other = await strangers.connect(OTHER_AGENT)  # admitted, half the places free
+            await other.send_all(HEAD)
+            assert (await answer_of(other)).startswith(b"HTTP/1.1 200 ")
+            await other.aclose()
+        await held.aclose()
+        await wait_until(lambda: server.open == 0, "every connection is closed")
+    said = [r.getMessage() for r in caplog.records]
+    turned = [m for m in said if f"connections are open for uid {AGENT}" in m]
+    assert len(turned) == 1, said
+    assert any(f"uid {AGENT} has room again (0 connections); 3 were" in m for m in said), said
+
+
 async def test_without_operators_no_places_are_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
