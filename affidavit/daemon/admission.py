@@ -311,6 +311,8 @@ class Server:
         self._evicting = False
         """Idle connections were evicted since one was last served under the cap (likewise)."""
         self.closing = False
+        self.stopping = False
+        """The stop's grace is over (``give_up_waits``)."""
         self._idle: dict[Connection, trio.CancelScope] = {}
         """The waits of connections between requests (or before their first), longest idle
         first (cancelled by ``close``, and one by ``_evict``)."""
@@ -364,10 +366,10 @@ class Server:
         """``hold_answer`` for a delivered answer, waiting up to ``within`` seconds for room:
         None once held, else why not -- at once ``"larger than its share"`` for ``n`` more
         than the shares it must fit in could ever hold; ``"hung up"`` as soon as ``link``'s
-        client has; ``"stopping"`` once the server closes (``close``: the stop's grace is
-        over, so the failure is recorded before the connections are cancelled); ``"timed
-        out"``.  While it waits, new pages and fetches in the share it does not fit in are
-        refused (``hold_answer``), so the room that frees is its first."""
+        client has; ``"stopping"`` once the stop's grace is over (``give_up_waits``: so the
+        failure is recorded before the connections are cancelled); ``"timed out"``.  While
+        it waits, new pages and fetches in the share it does not fit in are refused
+        (``hold_answer``), so the room that frees is its first."""
         most = min(self.answer_budget, self.answer_share(other))
         if n > (min(most, self.answer_others) if other else most):
             return "larger than its share"
@@ -375,7 +377,7 @@ class Server:
             while (full := self.hold_answer(n, uid, other, first=True)) is not None:
                 if link.hung_up.is_set():
                     return "hung up"
-                if self.closing:
+                if self.stopping:
                     return "stopping"
                 share: int | str = uid if full == "uid" else full
                 wake = trio.Event()
@@ -393,6 +395,13 @@ class Server:
                         self._waiting[share] -= 1
             return None
         return "timed out"
+
+    def give_up_waits(self) -> None:
+        """The stop's grace is over: a delivered answer waiting for room, now or later, is
+        given up (``wait_answer``: ``"stopping"``) -- its failure is recorded while the stop
+        still waits for the calls, not cancelled with the connections after it."""
+        self.stopping = True
+        self._wake()
 
     def _wake(self) -> None:
         """The delivered answers waiting for room look again (``wait_answer``)."""
@@ -417,9 +426,9 @@ class Server:
 
     def close(self) -> None:
         """Idle connections close now; busy ones once their answer is written -- a delivered
-        answer waiting for room is given up (``wait_answer``)."""
+        answer waiting for room is given up (``give_up_waits``)."""
         self.closing = True
-        self._wake()
+        self.give_up_waits()
         for scope in self._idle.values():
             scope.cancel()
         self._refused.end()

@@ -175,12 +175,14 @@ class Calls:
         if not self.running:
             self._idle.set()
 
-    async def drain(self, grace: float) -> int:
+    async def drain(self, grace: float, grace_over: Callable[[], object] = lambda: None) -> int:
         """Stop taking calls; wait up to ``grace`` seconds for the running ones.  Returns how
-        many were still running when the grace ran out (then stopped, and waited for)."""
+        many were still running when the grace ran out (then ``grace_over()``: the answers
+        waiting for room are given up; stopped, and waited for)."""
         self.accepting = False
         with trio.move_on_after(grace):
             await self._idle.wait()
+        grace_over()
         left = list(self.running)
         for call in left:
             call.stop()

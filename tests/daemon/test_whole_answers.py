@@ -256,6 +256,53 @@ async def test_a_poll_answer_is_held_in_the_answer_budget_while_it_is_written(
     assert servers[0].answers == 0
 
 
+async def test_a_poll_answer_waiting_for_room_when_the_daemon_stops_is_recorded_undelivered(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poll's answer waiting for room when the daemon stops: its wait ends when the grace
+    does (``Server.close``), so the poll's result is recorded RESULT_DELIVERY_FAILED (stored,
+    fetchable).  Before, the wait outlived the grace; the connections' deadline cancelled it
+    and the Cancelled escaped the engine's ``except Exception``: no row, the record "stored"."""
+    from affidavit.journal import JournalReader
+    from tests.mcp.conftest import JOB
+    from tests.mcp.test_linked_delivery import OPERATIONS
+
+    done = Reply(200, body=json.dumps({"state": "done", "pad": "x" * 200_000}).encode())
+
+    async def jobs(peer: Peer) -> None:
+        while (req := await peer.read_request()) is not None:
+            await peer.respond(done if req.method == "GET" else JOB)
+
+    servers = _servers(monkeypatch)
+    monkeypatch.setenv(TOKEN_ENV, token)
+    service = {"shutdown_grace": 0.5}
+    with trio.fail_after(WAIT):
+        async with in_process(
+            tmp_path, jobs, overrides={"operations": OPERATIONS}, service=service
+        ) as (_s, socket):
+            async with Client.open(socket) as client:
+                submitted = await client.call(
+                    {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
+                )
+            await _settled(servers[0])
+            _filled(servers[0], 0)
+            stream = await trio.open_unix_socket(str(socket))
+            op = submitted["operation"]["id"]
+            await stream.send_all(
+                f"POST /v1/operations/{op}/poll HTTP/1.1\r\nhost: x\r\n"
+                "content-length: 0\r\n\r\n".encode()
+            )
+            while not servers[0]._waiting:  # the poll's answer waits for room
+                await trio.sleep(0.01)
+        await stream.aclose()
+    path = tmp_path / "journal.db"
+    with JournalReader.open(path, key_file=Path(f"{path}.key")) as r:
+        sub = submitted["invocation_id"]
+        poll = [e.attrs["poll_invocation"] for e in r.events(sub) if "poll_invocation" in e.attrs]
+        kinds = [e.kind.value for e in r.events(poll[-1])]
+    assert kinds[-1] == "RESULT_DELIVERY_FAILED", kinds
+
+
 async def _all_of(socket: Path, head: bytes, body: bytes) -> bytes:
     """Everything the daemon says to one request until it closes the connection."""
     stream = await trio.open_unix_socket(str(socket))
@@ -403,9 +450,9 @@ async def test_a_waiting_envelope_ends_its_wait_at_a_hang_up_a_stop_or_a_cancel(
 ) -> None:
     """A delivered answer waiting for room stops waiting as soon as its client hangs up (it had
     held its call's place and connection for the whole write wait: the delivery failed 3.6 s
-    late with a 4 s wait), or the server closes at the end of the stop's grace (the wait was
-    cancelled with the connections instead, and no failure recorded); cancelled, it leaves
-    nothing behind -- and the budget is back to 0 after each.  Fails without either end."""
+    late with a 4 s wait), or the stop's grace is over (the wait was cancelled with the
+    connections instead, and no failure recorded); cancelled, it leaves nothing behind -- and
+    the budget is back to 0 after each.  Fails without either end."""
     server = Server(keep_alive=WAIT, answer_budget=100, answer_per_uid=100)
     assert server.hold_answer(80, 1, False) is None
     link, client = links()
@@ -429,7 +476,7 @@ async def test_a_waiting_envelope_ends_its_wait_at_a_hang_up_a_stop_or_a_cancel(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(waiter, links()[0])
             await trio.testing.wait_all_tasks_blocked()
-            server.close()
+            server.give_up_waits()  # the stop's grace is over
         assert why == ["hung up", "stopping"]
     assert server._waiting == {} and not server._wakes
     server.drop_answer(80, 1, False)
