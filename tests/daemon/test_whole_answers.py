@@ -190,6 +190,36 @@ async def test_an_envelope_waiting_for_room_is_delivered_once_room_frees(
     assert server.answers == 0
 
 
+async def test_an_envelope_whose_client_hangs_up_while_it_waits_fails_at_once(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call's envelope waiting for room whose client hangs up: its delivery is recorded
+    failed at the hang-up, not when the write wait (a minute here) runs out -- the call's
+    place and its connection were held that long -- and the budget holds nothing after."""
+    servers = _servers(monkeypatch, write_wait=3 * WAIT)
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=BODY))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            await ask(socket, "GET", "/v1/catalog")
+            filler = _filled(servers[0], 0)
+            stream = await trio.open_unix_socket(str(socket))
+            head = b"POST /v1/calls HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n"
+            await stream.send_all(head % len(CALL) + CALL)
+            while not servers[0]._waiting:  # the envelope waits for room
+                await trio.sleep(0.01)
+            await stream.aclose()
+            while servers[0]._waiting:
+                await trio.sleep(0.01)
+            filler()
+            async with Client.open(socket) as client:
+                listed = await client.actions(session="s")
+                iid = str(listed["actions"][0]["invocation_id"])
+                kinds = [e["kind"] for e in await client.events(iid)]
+            await _settled(servers[0])
+    assert kinds[-1] == "RESULT_DELIVERY_FAILED", kinds
+    assert servers[0].answers == 0
+
+
 @pytest.mark.parametrize("kind", ["small", "not attempted"])
 async def test_a_small_envelope_or_one_of_nothing_run_is_written_though_the_budget_is_full(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, kind: str
