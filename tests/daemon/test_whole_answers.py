@@ -190,6 +190,19 @@ async def test_an_envelope_waiting_for_room_is_delivered_once_room_frees(
     assert server.answers == 0
 
 
+async def _delivery(socket: Path) -> str:
+    """The delivery row of the session's one call, once one is on record (polled)."""
+    async with Client.open(socket) as client:
+        while True:
+            listed = await client.actions(session="s")
+            if listed["actions"]:
+                iid = str(listed["actions"][0]["invocation_id"])
+                kinds = [str(e["kind"]) for e in await client.events(iid)]
+                if kinds[-1].startswith("RESULT_DELIVER"):
+                    return kinds[-1]
+            await trio.sleep(0.02)
+
+
 async def test_an_envelope_whose_client_hangs_up_while_it_waits_fails_at_once(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -208,16 +221,35 @@ async def test_an_envelope_whose_client_hangs_up_while_it_waits_fails_at_once(
             while not servers[0]._waiting:  # the envelope waits for room
                 await trio.sleep(0.01)
             await stream.aclose()
-            while servers[0]._waiting:
+            while servers[0]._waiting:  # within WAIT, a third of the write wait
                 await trio.sleep(0.01)
             filler()
-            async with Client.open(socket) as client:
-                listed = await client.actions(session="s")
-                iid = str(listed["actions"][0]["invocation_id"])
-                kinds = [e["kind"] for e in await client.events(iid)]
+            kind = await _delivery(socket)
             await _settled(servers[0])
-    assert kinds[-1] == "RESULT_DELIVERY_FAILED", kinds
+    assert kind == "RESULT_DELIVERY_FAILED", kind
     assert servers[0].answers == 0
+
+
+async def test_an_envelope_its_client_does_not_read_is_cut_off_and_leaves_the_budget(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held envelope its client does not read: the write wait (short here) cuts it off, the
+    delivery is recorded failed, and its bytes are no longer held."""
+    body = b"x" * 900_000  # more than the socket's buffers take
+    servers = _servers(monkeypatch, write_wait=0.5)
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=body))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            stream = await trio.open_unix_socket(str(socket))
+            head = b"POST /v1/calls HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n"
+            await stream.send_all(head % len(CALL) + CALL)
+            while not servers or not servers[0].answers:  # held, being written
+                await trio.sleep(0.01)
+            kind = await _delivery(socket)
+            await _settled(servers[0])  # given up, not read
+            await stream.aclose()
+    assert kind == "RESULT_DELIVERY_FAILED", kind
+    assert servers[0].answers_peak > len(body) and servers[0].answers == 0
 
 
 @pytest.mark.parametrize("kind", ["small", "not attempted"])
