@@ -17,7 +17,8 @@ import threading
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import trio
@@ -25,6 +26,7 @@ import trio.testing
 
 from affidavit.api.client import Client
 from affidavit.daemon.admission import Server
+from affidavit.daemon.http import FREE_BODY, Request
 from affidavit.daemon.link import Link
 from tests.broker.helpers import TOKEN_ENV
 from tests.http.hostile import Peer, Reply, scripts
@@ -158,7 +160,18 @@ async def test_an_envelope_waiting_for_room_is_delivered_once_room_frees(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The budget full when a call's envelope is ready: it waits, and is written -- delivered,
-    RESULT_DELIVERED -- as soon as the answer filling the budget is done."""
+    RESULT_DELIVERED -- as soon as the answer filling the budget is done; encoded once (it
+    was encoded again once room came)."""
+    from affidavit.daemon import answers
+
+    encodings: list[int] = []
+    real = answers.json_body
+
+    def noting(value: Any) -> bytes:
+        encodings.append(len(data := real(value)))
+        return data
+
+    monkeypatch.setattr(answers, "json_body", noting)
     servers = _servers(monkeypatch)
     monkeypatch.setenv(TOKEN_ENV, token)
     async with in_process(tmp_path, scripts.serve(Reply(200, body=BODY))) as (_srv, socket):
@@ -188,6 +201,7 @@ async def test_an_envelope_waiting_for_room_is_delivered_once_room_frees(
             await _settled(server)
     assert kinds[-1] == "RESULT_DELIVERED", kinds
     assert server.answers == 0
+    assert encodings == [len(payload)]  # encoded once, kept while it waited
 
 
 async def _delivery(socket: Path) -> str:
@@ -403,8 +417,12 @@ async def test_an_envelope_with_a_large_inline_result_is_encoded_off_the_event_l
 ) -> None:
     """A call's envelope carrying a large inline result (up to 1 MiB, ~6 MiB of JSON) was
     encoded on the event loop, every other connection stalled meanwhile; now in one of the
-    server's worker threads -- a small one stays on the loop (a thread hop costs more)."""
+    server's worker threads -- its own for answers: every thread large request bodies are
+    parsed in is busy here (it shared them) -- and a small one stays on the loop (a thread
+    hop costs more)."""
     from affidavit.daemon import answers
+
+    servers = _servers(monkeypatch)
 
     threads: list[bool] = []
     real = answers.json_body
@@ -417,12 +435,42 @@ async def test_an_envelope_with_a_large_inline_result_is_encoded_off_the_event_l
     monkeypatch.setenv(TOKEN_ENV, token)
     async with in_process(tmp_path, scripts.serve(Reply(200, body=BODY))) as (_srv, socket):
         with trio.fail_after(WAIT):
+            parsing = servers[0].parse_threads
+            bodies = [object() for _ in range(int(parsing.total_tokens))]
+            for body in bodies:  # each of them parsing a large body
+                parsing.acquire_on_behalf_of_nowait(body)
             big = await ask(socket, "POST", "/v1/calls", CALL)
+            for body in bodies:
+                parsing.release_on_behalf_of(body)
             small = json.dumps({"target": "api", "method": "DELETE", "path": "/"}).encode()
             refused = await ask(socket, "POST", "/v1/calls", small)  # a small envelope
     assert big[0] == 200 and json.loads(big[2])["result"]["body"] == BODY.decode()
     assert refused[0] == 200 and "error" in json.loads(refused[2])
     assert threads == [False, True]  # the large one in a worker thread, the small one not
+
+
+async def test_a_batch_envelope_of_many_items_is_encoded_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch's envelope carries its items, a few short values each and no inline result:
+    one of many items is encoded in a worker thread as a large result is (``ITEM_GUESS`` a
+    piece) -- its size was told by its results' text only, so it was encoded on the loop."""
+    from affidavit.daemon import answers
+
+    threads: list[bool] = []
+    real = answers.json_body
+
+    def noting(value: Any) -> bytes:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(value)
+
+    monkeypatch.setattr(answers, "json_body", noting)
+    req = cast(Request, SimpleNamespace(server=Server(keep_alive=WAIT)))
+    many = FREE_BODY // answers.ITEM_GUESS + 1
+    item = {"index": 0, "status": 200, "retry": "never"}
+    for items in ([item] * 3, [item] * many):
+        await answers.encoded(req, {"invocation_id": "act_1", "items": items})
+    assert threads == [True, False]  # the few on the loop, the many in a worker thread
 
 
 @pytest.fixture
