@@ -473,6 +473,41 @@ async def test_a_batch_envelope_of_many_items_is_encoded_off_the_event_loop(
     assert threads == [True, False]  # the few on the loop, the many in a worker thread
 
 
+async def test_a_sessions_page_is_encoded_once_the_kept_views_turn_is_released(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sessions page (3.75 MB at ``limit=10000``) was encoded in its view thread while it held
+    the kept views' turn (``Api.summary_turn``): every other summarized view waited for the
+    encoding too.  Now it is encoded after the turn is released, in the answers' threads."""
+    from affidavit.daemon import app
+
+    in_turn: list[bool] = []
+    encoded_in_turn: list[bool] = []
+    real_read, real_json = app.Api.read_summarized, app.json_body
+
+    async def reading(self: app.Api, view: Callable[..., Any]) -> Any:
+        in_turn.append(True)
+        try:
+            return await real_read(self, view)
+        finally:
+            in_turn.pop()
+
+    def encoding(value: Any) -> bytes:
+        if isinstance(value, dict) and "sessions" in value:
+            encoded_in_turn.append(bool(in_turn))
+        return real_json(value)
+
+    monkeypatch.setattr(app.Api, "read_summarized", reading)
+    monkeypatch.setattr(app, "json_body", encoding)
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            await ask(socket, "POST", "/v1/calls", CALL)
+            status, _h, payload = await ask(socket, "GET", "/v1/sessions")
+    assert status == 200 and json.loads(payload)["sessions"], payload[:300]
+    assert encoded_in_turn == [False]
+
+
 @pytest.fixture
 async def links() -> AsyncIterator[Links]:
     """Makes a connection's ``Link`` and its client's end; both closed after the test."""
