@@ -562,8 +562,8 @@ class Server:
         elif mine:
             if self._uid_spells.turned_away(peer.uid):
                 log.warning(
-                    "%d connections are open for uid %s, its most: turning its new ones away "
-                    "(503) until half of them have closed, first %s",
+                    "%d connections are open for uid %s, its most: turning new ones away (503) "
+                    "for it until half of them have closed, first %s",
                     self._per_uid.get(peer.uid, 0),
                     peer.uid,
                     peer.describe(),
