@@ -60,6 +60,7 @@ from affidavit.api.wire import (
 from affidavit.console import TokenStore
 from affidavit.engine import (
     READ_RETRY,
+    CallControl,
     OperationError,
     call_failure,
     carries_key,
@@ -272,7 +273,8 @@ class Api:
         deliver = self.answering(req)
         try:
             # Refused OVERLOADED past ``max_calls`` and stopped at the grace's end, as a call.
-            with self.calls.linked() as control:
+            with self.calls.linked() as running:
+                control = deliver.within(running)
                 answer = await self.broker.poll_operation(
                     operation_id,
                     timeout=timeout,
@@ -617,10 +619,19 @@ class Answering:
     def __init__(self, req: Request) -> None:
         self.req = req
         self.tried = False
+        self.delivery = trio.CancelScope()
+
+    def within(self, running: Running) -> CallControl:
+        """Write in the linked call's ``running.delivery`` (``Calls.linked``): cancelled when
+        the stop's grace is over, so a write its client does not read fails then -- ClientGone,
+        recorded RESULT_DELIVERY_FAILED -- not cut off with the connections after the calls,
+        unrecorded.  The call's control."""
+        self.delivery = running.delivery
+        return running.control
 
     async def __call__(self, answer: dict[str, Any]) -> None:
         self.tried = True
-        await _deliver(self.req, answer, trio.CancelScope())
+        await _deliver(self.req, answer, self.delivery)
 
     async def unless_tried(self, answer: dict[str, Any]) -> None:
         """Answer with ``answer`` unless the broker tried to already: never written twice."""
