@@ -266,6 +266,42 @@ async def test_an_envelope_its_client_does_not_read_is_cut_off_and_leaves_the_bu
     assert servers[0].answers_peak > len(body) and servers[0].answers == 0
 
 
+async def test_an_envelope_being_written_when_the_grace_ends_leaves_the_budget(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call's envelope held and being written to a client that does not read it when the
+    stop's grace ends: the write is cancelled (``Running.delivery``), the delivery recorded
+    failed, and its bytes are no longer held -- fails with the hold dropped only after a write
+    that returns (``respond_delivered``'s ``finally``)."""
+    body = b"x" * 900_000  # more than the socket's buffers take
+    servers = _servers(monkeypatch, write_wait=3 * WAIT)  # only the grace's end cuts it off
+    monkeypatch.setenv(TOKEN_ENV, token)
+    service = {"shutdown_grace": 0.5}
+    with trio.fail_after(WAIT):
+        async with in_process(tmp_path, scripts.serve(Reply(200, body=body)), service=service) as (
+            _srv,
+            socket,
+        ):
+            stream = await trio.open_unix_socket(str(socket))
+            head = b"POST /v1/calls HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n"
+            await stream.send_all(head % len(CALL) + CALL)
+            while not servers or not servers[0].answers:  # held, being written, not read
+                await trio.sleep(0.01)
+        await stream.aclose()
+    assert _last_kind(tmp_path) == "RESULT_DELIVERY_FAILED"
+    assert servers[0].answers_peak > len(body) and servers[0].answers == 0
+
+
+def _last_kind(tmp_path: Path) -> str:
+    """The last row's kind of the journal's one call (read once the daemon stopped)."""
+    from affidavit.journal import JournalReader
+
+    path = tmp_path / "journal.db"
+    with JournalReader.open(path, key_file=Path(f"{path}.key")) as r:
+        (record,) = r.list_actions(session="s")
+        return str(r.events(record.invocation_id)[-1].kind.value)
+
+
 @pytest.mark.parametrize("kind", ["small", "not attempted"])
 async def test_a_small_envelope_or_one_of_nothing_run_is_written_though_the_budget_is_full(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, kind: str
