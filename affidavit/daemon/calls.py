@@ -179,9 +179,10 @@ class Calls:
             self._idle.set()
 
     async def drain(self, grace: float, grace_over: Callable[[], object] = lambda: None) -> int:
-        """Stop taking calls; wait up to ``grace`` seconds for the running ones.  Returns how
-        many were still running when the grace ran out (then ``grace_over()``: the answers
-        waiting for room are given up; stopped, and waited for)."""
+        """Stop taking calls; wait up to ``grace`` seconds for the running ones, then call
+        ``grace_over()`` (the answers waiting for room are given up: ``Server.give_up_waits``)
+        -- whether or not any is still running -- and stop those that are, waiting for them to
+        record where they stood.  Returns how many were still running when the grace ran out."""
         self.accepting = False
         with trio.move_on_after(grace):
             await self._idle.wait()

@@ -369,12 +369,18 @@ async def test_a_poll_answer_is_held_in_the_answer_budget_while_it_is_written(
 
 
 async def test_a_poll_answer_waiting_for_room_when_the_daemon_stops_is_recorded_undelivered(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A poll's answer waiting for room when the daemon stops: its wait ends when the grace
-    does (``Server.close``), so the poll's result is recorded RESULT_DELIVERY_FAILED (stored,
-    fetchable).  Before, the wait outlived the grace; the connections' deadline cancelled it
-    and the Cancelled escaped the engine's ``except Exception``: no row, the record "stored"."""
+    does (``Calls.drain``'s ``grace_over``: ``Server.give_up_waits``), so the poll's result is
+    recorded RESULT_DELIVERY_FAILED (stored, fetchable) while the stop waits for the calls,
+    and the log says it was given up for the stop.  Before, the wait outlived the grace; the
+    connections' deadline cancelled it and the Cancelled escaped the engine's ``except
+    Exception``: no row, the record "stored".  The calls' recording wait is longer than the
+    test's bound here: a wait ended only at ``Server.close``, after it, fails the test (the
+    poll's delivery scope, cancelled with the stopped calls, ends it in time too, but says
+    nothing of why: without ``give_up_waits`` no line says "stopping")."""
+    from affidavit.daemon import calls
     from affidavit.journal import JournalReader
     from tests.mcp.conftest import JOB
     from tests.mcp.test_linked_delivery import OPERATIONS
@@ -387,6 +393,8 @@ async def test_a_poll_answer_waiting_for_room_when_the_daemon_stops_is_recorded_
 
     servers = _servers(monkeypatch)
     monkeypatch.setenv(TOKEN_ENV, token)
+    monkeypatch.setattr(calls, "RECORD_WAIT", 2 * WAIT)
+    caplog.set_level(logging.WARNING, logger="affidavit.daemon")
     service = {"shutdown_grace": 0.5}
     with trio.fail_after(WAIT):
         async with in_process(
@@ -413,6 +421,7 @@ async def test_a_poll_answer_waiting_for_room_when_the_daemon_stops_is_recorded_
         poll = [e.attrs["poll_invocation"] for e in r.events(sub) if "poll_invocation" in e.attrs]
         kinds = [e.kind.value for e in r.events(poll[-1])]
     assert kinds[-1] == "RESULT_DELIVERY_FAILED", kinds
+    assert any("not written (stopping;" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_poll_answer_being_written_when_the_grace_ends_is_recorded_undelivered(
