@@ -375,11 +375,16 @@ class Server:
         if n > (min(most, self.answer_others) if other else most):
             return "larger than its share"
         with trio.move_on_after(within):
-            while (full := self.hold_answer(n, uid, other, first=True)) is not None:
+            while True:
+                # The hang-up first: a half-closed client (SHUT_WR) still takes the write, and
+                # an answer written after its hang-up was seen is not delivered (link.py).
                 if link.hung_up.is_set():
                     return "hung up"
                 if self.stopping:
                     return "stopping"
+                full = self.hold_answer(n, uid, other, first=True)
+                if full is None:
+                    break
                 share: int | str = uid if full == "uid" else full
                 wake = trio.Event()
                 self._wakes.add(wake)

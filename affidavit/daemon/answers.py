@@ -112,6 +112,9 @@ async def respond_delivered(req: Request, value: dict[str, Any]) -> None:
     server, uid, other = req.server, req.peer.uid, req.other
     data = await encoded(req, value)
     n = len(data)
+    if req.link.hung_up.is_set():  # while it was encoded: never delivered (link.py)
+        req.link.broken = True
+        return
     if n <= FREE_BODY or not _ran(value):
         await req.respond(200, data)
         return

@@ -244,6 +244,41 @@ async def test_an_envelope_whose_client_hangs_up_while_it_waits_fails_at_once(
     assert servers[0].answers == 0
 
 
+async def test_an_envelope_whose_client_half_closes_while_it_is_encoded_is_not_delivered(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that shuts its write side (``SHUT_WR``) while its call's envelope is encoded
+    (off the event loop) has hung up (link.py): the envelope is not written and the delivery
+    is recorded failed, though the budget has room and the write would succeed.  Before, it
+    was written and recorded RESULT_DELIVERED: no look at the hang-up after the thread hop."""
+    import socket as sockets
+
+    from affidavit.daemon import answers
+
+    encode, clients = answers.encoded, []
+
+    async def hop(req: Request, value: Any) -> bytes:
+        data = await encode(req, value)
+        clients[0].socket.shutdown(sockets.SHUT_WR)  # the client half-closes meanwhile
+        await req.link.hung_up.wait()  # and the connection's reader has seen it
+        return data
+
+    monkeypatch.setattr(answers, "encoded", hop)
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=BODY))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            clients.append(await trio.open_unix_socket(str(socket)))
+            head = b"POST /v1/calls HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n"
+            await clients[0].send_all(head % len(CALL) + CALL)
+            answered = b""
+            while chunk := await clients[0].receive_some():  # until the daemon closes it
+                answered += chunk
+            await clients[0].aclose()
+            kind = await _delivery(socket)
+    assert answered == b"", answered[:100]  # closed unanswered
+    assert kind == "RESULT_DELIVERY_FAILED", kind
+
+
 async def test_an_envelope_its_client_does_not_read_is_cut_off_and_leaves_the_budget(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -679,6 +714,34 @@ async def test_a_waiting_envelope_gets_the_room_that_frees_before_new_pages(
     assert server.hold_answer(10, 2, True) is None  # no one waits: pages are held again
     server.drop_answer(10, 2, True)
     server.drop_answer(50, 2, True)
+    assert server.answers == 0
+
+
+async def test_a_waiting_envelope_is_not_held_once_its_client_half_closed(
+    links: Links,
+) -> None:
+    """Room frees in the same instant a waiting envelope's client shuts its write side
+    (``SHUT_WR``): the wait ends "hung up", not held -- the half-closed client would take the
+    write, and an answer written after its hang-up was seen is not delivered (link.py).
+    Before, the hold was tried first: held, written, recorded RESULT_DELIVERED."""
+    import socket as sockets
+
+    server = Server(keep_alive=WAIT, answer_budget=100, answer_per_uid=100)
+    assert server.hold_answer(80, 1, False) is None
+    link, client = links()
+    why: list[str | None] = []
+
+    async def waiter() -> None:
+        why.append(await server.wait_answer(50, 2, False, WAIT, link))
+
+    with trio.fail_after(WAIT / 2):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            client.shutdown(sockets.SHUT_WR)
+            assert await link.receive_some() == b""  # the reader sees the end: hung up
+            server.drop_answer(80, 1, False)  # and room frees before the waiter looks
+    assert why == ["hung up"]
     assert server.answers == 0
 
 
