@@ -346,12 +346,17 @@ class Server:
         nothing is counted and the one they do not fit in is named: ``"all"``, ``"uid"`` or
         ``"others"``.  Unless ``first`` (a delivered answer's), a share a delivered answer
         waits for room in counts as full: that answer is the record of a call that ran, a
-        page or a fetch can be asked again (``wait_answer``)."""
+        page or a fetch can be asked again (``wait_answer``).  For ``first`` the uid's own
+        share is named before the budget: the answer waits in the narrowest share that
+        holds it back, so it keeps only its own uid's pages waiting, not every uid's."""
         mine = self._answers_by_uid.get(uid, 0)
         waits = self._waiting if not first else {}
+        over_mine = bool(waits.get(uid)) or mine + n > self.answer_share(other)
+        if first and over_mine:
+            return "uid"
         if waits.get("all") or self.answers + n > self.answer_budget:
             return "all"
-        if waits.get(uid) or mine + n > self.answer_share(other):
+        if over_mine:
             return "uid"
         if other and (waits.get("others") or self.others_answers + n > self.answer_others):
             return "others"

@@ -709,6 +709,8 @@ async def test_a_waiting_envelope_gets_the_room_that_frees_before_new_pages(
         if full == "uid":
             assert server.hold_answer(10, 3, True) is None  # another uid's share: not waited in
             server.drop_answer(10, 3, True)
+        else:  # a share every uid's pages are in: another agent's waits its turn too
+            assert server.hold_answer(10, 3, True) == full
         server.drop_answer(80, filler, True)
     assert held == [None]
     assert server.hold_answer(10, 2, True) is None  # no one waits: pages are held again
@@ -742,6 +744,35 @@ async def test_a_waiting_envelope_is_not_held_once_its_client_half_closed(
             assert await link.receive_some() == b""  # the reader sees the end: hung up
             server.drop_answer(80, 1, False)  # and room frees before the waiter looks
     assert why == ["hung up"]
+    assert server.answers == 0
+
+
+async def test_an_envelope_held_back_by_its_own_share_keeps_only_its_uids_pages_waiting(
+    links: Links,
+) -> None:
+    """A delivered answer that fits neither the budget nor its uid's share waits in its uid's
+    share: another uid's page that fits the budget is held.  Before, the budget was named
+    first, so it waited in "all" and every uid's pages were refused for an answer that could
+    not use the room until its own uid's share freed."""
+    server = Server(keep_alive=WAIT, answer_budget=100, answer_per_uid=60)
+    assert server.hold_answer(50, 2, False) is None  # the waiter's uid: 10 left of its 60
+    assert server.hold_answer(40, 1, False) is None  # the budget: 10 left of 100
+    link, _client = links()
+    held: list[str | None] = []
+
+    async def waiter() -> None:
+        held.append(await server.wait_answer(20, 2, False, WAIT, link))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        assert server.hold_answer(5, 3, False) is None  # another uid's page: it fits
+        server.drop_answer(5, 3, False)
+        assert server.hold_answer(5, 2, False) == "uid"  # its own uid's: the answer is first
+        server.drop_answer(50, 2, False)
+    assert held == [None]
+    server.drop_answer(40, 1, False)
+    server.drop_answer(20, 2, False)
     assert server.answers == 0
 
 
