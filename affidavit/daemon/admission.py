@@ -309,6 +309,9 @@ class Server:
         per spell)."""
         self._uid_spells = _UidSpells()
         """Uids turned away at their own share (a spell each)."""
+        self._uid_evictions = _UidSpells()
+        """Uids whose idle connections were evicted for their own at their share (likewise:
+        the socket-wide ``_evicting`` ends at any admission with half the places free)."""
         self._evicting = False
         """Idle connections were evicted since one was last served under the cap (likewise)."""
         self.closing = False
@@ -473,8 +476,8 @@ class Server:
                         evicted.peer.describe(),
                         peer.describe(),
                     )
-            elif not self._evicting:
-                self._evicting = True
+            elif self._uid_evictions.turned_away(peer.uid) if mine else not self._evicting:
+                self._evicting = self._evicting or not mine
                 log.info(
                     "%d connections are open%s, the most: closing the longest-idle one to let "
                     "each new one in (first %s's, for %s)",
@@ -548,6 +551,8 @@ class Server:
             self._per_uid[uid] = left
         else:
             del self._per_uid[uid]
+        if not conn.evicted:  # one evicted makes room for its uid's next: no end of the spell
+            self._uid_evictions.left(uid, left, self.share(conn.other))  # logged at its start
         ended = self._uid_spells.left(uid, left, self.share(conn.other))
         if ended is not None:
             log.info(
@@ -667,7 +672,8 @@ class _UidSpells:
         """By uid in a spell: its connections turned away in it."""
 
     def turned_away(self, uid: int | None) -> bool:
-        """One of ``uid``'s connections was turned away: whether a spell starts with it."""
+        """One of ``uid``'s connections was turned away (or, ``Server._uid_evictions``, an idle
+        one of its evicted): whether a spell starts with it."""
         first = uid not in self._turned_away
         self._turned_away[uid] = self._turned_away.get(uid, 0) + 1
         return first

@@ -223,6 +223,39 @@ async def test_a_uid_turned_away_at_its_share_is_logged_once_per_spell(
     assert any(f"uid {AGENT} has room again (0 connections); 3 were" in m for m in said), said
 
 
+async def test_a_uids_evictions_at_its_share_are_logged_once_per_spell_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A uid whose new connections evict its own idle ones at its share logs that once per
+    spell of its own (``_UidSpells``), not once per reconnect cycle: another agent admitted
+    with half the places free ended the socket-wide spell, and the next eviction logged again.
+    Fails with the eviction's spell the whole socket's."""
+    caplog.set_level(logging.INFO, logger="affidavit.daemon")
+    async with daemon_with_strangers(tmp_path, monkeypatch, operators=[os.getuid()]) as (
+        server,
+        strangers,
+    ):
+        idle = await strangers.connect(AGENT)
+        await wait_until(lambda: server.open == 1 and server.idle == 1, "the agent's idle one")
+        for _ in range(3):
+            new = await strangers.connect(AGENT)  # its idle one is evicted for it
+            await new.send_all(HEAD)
+            assert (await answer_of(new)).startswith(b"HTTP/1.1 200 ")
+            await idle.aclose()
+            idle = new
+            await wait_until(lambda: server.open == 1 and server.idle == 1, "the new one idles")
+            other = await strangers.connect(OTHER_AGENT)  # admitted, half the places free
+            await other.send_all(HEAD)
+            assert (await answer_of(other)).startswith(b"HTTP/1.1 200 ")
+            await other.aclose()
+            await wait_until(lambda: server.open == 1, "the other agent's is closed")
+        await idle.aclose()
+        await wait_until(lambda: server.open == 0, "every connection is closed")
+    said = [r.getMessage() for r in caplog.records]
+    evicting = [m for m in said if f"open for uid {AGENT}, the most: closing" in m]
+    assert len(evicting) == 1, said
+
+
 async def test_without_operators_no_places_are_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
