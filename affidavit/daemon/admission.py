@@ -55,7 +55,8 @@ A ``Server`` also keeps the bytes its connections hold in memory bounded: reques
 (``BODY_BUDGET``, ``hold_body``: 503 ``BODIES_IN_FLIGHT``) and answers (``ANSWER_BUDGET``,
 ``hold_answer``: a stored result's answer holds one piece of it while it is written -- results.py
 -- a view's page its length; 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After`` past it; a delivered
-answer over 64 KiB its length, waiting for room instead: ``wait_answer``, answers.py).  The
+answer over 64 KiB its length, waiting for room instead: ``wait_answer``, answers.py -- but not
+one saying nothing was dispatched, ``not_attempted``: no result in it, never counted).  The
 answer budget is shared out as the connections are: no one uid holds more than
 ``answer_per_uid`` of it (half by default), the peers not ``reserved`` no more than
 ``answer_others`` together (half), and one uid of theirs no more than ``answer_per_other`` (a
@@ -145,7 +146,9 @@ over ``http.FREE_BODY`` (a call's envelope, a poll's or a query's answer:
 ``answers.respond_delivered``), which waits for room instead, ahead of new pages and fetches
 (``wait_answer``).  N clients that do not read their answers cannot grow the daemon's memory
 without bound, as ``BODY_BUDGET`` keeps their request bodies; a delivered answer up to
-``FREE_BODY`` is not counted, as a body that small is not (256 connections: 16 MiB at most).
+``FREE_BODY`` is not counted, as a body that small is not (256 connections: 16 MiB at most), nor
+one of a call not attempted (``not_attempted``: it carries no result, and a client told nothing
+would have to think the call may have run).
 One uid holds half of it at most, the peers who are not operators half together, and -- with
 operators configured -- one uid of theirs a quarter of that (``Server.answer_share``,
 ``answer_others``), as they hold the connections."""
