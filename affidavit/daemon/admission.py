@@ -29,6 +29,14 @@ close after their answer) -- and keeps their number bounded:
   (anyone's of theirs: the share is joint), or is answered 503 the same way; an operator's
   at the cap takes the place of an idle one of theirs before an operator's idle longer.  The
   rules above stand: only an idle connection with nothing unread is ever closed;
+* and, with such a reserve, no one uid that is not an operator holds more than
+  ``max_per_other`` (a quarter of ``max_others``: 32 of 128 by default) -- one agent's uid at
+  ``max_per_uid`` held the whole joint share, busy (half a head each, reopened every
+  ``HEAD_WAIT``), and every other agent's connection was 503 while the operators were still
+  served (audit 48).  Now it takes three more uids to fill the agents' share; a quarter, not
+  an even split among the uids connected, because a split would have to close the busy
+  connections of the uid holding most when another arrives, and a busy one is never closed.
+  Past it, the uid's new connection takes the place of its own longest-idle one, or is 503;
 * a peer the daemon's policy refuses (not in ``allow_uids`` / ``allow_gids``) is never served:
   its credentials are known at accept, so ``refuse`` answers its 403 there, before a byte is
   read, bounded and limited as a 503 is, and never counted among the open ones -- so refused
@@ -46,12 +54,15 @@ close after their answer) -- and keeps their number bounded:
 A ``Server`` also keeps the bytes its connections hold in memory bounded: request bodies
 (``BODY_BUDGET``, ``hold_body``: 503 ``BODIES_IN_FLIGHT``) and answers (``ANSWER_BUDGET``,
 ``hold_answer``: a stored result's answer holds one piece of it while it is written -- results.py
--- a view's page its length; 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After`` past it).  The
+-- a view's page its length; 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After`` past it; a delivered
+answer over 64 KiB its length, waiting for room instead: ``wait_answer``, answers.py -- but not
+one saying nothing was dispatched, ``not_attempted``: no result in it, never counted).  The
 answer budget is shared out as the connections are: no one uid holds more than
-``answer_per_uid`` of it (half by default), and the peers not ``reserved`` no more than
-``answer_others`` together (half) -- a piece is held for as long as its reader takes, and ~164
-slow readers of one uid (within its connection share) held all 256 MiB, every other fetch and
-``/v1/actions`` 503 for as long as they kept reading.
+``answer_per_uid`` of it (half by default), the peers not ``reserved`` no more than
+``answer_others`` together (half), and one uid of theirs no more than ``answer_per_other`` (a
+quarter of that) -- a piece is held for as long as its reader takes, and ~164 slow readers of
+one uid (within its connection share) held all 256 MiB, every other fetch and ``/v1/actions``
+503 for as long as they kept reading.
 
 The operator console's listener (TCP, each connection HTTP by hypercorn) has its own, simpler
 cap, ``ConsoleCap``: its port is open to every local uid, not only allowed peers, and without one
@@ -120,15 +131,27 @@ PARSE_THREADS = 2
 (``Request._parsed``): their own, never trio's default ones -- which the calls' journal opens
 and closes share -- so a flood of large bodies waits its turn and takes no thread a call
 needs."""
+OTHER_SHARES = 4
+"""Where operators are configured, one uid that is not an operator holds at most this part of
+what the peers who are not operators may hold together: ``max_per_other`` of ``max_others``
+connections, ``answer_per_other`` of ``answer_others`` answer bytes (the module docstring says
+why a fixed part)."""
 ANSWER_BUDGET = 256 * 1024 * 1024
 """Bytes of answers all of a ``Server``'s connections hold at once, at most (``hold_answer``):
 a stored result's answer is written a piece at a time (``results.py``: each holds its piece's
 worst case, ``results.PIECE_HOLD``, until its last byte is written) and a view's page while it
-is written (``/v1/actions``) -- past it, 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After``, before
-anything is read: N clients that do not read their answers cannot grow the daemon's memory
-without bound, as ``BODY_BUDGET`` keeps their request bodies.  One uid holds half of it at most,
-the peers who are not operators half together (``Server.answer_per_uid``, ``answer_others``),
-as they hold the connections."""
+is written: a view's page or a record (``answers.respond_page``) -- past it, 503
+``ANSWERS_IN_FLIGHT`` with ``Retry-After``, before anything is read -- and a delivered answer
+over ``http.FREE_BODY`` (a call's envelope, a poll's or a query's answer:
+``answers.respond_delivered``), which waits for room instead, ahead of new pages and fetches
+(``wait_answer``).  N clients that do not read their answers cannot grow the daemon's memory
+without bound, as ``BODY_BUDGET`` keeps their request bodies; a delivered answer up to
+``FREE_BODY`` is not counted, as a body that small is not (256 connections: 16 MiB at most), nor
+one of a call not attempted (``not_attempted``: it carries no result, and a client told nothing
+would have to think the call may have run).
+One uid holds half of it at most, the peers who are not operators half together, and -- with
+operators configured -- one uid of theirs a quarter of that (``Server.answer_share``,
+``answer_others``), as they hold the connections."""
 REFUSED_QUIET = 60.0
 """A spell of refused peers ends once this many seconds pass without one (``_RefusedPeers``)."""
 CONSOLE_MAX_CONNECTIONS = 64
@@ -212,6 +235,8 @@ class Server:
         answer_budget: int | None = None,
         answer_per_uid: int | None = None,
         answer_others: int | None = None,
+        max_per_other: int | None = None,
+        answer_per_other: int | None = None,
     ) -> None:
         self.keep_alive = keep_alive
         self.max_body = max_body
@@ -222,6 +247,9 @@ class Server:
         """The bytes of request bodies held now (``hold_body``)."""
         self.parse_threads = trio.CapacityLimiter(PARSE_THREADS)
         """The threads large bodies are parsed in (``PARSE_THREADS``)."""
+        self.answer_threads = trio.CapacityLimiter(PARSE_THREADS)
+        """The threads large delivered answers are encoded in (``answers.encoded``): as many
+        as bodies are parsed in, and not theirs -- neither waits for the other."""
         self.answer_budget = ANSWER_BUDGET if answer_budget is None else answer_budget
         """The bytes of answers its connections may hold at once (``ANSWER_BUDGET``)."""
         self.answers = 0
@@ -233,10 +261,23 @@ class Server:
         """Bytes of answers one peer uid may hold at once (half the budget unless given)."""
         self.answer_others = self.answer_budget // 2 if answer_others is None else answer_others
         """Bytes of answers the peers not ``reserved`` hold together, at most (half)."""
+        self.answer_per_other = (
+            max(1, self.answer_others // OTHER_SHARES)
+            if answer_per_other is None
+            else answer_per_other
+        )
+        """Bytes of answers one peer uid not ``reserved`` may hold at once (a quarter of
+        ``answer_others`` unless given; none of this without a reserve)."""
         self.others_answers = 0
         """Of ``answers``, those held for peers not ``reserved``."""
         self._answers_by_uid: dict[int, int] = {}
         """Bytes of answers held now, by peer uid (none listed with 0)."""
+        self._wakes: set[trio.Event] = set()
+        """One per delivered answer waiting for room (``wait_answer``): set when answer bytes
+        are dropped or the server closes."""
+        self._waiting: dict[int | str, int] = {}
+        """Delivered answers waiting for room, by the share they did not fit in (a uid,
+        ``"others"``, ``"all"``): new pages and fetches in it are refused meanwhile."""
         self.head_wait = head_wait
         self.body_wait = body_wait
         self.write_wait = write_wait
@@ -248,6 +289,11 @@ class Server:
         credentials); None: no reserve."""
         self.max_others = max(1, max_connections // 2) if max_others is None else max_others
         """Places the peers not ``reserved`` hold together, at most (busy or idle)."""
+        self.max_per_other = (
+            max(1, self.max_others // OTHER_SHARES) if max_per_other is None else max_per_other
+        )
+        """Places one peer uid not ``reserved`` may hold at once (a quarter of ``max_others``
+        unless given): one agent's uid cannot hold every place of the agents'."""
         self.open = 0
         """Connections being served (not those being turned away, nor those evicted)."""
         self.others = 0
@@ -264,9 +310,16 @@ class Server:
         self._full = False
         """Connections were turned away since one was last served under the cap (logged once
         per spell)."""
+        self._uid_spells = _UidSpells()
+        """Uids turned away at their own share (a spell each)."""
+        self._uid_evictions = _UidSpells()
+        """Uids whose idle connections were evicted for their own at their share (likewise:
+        the socket-wide ``_evicting`` ends at any admission with half the places free)."""
         self._evicting = False
         """Idle connections were evicted since one was last served under the cap (likewise)."""
         self.closing = False
+        self.stopping = False
+        """The stop's grace is over (``give_up_waits``)."""
         self._idle: dict[Connection, trio.CancelScope] = {}
         """The waits of connections between requests (or before their first), longest idle
         first (cancelled by ``close``, and one by ``_evict``)."""
@@ -282,18 +335,36 @@ class Server:
         """A request's bodies are no longer held (its handling is over)."""
         self.bodies -= n
 
-    def hold_answer(self, n: int, uid: int, other: bool) -> str | None:
+    def share(self, other: bool) -> int:
+        """The places one uid may hold: ``max_per_uid``, and no more than ``max_per_other`` for
+        a peer not ``reserved`` (``other``)."""
+        return min(self.max_per_uid, self.max_per_other) if other else self.max_per_uid
+
+    def answer_share(self, other: bool) -> int:
+        """The answer bytes one uid may hold at once: ``answer_per_uid``, and no more than
+        ``answer_per_other`` for a peer not ``reserved`` (``other``)."""
+        return min(self.answer_per_uid, self.answer_per_other) if other else self.answer_per_uid
+
+    def hold_answer(self, n: int, uid: int, other: bool, *, first: bool = False) -> str | None:
         """Count ``n`` bytes of an answer to peer ``uid`` (``other``: one not ``reserved``) as
-        held, if they fit in ``answer_budget``, the uid's share (``answer_per_uid``) and --
+        held, if they fit in ``answer_budget``, the uid's share (``answer_share``) and --
         ``other`` -- the joint share of the peers not reserved (``answer_others``): None.  Else
         nothing is counted and the one they do not fit in is named: ``"all"``, ``"uid"`` or
-        ``"others"``."""
+        ``"others"``.  Unless ``first`` (a delivered answer's), a share a delivered answer
+        waits for room in counts as full: that answer is the record of a call that ran, a
+        page or a fetch can be asked again (``wait_answer``).  For ``first`` the uid's own
+        share is named before the budget: the answer waits in the narrowest share that
+        holds it back, so it keeps only its own uid's pages waiting, not every uid's."""
         mine = self._answers_by_uid.get(uid, 0)
-        if self.answers + n > self.answer_budget:
-            return "all"
-        if mine + n > self.answer_per_uid:
+        waits = self._waiting if not first else {}
+        over_mine = bool(waits.get(uid)) or mine + n > self.answer_share(other)
+        if first and over_mine:
             return "uid"
-        if other and self.others_answers + n > self.answer_others:
+        if waits.get("all") or self.answers + n > self.answer_budget:
+            return "all"
+        if over_mine:
+            return "uid"
+        if other and (waits.get("others") or self.others_answers + n > self.answer_others):
             return "others"
         self.answers += n
         self._answers_by_uid[uid] = mine + n
@@ -301,8 +372,62 @@ class Server:
         self.answers_peak = max(self.answers_peak, self.answers)
         return None
 
+    async def wait_answer(
+        self, n: int, uid: int, other: bool, within: float, link: Link
+    ) -> str | None:
+        """``hold_answer`` for a delivered answer, waiting up to ``within`` seconds for room:
+        None once held, else why not -- at once ``"larger than its share"`` for ``n`` more
+        than the shares it must fit in could ever hold; ``"hung up"`` as soon as ``link``'s
+        client has; ``"stopping"`` once the stop's grace is over (``give_up_waits``: so the
+        failure is recorded before the connections are cancelled); ``"timed out"``.  While
+        it waits, new pages and fetches in the share it does not fit in are refused
+        (``hold_answer``), so the room that frees is its first."""
+        most = min(self.answer_budget, self.answer_share(other))
+        if n > (min(most, self.answer_others) if other else most):
+            return "larger than its share"
+        with trio.move_on_after(within):
+            while True:
+                # The hang-up first: a half-closed client (SHUT_WR) still takes the write, and
+                # an answer written after its hang-up was seen is not delivered (link.py).
+                if link.hung_up.is_set():
+                    return "hung up"
+                if self.stopping:
+                    return "stopping"
+                full = self.hold_answer(n, uid, other, first=True)
+                if full is None:
+                    break
+                share: int | str = uid if full == "uid" else full
+                wake = trio.Event()
+                self._wakes.add(wake)
+                link.on_hang_up.add(wake.set)
+                self._waiting[share] = self._waiting.get(share, 0) + 1
+                try:
+                    await wake.wait()
+                finally:
+                    self._wakes.discard(wake)
+                    link.on_hang_up.discard(wake.set)
+                    if self._waiting[share] == 1:
+                        del self._waiting[share]
+                    else:
+                        self._waiting[share] -= 1
+            return None
+        return "timed out"
+
+    def give_up_waits(self) -> None:
+        """The stop's grace is over: a delivered answer waiting for room, now or later, is
+        given up (``wait_answer``: ``"stopping"``) -- its failure is recorded while the stop
+        still waits for the calls, not cancelled with the connections after it."""
+        self.stopping = True
+        self._wake()
+
+    def _wake(self) -> None:
+        """The delivered answers waiting for room look again (``wait_answer``)."""
+        for wake in self._wakes:
+            wake.set()
+
     def drop_answer(self, n: int, uid: int, other: bool) -> None:
         """An answer's bytes are no longer held (written, or its writing given up)."""
+        self._wake()
         self.answers -= n
         self.others_answers -= n if other else 0
         left = self._answers_by_uid[uid] - n
@@ -317,16 +442,18 @@ class Server:
         return len(self._idle)
 
     def close(self) -> None:
-        """Idle connections close now; busy ones once their answer is written."""
+        """Idle connections close now; busy ones once their answer is written -- a delivered
+        answer waiting for room is given up (``give_up_waits``)."""
         self.closing = True
+        self.give_up_waits()
         for scope in self._idle.values():
             scope.cancel()
         self._refused.end()
 
     async def serve(self, link: Link, peer: Peer, handler: Handler) -> None:
         """Serve one accepted connection until it closes (its peer already checked)."""
-        mine = self._per_uid.get(peer.uid, 0) >= self.max_per_uid
         other = self.reserved is not None and not self.reserved(peer)
+        mine = self._per_uid.get(peer.uid, 0) >= self.share(other)
         theirs = other and self.others >= self.max_others
         full = self.open >= self.max_connections
         if mine or theirs or full:
@@ -352,12 +479,12 @@ class Server:
                         evicted.peer.describe(),
                         peer.describe(),
                     )
-            elif not self._evicting:
-                self._evicting = True
+            elif self._uid_evictions.turned_away(peer.uid) if mine else not self._evicting:
+                self._evicting = self._evicting or not mine
                 log.info(
                     "%d connections are open%s, the most: closing the longest-idle one to let "
                     "each new one in (first %s's, for %s)",
-                    self.max_per_uid if mine else self.max_connections,
+                    self.share(other) if mine else self.max_connections,
                     f" for uid {peer.uid}" if mine else "",
                     evicted.peer.describe(),
                     peer.describe(),
@@ -427,11 +554,19 @@ class Server:
             self._per_uid[uid] = left
         else:
             del self._per_uid[uid]
+        if not conn.evicted:  # one evicted makes room for its uid's next: no end of the spell
+            self._uid_evictions.left(uid, left, self.share(conn.other))  # logged at its start
+        ended = self._uid_spells.left(uid, left, self.share(conn.other))
+        if ended is not None:
+            log.info(
+                "uid %s has room again (%d connections); %d were turned away", uid, left, ended
+            )
 
     async def _turn_away(self, link: Link, peer: Peer, mine: bool, theirs: bool = False) -> None:
         """503 and close, not a byte read: bounded by ``TURN_AWAY_WAIT``, and not answered at
         all while as many again are being turned away (each holds a descriptor meanwhile).
-        ``mine``: the peer's uid holds its share (``max_per_uid``), all of them busy;
+        ``mine``: the peer's uid holds its share (``share``: ``max_per_uid``, or
+        ``max_per_other``), all of them busy;
         ``theirs``: the peers not ``reserved`` hold theirs together (``max_others``), likewise."""
         if theirs:
             if not self._others_full:
@@ -442,12 +577,20 @@ class Server:
                     self.others,
                     peer.describe(),
                 )
+        elif mine:
+            if self._uid_spells.turned_away(peer.uid):
+                log.warning(
+                    "%d connections are open for uid %s, its most: turning new ones away (503) "
+                    "for it until half of them have closed, first %s",
+                    self._per_uid.get(peer.uid, 0),
+                    peer.uid,
+                    peer.describe(),
+                )
         elif not self._full:
             self._full = True
             log.warning(
-                "%d connections are open%s, the most: turning new ones away (503), first %s",
-                self._per_uid.get(peer.uid, 0) if mine else self.open,
-                f" for uid {peer.uid}" if mine else "",
+                "%d connections are open, the most: turning new ones away (503), first %s",
+                self.open,
                 peer.describe(),
             )
         await self._answer(link, TURNED_AWAY)
@@ -521,6 +664,31 @@ def _console_owner(stream: trio.SocketStream) -> int | None:
         return None
 
 
+class _UidSpells:
+    """The uids turned away at their own share of connections (``Server``'s, ``ConsoleCap``'s):
+    a spell each, logged at its start and at its end -- once the uid holds half its share or
+    less, not at its first admission under it: a client reconnecting as fast as its
+    connections close would otherwise make a line per connection."""
+
+    def __init__(self) -> None:
+        self._turned_away: dict[int | None, int] = {}
+        """By uid in a spell: its connections turned away in it."""
+
+    def turned_away(self, uid: int | None) -> bool:
+        """One of ``uid``'s connections was turned away (or, ``Server._uid_evictions``, an idle
+        one of its evicted): whether a spell starts with it."""
+        first = uid not in self._turned_away
+        self._turned_away[uid] = self._turned_away.get(uid, 0) + 1
+        return first
+
+    def left(self, uid: int | None, held: int, share: int) -> int | None:
+        """``uid`` holds ``held`` connections now, of ``share``: how many were turned away
+        when its spell ends with this, else None."""
+        if uid in self._turned_away and held <= share // 2:
+            return self._turned_away.pop(uid)
+        return None
+
+
 class ConsoleCap:
     """The console listener's connections: at most ``max_connections`` served at once, and at
     most ``max_per_uid`` of one local uid (half, unless given; ``owner`` names a connection's
@@ -550,8 +718,8 @@ class ConsoleCap:
         self._others_turned_away = 0
         """Connections of those uids turned away in this spell at their joint share."""
         self._per_uid: dict[int | None, int] = {}
-        self._uid_turned_away: dict[int | None, int] = {}
-        """Per uid at its share: its connections turned away in this spell."""
+        self._uid_spells = _UidSpells()
+        """Uids turned away at their share (a spell each)."""
         self.turned_away = 0
         """Connections turned away in this spell at the cap (0 outside one)."""
         self._refusing = _Refusals(max_connections)
@@ -600,15 +768,13 @@ class ConsoleCap:
             )
         if uid is None:
             self.turned_away += 1
-        else:
-            if uid not in self._uid_turned_away:
-                log.warning(
-                    "uid %s holds %d console connections, its most: turning its new ones away "
-                    "(503) until half of them have closed",
-                    uid,
-                    self._per_uid.get(uid, 0),
-                )
-            self._uid_turned_away[uid] = self._uid_turned_away.get(uid, 0) + 1
+        elif self._uid_spells.turned_away(uid):
+            log.warning(
+                "uid %s holds %d console connections, its most: turning its new ones away "
+                "(503) until half of them have closed",
+                uid,
+                self._per_uid.get(uid, 0),
+            )
         await self._refusing.answer(stream, CONSOLE_TURNED_AWAY)
 
     async def _turn_away_other(self, stream: trio.SocketStream) -> None:
@@ -649,10 +815,11 @@ class ConsoleCap:
                 self.turned_away,
             )
             self.turned_away = 0
-        if uid in self._uid_turned_away and left <= self.max_per_uid // 2:
+        ended = self._uid_spells.left(uid, left, self.max_per_uid)
+        if ended is not None:
             log.info(
                 "uid %s has room again on the console (%d connections); %d were turned away",
                 uid,
                 left,
-                self._uid_turned_away.pop(uid),
+                ended,
             )

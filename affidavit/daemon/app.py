@@ -61,6 +61,7 @@ from affidavit.api.wire import (
 from affidavit.console import TokenStore
 from affidavit.engine import (
     READ_RETRY,
+    CallControl,
     OperationError,
     call_failure,
     carries_key,
@@ -76,7 +77,7 @@ from affidavit.journal import (
     JournalReader,
     SessionSummary,
 )
-from affidavit.statemachine import Event, Outcome, Phase, Record
+from affidavit.statemachine import Outcome, Phase, Record
 from affidavit.text import printable
 from affidavit.views import (
     actions_page,
@@ -88,9 +89,9 @@ from affidavit.views import (
     record_view,
 )
 
-from . import operators, results
+from . import answers, operators, results
 from .calls import Calls, Running, internal_problem
-from .http import ApiProblem, ClientGone, Request, api_error_body, echoed, named
+from .http import ApiProblem, ClientGone, Request, api_error_body, echoed, json_body, named
 from .peer import Peer, PeerPolicy
 from .shares import CONSOLE, Asker, CallRate, FairShare
 
@@ -307,7 +308,7 @@ class Api:
                 raise ApiProblem(*call_failure(running.journal_failed, iid, keyed))
             # Not the journal's: the invocation named, whose record says what happened.
             raise ApiProblem(*internal_failure(str(running.failure), running.control.invocation_id))
-        await req.respond_json(running.envelope)
+        await answers.respond_delivered(req, running.envelope)  # held in the answer budget
 
     def answering(self, req: Request) -> Answering:
         """The ``deliver`` a linked call's asker answers ``req`` through (``Answering``)."""
@@ -324,7 +325,8 @@ class Api:
         self.take_call(req)  # a poll journals a linked invocation: as a call
         try:
             # Refused OVERLOADED past ``max_calls`` and stopped at the grace's end, as a call.
-            with self.calls.linked() as control:
+            with self.calls.linked() as running:
+                control = deliver.within(running)
                 answer = await self.broker.poll_operation(
                     operation_id,
                     timeout=timeout,
@@ -420,17 +422,22 @@ class Api:
         """The record and its events, read in a view thread (``read``): a database slow to
         answer this read stalls it alone, never the calls."""
 
-        def both(j: JournalReader) -> tuple[Record | None, list[Event]]:
+        holder = self.broker.journal.holder_tag
+
+        def both(j: JournalReader) -> tuple[Record | None, bytes]:
+            # Encoded here, with the read: a record of many events is megabytes of JSON, which
+            # would stall the event loop; its answer is held in the budget (``respond_page``).
             rec = j.record(invocation_id)
             # One on a target the caller may not call answers as an unknown id, word for word
             # (``Broker.callable_by_caller``, as ``fetch_result``'s), checked before its events
             # are read: neither read nor probed for -- not by an answer slower, nor one an
             # altered event row turns into JOURNAL_UNREADABLE (MCP's ``get_record`` likewise).
             if rec is None or not self.broker.callable_by_caller(rec):
-                return None, []
-            return rec, j.events(invocation_id)
+                return None, b""
+            # A caller's: its lease holder tagged, plain hashes withheld.
+            return rec, json_body(record_view(rec, j.events(invocation_id), holder=holder))
 
-        rec, events = await self._read(both, f"the record of {invocation_id}", self.asker(req))
+        rec, data = await self._read(both, f"the record of {invocation_id}", self.asker(req))
         if rec is None:
             raise ApiProblem(
                 404,
@@ -438,8 +445,7 @@ class Api:
                 f"no invocation {invocation_id} in the journal",
                 "invocation_id",  # the id in the path names nothing: the part to correct
             )
-        # A caller's: its lease holder tagged, plain hashes withheld.
-        await req.respond_json(record_view(rec, events, holder=self.broker.journal.holder_tag))
+        await answers.respond_page(req, data)
 
     async def actions(self, req: Request) -> None:
         """The newest ``limit`` records matching the filters (default ``ACTIONS_LIMIT``, at
@@ -492,8 +498,7 @@ class Api:
         plain = outcome is None and phase is None and since is None and until is None
         first_fold = plain and session is None and not summary.kept
         data = await self._read(body, "the actions view", self.asker(req), first_fold)
-        with results.held(req, len(data)):
-            await req.respond(200, data)
+        await answers.respond_page(req, data)
 
     async def sessions(self, req: Request) -> None:
         """The ``limit`` sessions seen last (default ``SESSIONS_LIMIT``, at most
@@ -512,7 +517,13 @@ class Api:
             return {**newest_sessions(sessions, limit), "as_of": _as_of(as_of)}
 
         page = await self._read(view, "the sessions view", self.asker(req), summarized=True)
-        await req.respond_json(page)
+        # Encoded off the loop once the kept views' turn is released (the next view's read
+        # need not wait for it), then held in the answer budget until it is written
+        # (``respond_page``), as an actions page is: 100 unread 3.75 MB pages grew the daemon
+        # by 1.1 GB (audit 48).
+        encode = functools.partial(json_body, page)
+        data = await trio.to_thread.run_sync(encode, limiter=req.server.answer_threads)
+        await answers.respond_page(req, data)
 
     async def metrics(self, req: Request) -> None:
         session, since = req.text_param("session"), _time_param(req, "since")
@@ -673,15 +684,24 @@ class Answering:
     def __init__(self, req: Request) -> None:
         self.req = req
         self.tried = False
+        self.delivery = trio.CancelScope()
+
+    def within(self, running: Running) -> CallControl:
+        """Write in the linked call's ``running.delivery`` (``Calls.linked``): cancelled when
+        the stop's grace is over, so a write its client does not read fails then -- ClientGone,
+        recorded RESULT_DELIVERY_FAILED -- not cut off with the connections after the calls,
+        unrecorded.  The call's control."""
+        self.delivery = running.delivery
+        return running.control
 
     async def __call__(self, answer: dict[str, Any]) -> None:
         self.tried = True
-        await _deliver(self.req, answer, trio.CancelScope())
+        await _deliver(self.req, answer, self.delivery)
 
     async def unless_tried(self, answer: dict[str, Any]) -> None:
         """Answer with ``answer`` unless the broker tried to already: never written twice."""
         if not self.tried:
-            await self.req.respond_json(answer)
+            await answers.respond_delivered(self.req, answer)
 
 
 async def _deliver(
@@ -691,12 +711,13 @@ async def _deliver(
     write: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
 ) -> None:
     """Answer with ``envelope`` (through ``write``, when given: a stored result's streams read
-    as they are written); raise ``ClientGone`` unless it was delivered -- the client had not
-    hung up and every byte went into its socket (link.py says why that is the line)."""
+    as they are written; else whole, held in the answer budget: ``answers.respond_delivered``);
+    raise ``ClientGone`` unless it was delivered -- the client had not hung up and every byte
+    went into its socket (link.py says why that is the line)."""
     if req.link.hung_up.is_set():
         raise ClientGone("the client hung up before its answer")
     with scope:
-        await (write or req.respond_json)(envelope)
+        await (write or functools.partial(answers.respond_delivered, req))(envelope)
     if scope.cancelled_caught or req.link.broken:
         raise ClientGone("the answer could not be written whole")
 

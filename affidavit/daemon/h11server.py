@@ -5,9 +5,11 @@ is a handful of JSON routes, and hypercorn's ASGI machinery (its protocol wrappe
 stream, a task group, a lock and shielded cancel scopes per request) cost about as much daemon
 CPU as the broker's own work -- 1.2-1.4 ms per ``GET /v1/health`` at 64 keep-alive clients,
 where a whole journaled call costs 2.35-2.60 ms.  This driver parses with h11 and writes each
-answer in one ``send_all`` (tests/benchmarks/service_overhead.py measures both) -- but a stored
-result's, written a part at a time as it is read and verified (``answer_parts``: its memory held
-within the server's answer budget, admission.py ``ANSWER_BUDGET``).
+answer in one ``send_all`` (tests/benchmarks/service_overhead.py measures both) -- but a body
+over ``JOINED`` (64 KiB), written after its head rather than copied into one buffer with it, and
+a stored result's, written a part at a time as it is read and verified (``answer_parts``): the
+memory of both held within the server's answer budget (admission.py ``ANSWER_BUDGET``,
+answers.py).
 
 Each connection runs two tasks for its whole life:
 
@@ -25,7 +27,11 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
 
 * a malformed request line or header: 400, then close; a head over ``MAX_HEAD`` bytes: 431
   (h11's ``max_incomplete_event_size``), then close; a ``Transfer-Encoding`` other than one
-  ``chunked``: 501 ``TRANSFER_ENCODING_REFUSED`` (RFC 9112 section 6.1), then close;
+  ``chunked``: 501 ``TRANSFER_ENCODING_REFUSED`` (RFC 9112 section 6.1), then close; a
+  ``Content-Length`` beside ``Transfer-Encoding: chunked``: 400 ``AMBIGUOUS_FRAMING``
+  (field ``headers.content-length``) before a route or the body, then close (section 6.1:
+  reject, or read by the coding alone, and close either way -- ``_refuse_framing`` says which
+  and why);
 * more than ``MAX_CONNECTIONS`` open at once: the longest-idle one makes room, or the new
   one is answered 503 unread (``admission.py``, whose ``Server`` holds a listener's
   connections);
@@ -108,6 +114,10 @@ TURN_AWAY_WAIT = 1.0
 """Seconds the 503 of a connection turned away (``admission.py``) may take to be written."""
 INBOX = 64 * 1024
 """Bytes read ahead of the parser at most (see the module docstring)."""
+JOINED = 64 * 1024
+"""An answer's body up to this many bytes is written joined to its head, in one ``send_all``
+(each write to a Unix socket wakes the reader: two per answer cost throughput, link.py); a
+larger one is written after its head, never copied into one buffer with it."""
 _RECV = 64 * 1024
 _REFUSED = {
     400: ("BAD_REQUEST", "malformed request"),
@@ -261,6 +271,9 @@ class Connection:
             ):
                 await self._refuse_encoding()
                 return
+            if _framed_twice(head):
+                await self._refuse_framing()
+                return
             self._body_by = trio.current_time() + self.server.body_wait
             self.declared = _content_length(head)
             path, _, query = head.target.partition(b"?")
@@ -334,6 +347,27 @@ class Connection:
             close=True,
         )
 
+    async def _refuse_framing(self) -> None:
+        """``Content-Length`` beside ``Transfer-Encoding: chunked``: 400 before a route or a
+        byte of the body, then close.  RFC 9112 section 6.1 lets a server reject such a request
+        or read it by the chunked coding alone, and either way "MUST close the connection after
+        responding"; section 6.3 says it "ought to be handled as an error" (a smuggling
+        attempt).  Refused rather than read: no client of this socket sends both (ours, curl,
+        the MCP proxy send one), and a call must never run on a body two framings disagree
+        about -- which of them an intermediary between agent and socket honoured is unknowable
+        here."""
+        log.info("refused a request framed twice from %s (400)", self.peer.describe())
+        message = (
+            "a request body is framed by Content-Length or Transfer-Encoding: chunked, never both "
+            "(RFC 9112 section 6.1)"
+        )
+        await self.answer(
+            400,
+            [(b"content-type", b"application/json")],
+            api_error_body("AMBIGUOUS_FRAMING", message, "headers.content-length"),
+            close=True,
+        )
+
     # -- what Request uses ------------------------------------------------------------------------
 
     async def body_chunk(self) -> bytes | None:
@@ -364,18 +398,26 @@ class Connection:
     async def answer(
         self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, close: bool
     ) -> None:
-        """Write one whole answer in one ``send_all``.  A failed write is noted by the link
-        (``broken``) and swallowed: the caller judges delivery by it (app.py ``_deliver``)."""
+        """Write one whole answer: in one ``send_all`` up to ``JOINED`` bytes of body, past it
+        the head then the body itself, never a copy of it -- joined, an answer was held twice
+        its size while written (the body and the framed copy) where the answer budget counts
+        it once (audit 48).  Both within one ``WRITE_WAIT``.  A failed write is noted by the
+        link (``broken``) and swallowed: the caller judges delivery by it (app.py
+        ``_deliver``)."""
         self._settle()
         headers.append((b"content-length", b"%d" % len(body)))
         if close or self.server.closing or self.h11.their_state is not h11.DONE:
             headers.append((b"connection", b"close"))
         conn = self.h11
-        data = conn.send(h11.Response(status_code=status, headers=headers))
+        parts = [conn.send(h11.Response(status_code=status, headers=headers)) or b""]
         if body and not self._head_only:
-            data += conn.send(h11.Data(data=body))
-        data += conn.send(h11.EndOfMessage())
-        await self._write(data)
+            # Content-Length framing: h11 hands the body back as it was given, unframed.
+            parts.extend(conn.send_with_data_passthrough(h11.Data(data=body)) or ())
+        parts.append(conn.send(h11.EndOfMessage()) or b"")  # b"" under Content-Length
+        if len(body) <= JOINED:
+            await self._write(b"".join(parts))
+        else:
+            await self._write(*parts)
 
     async def answer_parts(
         self,
@@ -420,14 +462,16 @@ class Connection:
                     return
                 self._feed()
 
-    async def _write(self, data: bytes) -> None:
-        """Write within ``WRITE_WAIT``; a write that failed or timed out leaves the link
-        ``broken`` (so not delivered, and the connection closes after this request), and no
-        later write is tried on it."""
+    async def _write(self, *parts: bytes) -> None:
+        """Write ``parts`` in turn, all within one ``WRITE_WAIT``; a write that failed or timed
+        out leaves the link ``broken`` (so not delivered, and the connection closes after this
+        request), and no later write is tried on it."""
         if self.link.broken:
             return
         with trio.move_on_after(self.server.write_wait) as late, contextlib.suppress(*GONE):
-            await self.link.send_all(data)
+            for data in parts:
+                if data:
+                    await self.link.send_all(data)
         if late.cancelled_caught:
             log.info(
                 "%s did not take its answer within %g s: the connection is closed",
@@ -452,6 +496,13 @@ def _content_length(head: h11.Request) -> int | None:
         if name == b"content-length":
             return int(value)
     return None
+
+
+def _framed_twice(head: h11.Request) -> bool:
+    """Both a ``Content-Length`` and a ``Transfer-Encoding`` (h11 has refused any coding but
+    one ``chunked``, and reads the body by it, ignoring the length)."""
+    names = {name for name, _ in head.headers}
+    return b"content-length" in names and b"transfer-encoding" in names
 
 
 def _head_size(head: h11.Request) -> int:

@@ -290,8 +290,9 @@ class Request:
         close: bool = False,
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        """The whole answer in one write (link.py: one answer, one write); ``link.broken``
-        says afterwards whether it failed."""
+        """The whole answer, in one write up to ``h11server.JOINED`` bytes of body (link.py:
+        one answer, one write); ``link.broken`` says afterwards whether it failed.  Not held in
+        the answer budget: a large one is written through ``answers.py``, which holds it."""
         self.answered = True
         sent = [(b"content-type", content_type), *(headers or ())]
         await self._conn.answer(status, sent, body, close=close)

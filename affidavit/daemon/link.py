@@ -22,7 +22,8 @@ the result is fetched, never re-run (seed, "A result delivery error must not rep
 
 One answer, one write: the driver hands ``send_all`` the head and body together.  Each write to
 a Unix socket wakes the reader; two per answer measurably cost throughput
-(tests/benchmarks/service_overhead.py).
+(tests/benchmarks/service_overhead.py) -- but for a body over ``h11server.JOINED`` (64 KiB),
+written after its head instead of copied into one buffer with it.
 """
 
 from __future__ import annotations

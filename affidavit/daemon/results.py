@@ -89,7 +89,7 @@ def held(req: Request, n: int) -> Iterator[None]:
     if full is not None:
         most, whose = {
             "all": (server.answer_budget, "others fill it"),
-            "uid": (server.answer_per_uid, f"for uid {uid}, and its other answers fill it"),
+            "uid": (server.answer_share(other), f"for uid {uid}, and its other answers fill it"),
             "others": (server.answer_others, "for peers who are not operators, and theirs fill it"),
         }[full]
         raise AnswersInFlight(

@@ -582,7 +582,7 @@ class Daemon:
     ) -> None:
         grace = self.config.service.shutdown_grace
         log.info("shutting down: %d call(s) in flight, grace %gs", len(calls.running), grace)
-        stopped = await calls.drain(grace)
+        stopped = await calls.drain(grace, server.give_up_waits)
         if stopped:
             log.warning("the grace ran out: %d call(s) stopped (BROKER_SHUTDOWN)", stopped)
         # Idle keep-alive connections close now; busy ones once their answer is written.

@@ -126,12 +126,12 @@ async def test_agents_holding_their_shares_leave_the_operators_served(
     """Two agents' uids, each keeping every connection it may busy (half a head each, which
     eviction never closes), once filled the socket together: every new connection, the
     operators' included, was 503 -- no approval, denial or attestation while it lasted.  Now
-    the peers who are not operators hold at most half the places together."""
+    the peers who are not operators hold at most half the places together.  (Each agent may
+    hold that whole half here: the share of one uid is the next test's.)"""
     caplog.set_level(logging.INFO, logger="affidavit.daemon")
-    async with daemon_with_strangers(tmp_path, monkeypatch, operators=[os.getuid()]) as (
-        server,
-        strangers,
-    ):
+    async with daemon_with_strangers(
+        tmp_path, monkeypatch, operators=[os.getuid()], max_per_other=PER_UID
+    ) as (server, strangers):
         held = []
         for uid in (AGENT, AGENT, OTHER_AGENT, OTHER_AGENT):
             stream = await strangers.connect(uid)
@@ -157,6 +157,103 @@ async def test_agents_holding_their_shares_leave_the_operators_served(
     said = [r.getMessage() for r in caplog.records]
     full = [m for m in said if "who are not operators hold 2 connections" in m]
     assert len(full) == 1, said
+
+
+async def test_one_agent_uid_holding_all_it_may_leaves_the_other_agents_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Audit 48 #1: one agent's uid may hold ``max_per_uid`` connections -- half the cap, as
+    many as all the agents together -- and holding them busy (half a head each) it had every
+    other agent's connection answered 503 while the operators were still served.  Now one uid
+    that is not an operator holds a quarter of the agents' share at most (``max_per_other``):
+    its next is 503 naming its uid, and another agent's is served beside it."""
+    caplog.set_level(logging.INFO, logger="affidavit.daemon")
+    async with daemon_with_strangers(tmp_path, monkeypatch, operators=[os.getuid()]) as (
+        server,
+        strangers,
+    ):
+        assert (server.max_others, server.max_per_other) == (PER_UID, 1)
+        held = await strangers.connect(AGENT)
+        await held.send_all(HALF_HEAD)  # busy: never evicted
+        await wait_until(lambda: server.open == 1 and server.idle == 0, "the agent's first")
+        over = await strangers.connect(AGENT)
+        await over.send_all(HALF_HEAD)
+        refused = await to_the_end(over, WAIT)
+        other = await strangers.connect(OTHER_AGENT)
+        await other.send_all(HEAD)
+        served = await answer_of(other)
+        for stream in (held, over, other):
+            await stream.aclose()
+        await wait_until(lambda: server.open == 0, "every connection is closed")
+    assert refused.startswith(b"HTTP/1.1 503 ") and b"TOO_MANY_CONNECTIONS" in refused, refused
+    assert served.startswith(b"HTTP/1.1 200 "), served
+    said = [r.getMessage() for r in caplog.records]
+    assert any(f"1 connections are open for uid {AGENT}" in m for m in said), said
+
+
+async def test_a_uid_turned_away_at_its_share_is_logged_once_per_spell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A uid turned away at its own share starts a spell of its own, logged once, which ends
+    when that uid is back to half its share -- not when anyone is admitted with half the
+    places free: an agent reconnecting as another agent's connections came and went made a
+    WARNING per cycle (audit 48 review).  Fails with the spell the whole socket's."""
+    caplog.set_level(logging.INFO, logger="affidavit.daemon")
+    async with daemon_with_strangers(tmp_path, monkeypatch, operators=[os.getuid()]) as (
+        server,
+        strangers,
+    ):
+        held = await strangers.connect(AGENT)
+        await held.send_all(HALF_HEAD)  # busy: never evicted
+        await wait_until(lambda: server.open == 1 and server.idle == 0, "the agent's first")
+        for _ in range(3):
+            over = await strangers.connect(AGENT)
+            await over.send_all(HALF_HEAD)
+            assert (await to_the_end(over, WAIT)).startswith(b"HTTP/1.1 503 ")
+            await over.aclose()
+            other = await strangers.connect(OTHER_AGENT)  # admitted, half the places free
+            await other.send_all(HEAD)
+            assert (await answer_of(other)).startswith(b"HTTP/1.1 200 ")
+            await other.aclose()
+        await held.aclose()
+        await wait_until(lambda: server.open == 0, "every connection is closed")
+    said = [r.getMessage() for r in caplog.records]
+    turned = [m for m in said if f"connections are open for uid {AGENT}" in m]
+    assert len(turned) == 1, said
+    assert any(f"uid {AGENT} has room again (0 connections); 3 were" in m for m in said), said
+
+
+async def test_a_uids_evictions_at_its_share_are_logged_once_per_spell_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A uid whose new connections evict its own idle ones at its share logs that once per
+    spell of its own (``_UidSpells``), not once per reconnect cycle: another agent admitted
+    with half the places free ended the socket-wide spell, and the next eviction logged again.
+    Fails with the eviction's spell the whole socket's."""
+    caplog.set_level(logging.INFO, logger="affidavit.daemon")
+    async with daemon_with_strangers(tmp_path, monkeypatch, operators=[os.getuid()]) as (
+        server,
+        strangers,
+    ):
+        idle = await strangers.connect(AGENT)
+        await wait_until(lambda: server.open == 1 and server.idle == 1, "the agent's idle one")
+        for _ in range(3):
+            new = await strangers.connect(AGENT)  # its idle one is evicted for it
+            await new.send_all(HEAD)
+            assert (await answer_of(new)).startswith(b"HTTP/1.1 200 ")
+            await idle.aclose()
+            idle = new
+            await wait_until(lambda: server.open == 1 and server.idle == 1, "the new one idles")
+            other = await strangers.connect(OTHER_AGENT)  # admitted, half the places free
+            await other.send_all(HEAD)
+            assert (await answer_of(other)).startswith(b"HTTP/1.1 200 ")
+            await other.aclose()
+            await wait_until(lambda: server.open == 1, "the other agent's is closed")
+        await idle.aclose()
+        await wait_until(lambda: server.open == 0, "every connection is closed")
+    said = [r.getMessage() for r in caplog.records]
+    evicting = [m for m in said if f"open for uid {AGENT}, the most: closing" in m]
+    assert len(evicting) == 1, said
 
 
 async def test_without_operators_no_places_are_kept(
@@ -218,12 +315,14 @@ async def test_a_refused_peer_is_answered_403_on_accept_holding_no_place_and_log
 
 
 @pytest.mark.parametrize(
-    ("operators", "answers", "second", "words"),
+    ("operators", "answers", "second", "words", "whole_half"),
     [
-        (False, 2, AGENT, f"for uid {AGENT}"),
-        (True, 3, OTHER_AGENT, "for peers who are not operators"),
+        (False, 2, AGENT, f"for uid {AGENT}", False),
+        (True, 3, OTHER_AGENT, "for peers who are not operators", True),
+        # Audit 48 #1, for answers: one agent's uid held the agents' whole half.
+        (True, 8, AGENT, f"for uid {AGENT}", False),
     ],
-    ids=["per_uid", "others_together"],
+    ids=["per_uid", "others_together", "per_agent_uid"],
 )
 async def test_one_uid_or_the_agents_together_hold_their_share_of_the_answer_budget(
     tmp_path: Path,
@@ -232,6 +331,7 @@ async def test_one_uid_or_the_agents_together_hold_their_share_of_the_answer_bud
     answers: int,
     second: int,
     words: str,
+    whole_half: bool,
 ) -> None:
     """An answer holds its piece of the answer budget for as long as its reader takes: slow
     readers of one uid (~164 at 52 KB/s, within its connection share) held all of it, and
@@ -239,7 +339,9 @@ async def test_one_uid_or_the_agents_together_hold_their_share_of_the_answer_bud
     Now one uid holds half the budget at most (``Server.answer_per_uid``), and the peers who
     are not operators half together (``answer_others``), as they hold the connections: with
     an agent's answer stalled, the ``second``'s is refused naming the share it is past, while
-    this process's uid (an operator's, when there are operators) has its answer written."""
+    this process's uid (an operator's, when there are operators) has its answer written.  One
+    agent's uid holds a quarter of the agents' half (``answer_per_other``) unless
+    ``whole_half`` lets it hold all of it (to see the joint share alone)."""
     from affidavit.api.client import Client
     from affidavit.daemon import results
     from affidavit.engine import RESULT_CHUNK
@@ -257,6 +359,8 @@ async def test_one_uid_or_the_agents_together_hold_their_share_of_the_answer_bud
             operators=[os.getuid()] if operators else None,
             remote=srv.url,
             answer_budget=answers * one,
+            max_per_other=PER_UID,  # the answers' shares are this test's, not the places'
+            **({"answer_per_other": answers * one // 2} if whole_half else {}),
         ) as (server, strangers),
     ):
         assert server.answer_per_uid == server.answer_others == answers * one // 2

@@ -141,6 +141,10 @@ def _api_error(body: bytes) -> str:
 
 BIG_HEAD = b"GET /x HTTP/1.1\r\nhost: a\r\nx-pad: " + b"p" * MAX_HEAD + b"\r\n\r\n"
 TE_HEAD = b"POST /v1/calls HTTP/1.1\r\nhost: a\r\ntransfer-encoding: %s\r\n\r\n0\r\n\r\n"
+CL_TE_HEAD = (
+    b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n"
+    b"0\r\n\r\nGET /second HTTP/1.1\r\nhost: a\r\n\r\n"
+)
 
 
 @pytest.mark.parametrize("piece", [1 << 20, 1000], ids=["whole", "in-pieces"])
@@ -157,6 +161,10 @@ TE_HEAD = b"POST /v1/calls HTTP/1.1\r\nhost: a\r\ntransfer-encoding: %s\r\n\r\n0
         (TE_HEAD % b"gzip, chunked", 501, "TRANSFER_ENCODING_REFUSED"),
         (TE_HEAD % b"gzip", 501, "TRANSFER_ENCODING_REFUSED"),
         (TE_HEAD % b"chunked\r\ntransfer-encoding: chunked", 501, "TRANSFER_ENCODING_REFUSED"),
+        # Both framings (RFC 9112 section 6.1: the server MUST close after answering such a
+        # request): it was served by the chunked coding and the connection kept for the next.
+        (TE_HEAD % b"chunked\r\ncontent-length: 2", 400, "AMBIGUOUS_FRAMING"),
+        (CL_TE_HEAD, 400, "AMBIGUOUS_FRAMING"),
     ],
     ids=[
         "request-line",
@@ -167,6 +175,8 @@ TE_HEAD = b"POST /v1/calls HTTP/1.1\r\nhost: a\r\ntransfer-encoding: %s\r\n\r\n0
         "gzip-chunked",
         "gzip",
         "transfer-encoding-twice",
+        "chunked-and-length",
+        "length-then-chunked",
     ],
 )
 async def test_a_malformed_or_oversized_head_is_refused_then_closed_without_a_traceback(
@@ -180,7 +190,26 @@ async def test_a_malformed_or_oversized_head_is_refused_then_closed_without_a_tr
         got, headers, body = await client.answer()
         assert await client.closed()
     assert (got, _api_error(body), headers["connection"]) == (status, code, "close")
+    assert client.buffer == b"", "answered past the refusal"
     assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+
+
+async def test_a_body_framed_by_both_length_and_chunked_runs_no_route_and_names_the_field() -> None:
+    """RFC 9112 section 6.1 (reject it, or read by the chunked coding alone, and close after
+    answering either way): refused 400 ``AMBIGUOUS_FRAMING`` at ``headers.content-length``
+    before any route reads a byte of it -- the pipelined request behind it never served."""
+    routes = Routes()
+    async with serving(routes) as client:
+        await client.send(CL_TE_HEAD)
+        status, headers, body = await client.answer()
+        assert await client.closed()
+    error = json.loads(body)["api_error"]
+    assert (status, error["code"], error["field"]) == (
+        400,
+        "AMBIGUOUS_FRAMING",
+        "headers.content-length",
+    )
+    assert headers["connection"] == "close" and routes.paths == []
 
 
 BIG_HEAD_OF_HEAD = b"HEAD /x HTTP/1.1\r\nhost: a\r\nx-pad: " + b"p" * MAX_HEAD + b"\r\n\r\n"
@@ -658,6 +687,7 @@ async def test_peers_not_reserved_hold_half_and_an_operator_evicts_their_idle_on
         max_connections=4,
         max_per_uid=3,
         reserved=lambda peer: peer.uid == operator,
+        max_per_other=2,  # one agent may hold the agents' whole share: their joint one is seen
     )
     assert server.max_others == 2
     routes = Routes()

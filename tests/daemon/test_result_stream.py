@@ -309,13 +309,21 @@ async def test_a_view_page_counts_against_the_answer_budget_while_it_is_written(
 ) -> None:
     """``/v1/actions`` holds its page (up to 10000 records) until written: past the answer
     budget it is 503 ``ANSWERS_IN_FLIGHT`` too, never one more page held."""
-    from affidavit.daemon import admission
+    from affidavit.daemon import server as daemon_server
+    from affidavit.daemon.admission import Server
 
-    monkeypatch.setattr(admission, "ANSWER_BUDGET", 200)  # less than one record's JSON
+    made: list[Server] = []
+
+    def make(*args: Any, **kwargs: Any) -> Server:
+        made.append(Server(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(daemon_server, "Server", make)
     monkeypatch.setenv(TOKEN_ENV, token)
     async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_srv, socket):
         with trio.fail_after(WAIT):
-            await _stored(socket)
+            await _stored(socket)  # its envelope is held in the budget too: stored first
+            made[0].answer_budget = 200  # less than one record's JSON
             empty = await ask(socket, "GET", "/v1/actions?limit=0")
             status, headers, payload = await ask(socket, "GET", "/v1/actions")
     assert empty[0] == 200
