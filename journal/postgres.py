@@ -58,13 +58,16 @@ __all__ = [
 
 log = logging.getLogger("affidavit.journal")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """2: the table ``chunk_owners``; 3: the columns ``idempotency.send_by`` (``IdempotencyRecord``:
 when the binder's first attempt may send no more) and ``idempotency.target`` (its target, which
 a fence names) -- a broker of schema 2 refuses the journal, as it would bind without them and
 judge another's binding by its own window; 4: no table or column, the fence's rules
 (``statemachine.FENCE_RULES``) -- a broker of schema 3 refuses the journal, as it would write its
-binder's preamble into a record fenced under them and go on to send."""
+binder's preamble into a record fenced under them and go on to send; 5: the table
+``linked_calls`` (a claim's check seeks the rows naming its call: ``Tables.attrs_naming``),
+filled by every writer with the rows it inserts and, once, from the events already there -- a
+broker of schema 4 refuses the journal, as its rows would go unindexed."""
 SESSION_INDEX = "events_session"
 SESSION_INDEX_DDL = (
     f"CREATE INDEX IF NOT EXISTS {SESSION_INDEX} ON events (session_id, seq, invocation_id)"
@@ -79,7 +82,7 @@ _MAX_LOCK_TIMEOUT_MS = 2**31 - 1
 """The longest ``lock_timeout`` PostgreSQL takes (an int of milliseconds: ~24.8 days)."""
 _LOCK = 0x61666676  # "affv": the chain head's advisory lock, with the schema's hash as 2nd key
 _INDEX_LOCK = 0x61666669  # "affi": one build of the session index at a time (session-scoped)
-_APPEND_ONLY = ("events", "checkpoints", "results")
+_APPEND_ONLY = ("events", "checkpoints", "results", "linked_calls")
 _TABLES = (
     "meta",
     "events",
@@ -90,6 +93,7 @@ _TABLES = (
     "checkpoints",
     "leases",
     "idempotency",
+    "linked_calls",
 )
 """Every table of the schema: a writer refuses a journal where one is UNLOGGED."""
 
@@ -148,6 +152,12 @@ CREATE TABLE IF NOT EXISTS checkpoints (
   key_id        TEXT NOT NULL,
   signature     BYTEA NOT NULL
 );
+CREATE TABLE IF NOT EXISTS linked_calls (
+  invocation_id TEXT NOT NULL,
+  call_sha256   BYTEA NOT NULL,
+  seq           BIGINT NOT NULL,
+  PRIMARY KEY (invocation_id, call_sha256, seq)
+);
 CREATE TABLE IF NOT EXISTS leases (
   invocation_id TEXT PRIMARY KEY,
   holder        TEXT NOT NULL,
@@ -197,7 +207,7 @@ CREATE OR REPLACE TRIGGER {t}_no_truncate BEFORE TRUNCATE ON {t}
     for t in _APPEND_ONLY
 )
 
-_READ_ONLY = ("events", "checkpoints", "results", "meta", "idempotency")
+_READ_ONLY = ("events", "checkpoints", "results", "meta", "idempotency", "linked_calls")
 _WRITABLE = ("result_chunks", "result_audit", "chunk_owners", "leases")
 
 
@@ -517,38 +527,46 @@ class PostgresBackend:
                 self._refuse_ungranted(conn)
                 self._index_due = self._wants_index(conn)
                 return found
+        linked = conn.execute("SELECT to_regclass('linked_calls') IS NOT NULL").fetchone()[0]
         try:
             conn.execute(SCHEMA)
         except psycopg.errors.InsufficientPrivilege:
             if not have:
                 raise
             # An older schema, opened by a broker role that owns nothing: say what to do -- at
-            # schema 2 chunk_owners exists (and was granted: ``grant_statements``); only the
-            # columns are missing, which the existing grants on idempotency cover; at schema 3
-            # only the number is, which the broker role may not change (``meta``: no UPDATE).
+            # schema 2 chunk_owners exists (and was granted: ``grant_statements``); the columns
+            # are covered by the existing grants on idempotency; schema 4 is a number only,
+            # which the broker role may not change (``meta``: no UPDATE); schema 5's table
+            # is new, filled once by the owner, and granted.
             before = 1 if found is None else int(found)
-            what = "the fence's rules (schema 4)"
-            if before == 3:
-                what = "the fence's rules (schema 4: its number only, no new table or column)"
+            what = ["a table linked_calls, filled once from the events (schema 5)"]
+            if before < 4:
+                what.insert(0, "the fence's rules (schema 4)")
             if before < 3:
-                cols = "the columns idempotency.send_by and idempotency.target (schema 3)"
-                what = f"{cols} and {what}"
-            then = "; the broker role then opens it with the grants it has"
+                what.insert(0, "the columns idempotency.send_by and idempotency.target (schema 3)")
+            grant = "linked_calls"
             if before < 2:
-                what = f"a table chunk_owners, filled once (schema 2), {what}"
-                then = ", then grant the broker role chunk_owners"
+                what.insert(0, "a table chunk_owners, filled once (schema 2)")
+                grant = "chunk_owners and linked_calls"
             raise JournalError(
                 f"journal {self.where} has schema {found or 1}; this affidavit upgrades it to "
-                f"schema {SCHEMA_VERSION} ({what}), which only the tables' owner may do: open it "
-                "once as the owner (any writer does, e.g. `affidavit journal reclaim --journal "
-                f"OWNER_URL --config ...`){then} (docs/journal.md)"
+                f"schema {SCHEMA_VERSION} ({', '.join(what)}), which only the tables' owner may "
+                "do: open it once as the owner (any writer does, e.g. `affidavit journal reclaim "
+                f"--journal OWNER_URL --config ...`), then grant the broker role {grant} "
+                "(docs/journal.md)"
             ) from None
         # New, or from before schema 2: name the chunks no marker names (``chunk_owners``), once
         # -- inside the opening transaction, which holds the chain head: no chunk or marker of
         # another broker comes between the scan and the schema's new number.  (Schema 3's
-        # column came with ``SCHEMA``: NULL in the rows bound before it.)
+        # column came with ``SCHEMA``: NULL in the rows bound before it.)  Likewise, from
+        # before schema 5, index the calls the stored events name (``linked_calls``).
         if found is None or int(found) < 2:
             self.tables(conn).fill_chunk_owners()
+        if have and not linked:
+            started = time.monotonic()
+            read = self.tables(conn).fill_linked_calls()
+            log.info("journal %s: indexed the linked calls of %d events in %.1f s (once)",
+                     self.where, read, time.monotonic() - started)  # fmt: skip
         conn.execute(
             "INSERT INTO meta (name, value) VALUES ('schema', %s) ON CONFLICT (name) DO UPDATE "
             "SET value = excluded.value",
@@ -558,23 +576,28 @@ class PostgresBackend:
 
     def _refuse_ungranted(self, conn: Any) -> None:
         """A writer whose role may not write ``chunk_owners`` (granted before schema 2 added it)
-        is refused here: it would open without a word and have every result's first chunk and
-        every marker refused -- after the request was sent, the result lost.  (One privilege per
-        call: ``has_table_privilege`` with several answers whether *any* is held.)"""
-        missing = [
-            p
-            for p in ("SELECT", "INSERT", "DELETE")
-            if not conn.execute(
-                "SELECT has_table_privilege(current_user, 'chunk_owners', %s)", (p,)
-            ).fetchone()[0]
-        ]
-        if missing:
-            raise JournalError(
-                f"journal {self.where}: refused: this role may not {', '.join(missing)} on table "
-                f"chunk_owners (schema {SCHEMA_VERSION}), which every stored result writes; as "
-                "the tables' owner run: GRANT SELECT, INSERT, UPDATE, DELETE ON chunk_owners TO "
-                "the broker role (docs/journal.md)"
-            )
+        or ``linked_calls`` (before schema 5) is refused here: it would open without a word and
+        have every result's first chunk and every marker -- or every row naming a linked call
+        -- refused, after the request was sent, the result lost.  (One privilege per call:
+        ``has_table_privilege`` with several answers whether *any* is held.)"""
+        for table, needs, grant in (
+            ("chunk_owners", ("SELECT", "INSERT", "DELETE"), "SELECT, INSERT, UPDATE, DELETE"),
+            ("linked_calls", ("SELECT", "INSERT"), "SELECT, INSERT"),
+        ):
+            missing = [
+                p
+                for p in needs
+                if not conn.execute(
+                    "SELECT has_table_privilege(current_user, %s, %s)", (table, p)
+                ).fetchone()[0]
+            ]
+            if missing:
+                raise JournalError(
+                    f"journal {self.where}: refused: this role may not {', '.join(missing)} on "
+                    f"table {table} (schema {SCHEMA_VERSION}), which the writer fills; as the "
+                    f"tables' owner run: GRANT {grant} ON {table} TO the broker role "
+                    "(docs/journal.md)"
+                )
 
     def _wants_index(self, conn: Any) -> bool:
         """Whether ``events_session`` is to be built once the opening transaction has ended: a

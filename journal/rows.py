@@ -8,12 +8,14 @@ exactly the columns named here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from affidavit.statemachine import (
     BARRIER_KINDS,
+    LINKED_ATTRS,
     Event,
     EventKind,
     EvidenceSource,
@@ -32,6 +34,7 @@ __all__ = [
     "LEASE_COLUMNS",
     "AlteredRow",
     "attrs_json",
+    "call_key",
     "close_rows",
     "decode_attrs",
     "event_from_row",
@@ -39,6 +42,8 @@ __all__ = [
     "idempotency_from_row",
     "json_copy",
     "lease_from_row",
+    "linked_call_rows",
+    "linked_calls",
     "noting_firsts",
     "unfoldable",
 ]
@@ -74,6 +79,45 @@ def decode_attrs(text: str) -> Any:
     if end != len(text):
         return json.loads(text)
     return value
+
+
+_LINKED_KEYS = tuple(f'{name}"' for name in LINKED_ATTRS)
+"""Each linked attribute's key as a row's text holds it unescaped (``linked_calls``)."""
+
+
+def call_key(call: str) -> bytes:
+    """``linked_calls``' key for a call: its SHA-256, of the text as Python holds it (a lone
+    surrogate too: ``surrogatepass``), so a key has one size and no NUL on every backend --
+    a row naming a call of any length or content is indexed, never refused (a PostgreSQL
+    B-tree entry holds ~2.7 kB; its text no NUL)."""
+    return hashlib.sha256(call.encode("utf-8", "surrogatepass")).digest()
+
+
+def linked_calls(text: str) -> set[bytes]:
+    """The ``call_key`` of every call a row's attrs (as stored) name under a linked attribute
+    (``statemachine.LINKED_ATTRS``) as a string: what Python's decoding of the row reads, as
+    the claim's check (``refuse_reclaiming``) reads it -- any spelling, escapes and key
+    order included.  A text holding neither an unescaped linked key nor a backslash names none
+    (a key without escapes is spelled verbatim), so most rows are not decoded.  Attrs that are
+    not a JSON object -- only someone writing the file makes them -- name none (the record's
+    fold refuses them: ``AlteredRow``)."""
+    if type(text) is not str:  # a column someone altered
+        return set()
+    if "\\" not in text and not any(key in text for key in _LINKED_KEYS):
+        return set()
+    try:
+        attrs = decode_attrs(text)
+    except (TypeError, ValueError, RecursionError):
+        return set()
+    if type(attrs) is not dict:
+        return set()
+    return {call_key(v) for name in LINKED_ATTRS if type(v := attrs.get(name)) is str}
+
+
+def linked_call_rows(rows: Iterable[tuple[Any, ...]]) -> list[tuple[str, bytes, int]]:
+    """The ``linked_calls`` rows (invocation_id, call_sha256, seq) of event rows given as
+    (seq, invocation_id, attrs)."""
+    return [(iid, key, seq) for seq, iid, text in rows for key in linked_calls(text)]
 
 
 def json_copy(value: Any) -> Any:

@@ -479,6 +479,9 @@ class SqliteBackend:
         fresh = not conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'"
         ).fetchone()
+        linked = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'linked_calls'"
+        ).fetchone()
         building = _unbuilt(conn, SESSION_INDEX, self.where)
         started = time.monotonic()
         # executescript() would COMMIT first; run the statements inside our transaction.
@@ -497,6 +500,11 @@ class SqliteBackend:
             )
         if owned is None:  # new, or from before schema 6: name the chunks no marker names
             self.tables(conn).fill_chunk_owners()
+        if linked is None and not fresh:  # from before schema 11: index what its rows name
+            started = time.monotonic()
+            read = self.tables(conn).fill_linked_calls()
+            log.info("journal %s: indexed the linked calls of %d events in %.1f s (once)",
+                     self.where, read, time.monotonic() - started)  # fmt: skip
         _add_send_by(conn)
         conn.execute(
             "INSERT INTO meta (name, value) VALUES ('schema', ?) ON CONFLICT (name) DO UPDATE "

@@ -58,7 +58,15 @@ Schema 10 changes no table: it is the fence's rules (``statemachine.FENCE_RULES`
 ACTION_ACCEPTED carries ``fenced.rules``, and its record refuses every attempt of its binder).
 A broker of schema 9 does not hold them -- sharing the journal, it would write its binder's
 preamble into a record fenced under them and go on to send -- so it refuses the journal; a
-writer opening one from before only records the new number.
+writer opening one from before only records the new number.  Schema 11 adds ``linked_calls``:
+one row (invocation_id, call_sha256, seq) for each call a row's attrs name under a linked
+attribute (``statemachine.LINKED_ATTRS``), filled with the row, in its transaction, by every
+writer (``Tables.insert_events``), so a claim's check seeks the rows naming its call instead of
+scanning its record under the write lock (``Txn._attrs_naming``).  Append-only like the events;
+a writer opening a journal from before fills it, once, from every event (decoded as the check
+decodes: no JSON function of the database, which a row that is not JSON would make fail).  A
+broker of schema 10 refuses it: its rows would go unindexed, and a claim naming a call one of
+them names would be taken.
 """
 
 from __future__ import annotations
@@ -77,7 +85,7 @@ __all__ = ["EXTEND_CHAIN", "SCHEMA", "SCHEMA_VERSION", "SESSION_INDEX"]
 log = logging.getLogger("affidavit.journal")
 
 SESSION_INDEX = "events_session"
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 _CHAIN_REFUSED = "'journal rows must extend the hash chain by one'"
 _CHAIN_WHEN = f"""coalesce((SELECT NEW.seq IS NOT seq + 1 OR NEW.prev_hash IS NOT hash FROM events
@@ -193,6 +201,16 @@ CREATE TABLE IF NOT EXISTS checkpoints (
   key_id        TEXT NOT NULL,
   signature     BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS linked_calls (
+  invocation_id TEXT NOT NULL,
+  call_sha256   BLOB NOT NULL,
+  seq           INTEGER NOT NULL,
+  PRIMARY KEY (invocation_id, call_sha256, seq)
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS linked_calls_no_update BEFORE UPDATE ON linked_calls
+BEGIN SELECT RAISE(ABORT, 'journal linked_calls are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS linked_calls_no_delete BEFORE DELETE ON linked_calls
+BEGIN SELECT RAISE(ABORT, 'journal linked_calls are append-only'); END;
 CREATE TRIGGER IF NOT EXISTS checkpoints_no_update BEFORE UPDATE ON checkpoints
 BEGIN SELECT RAISE(ABORT, 'journal checkpoints are append-only'); END;
 CREATE TRIGGER IF NOT EXISTS checkpoints_no_delete BEFORE DELETE ON checkpoints

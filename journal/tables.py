@@ -24,6 +24,8 @@ from .rows import (
     IDEMPOTENCY_COLUMNS,
     LEASE_COLUMNS,
     AlteredRow,
+    call_key,
+    linked_call_rows,
 )
 from .signing import Checkpoint
 
@@ -78,12 +80,15 @@ SQL: dict[str, str] = {
     "insert_event": f"INSERT INTO events ({EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
     "invocation_events": f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE invocation_id = ? "
     "ORDER BY seq",
-    # The attrs of an invocation's rows holding a text (a LIKE pattern, ``Tables.attrs_holding``):
-    # a claim's check (``journal/txn``) reads only those, not every row of a long record.  The
-    # escape is '!', not a backslash: PostgreSQL reads '\\' as an unterminated literal in a
-    # session with standard_conforming_strings off, '!' the same in every string mode.
-    "attrs_holding": "SELECT attrs FROM events WHERE invocation_id = ? AND attrs LIKE ? "
-    "ESCAPE '!' ORDER BY seq",
+    # The attrs of an invocation's rows naming a call (``Tables.attrs_naming``): a claim's
+    # check (``journal/txn``) seeks ``linked_calls``' key, never reads the rest of the record.
+    "attrs_naming": "SELECT e.attrs FROM linked_calls AS c JOIN events AS e ON e.seq = c.seq "
+    "AND e.invocation_id = c.invocation_id WHERE c.invocation_id = ? AND c.call_sha256 = ? "
+    "ORDER BY c.seq",
+    "insert_linked_calls": "INSERT INTO linked_calls (invocation_id, call_sha256, seq) "
+    "VALUES (?,?,?)",
+    # Once, when a journal from before ``linked_calls`` gains it (``Tables.fill_linked_calls``).
+    "linked_candidates": "SELECT seq, invocation_id, attrs FROM events ORDER BY seq",
     "scan_events": f"SELECT {EVENT_READ_COLUMNS} FROM events ORDER BY seq",
     "session_events": f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE session_id = ? ORDER BY seq",
     # Each invocation's events together, invocations in order of first appearance: a view can
@@ -245,20 +250,41 @@ class Tables:
         return (0, GENESIS) if row is None else (int(row[0]), str(row[1]))
 
     def insert_events(self, rows: list[tuple[Any, ...]]) -> None:
-        """Rows as ``chain.EVENT_COLUMNS`` (the schema checks each extends the chain)."""
+        """Rows as ``chain.EVENT_COLUMNS`` (the schema checks each extends the chain), and the
+        ``linked_calls`` rows they name, in the same transaction: every writer -- a broker's
+        ``Txn``, ``migrate`` -- inserts through here."""
         if len(rows) == 1:
             self.run("insert_event", rows[0])
         else:
             self.many("insert_event", rows)
+        named = linked_call_rows((row[0], row[2], row[8]) for row in rows)
+        if named:
+            self.many("insert_linked_calls", named)
+
+    def fill_linked_calls(self, batch: int = 1000) -> int:
+        """Index in ``linked_calls`` every stored row naming a linked call: once, in the
+        transaction that gives a journal from before it the table (decoding each row as the
+        check does: no database JSON function, which a row that is not JSON would make fail).
+        Returns how many rows were read."""
+        read, named = 0, []
+        for row in self.rows("linked_candidates"):
+            read += 1
+            named.extend(linked_call_rows((tuple(row),)))
+            if len(named) >= batch:
+                self.many("insert_linked_calls", named)
+                named = []
+        if named:
+            self.many("insert_linked_calls", named)
+        return read
 
     def invocation_events(self, iid: str) -> Iterator[Any]:
         return self.rows("invocation_events", (iid,))
 
-    def attrs_holding(self, iid: str, text: str) -> Iterator[Any]:
-        """The attrs (as stored) of ``iid``'s rows whose attrs hold ``text`` -- some others
-        too (SQLite's LIKE ignores ASCII case): the caller decodes and checks each."""
-        escaped = text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
-        return self.rows("attrs_holding", (iid, f"%{escaped}%"))
+    def attrs_naming(self, iid: str, call: str) -> Iterator[Any]:
+        """The attrs (as stored) of ``iid``'s rows whose attrs name ``call`` under a linked
+        attribute (``linked_calls``; the caller decodes and checks each): one index seek, the
+        same cost whatever the record's length."""
+        return self.rows("attrs_naming", (iid, call_key(call)))
 
     def events_of(self, iids: Sequence[str]) -> Iterator[Any]:
         """The events of several invocations (``EVENT_READ_COLUMNS``), by seq: one query for

@@ -30,7 +30,15 @@ from affidavit.statemachine import (
 from .chain import json_string as _string
 from .chain import row_digest
 from .errors import JournalError
-from .rows import attrs_json, close_rows, decode_attrs, event_from_row, unfoldable
+from .rows import (
+    attrs_json,
+    call_key,
+    close_rows,
+    decode_attrs,
+    event_from_row,
+    linked_calls,
+    unfoldable,
+)
 from .sealing import UnsealedPayload
 from .tables import Tables
 
@@ -156,21 +164,22 @@ class Txn:
         return p
 
     def _attrs_naming(self, iid: str, call: str) -> Generator[Any]:
-        """The attrs of the rows of ``iid``'s record, as this transaction holds it, whose text
-        holds ``call`` as a JSON string: those stored, then those queued and not yet inserted
-        (``flush`` is not called: a joined request drops its queued rows when one is refused).
-        A claim's check alone reads them (``refuse_reclaiming``); only the rows holding the
-        string are read and decoded (the database filters) -- every writer encodes attrs
-        canonically (``attrs_json``), so a row whose attrs name ``call`` holds it."""
-        needle = _string(call)
-        rows = self.tables.attrs_holding(iid, needle)
+        """The attrs of the rows of ``iid``'s record, as this transaction holds it, that name
+        ``call`` under a linked attribute: those stored (``Tables.attrs_naming``: a seek of
+        ``linked_calls``, flat in the record's length, under the write lock), then those queued
+        and not yet inserted (``flush`` is not called: a joined request drops its queued rows
+        when one is refused), judged by the same function that indexed the stored ones
+        (``rows.linked_calls``).  A claim's check alone reads them (``refuse_reclaiming``),
+        which decodes and checks each: a row is named however its JSON spells the call."""
+        rows = self.tables.attrs_naming(iid, call)
         try:
             for (text,) in rows:
                 yield decode_attrs(text)
         finally:
             close_rows(rows)
+        key = call_key(call)
         for row in self.rows:
-            if row[2] == iid and needle in row[8]:
+            if row[2] == iid and key in linked_calls(row[8]):
                 yield decode_attrs(row[8])
 
     def lease_offset(self) -> float | None:

@@ -44,7 +44,7 @@ from .retry import (
     send_window,
     within_send_window,
 )
-from .rules_common import claimed_call, open_query, refuse_reclaiming
+from .rules_common import LINKED_ATTRS, claimed_call, open_query, refuse_reclaiming
 from .withheld import (
     HOLDER_WITHHELD,
     KEYED_PREFIX,
@@ -66,6 +66,7 @@ __all__ = [
     "HOLDER_WITHHELD",
     "INITIAL",
     "KEYED_PREFIX",
+    "LINKED_ATTRS",
     "STATES",
     "TRANSITIONS",
     "WITHHELD",

@@ -85,6 +85,10 @@ _LINKED: dict[EventKind, tuple[str, str]] = {
 """The rows that may leave a linked call open or close one nothing was sent for: its kind (for
 the reason) and the attribute naming it."""
 
+LINKED_ATTRS: tuple[str, ...] = tuple(sorted({name for _, name in _LINKED.values()}))
+"""Every attribute naming a linked call: the writer indexes each row's (``journal``'s
+``linked_calls``), so a claim's check reads the rows naming its call, not the whole record."""
+
 
 _UNSENT_CLOSES = "attrs.unsent must be true, and close the open poll it names"
 """Why a poll's ``unsent`` row is refused: one not closing the open poll, and -- written, the
@@ -155,7 +159,9 @@ def refuse_reclaiming(
     p: Projector, event: Event, named: Projector, earlier: Iterable[Mapping[str, Any]]
 ) -> None:
     """The writer's check of a claim on ``p``'s record (``claimed_call``), given the fold of the
-    call it names (``named``) and the attrs of every row ``p``'s record holds (``earlier``):
+    call it names (``named``) and the attrs of ``p``'s rows that may name it (``earlier``: the
+    writer passes the rows ``journal``'s ``linked_calls`` indexes under that call; any row of
+    the record is judged alike):
     refuse it (``ImpossibleEvent``, nothing changed) unless that call has no record yet and no
     row of ``p``'s names it.  A claim names a new call (``new_invocation_id``) and heads that
     call's first write, before its ACTION_ACCEPTED (``engine/takeup.py``); one naming a call
@@ -163,7 +169,7 @@ def refuse_reclaiming(
     denied query open again).  Its own record is not enough: before 530d267 a claim was written
     on its own, ahead of its call's first rows, so a call claimed and closed may have none.
     The fold cannot tell (it sees one record and keeps nothing per call); the writer reads both
-    in one transaction -- ``earlier`` a scan of the record, paid by claims alone."""
+    in one transaction -- ``earlier`` a seek, flat in the record's length."""
     what, name = _LINKED[event.kind]
     call = event.attrs.get(name)
     if named._events:

@@ -16,7 +16,7 @@ from affidavit.cli import main as cli_main
 from affidavit.config import ConfigError, config_from_dict, load_config
 from affidavit.config.service import MIN_SHARED_LEASE_MARGIN
 from affidavit.journal import Journal, JournalError, JournalReader, SigningKey, public_key_pem
-from affidavit.statemachine import Event, Outcome
+from affidavit.statemachine import Event, EvidenceSource, ImpossibleEvent, Outcome
 from affidavit.statemachine import EventKind as E
 from tests.journal.helpers import FINGERPRINT, accepted, happy, interrupted
 from tests.postgres import Cluster, argv_url
@@ -155,7 +155,17 @@ async def _sqlite_journal(db: Path) -> None:
         await j.bind_idempotency("api.create", "key-1", FINGERPRINT, "inv-u", 2e9)
         for ev in [accepted("inv-u", idem=("api.create", "key-1")), *interrupted("inv-u")[1:]]:
             await j.append(ev)
+        for attrs in (_CLAIM, {"query_invocation": "act_q1", "code": "APPROVAL_DENIED"}):
+            await j.append(_query(attrs))
         await j.acquire_lease("inv-u", "old-broker", ttl=1)
+
+
+_CLAIM = {"query_invocation": "act_q1", "code": None, "open": True}
+
+
+def _query(attrs: dict[str, object]) -> Event:
+    return Event(E.RECONCILE_INCONCLUSIVE, "inv-u", attrs, EvidenceSource.REMOTE_QUERY,
+                 observer="o", observer_seq=1)  # fmt: skip
 
 
 def test_migrate_copies_a_sqlite_journal_verified_on_both_sides(
@@ -191,6 +201,9 @@ def test_migrate_copies_a_sqlite_journal_verified_on_both_sides(
         ) as j:
             for ev in happy("inv-next"):
                 await j.append(ev)
+            # The calls the copied rows name are indexed (``linked_calls``) as migrate copies.
+            with pytest.raises(ImpossibleEvent, match="act_q1 is named by an earlier row"):
+                await j.append(_query(_CLAIM))
 
     trio.run(continue_there)
     old = SigningKey.load(f"{db}.signing.key").public_raw

@@ -37,11 +37,11 @@ from affidavit.journal.postgres import (
     PostgresBackend,
     grant_statements,
 )
-from affidavit.statemachine import Event
+from affidavit.statemachine import Event, EvidenceSource, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 from tests.postgres import Cluster, Proxy
 
-from .helpers import happy, until_dispatch
+from .helpers import happy, interrupted, until_dispatch
 
 LIMIT = 30
 
@@ -903,7 +903,8 @@ async def test_a_broker_role_opening_a_schema_3_journal_is_told_the_owner_record
 ) -> None:
     """Schema 4 is the fence's rules (``FENCE_RULES``): no table or column, only the number --
     which a broker role may not change (``meta``), and must not open without: a broker of schema
-    3 would then share the journal.  The message names no DDL it does not need."""
+    3 would then share the journal.  Schema 5's table (``linked_calls``) comes with it.  The
+    message names no DDL it does not need."""
     database = pg_url.rsplit("/", 1)[1]
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass
@@ -918,8 +919,9 @@ async def test_a_broker_role_opening_a_schema_3_journal_is_told_the_owner_record
             pass
     message = str(refused.value)
     assert f"has schema 3; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
-    assert "the fence's rules" in message and "idempotency.send_by" not in message, message
-    assert "no new table or column" in message, message
+    assert "the fence's rules (schema 4)" in message, message
+    assert "idempotency.send_by" not in message, message
+    assert "a table linked_calls" in message and "grant the broker role linked_calls" in message
     assert "chunk_owners" not in message and "broker-pw" not in message, message
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass  # the owner's open records the number
@@ -928,6 +930,54 @@ async def test_a_broker_role_opening_a_schema_3_journal_is_told_the_owner_record
     ]
     async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:  # no new grant
         await j.bind_idempotency("s", "k", "fp", "inv-2", None, send_by=time.time() + 9, target="t")
+
+
+async def test_a_broker_role_opening_a_schema_4_journal_is_told_the_owner_indexes_linked_calls(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """Schema 5 adds ``linked_calls``, filled once from the events: DDL and a fill, which a
+    broker role may not run.  It is refused with what to do; the owner's open fills the table
+    from the rows already there (a claim naming a call one of them names is refused), and the
+    role, granted the table, writes on."""
+    database = pg_url.rsplit("/", 1)[1]
+    claim = {"query_invocation": "act_q1", "code": None, "open": True}
+    query = Event(E.RECONCILE_INCONCLUSIVE, "inv-1", claim, EvidenceSource.REMOTE_QUERY, None,
+                  None, "o", 1)  # fmt: skip
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")) as j:
+        for ev in interrupted("inv-1"):
+            await j.append(ev)
+        await j.append(query)
+    pg.sql("DROP TABLE linked_calls", database)  # as schema 4 left it
+    pg.sql("UPDATE meta SET value = '4' WHERE name = 'schema'", database)
+    pg.sql("DROP ROLE IF EXISTS old_broker4")
+    pg.sql("CREATE ROLE old_broker4 LOGIN PASSWORD 'broker-pw'")
+    for statement in grant_statements("old_broker4"):
+        pg.sql(statement.replace(", linked_calls", ""), database)  # schema 4's grants
+    broker_url = pg.url(database, user="old_broker4", password="broker-pw")
+    with pytest.raises(JournalError) as refused:
+        async with Journal.open(broker_url, **_keys(tmp_path, "broker")):
+            pass
+    message = str(refused.value)
+    assert f"has schema 4; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
+    assert "a table linked_calls, filled once" in message, message
+    assert "grant the broker role linked_calls" in message, message
+    assert "fence" not in message and "chunk_owners" not in message, message
+    assert "broker-pw" not in message
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+        pass  # the owner's open upgrades and fills it
+    assert pg.sql("SELECT seq FROM linked_calls", database) == [(len(interrupted("inv-1")) + 1,)]
+    with pytest.raises(JournalError, match="may not SELECT, INSERT on table linked_calls"):
+        async with Journal.open(broker_url, **_keys(tmp_path, "broker")):
+            pass  # not granted yet: refused at open, not at its first claim
+    for statement in grant_statements("old_broker4"):
+        pg.sql(statement, database)
+    async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:
+        with pytest.raises(ImpossibleEvent, match="act_q1 is named by an earlier row"):
+            await j.append(query)
+        closed = {"query_invocation": "act_q1", "code": "APPROVAL_DENIED", "reason": "read"}
+        await j.append(Event(E.RECONCILE_INCONCLUSIVE, "inv-1", closed, EvidenceSource.REMOTE_QUERY,
+                             None, None, "o", 2))  # fmt: skip
+    assert len(pg.sql("SELECT seq FROM linked_calls", database)) == 2
 
 
 async def test_a_broker_role_not_granted_chunk_owners_is_refused_at_open_not_after_a_dispatch(

@@ -1,0 +1,240 @@
+"""``linked_calls`` (SQLite schema 11, PostgreSQL schema 5): a claim's check (``Txn._attrs_naming``)
+seeks the rows naming its call instead of scanning the record under the write lock.  Every
+writer fills it with the rows it inserts; a writer opening a journal from before fills it once,
+decoding each row as the check does -- so a row an old or foreign writer spelt otherwise (keys
+in another order, an escaped key, a key given twice, an escaped value: the check before read
+only rows holding the call's canonical spelling, and missed the last) is found all the same,
+and a row that is not JSON fails nothing.  A broker of the schema before refuses the journal
+(its rows would go unindexed).  Both backends."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+
+import pytest
+import trio
+
+from affidavit.journal import Journal, JournalError
+from affidavit.journal.chain import row_digest
+from affidavit.journal.postgres import SCHEMA_VERSION as PG_SCHEMA
+from affidavit.journal.signing import SigningKey
+from affidavit.journal.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA
+from affidavit.statemachine import Event, EvidenceSource, ImpossibleEvent
+from affidavit.statemachine import EventKind as E
+
+from ..helpers import interrupted
+from ..segkit import LIMIT
+from .conftest import Place
+
+IID = "act_x1"
+QUERY = "act_q1"
+BEFORE = {"sqlite": 10, "postgresql": 4}
+"""The last schema of each backend without ``linked_calls``."""
+NAMED = re.escape(f"{QUERY} is named by an earlier row")
+
+
+def _row(query: str, **attrs: object) -> Event:
+    return Event(
+        E.RECONCILE_INCONCLUSIVE,
+        IID,
+        {"query_invocation": query, **attrs},
+        source=EvidenceSource.REMOTE_QUERY,
+        observer="obs",
+        observer_seq=1,
+    )
+
+
+def _claim(query: str) -> Event:
+    return _row(query, code=None, reason="the query is being asked", open=True)
+
+
+def _run(place: Place, body: object) -> None:
+    async def run() -> None:
+        with trio.fail_after(LIMIT):
+            async with place.open() as j:
+                await body(j)  # type: ignore[operator]
+
+    trio.run(run)
+
+
+def _interrupted(place: Place) -> None:
+    async def body(j: Journal) -> None:
+        for event in interrupted(IID):
+            await j.append(event)
+
+    _run(place, body)
+
+
+def _before(place: Place) -> None:
+    """The journal as the schema before left it: no ``linked_calls``, the number before."""
+    place.write("DROP TABLE linked_calls")
+    place.write(f"UPDATE meta SET value = '{BEFORE[place.kind]}' WHERE name = 'schema'")
+
+
+def _write_raw(place: Place, iid: str, kind: str, source: str, attrs: str) -> None:
+    """A row as another writer spelt it, chained as the schema's trigger requires and signed
+    as a trusted broker of the schema before signs (the writer refuses an unsigned head)."""
+    ((seq, prev),) = place.rows("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+    at = time.time()
+    digest = row_digest(bytes.fromhex(prev), seq + 1, at, iid, None, kind, source, "obs", 1,
+                        attrs, None, None)  # fmt: skip
+    text = attrs.replace("'", "''")
+    place.write(
+        "INSERT INTO events (seq, at, invocation_id, session_id, kind, source, observer, "
+        f"observer_seq, attrs, payload, audit, prev_hash, hash) VALUES ({seq + 1}, {at!r}, "
+        f"'{iid}', NULL, '{kind}', '{source}', 'obs', 1, '{text}', NULL, NULL, '{prev}', "
+        f"'{digest.hex()}')"
+    )
+    ((last,),) = place.rows("SELECT max(seq) FROM checkpoints")
+    cp = SigningKey.load(place.signing_key).sign(seq + 1, digest.hex(), last, at)
+    place.write(
+        "INSERT INTO checkpoints (seq, hash, prev, at, adopted, key_id, signature) VALUES "
+        f"({cp.seq}, '{cp.hash}', {cp.prev}, {cp.at!r}, 0, '{cp.key_id}', "
+        f"{place.blob(cp.signature)})"
+    )
+
+
+SPELLINGS = {
+    # Each a claim (open, no code) then its close, as a foreign writer might spell them.
+    "key-order-and-spaces": (
+        '{"reason": "asking", "open": true, "code": null, "query_invocation": "act_q1"}',
+        '{"reason": "read", "query_invocation": "act_q1", "code": "APPROVAL_DENIED"}',
+    ),
+    "escaped-key": (
+        '{"code":null,"open":true,"query\\u005finvocation":"act_q1","reason":"asking"}',
+        '{"code":"APPROVAL_DENIED","query\\u005finvocation":"act_q1","reason":"read"}',
+    ),
+    "key-given-twice": (
+        '{"code":null,"open":true,"query_invocation":"act_q9","query_invocation":"act_q1"}',
+        '{"code":"APPROVAL_DENIED","query_invocation":"act_q9","query_invocation":"act_q1"}',
+    ),
+    # Missed by the check before (its LIKE sought the canonical "act_q1"): found now.
+    "escaped-value": (
+        '{"code":null,"open":true,"query_invocation":"act\\u005fq1","reason":"asking"}',
+        '{"code":"APPROVAL_DENIED","query_invocation":"\\u0061ct_q1","reason":"read"}',
+    ),
+}
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_a_call_an_old_writer_s_row_names_in_another_spelling_is_not_claimed_again(
+    place: Place, spelling: str
+) -> None:
+    _interrupted(place)
+    _before(place)
+    for attrs in SPELLINGS[spelling]:
+        _write_raw(place, IID, "RECONCILE_INCONCLUSIVE", "remote_query", attrs)
+
+    async def body(j: Journal) -> None:  # the opening writer indexes the rows (upgrade)
+        rec = j.record(IID)
+        assert [q.get("query_invocation") for q in rec.evidence["reconcile_queries"]] == [
+            QUERY,
+            QUERY,
+        ]
+        with pytest.raises(ImpossibleEvent, match=NAMED):
+            await j.append(_claim(QUERY))
+        await j.append(_claim("act_q2"))  # a new call is claimed
+
+    _run(place, body)
+    assert place.rows("SELECT count(*) FROM linked_calls WHERE invocation_id = 'act_x1'") == [(3,)]
+
+
+def test_rows_that_are_not_json_fail_neither_the_upgrade_nor_a_write_nor_the_check(
+    place: Place,
+) -> None:
+    """Attrs that are not JSON (only someone writing the file makes them), in another record:
+    no database JSON function reads them, so nothing fails; the record's own check is as
+    before.  (In the claim's own record such a row fails its fold first: ``AlteredRow``.)"""
+    _interrupted(place)
+    _before(place)
+    for attrs in ('{"query_invocation": "act_q1"', "not json", '{"query_invocation":"\\ud8"}'):
+        _write_raw(place, "act_other", "ATTEMPT_INTERRUPTED", "transport_observed", attrs)
+
+    async def body(j: Journal) -> None:
+        await j.append(_claim(QUERY))
+        await j.append(_row(QUERY, code="APPROVAL_DENIED", reason="read"))
+        with pytest.raises(ImpossibleEvent, match=NAMED):
+            await j.append(_claim(QUERY))
+
+    _run(place, body)
+    _write_raw(
+        place, "act_other", "ATTEMPT_INTERRUPTED", "transport_observed", '{"poll_invocation": ['
+    )
+
+    async def again(j: Journal) -> None:
+        with pytest.raises(ImpossibleEvent, match=NAMED):
+            await j.append(_claim(QUERY))
+        await j.append(_claim("act_q3"))
+
+    _run(place, again)
+
+
+LONG = "act_" + "".join(hashlib.sha256(b"%d" % n).hexdigest() for n in range(400))
+"""25.6 kB that compress poorly: past a B-tree entry's bound even compressed."""
+
+
+@pytest.mark.parametrize(
+    "call", ["act\x00nul", LONG, 'act_"\\\u2028'], ids=["nul", "long", "escapes"]
+)
+def test_a_call_of_any_content_or_length_is_indexed_and_not_claimed_twice(
+    place: Place, call: str
+) -> None:
+    """A key of one size and no NUL (its SHA-256): PostgreSQL's text holds no NUL and its
+    B-tree entries ~2.7 kB, so a call named by its text could fail the batch it rides in."""
+
+    async def body(j: Journal) -> None:
+        for event in interrupted(IID):
+            await j.append(event)
+        await j.append(_claim(call))
+        await j.append(_row(call, code="APPROVAL_DENIED", reason="read"))
+        with pytest.raises(ImpossibleEvent, match="is named by an earlier row"):
+            await j.append(_claim(call))
+
+    _run(place, body)
+
+
+def test_a_broker_without_linked_calls_refuses_the_journal(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from affidavit.journal import postgres, sqlite_schema
+
+    _interrupted(place)
+    now = SQLITE_SCHEMA if place.kind == "sqlite" else PG_SCHEMA
+    assert place.rows("SELECT value FROM meta WHERE name = 'schema'") == [(str(now),)]
+    module = sqlite_schema if place.kind == "sqlite" else postgres
+    monkeypatch.setattr(module, "SCHEMA_VERSION", BEFORE[place.kind])
+    with pytest.raises(JournalError, match=rf"newer affidavit \(schema {now}; this one knows"):
+        _interrupted(place)
+    with pytest.raises(JournalError, match=rf"newer affidavit \(schema {now};"):
+        place.reader()
+    assert place.rows("SELECT count(*) FROM events")[0][0] == len(interrupted(IID))
+
+
+def test_a_journal_from_before_is_read_as_it_is_and_indexed_by_a_writer(place: Place) -> None:
+    async def claimed(j: Journal) -> None:
+        await j.append(_claim(QUERY))
+        await j.append(_row(QUERY, code="APPROVAL_DENIED", reason="read"))
+
+    _interrupted(place)
+    _run(place, claimed)
+    _before(place)
+    with place.reader() as r:  # read-only: read as it is, not upgraded
+        assert r.verify().ok
+    old = str(BEFORE[place.kind])
+    assert place.rows("SELECT value FROM meta WHERE name = 'schema'") == [(old,)]
+
+    async def refused(j: Journal) -> None:
+        with pytest.raises(ImpossibleEvent, match=NAMED):
+            await j.append(_claim(QUERY))
+
+    _run(place, refused)
+    now = SQLITE_SCHEMA if place.kind == "sqlite" else PG_SCHEMA
+    assert place.rows("SELECT value FROM meta WHERE name = 'schema'") == [(str(now),)]
+    assert place.rows("SELECT seq FROM linked_calls ORDER BY seq") == [
+        (len(interrupted(IID)) + 1,),
+        (len(interrupted(IID)) + 2,),
+    ]
+    with pytest.raises(Exception, match="append-only"):
+        place.write("DELETE FROM linked_calls")
