@@ -11,7 +11,7 @@ when a whole journal is folded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 from .contract import CODES, Code, EvidenceSource, Outcome, Phase
@@ -97,14 +97,21 @@ fold's stale no-op aside (``_stale_row``) -- one naming a poll while none is ope
 
 def open_query(items: Iterable[Mapping[str, Any]], generation: int) -> str | None:
     """The reconciliation query still open under ``generation``: the last one a row opened
-    (``open``, that generation) that no later row naming it closed; else None."""
-    current = None
-    for item in items:
+    (``open``, that generation) that no later row naming it closed; else None.  Read from the
+    end back to that row -- only the rows after it can have closed it -- so a claim, which
+    the rules check against the open query, reads the rows since the record's last query
+    opened, not every query the record holds (tests/benchmarks/claim_check.py); the reading
+    from the start, which defines it, answers the same (tests/statemachine/test_open_query.py)."""
+    rows = items if isinstance(items, Sequence) else list(items)
+    after: list[Any] = []
+    for item in reversed(rows):
         if item.get("open") and item.get("generation") == generation:
             current = item.get("query_invocation")
-        elif item.get("query_invocation") == current:
-            current = None
-    return current if isinstance(current, str) else None
+            if not isinstance(current, str) or any(name == current for name in after):
+                return None
+            return current
+        after.append(item.get("query_invocation"))
+    return None
 
 
 def _open_call(p: Projector, kind: EventKind) -> str | None:
