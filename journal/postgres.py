@@ -248,6 +248,8 @@ class PostgresTables(Tables):
             **newest_statements(
                 "count(*) FROM (SELECT invocation_id FROM events{} GROUP BY invocation_id) AS d"
             ),
+            "linked_calls_table": "SELECT count(*) FROM pg_class WHERE oid = "
+            "to_regclass('linked_calls')",
             "lease_now": "SELECT extract(epoch FROM clock_timestamp())::float8",
             **OLDER_BINDINGS,
         },

@@ -76,6 +76,9 @@ class _Source:
     def bindings(self) -> Iterator[tuple[Any, ...]]:
         return self.tables.idempotency_rows()
 
+    def linked_calls(self) -> Iterator[tuple[Any, ...]] | None:
+        return self.tables.stored_linked_calls()
+
     def schema(self) -> tuple[str | None, int]:
         return self.tables.meta("schema"), self.tables.SIGNING_SCHEMA
 

@@ -83,6 +83,7 @@ class SqliteTables(SegmentTables):
     read-only journal from before a table existed reads as having none of its rows.  Long
     results' chunks may be references to segment files (schema 4, ``segments.py``)."""
 
+    LINKED_SCHEMA: ClassVar[int] = 11
     SIGNING_SCHEMA: ClassVar[int] = 2
     NULL: ClassVar[Any] = float("nan")
     """SQL NULL in an event row: SQLite binds a NaN as NULL (``sqlite3_bind_double``; SQLite

@@ -87,6 +87,9 @@ SQL: dict[str, str] = {
     "ORDER BY c.seq",
     "insert_linked_calls": "INSERT INTO linked_calls (invocation_id, call_sha256, seq) "
     "VALUES (?,?,?)",
+    "linked_calls_rows": "SELECT invocation_id, call_sha256, seq FROM linked_calls",
+    "linked_calls_table": "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
+    "name = 'linked_calls'",
     # Once, when a journal from before ``linked_calls`` gains it (``Tables.fill_linked_calls``).
     "linked_candidates": "SELECT seq, invocation_id, attrs FROM events ORDER BY seq",
     "scan_events": f"SELECT {EVENT_READ_COLUMNS} FROM events ORDER BY seq",
@@ -201,6 +204,8 @@ class Tables:
     PLACEHOLDER: ClassVar[str] = "?"
     NULL: ClassVar[Any] = None
     """What an event row handed to ``insert_events`` holds for SQL NULL (``Txn.insert``)."""
+    LINKED_SCHEMA: ClassVar[int] = 5
+    """The first schema with ``linked_calls`` (PostgreSQL's; SQLite's is 11)."""
     SIGNING_SCHEMA: ClassVar[int] = 1
     """The first schema (``meta`` row ``schema``) only signing brokers write: a journal that
     records it or a later one was opened by a writer that signs (``checkpoints.signing_era``).
@@ -279,6 +284,17 @@ class Tables:
 
     def invocation_events(self, iid: str) -> Iterator[Any]:
         return self.rows("invocation_events", (iid,))
+
+    def stored_linked_calls(self) -> Iterator[Any] | None:
+        """Every ``linked_calls`` row (invocation_id, call_sha256, seq), for ``verify``; None
+        for a journal from before the table (no row of it is expected), nothing for one that
+        records a schema with it and has lost it."""
+        if self.one("linked_calls_table")[0]:
+            return self.rows("linked_calls_rows")
+        schema = self.meta("schema")
+        if schema is not None and schema.isdigit() and int(schema) >= self.LINKED_SCHEMA:
+            return iter(())
+        return None
 
     def attrs_naming(self, iid: str, call: str) -> Iterator[Any]:
         """The attrs (as stored) of ``iid``'s rows whose attrs name ``call`` under a linked

@@ -40,6 +40,7 @@ from . import bindings
 from .chain import GENESIS, canonical_json, check_row
 from .checkpoints import signing_era, signing_era_row
 from .errors import SigningRecordsRemoved, VerifyReport
+from .rows import linked_calls
 from .signing import Anchor, Checkpoint, key_id_of, verify_signature
 
 __all__ = ["Source", "Trust", "verify_after", "verify_journal"]
@@ -69,6 +70,11 @@ class Source(Protocol):
 
     def bindings(self) -> Iterable[tuple[Any, ...]]:
         """Idempotency rows as ``rows.IDEMPOTENCY_COLUMNS``."""
+        ...
+
+    def linked_calls(self) -> Iterable[tuple[Any, ...]] | None:
+        """Every ``linked_calls`` row (invocation_id, call_sha256, seq); None for a journal
+        from before the table."""
         ...
 
     def schema(self) -> tuple[str | None, int]:
@@ -144,6 +150,8 @@ class _Walk:
     """The first row only a signing broker writes (``checkpoints.signing_era_row``)."""
     accepted: dict[str, tuple[int, bindings.Claim | None]] = field(default_factory=dict)
     """ACTION_ACCEPTED rows: invocation -> (seq, the idempotency key it names, if any)."""
+    linked: set[tuple[str, bytes, int]] = field(default_factory=set)
+    """What ``linked_calls`` must hold for the rows walked (``rows.linked_calls``)."""
 
 
 def verify_journal(source: Source, trust: Trust) -> VerifyReport:
@@ -155,6 +163,9 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
         _check_anchor(walk, trust, trust.anchor, problems)
     results = _check_results(source, walk, limit, problems)
     bound = bindings.check(source.bindings(), walk.accepted, problems.add)
+    stored = source.linked_calls()
+    if stored is not None:
+        _check_linked(stored, walk, limit, problems)
     return VerifyReport(
         **_verdict(walk, problems),
         key_id=next(iter(trust.keys)) if len(trust.keys) == 1 else None,
@@ -164,6 +175,23 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
         results=results,
         bindings=bound,
     )
+
+
+def _check_linked(
+    stored: Iterable[tuple[Any, ...]], walk: _Walk, limit: int, problems: _Problems
+) -> None:
+    """``linked_calls`` against the rows before ``limit``: it is not chained, and a claim's
+    check reads it alone (``Txn._attrs_naming``) -- a row of it removed lets a claim naming a
+    call an earlier row names be written; one added refuses nothing a row does not name (the
+    check decodes the row it points at) but is not what a writer made."""
+    held = {(iid, key, seq) for iid, key, seq in stored if type(seq) is int and seq < limit}
+    for iid, _key, seq in sorted(walk.linked - held, key=lambda r: r[2])[:1]:
+        problems.add(seq, f"row {seq} names a linked call that linked_calls does not hold (its "
+                     f"row was removed: a claim on {iid}'s record naming that call would be "
+                     "written)")  # fmt: skip
+    for _iid, _key, seq in sorted(held - walk.linked, key=lambda r: r[2])[:1]:
+        problems.add(seq, f"linked_calls holds a row for seq {seq} that the event does not name "
+                     "(the table was altered)")  # fmt: skip
 
 
 def _verdict(walk: _Walk, problems: _Problems) -> dict[str, Any]:
@@ -206,8 +234,9 @@ def verify_after(
     seq, those after ``base.signed_seq`` at least.  Given ``stored`` (the result chunks'
     digests, each invocation's marker), the results the new rows commit are checked against
     their chained hashes too, as a whole verify checks them (``results``: ``base``'s and
-    these); the idempotency bindings are not.  The caller checks first that the row at
-    ``base.count`` still has the hash ``base.head_hash`` (or this journal is not ``base``'s)."""
+    these); the idempotency bindings and ``linked_calls`` are not.  The caller checks first
+    that the row at ``base.count`` still has the hash ``base.head_hash`` (or this journal is
+    not ``base``'s)."""
     if not base.ok or base.head_hash is None:
         raise ValueError("only an intact report is extended")
     problems = _Problems()
@@ -327,6 +356,8 @@ def _walk(source: Source, trust: Trust, problems: _Problems) -> _Walk:
                 walk.era_row = seq
         elif row[4] == bindings.ACCEPTED:
             walk.accepted[row[2]] = (seq, bindings.claim_of(row[8]))
+        for key in linked_calls(row[8]):
+            walk.linked.add((row[2], key, seq))
         if cp is not None and cp.seq == seq:
             if not _check_checkpoint(walk, trust, cp, problems):
                 return walk

@@ -238,3 +238,32 @@ def test_a_journal_from_before_is_read_as_it_is_and_indexed_by_a_writer(place: P
     ]
     with pytest.raises(Exception, match="append-only"):
         place.write("DELETE FROM linked_calls")
+
+
+@pytest.mark.parametrize("change", ["removed", "added", "table-dropped"])
+def test_verify_finds_linked_calls_altered(place: Place, change: str) -> None:
+    """The table is not chained and the check reads it alone: a row of it removed lets a claim
+    naming a call an earlier row names be written, so ``verify`` holds it to the events."""
+
+    async def claimed(j: Journal) -> None:
+        await j.append(_claim(QUERY))
+        await j.append(_row(QUERY, code="APPROVAL_DENIED", reason="read"))
+
+    _interrupted(place)
+    _run(place, claimed)
+    with place.reader() as r:
+        assert r.verify().ok
+    first = len(interrupted(IID)) + 1
+    drop = () if place.kind == "postgresql" else ("DROP TRIGGER linked_calls_no_delete",)
+    statement = {
+        "removed": f"DELETE FROM linked_calls WHERE seq = {first}",
+        "added": "INSERT INTO linked_calls (invocation_id, call_sha256, seq) VALUES "
+        f"('{IID}', {place.blob(b'x' * 32)}, 2)",
+        "table-dropped": "DROP TABLE linked_calls",
+    }[change]
+    place.tamper(*drop, statement)
+    with place.reader() as r:
+        report = r.verify()
+    assert not report.ok
+    assert report.first_bad_seq == (2 if change == "added" else first), report
+    assert "linked_calls" in report.reason, report.reason
