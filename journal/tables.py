@@ -91,7 +91,8 @@ SQL: dict[str, str] = {
     "linked_calls_table": "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
     "name = 'linked_calls'",
     # Once, when a journal from before ``linked_calls`` gains it (``Tables.fill_linked_calls``).
-    "linked_candidates": "SELECT seq, invocation_id, attrs FROM events ORDER BY seq",
+    "linked_candidates": "SELECT seq, invocation_id, attrs FROM events WHERE seq > ? ORDER BY seq "
+    "LIMIT ?",
     "scan_events": f"SELECT {EVENT_READ_COLUMNS} FROM events ORDER BY seq",
     "session_events": f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE session_id = ? ORDER BY seq",
     # Each invocation's events together, invocations in order of first appearance: a view can
@@ -266,21 +267,22 @@ class Tables:
         if named:
             self.many("insert_linked_calls", named)
 
-    def fill_linked_calls(self, batch: int = 1000) -> int:
+    def fill_linked_calls(self, page: int = 10_000) -> int:
         """Index in ``linked_calls`` every stored row naming a linked call: once, in the
         transaction that gives a journal from before it the table (decoding each row as the
         check does: no database JSON function, which a row that is not JSON would make fail).
-        Returns how many rows were read."""
-        read, named = 0, []
-        for row in self.rows("linked_candidates"):
-            read += 1
-            named.extend(linked_call_rows((tuple(row),)))
-            if len(named) >= batch:
+        Read ``page`` rows at a time (psycopg holds a whole result in memory).  Returns how
+        many rows were read."""
+        read, after = 0, 0
+        while True:
+            rows = [tuple(row) for row in self.rows("linked_candidates", (after, page))]
+            named = linked_call_rows(rows)
+            if named:
                 self.many("insert_linked_calls", named)
-                named = []
-        if named:
-            self.many("insert_linked_calls", named)
-        return read
+            read += len(rows)
+            if len(rows) < page:
+                return read
+            after = rows[-1][0]
 
     def invocation_events(self, iid: str) -> Iterator[Any]:
         return self.rows("invocation_events", (iid,))

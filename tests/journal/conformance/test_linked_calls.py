@@ -21,6 +21,7 @@ from affidavit.journal.chain import row_digest
 from affidavit.journal.postgres import SCHEMA_VERSION as PG_SCHEMA
 from affidavit.journal.signing import SigningKey
 from affidavit.journal.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA
+from affidavit.journal.tables import Tables
 from affidavit.statemachine import Event, EvidenceSource, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 
@@ -212,7 +213,12 @@ def test_a_broker_without_linked_calls_refuses_the_journal(
     assert place.rows("SELECT count(*) FROM events")[0][0] == len(interrupted(IID))
 
 
-def test_a_journal_from_before_is_read_as_it_is_and_indexed_by_a_writer(place: Place) -> None:
+def test_a_journal_from_before_is_read_as_it_is_and_indexed_by_a_writer(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill = Tables.fill_linked_calls
+    monkeypatch.setattr(Tables, "fill_linked_calls", lambda self: fill(self, page=2))  # 4 pages
+
     async def claimed(j: Journal) -> None:
         await j.append(_claim(QUERY))
         await j.append(_row(QUERY, code="APPROVAL_DENIED", reason="read"))
