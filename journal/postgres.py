@@ -46,6 +46,7 @@ from psycopg.pq import TransactionStatus
 from .backend import redact, refuse_newer_schema
 from .chain import GENESIS
 from .errors import HeadHeld, JournalError, JournalNotDurable, JournalUnavailable
+from .rows import LINKED_REFUSED, LINKED_TAIL
 from .tables import OLDER_BINDINGS, SQL, Tables, newest_statements
 
 __all__ = [
@@ -158,6 +159,7 @@ CREATE TABLE IF NOT EXISTS linked_calls (
   seq           BIGINT NOT NULL,
   PRIMARY KEY (invocation_id, call_sha256, seq)
 );
+CREATE INDEX IF NOT EXISTS linked_calls_seq ON linked_calls (seq);
 CREATE TABLE IF NOT EXISTS leases (
   invocation_id TEXT PRIMARY KEY,
   holder        TEXT NOT NULL,
@@ -188,6 +190,10 @@ BEGIN
      OR NEW.prev_hash IS DISTINCT FROM coalesce(last_hash, '{GENESIS}') THEN
     RAISE EXCEPTION 'journal rows must extend the hash chain by one'
       USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  IF strpos(NEW.attrs, '{LINKED_TAIL}') > 0 AND NOT EXISTS (SELECT 1 FROM linked_calls l
+       WHERE l.seq = NEW.seq AND l.invocation_id = NEW.invocation_id) THEN
+    RAISE EXCEPTION '{LINKED_REFUSED}' USING ERRCODE = 'integrity_constraint_violation';
   END IF;
   RETURN NEW;
 END $$;

@@ -32,6 +32,9 @@ __all__ = [
     "FOLD_COLUMNS",
     "IDEMPOTENCY_COLUMNS",
     "LEASE_COLUMNS",
+    "LINKED_REFUSED",
+    "LINKED_TAIL",
+    "NAMES_NONE",
     "AlteredRow",
     "attrs_json",
     "call_key",
@@ -40,6 +43,7 @@ __all__ = [
     "event_from_row",
     "fold_events",
     "idempotency_from_row",
+    "index_keys",
     "json_copy",
     "lease_from_row",
     "linked_call_rows",
@@ -88,11 +92,23 @@ def _common_tail(names: tuple[str, ...]) -> str:
     return tail
 
 
-_LINKED_TAIL = _common_tail(LINKED_ATTRS) + '"'
+LINKED_TAIL = _common_tail(LINKED_ATTRS) + '"'
 """How every linked attribute's key ends as a row's text holds it unescaped (``_invocation"``):
 one scan and a backslash's tell most rows apart (``linked_calls``: ~0.2 us a row of 281
-characters, against ~0.55 us scanning for each key)."""
+characters, against ~0.55 us scanning for each key).  The schema's insert trigger tests the
+same text (no quote ``'`` in it: it is spelt in SQL as is)."""
+LINKED_REFUSED = (
+    "journal row may name a linked call and linked_calls holds no row of it: is a broker of "
+    "the schema before the upgrade still writing this journal? stop it (docs/journal.md)"
+)
+"""Why the events' insert trigger refuses a row (``sqlite_schema.LINKED_INDEXED``, the chain
+function of ``postgres.SCHEMA``): no quote ``'`` or ``%``, which SQL and PL/pgSQL would read."""
+
+NAMES_NONE = b""
+"""``linked_calls``' key for a row whose text holds ``LINKED_TAIL`` but names no linked call
+(``index_keys``): never a ``call_key`` (32 bytes), so no check finds it."""
 _NONE: frozenset[bytes] = frozenset()
+_NAMES_NONE = frozenset((NAMES_NONE,))
 
 
 def call_key(call: str) -> bytes:
@@ -113,7 +129,7 @@ def linked_calls(text: str) -> frozenset[bytes] | set[bytes]:
     none (the record's fold refuses them: ``AlteredRow``)."""
     if type(text) is not str:  # a column someone altered
         return _NONE
-    if "\\" not in text and _LINKED_TAIL not in text:
+    if "\\" not in text and LINKED_TAIL not in text:
         return _NONE
     try:
         attrs = decode_attrs(text)
@@ -124,10 +140,22 @@ def linked_calls(text: str) -> frozenset[bytes] | set[bytes]:
     return {call_key(v) for name in LINKED_ATTRS if type(v := attrs.get(name)) is str}
 
 
+def index_keys(text: str) -> frozenset[bytes] | set[bytes]:
+    """The keys ``linked_calls`` holds for a row: ``linked_calls(text)``, or, for a row whose
+    text holds ``LINKED_TAIL`` and names none, ``NAMES_NONE`` -- the events' insert trigger
+    refuses a row holding ``LINKED_TAIL`` that ``linked_calls`` has no row for, so a writer
+    that does not fill the table (a broker of the schema before, which opened the journal
+    before the upgrade) fails its claims loudly instead of leaving them unindexed."""
+    keys = linked_calls(text)
+    if keys or type(text) is not str or LINKED_TAIL not in text:
+        return keys
+    return _NAMES_NONE
+
+
 def linked_call_rows(rows: Iterable[tuple[Any, ...]]) -> list[tuple[str, bytes, int]]:
     """The ``linked_calls`` rows (invocation_id, call_sha256, seq) of event rows given as
-    (seq, invocation_id, attrs)."""
-    return [(iid, key, seq) for seq, iid, text in rows for key in linked_calls(text)]
+    (seq, invocation_id, attrs): ``index_keys`` of each."""
+    return [(iid, key, seq) for seq, iid, text in rows for key in index_keys(text)]
 
 
 def json_copy(value: Any) -> Any:

@@ -503,7 +503,11 @@ class SqliteBackend:
             self.tables(conn).fill_chunk_owners()
         if linked is None and not fresh:  # from before schema 11: index what its rows name
             started = time.monotonic()
-            read = self.tables(conn).fill_linked_calls()
+            conn.text_factory = _lenient_text  # a row's bytes that are not UTF-8 fail no open
+            try:
+                read = self.tables(conn).fill_linked_calls()
+            finally:
+                conn.text_factory = str
             log.info("journal %s: indexed the linked calls of %d events in %.1f s (once)",
                      self.where, read, time.monotonic() - started)  # fmt: skip
         _add_send_by(conn)

@@ -78,6 +78,7 @@ from pathlib import Path
 
 from .backend import refuse_newer_schema
 from .chain import GENESIS
+from .rows import LINKED_REFUSED, LINKED_TAIL
 from .segment_tables import SEGMENT_SCHEMA
 
 __all__ = ["EXTEND_CHAIN", "SCHEMA", "SCHEMA_VERSION", "SESSION_INDEX"]
@@ -131,6 +132,19 @@ WHEN NEW.seq IS NOT (SELECT coalesce(max(seq), 0) + 1 FROM events)
 BEGIN SELECT RAISE(ABORT, 'journal rows must extend the hash chain by one'); END"""
 """The chain trigger as journals from before ``_EXTEND_CHAIN_7`` hold it, two lookups a row; a
 writer opening one replaces it (``_replace_chain_trigger``)."""
+
+LINKED_INDEXED = f"""CREATE TRIGGER IF NOT EXISTS events_linked_indexed BEFORE INSERT ON events
+WHEN instr(NEW.attrs, '{LINKED_TAIL}') > 0
+  AND NOT EXISTS (SELECT 1 FROM linked_calls WHERE seq = NEW.seq
+                  AND invocation_id = NEW.invocation_id)
+BEGIN SELECT RAISE(ABORT, '{LINKED_REFUSED}'); END"""
+"""Schema 11: a row whose text holds ``rows.LINKED_TAIL`` -- every row a broker writes naming
+a query or a poll holds it -- needs a ``linked_calls`` row of its seq (a writer inserts them
+first: ``rows.index_keys``, ``NAMES_NONE`` for a row naming none).  A broker of schema 10 that
+opened the file before a writer of this schema upgraded it (its open's refusal came too late)
+fills no such row: its claims and polls fail instead of going unindexed -- a claim of a call
+they name would otherwise be taken.  One ``instr`` over the attrs a row; the probe
+(``linked_calls_seq``) only for the rows holding the tail."""
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (
@@ -207,6 +221,8 @@ CREATE TABLE IF NOT EXISTS linked_calls (
   seq           INTEGER NOT NULL,
   PRIMARY KEY (invocation_id, call_sha256, seq)
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS linked_calls_seq ON linked_calls (seq);
+{LINKED_INDEXED};
 CREATE TRIGGER IF NOT EXISTS linked_calls_no_update BEFORE UPDATE ON linked_calls
 BEGIN SELECT RAISE(ABORT, 'journal linked_calls are append-only'); END;
 CREATE TRIGGER IF NOT EXISTS linked_calls_no_delete BEFORE DELETE ON linked_calls

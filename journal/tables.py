@@ -87,7 +87,7 @@ SQL: dict[str, str] = {
     "ORDER BY c.seq",
     "insert_linked_calls": "INSERT INTO linked_calls (invocation_id, call_sha256, seq) "
     "VALUES (?,?,?)",
-    "linked_calls_rows": "SELECT invocation_id, call_sha256, seq FROM linked_calls",
+    "linked_calls_rows": "SELECT invocation_id, call_sha256, seq FROM linked_calls ORDER BY seq",
     "linked_calls_table": "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
     "name = 'linked_calls'",
     # Once, when a journal from before ``linked_calls`` gains it (``Tables.fill_linked_calls``).
@@ -197,6 +197,14 @@ def _checkpoint(row: Sequence[Any]) -> Checkpoint:
         return Checkpoint(int(row[0]), "", -1, 0.0, False, "", b"")
 
 
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class Tables:
     """The journal's tables over one connection.  Methods return rows as tuples in the column
     order their statement names; iterators are consumed before the next statement."""
@@ -257,26 +265,30 @@ class Tables:
 
     def insert_events(self, rows: list[tuple[Any, ...]]) -> None:
         """Rows as ``chain.EVENT_COLUMNS`` (the schema checks each extends the chain), and the
-        ``linked_calls`` rows they name, in the same transaction: every writer -- a broker's
-        ``Txn``, ``migrate`` -- inserts through here."""
+        ``linked_calls`` rows they name, in the same transaction and before them (the schema
+        refuses a row holding ``rows.LINKED_TAIL`` that the table has no row for): every
+        writer -- a broker's ``Txn``, ``migrate`` -- inserts through here."""
+        named = linked_call_rows((row[0], row[2], row[8]) for row in rows)
+        if named:  # first: the events' insert trigger looks for them (``rows.index_keys``)
+            self.many("insert_linked_calls", named)
         if len(rows) == 1:
             self.run("insert_event", rows[0])
         else:
             self.many("insert_event", rows)
-        named = linked_call_rows((row[0], row[2], row[8]) for row in rows)
-        if named:
-            self.many("insert_linked_calls", named)
 
     def fill_linked_calls(self, page: int = 10_000) -> int:
         """Index in ``linked_calls`` every stored row naming a linked call: once, in the
         transaction that gives a journal from before it the table (decoding each row as the
-        check does: no database JSON function, which a row that is not JSON would make fail).
+        check does: no database JSON function, which a row that is not JSON would make fail; a
+        SQLite row that is not UTF-8 read leniently: ``SqliteBackend.create``).
         Read ``page`` rows at a time (psycopg holds a whole result in memory).  Returns how
         many rows were read."""
         read, after = 0, 0
         while True:
             rows = [tuple(row) for row in self.rows("linked_candidates", (after, page))]
-            named = linked_call_rows(rows)
+            # (An invocation_id someone filled with bytes that are not UTF-8, read leniently:
+            # its record is altered, and no writer's check reads it.)
+            named = [r for r in linked_call_rows(rows) if _encodes(r[0])]
             if named:
                 self.many("insert_linked_calls", named)
             read += len(rows)
@@ -288,8 +300,8 @@ class Tables:
         return self.rows("invocation_events", (iid,))
 
     def stored_linked_calls(self) -> Iterator[Any] | None:
-        """Every ``linked_calls`` row (invocation_id, call_sha256, seq), for ``verify``; None
-        for a journal from before the table (no row of it is expected), nothing for one that
+        """Every ``linked_calls`` row (invocation_id, call_sha256, seq), by seq, for ``verify``;
+        None for a journal from before the table (no row of it is expected), nothing for one that
         records a schema with it and has lost it."""
         if self.one("linked_calls_table")[0]:
             return self.rows("linked_calls_rows")

@@ -40,8 +40,8 @@ from . import bindings
 from .chain import GENESIS, canonical_json, check_row
 from .checkpoints import signing_era, signing_era_row
 from .errors import SigningRecordsRemoved, VerifyReport
-from .rows import linked_calls
 from .signing import Anchor, Checkpoint, key_id_of, verify_signature
+from .verify_linked import LinkedCheck
 
 __all__ = ["Source", "Trust", "verify_after", "verify_journal"]
 
@@ -150,22 +150,22 @@ class _Walk:
     """The first row only a signing broker writes (``checkpoints.signing_era_row``)."""
     accepted: dict[str, tuple[int, bindings.Claim | None]] = field(default_factory=dict)
     """ACTION_ACCEPTED rows: invocation -> (seq, the idempotency key it names, if any)."""
-    linked: set[tuple[str, bytes, int]] = field(default_factory=set)
-    """What ``linked_calls`` must hold for the rows walked (``rows.linked_calls``)."""
+    linked: LinkedCheck | None = None
+    """``linked_calls`` read beside the rows (None: a journal from before the table)."""
 
 
 def verify_journal(source: Source, trust: Trust) -> VerifyReport:
     problems = _Problems()
-    walk = _walk(source, trust, problems)
+    stored = source.linked_calls()
+    walk = _walk(source, trust, problems, None if stored is None else LinkedCheck(stored))
     limit = problems.seq if problems.seq is not None else walk.rows + 1
     _unsigned(walk, trust, problems, source.schema())
     if trust.anchor is not None:
         _check_anchor(walk, trust, trust.anchor, problems)
     results = _check_results(source, walk, limit, problems)
     bound = bindings.check(source.bindings(), walk.accepted, problems.add)
-    stored = source.linked_calls()
-    if stored is not None:
-        _check_linked(stored, walk, limit, problems)
+    if walk.linked is not None:
+        walk.linked.finish(limit, problems.add)
     return VerifyReport(
         **_verdict(walk, problems),
         key_id=next(iter(trust.keys)) if len(trust.keys) == 1 else None,
@@ -175,23 +175,6 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
         results=results,
         bindings=bound,
     )
-
-
-def _check_linked(
-    stored: Iterable[tuple[Any, ...]], walk: _Walk, limit: int, problems: _Problems
-) -> None:
-    """``linked_calls`` against the rows before ``limit``: it is not chained, and a claim's
-    check reads it alone (``Txn._attrs_naming``) -- a row of it removed lets a claim naming a
-    call an earlier row names be written; one added refuses nothing a row does not name (the
-    check decodes the row it points at) but is not what a writer made."""
-    held = {(iid, key, seq) for iid, key, seq in stored if type(seq) is int and seq < limit}
-    for iid, _key, seq in sorted(walk.linked - held, key=lambda r: r[2])[:1]:
-        problems.add(seq, f"row {seq} names a linked call that linked_calls does not hold (its "
-                     f"row was removed: a claim on {iid}'s record naming that call would be "
-                     "written)")  # fmt: skip
-    for _iid, _key, seq in sorted(held - walk.linked, key=lambda r: r[2])[:1]:
-        problems.add(seq, f"linked_calls holds a row for seq {seq} that the event does not name "
-                     "(the table was altered)")  # fmt: skip
 
 
 def _verdict(walk: _Walk, problems: _Problems) -> dict[str, Any]:
@@ -332,9 +315,12 @@ def _when(at: float | None) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _walk(source: Source, trust: Trust, problems: _Problems) -> _Walk:
-    """One pass over rows and checkpoints together; stops at the first problem."""
-    walk = _Walk()
+def _walk(
+    source: Source, trust: Trust, problems: _Problems, linked: LinkedCheck | None = None
+) -> _Walk:
+    """One pass over rows and checkpoints together (and ``linked_calls``, given ``linked``);
+    stops at the first problem."""
+    walk = _Walk(linked=linked)
     checkpoints: Iterator[Checkpoint] = iter(source.checkpoints())
     cp = next(checkpoints, None)
     anchor_seq = trust.anchor.checkpoint.seq if trust.anchor is not None else None
@@ -356,8 +342,8 @@ def _walk(source: Source, trust: Trust, problems: _Problems) -> _Walk:
                 walk.era_row = seq
         elif row[4] == bindings.ACCEPTED:
             walk.accepted[row[2]] = (seq, bindings.claim_of(row[8]))
-        for key in linked_calls(row[8]):
-            walk.linked.add((row[2], key, seq))
+        if linked is not None:
+            linked.row(seq, row[2], row[8])
         if cp is not None and cp.seq == seq:
             if not _check_checkpoint(walk, trust, cp, problems):
                 return walk

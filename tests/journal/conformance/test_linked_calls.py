@@ -17,8 +17,9 @@ import pytest
 import trio
 
 from affidavit.journal import Journal, JournalError
-from affidavit.journal.chain import row_digest
+from affidavit.journal.chain import GENESIS, row_digest
 from affidavit.journal.postgres import SCHEMA_VERSION as PG_SCHEMA
+from affidavit.journal.rows import index_keys
 from affidavit.journal.signing import SigningKey
 from affidavit.journal.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA
 from affidavit.journal.tables import Tables
@@ -34,6 +35,20 @@ QUERY = "act_q1"
 BEFORE = {"sqlite": 10, "postgresql": 4}
 """The last schema of each backend without ``linked_calls``."""
 NAMED = re.escape(f"{QUERY} is named by an earlier row")
+_CHAIN_4 = f"""RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  last_seq  BIGINT;
+  last_hash TEXT;
+BEGIN
+  SELECT e.seq, e.hash INTO last_seq, last_hash FROM events e ORDER BY e.seq DESC LIMIT 1;
+  IF NEW.seq IS DISTINCT FROM coalesce(last_seq, 0) + 1
+     OR NEW.prev_hash IS DISTINCT FROM coalesce(last_hash, '{GENESIS}') THEN
+    RAISE EXCEPTION 'journal rows must extend the hash chain by one'
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  RETURN NEW;
+END $$"""
+"""PostgreSQL schema 4's chain function, as a journal from before ``linked_calls`` holds it."""
 
 
 def _row(query: str, **attrs: object) -> Event:
@@ -70,22 +85,42 @@ def _interrupted(place: Place) -> None:
 
 def _before(place: Place) -> None:
     """The journal as the schema before left it: no ``linked_calls``, the number before."""
+    if place.kind == "sqlite":
+        place.write("DROP TRIGGER events_linked_indexed")
+    else:  # the chain function as schema 4's (no linked_calls check)
+        place.write(f"CREATE OR REPLACE FUNCTION affidavit_extend_chain() {_CHAIN_4}")
     place.write("DROP TABLE linked_calls")
     place.write(f"UPDATE meta SET value = '{BEFORE[place.kind]}' WHERE name = 'schema'")
 
 
-def _write_raw(place: Place, iid: str, kind: str, source: str, attrs: str) -> None:
+def _write_raw(
+    place: Place,
+    iid: str,
+    kind: str,
+    source: str,
+    attrs: str,
+    *,
+    index: bool = False,
+    attrs_sql: str | None = None,
+) -> None:
     """A row as another writer spelt it, chained as the schema's trigger requires and signed
-    as a trusted broker of the schema before signs (the writer refuses an unsigned head)."""
+    as a trusted broker of the schema before signs (the writer refuses an unsigned head);
+    ``index``: with the ``linked_calls`` rows a writer of this schema inserts first;
+    ``attrs_sql``: the column as this SQL stores it (bytes), chained as ``attrs``."""
     ((seq, prev),) = place.rows("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+    for key in index_keys(attrs) if index else ():
+        place.write(
+            "INSERT INTO linked_calls (invocation_id, call_sha256, seq) VALUES "
+            f"('{iid}', {place.blob(key)}, {seq + 1})"
+        )
     at = time.time()
     digest = row_digest(bytes.fromhex(prev), seq + 1, at, iid, None, kind, source, "obs", 1,
                         attrs, None, None)  # fmt: skip
-    text = attrs.replace("'", "''")
+    text = attrs_sql or "'{}'".format(attrs.replace("'", "''"))
     place.write(
         "INSERT INTO events (seq, at, invocation_id, session_id, kind, source, observer, "
         f"observer_seq, attrs, payload, audit, prev_hash, hash) VALUES ({seq + 1}, {at!r}, "
-        f"'{iid}', NULL, '{kind}', '{source}', 'obs', 1, '{text}', NULL, NULL, '{prev}', "
+        f"'{iid}', NULL, '{kind}', '{source}', 'obs', 1, {text}, NULL, NULL, '{prev}', "
         f"'{digest.hex()}')"
     )
     ((last,),) = place.rows("SELECT max(seq) FROM checkpoints")
@@ -150,6 +185,12 @@ def test_rows_that_are_not_json_fail_neither_the_upgrade_nor_a_write_nor_the_che
     before.  (In the claim's own record such a row fails its fold first: ``AlteredRow``.)"""
     _interrupted(place)
     _before(place)
+    if place.kind == "sqlite":  # bytes that are not UTF-8 (PostgreSQL's text holds none)
+        bad = b'{"query_invocation":"act_q\xff"}'
+        raw = bad.decode("utf-8", "replace")  # (chained as no reader reads it: altered)
+        sql = f"CAST({place.blob(bad)} AS TEXT)"
+        _write_raw(place, "act_other", "ATTEMPT_INTERRUPTED", "transport_observed", raw,
+                   attrs_sql=sql)  # fmt: skip
     for attrs in ('{"query_invocation": "act_q1"', "not json", '{"query_invocation":"\\ud8"}'):
         _write_raw(place, "act_other", "ATTEMPT_INTERRUPTED", "transport_observed", attrs)
 
@@ -161,7 +202,12 @@ def test_rows_that_are_not_json_fail_neither_the_upgrade_nor_a_write_nor_the_che
 
     _run(place, body)
     _write_raw(
-        place, "act_other", "ATTEMPT_INTERRUPTED", "transport_observed", '{"poll_invocation": ['
+        place,
+        "act_other",
+        "ATTEMPT_INTERRUPTED",
+        "transport_observed",
+        '{"poll_invocation": [',
+        index=True,
     )
 
     async def again(j: Journal) -> None:
@@ -273,3 +319,55 @@ def test_verify_finds_linked_calls_altered(place: Place, change: str) -> None:
     assert not report.ok
     assert report.first_bad_seq == (2 if change == "added" else first), report
     assert "linked_calls" in report.reason, report.reason
+
+
+def test_verify_claims_nothing_about_linked_calls_past_the_rows_it_proves(place: Place) -> None:
+    """A claim and its close in one transaction (one checkpoint after both), that checkpoint's
+    signature altered: the rows from the first unproven one on are not judged -- the table
+    holds both rows' entries, and no line says one was removed."""
+
+    async def claimed(j: Journal) -> None:
+        both = [(_claim(QUERY), None), (_row(QUERY, code="APPROVAL_DENIED", reason="read"), None)]
+        await (await j.post_many(both)).wait()
+
+    _interrupted(place)
+    _run(place, claimed)
+    first = len(interrupted(IID)) + 1
+    assert place.rows("SELECT max(seq) FROM checkpoints") == [(first + 1,)]
+    place.tamper(
+        f"UPDATE checkpoints SET signature = {place.blob(bytes(64))} WHERE seq = {first + 1}"
+    )
+    with place.reader() as r:
+        report = r.verify()
+    assert not report.ok
+    assert report.first_bad_seq == first, report
+    assert not [line for line in (report.reason, *report.also) if "linked_calls" in line], report
+
+
+def test_a_broker_of_the_schema_before_still_writing_fails_its_claims_loudly(place: Place) -> None:
+    """A broker of the schema before that opened the journal before a writer of this one
+    upgraded it fills no ``linked_calls`` row: its rows naming a call (written here as it
+    writes them, canonical JSON and no index row) are refused by the schema, not left
+    unindexed for a later claim of the same call to be taken."""
+
+    async def claimed(j: Journal) -> None:
+        await j.append(_claim(QUERY))
+
+    _interrupted(place)
+    _run(place, claimed)
+    old = '{"code":"APPROVAL_DENIED","query_invocation":"act_q1","reason":"read"}'
+    for attrs in (old, '{"poll_invocation":"act_p1"}', '{"reason":"not_invocation"}'):
+        with pytest.raises(Exception, match="a broker of the schema before the upgrade"):
+            _write_raw(place, IID, "RECONCILE_INCONCLUSIVE", "remote_query", attrs)
+    # A row holding no linked key's tail needs no index row: the old broker's other rows go on.
+    _write_raw(place, "act_other", "ATTEMPT_INTERRUPTED", "transport_observed", '{"a":1}')
+    # Its own close of the call, indexed, then a claim of it again: refused.
+    _write_raw(place, IID, "RECONCILE_INCONCLUSIVE", "remote_query", old, index=True)
+
+    async def again(j: Journal) -> None:
+        with pytest.raises(ImpossibleEvent, match=NAMED):
+            await j.append(_claim(QUERY))
+
+    _run(place, again)
+    with place.reader() as r:
+        assert r.verify().ok
