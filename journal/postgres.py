@@ -304,6 +304,19 @@ class PostgresTables(Tables):
             cur.executemany(self.SQL[name], rows)
 
 
+_OWNER_OPENS = (
+    "open it once as the owner (any writer does, e.g. `affidavit journal reclaim --journal "
+    "OWNER_URL --config ...`)"
+)
+_GRANT_LINKED = "GRANT SELECT, INSERT ON linked_calls TO {role}"
+_GRANT_OWNERS = "GRANT SELECT, INSERT, UPDATE, DELETE ON chunk_owners TO {role}"
+
+
+def _role(conn: Any) -> str:
+    """The connection's role as SQL names it (a quoted identifier), for a GRANT to copy."""
+    return '"' + str(conn.info.user).replace('"', '""') + '"'
+
+
 def _holds_nul(params: Sequence[Any]) -> bool:
     return any(isinstance(p, str) and "\x00" in p for p in params)
 
@@ -532,6 +545,8 @@ class PostgresBackend:
             found = None if row is None else row[0]
             if row is not None and int(row[0]) >= SCHEMA_VERSION:
                 # Current: a broker role needs no DDL privilege to open it.
+                if conn.execute("SELECT to_regclass('linked_calls') IS NULL").fetchone()[0]:
+                    self._remake_linked(conn, found)
                 self._refuse_ungranted(conn)
                 self._index_due = self._wants_index(conn)
                 return found
@@ -552,16 +567,15 @@ class PostgresBackend:
                 what.insert(0, "the fence's rules (schema 4)")
             if before < 3:
                 what.insert(0, "the columns idempotency.send_by and idempotency.target (schema 3)")
-            grant = "linked_calls"
+            grants = [_GRANT_LINKED]
             if before < 2:
                 what.insert(0, "a table chunk_owners, filled once (schema 2)")
-                grant = "chunk_owners and linked_calls"
+                grants.insert(0, _GRANT_OWNERS)
             raise JournalError(
                 f"journal {self.where} has schema {found or 1}; this affidavit upgrades it to "
                 f"schema {SCHEMA_VERSION} ({', '.join(what)}), which only the tables' owner may "
-                "do: open it once as the owner (any writer does, e.g. `affidavit journal reclaim "
-                f"--journal OWNER_URL --config ...`), then grant the broker role {grant} "
-                "(docs/journal.md)"
+                f"do: {_OWNER_OPENS}, then, as the owner, run "
+                f"{'; '.join(g.format(role=_role(conn)) for g in grants)} (docs/journal.md)"
             ) from None
         # New, or from before schema 2: name the chunks no marker names (``chunk_owners``), once
         # -- inside the opening transaction, which holds the chain head: no chunk or marker of
@@ -571,16 +585,35 @@ class PostgresBackend:
         if found is None or int(found) < 2:
             self.tables(conn).fill_chunk_owners()
         if have and not linked:
-            started = time.monotonic()
-            read = self.tables(conn).fill_linked_calls()
-            log.info("journal %s: indexed the linked calls of %d events in %.1f s (once)",
-                     self.where, read, time.monotonic() - started)  # fmt: skip
+            self._fill_linked(conn)
         conn.execute(
             "INSERT INTO meta (name, value) VALUES ('schema', %s) ON CONFLICT (name) DO UPDATE "
             "SET value = excluded.value",
             (str(SCHEMA_VERSION),),
         )
         return found
+
+    def _remake_linked(self, conn: Any, found: str | None) -> None:
+        """A journal recording schema 5 or later without ``linked_calls`` (dropped by whoever
+        owns the tables): every claim's check and every row naming a call would fail on it.
+        The owner makes it again and fills it from the events, as the upgrade does; a broker
+        role, which may not, is told that owner's step (``verify`` says the table was lost)."""
+        try:
+            conn.execute(SCHEMA)
+        except psycopg.errors.InsufficientPrivilege:
+            raise JournalError(
+                f"journal {self.where} records schema {found} but has no table linked_calls (a "
+                f"claim's check reads it), which only the tables' owner may make: {_OWNER_OPENS} "
+                f"(it makes and fills it again), then, as the owner, run "
+                f"{_GRANT_LINKED.format(role=_role(conn))} (docs/journal.md)"
+            ) from None
+        self._fill_linked(conn)
+
+    def _fill_linked(self, conn: Any) -> None:
+        started = time.monotonic()
+        read = self.tables(conn).fill_linked_calls()
+        log.info("journal %s: indexed the linked calls of %d events in %.1f s (once)",
+                 self.where, read, time.monotonic() - started)  # fmt: skip
 
     def _refuse_ungranted(self, conn: Any) -> None:
         """A writer whose role may not write ``chunk_owners`` (granted before schema 2 added it)

@@ -851,7 +851,8 @@ async def test_a_broker_role_opening_a_schema_1_journal_is_told_to_have_the_owne
     message = str(refused.value)
     assert f"has schema 1; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
     assert "only the tables' owner may do" in message and "broker-pw" not in message
-    assert "grant the broker role chunk_owners" in message, message
+    assert 'GRANT SELECT, INSERT, UPDATE, DELETE ON chunk_owners TO "old_broker"' in message
+    assert 'GRANT SELECT, INSERT ON linked_calls TO "old_broker"' in message, message
     assert "no new table" not in message, message  # it names a new table and columns
     assert pg.sql("SELECT value FROM meta WHERE name = 'schema'", database) == [("1",)]
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
@@ -921,7 +922,8 @@ async def test_a_broker_role_opening_a_schema_3_journal_is_told_the_owner_record
     assert f"has schema 3; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
     assert "the fence's rules (schema 4)" in message, message
     assert "idempotency.send_by" not in message, message
-    assert "a table linked_calls" in message and "grant the broker role linked_calls" in message
+    assert "a table linked_calls" in message, message
+    assert 'GRANT SELECT, INSERT ON linked_calls TO "old_broker3"' in message, message
     assert "chunk_owners" not in message and "broker-pw" not in message, message
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass  # the owner's open records the number
@@ -960,7 +962,7 @@ async def test_a_broker_role_opening_a_schema_4_journal_is_told_the_owner_indexe
     message = str(refused.value)
     assert f"has schema 4; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
     assert "a table linked_calls, filled once" in message, message
-    assert "grant the broker role linked_calls" in message, message
+    assert 'GRANT SELECT, INSERT ON linked_calls TO "old_broker4"' in message, message
     assert "fence" not in message and "chunk_owners" not in message, message
     assert "broker-pw" not in message
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
@@ -978,6 +980,46 @@ async def test_a_broker_role_opening_a_schema_4_journal_is_told_the_owner_indexe
         await j.append(Event(E.RECONCILE_INCONCLUSIVE, "inv-1", closed, EvidenceSource.REMOTE_QUERY,
                              None, None, "o", 2))  # fmt: skip
     assert len(pg.sql("SELECT seq FROM linked_calls", database)) == 2
+
+
+async def test_a_journal_of_schema_5_that_lost_linked_calls_is_made_whole_by_its_owner(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """``linked_calls`` dropped by whoever owns the tables: the owner's open makes and fills it
+    again (every open failed before, the owner's too: 'relation ... does not exist'); a broker
+    role, which may not, is told that step and the grant."""
+    database = pg_url.rsplit("/", 1)[1]
+    claim = {"query_invocation": "act_q1", "code": None, "open": True}
+    query = Event(E.RECONCILE_INCONCLUSIVE, "inv-1", claim, EvidenceSource.REMOTE_QUERY, None,
+                  None, "o", 1)  # fmt: skip
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")) as j:
+        for ev in interrupted("inv-1"):
+            await j.append(ev)
+        await j.append(query)
+    pg.sql("DROP ROLE IF EXISTS broker5")
+    pg.sql("CREATE ROLE broker5 LOGIN PASSWORD 'broker-pw'")
+    for statement in grant_statements("broker5"):
+        pg.sql(statement, database)
+    pg.sql("DROP TABLE linked_calls", database)
+    broker_url = pg.url(database, user="broker5", password="broker-pw")
+    with pytest.raises(JournalError) as refused:
+        async with Journal.open(broker_url, **_keys(tmp_path, "broker")):
+            pass
+    message = str(refused.value)
+    assert f"records schema {SCHEMA_VERSION} but has no table linked_calls" in message, message
+    assert "open it once as the owner" in message, message
+    assert 'GRANT SELECT, INSERT ON linked_calls TO "broker5"' in message, message
+    assert "broker-pw" not in message
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+        pass  # the owner's open makes and fills it again
+    assert pg.sql("SELECT seq FROM linked_calls", database) == [(len(interrupted("inv-1")) + 1,)]
+    for statement in grant_statements("broker5"):
+        pg.sql(statement, database)
+    async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:
+        with pytest.raises(ImpossibleEvent, match="act_q1 is named by an earlier row"):
+            await j.append(query)
+    with JournalReader.open(pg_url) as r:
+        assert r.verify().ok
 
 
 async def test_a_broker_role_not_granted_chunk_owners_is_refused_at_open_not_after_a_dispatch(
