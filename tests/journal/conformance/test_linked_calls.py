@@ -19,14 +19,14 @@ import trio
 from affidavit.journal import Journal, JournalError
 from affidavit.journal.chain import GENESIS, row_digest
 from affidavit.journal.postgres import SCHEMA_VERSION as PG_SCHEMA
-from affidavit.journal.rows import index_keys
+from affidavit.journal.rows import LINKED_TAIL, index_keys
 from affidavit.journal.signing import SigningKey
 from affidavit.journal.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA
 from affidavit.journal.tables import Tables
-from affidavit.statemachine import Event, EvidenceSource, ImpossibleEvent
+from affidavit.statemachine import LINKED_ATTRS, Event, EvidenceSource, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 
-from ..helpers import interrupted
+from ..helpers import happy, interrupted
 from ..segkit import LIMIT
 from .conftest import Place
 
@@ -182,7 +182,9 @@ def test_rows_that_are_not_json_fail_neither_the_upgrade_nor_a_write_nor_the_che
 ) -> None:
     """Attrs that are not JSON (only someone writing the file makes them), in another record:
     no database JSON function reads them, so nothing fails; the record's own check is as
-    before.  (In the claim's own record such a row fails its fold first: ``AlteredRow``.)"""
+    before.  On SQLite also attrs whose bytes are not UTF-8: the fill reads them leniently
+    (it read them as ``str`` and failed every open of the new version).  (In the claim's own
+    record such a row fails its fold first: ``AlteredRow``.)"""
     _interrupted(place)
     _before(place)
     if place.kind == "sqlite":  # bytes that are not UTF-8 (PostgreSQL's text holds none)
@@ -371,3 +373,148 @@ def test_a_broker_of_the_schema_before_still_writing_fails_its_claims_loudly(pla
     _run(place, again)
     with place.reader() as r:
         assert r.verify().ok
+
+
+OP = "op_x1"
+POLL = "act_p1"
+POLL_SPELLINGS = {
+    # A poll's claim (open, no code) then its close, as a broker writes them and as a foreign
+    # writer might spell them: ``poll_invocation`` is indexed as ``query_invocation`` is.
+    "canonical": (
+        '{"code":null,"open":true,"operation_id":"op_x1","poll_invocation":"act_p1",'
+        '"reason":"asking"}',
+        '{"code":"APPROVAL_DENIED","operation_id":"op_x1","poll_invocation":"act_p1",'
+        '"reason":"unsent","unsent":true}',
+    ),
+    "escaped-key": (
+        '{"code":null,"open":true,"operation_id":"op_x1","poll\\u005finvocation":"act_p1",'
+        '"reason":"asking"}',
+        '{"code":"APPROVAL_DENIED","operation_id":"op_x1","poll\\u005finvocation":"act_p1",'
+        '"reason":"unsent","unsent":true}',
+    ),
+}
+
+
+def _poll(poll: str, **attrs: object) -> Event:
+    return Event(
+        E.OPERATION_POLL_FAILED,
+        IID,
+        {"operation_id": OP, "poll_invocation": poll, **attrs},
+        source=EvidenceSource.REMOTE_RESPONSE,
+    )
+
+
+def _poll_claim(poll: str) -> Event:
+    return _poll(poll, code=None, reason="asking", open=True)
+
+
+def _accepted_job(place: Place) -> None:
+    async def body(j: Journal) -> None:
+        for event in happy(IID):
+            await j.append(Event(event.kind, IID, {**event.attrs, "status": 202}, event.source))
+        job = {"operation_id": OP, "job_id": "j1", "status_url": "http://x/j1"}
+        await j.append(Event(E.OPERATION_ACCEPTED, IID, job, EvidenceSource.REMOTE_RESPONSE))
+        await j.commit_result(Event(E.RESULT_COMMITTED, IID), summary={"status": 202})
+
+    _run(place, body)
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["stored", "same-transaction"])
+def test_a_poll_claimed_and_closed_is_not_claimed_again(place: Place, together: bool) -> None:
+    """A poll's claim is checked as a query's is, stored or queued in the same transaction."""
+    _accepted_job(place)
+    close = _poll(POLL, code="APPROVAL_DENIED", reason="unsent", unsent=True)
+
+    async def body(j: Journal) -> None:
+        if together:
+            posted = await j.post_many([(_poll_claim(POLL), None), (close, None)])
+            await posted.wait()
+        else:
+            await j.append(_poll_claim(POLL))
+            await j.append(close)
+        with pytest.raises(ImpossibleEvent, match=re.escape(f"{POLL} is named by an earlier")):
+            await j.append(_poll_claim(POLL))
+        await j.append(_poll_claim("act_p2"))
+
+    _run(place, body)
+    assert place.rows("SELECT count(*) FROM linked_calls WHERE invocation_id = 'act_x1'") == [(3,)]
+
+
+@pytest.mark.parametrize("spelling", POLL_SPELLINGS)
+def test_a_poll_an_old_writer_s_row_names_is_indexed_by_the_upgrade(
+    place: Place, spelling: str
+) -> None:
+    _accepted_job(place)
+    _before(place)
+    for attrs in POLL_SPELLINGS[spelling]:
+        _write_raw(place, IID, "OPERATION_POLL_FAILED", "remote_response", attrs)
+
+    async def body(j: Journal) -> None:
+        with pytest.raises(ImpossibleEvent, match=re.escape(f"{POLL} is named by an earlier")):
+            await j.append(_poll_claim(POLL))
+        await j.append(_poll_claim("act_p2"))
+
+    _run(place, body)
+    with place.reader() as r:
+        assert r.verify().ok
+
+
+def test_the_linked_attributes_are_the_schema_s() -> None:
+    """``linked_calls`` indexes the attributes of ``LINKED_ATTRS`` as the schema that filled it
+    knew them: a new one read by the check without a new schema number (whose upgrade fills the
+    table again) would leave every stored row naming a call under it unindexed, and a claim of
+    such a call taken.  Change the three together."""
+    assert (LINKED_ATTRS, SQLITE_SCHEMA, PG_SCHEMA) == (
+        ("poll_invocation", "query_invocation"),
+        11,
+        5,
+    )
+    assert all(name.endswith(LINKED_TAIL[:-1]) for name in LINKED_ATTRS)  # the trigger's test
+
+
+def test_a_fill_failing_partway_leaves_the_schema_before_and_no_table(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fill runs in the opening transaction: a failure on its third page rolls all of it
+    back -- the number before, no table, no trigger needing one -- and the next open fills it."""
+    from affidavit.journal import tables
+
+    async def claimed(j: Journal) -> None:
+        for n in range(5):
+            await j.append(_claim(f"act_q{n}"))
+            await j.append(_row(f"act_q{n}", code="APPROVAL_DENIED", reason="read"))
+
+    _interrupted(place)
+    _run(place, claimed)
+    _before(place)
+    pages = []
+    real = tables.linked_call_rows
+
+    def failing(rows: object) -> object:
+        pages.append(rows)
+        if len(pages) == 3:
+            raise OSError("disk I/O error")
+        return real(rows)  # type: ignore[arg-type]
+
+    fill = Tables.fill_linked_calls
+    with monkeypatch.context() as m:
+        m.setattr(Tables, "fill_linked_calls", lambda self: fill(self, page=3))
+        m.setattr(tables, "linked_call_rows", failing)
+        with pytest.raises(OSError, match="disk I/O error"):
+            _run(place, claimed)
+    assert len(pages) == 3
+    old = str(BEFORE[place.kind])
+    assert place.rows("SELECT value FROM meta WHERE name = 'schema'") == [(old,)]
+    table = (
+        "SELECT count(*) FROM sqlite_master WHERE name IN ('linked_calls', 'events_linked_indexed')"
+        if place.kind == "sqlite"
+        else "SELECT count(*) FROM pg_class WHERE oid = to_regclass('linked_calls')"
+    )
+    assert place.rows(table) == [(0,)]
+
+    async def refused(j: Journal) -> None:
+        with pytest.raises(ImpossibleEvent, match=NAMED):
+            await j.append(_claim(QUERY))
+
+    _run(place, refused)
+    assert place.rows("SELECT count(*) FROM linked_calls") == [(10,)]
