@@ -350,12 +350,15 @@ def test_a_broker_of_the_schema_before_still_writing_fails_its_claims_loudly(pla
     """A broker of the schema before that opened the journal before a writer of this one
     upgraded it fills no ``linked_calls`` row: its rows naming a call (written here as it
     writes them, canonical JSON and no index row) are refused by the schema, not left
-    unindexed for a later claim of the same call to be taken."""
+    unindexed for a later claim of the same call to be taken.  The journal starts as the schema
+    before left it (PostgreSQL: schema 4's chain function): the writer's open that upgrades it
+    is what must put the refusal in place."""
 
     async def claimed(j: Journal) -> None:
         await j.append(_claim(QUERY))
 
     _interrupted(place)
+    _before(place)
     _run(place, claimed)
     old = '{"code":"APPROVAL_DENIED","query_invocation":"act_q1","reason":"read"}'
     for attrs in (old, '{"poll_invocation":"act_p1"}', '{"reason":"not_invocation"}'):
