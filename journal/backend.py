@@ -101,6 +101,11 @@ class Backend(Protocol):
     journal; otherwise one signing key, recorded when the journal was made, signs them all."""
     errors: tuple[type[BaseException], ...]
     """The driver's exceptions: a storage fault (or a lost connection, ``lost``)."""
+    renew_after_refusal: bool
+    """After the database refused a write transaction (an error of ``errors``, not ``lost``),
+    the writer replaces its connection (``commit._renew``): PostgreSQL, whose driver may
+    believe a statement prepared inside the aborted pipeline that the server never prepared --
+    every later write on it would fail 'prepared statement "_pg3_N" does not exist'."""
     segments: Path | None
     """Where long results' chunks are stored as files (``segments.py``; SQLite:
     ``<journal>.results/``), or None: in the database's tables, where a shared journal's brokers

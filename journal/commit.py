@@ -79,6 +79,8 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
                     _fail_unknown(w, batch, exc)
                 else:
                     _fail(w, batch, exc)
+                if backend.renew_after_refusal and isinstance(exc, backend.errors):
+                    _renew(w)
                 return
             committing = w.committing
         w.forget()
@@ -136,6 +138,20 @@ def _reconnect_and_check(w: Writer, deadline: float, proof: tuple[int, str] | No
             return None
         time.sleep(delay)
         delay = min(delay * 2, 1.0)
+
+
+def _renew(w: Writer) -> None:
+    """A new connection for the writer after the database refused its transaction
+    (``Backend.renew_after_refusal``): the next write runs on a session with nothing of the
+    refused one.  None to be had: the closed connection is found lost by the next write, which
+    reconnects within ``reconnect_within`` (``attempts``)."""
+    backend = w.backend
+    w.forget()
+    with contextlib.suppress(Exception):
+        backend.close(w.conn)
+    with contextlib.suppress(*backend.errors, JournalError):
+        w.conn = backend.connect("writer")
+        w.tables = backend.tables(w.conn)
 
 
 def _fail(w: Writer, batch: list[Req[Any]], exc: BaseException) -> None:

@@ -378,6 +378,7 @@ class PostgresBackend:
     multi_signer = True
     path: Path | None = None
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
+    renew_after_refusal = True
 
     def __init__(
         self, url: str, *, reconnect_within: float = 10.0, idle_timeout_ms: int = 60_000

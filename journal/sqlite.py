@@ -283,6 +283,7 @@ class SqliteBackend:
     multi_signer = False
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
     reconnect_within = 0.0
+    renew_after_refusal = False
 
     def __init__(self, path: Path) -> None:
         refuse_left_beside(path, ".results", "result segment directory")

@@ -673,6 +673,40 @@ async def test_a_write_refused_while_waiting_for_the_head_leaves_the_writer_usab
         assert stored.seq == 2
 
 
+_REFUSE = """CREATE FUNCTION refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.invocation_id = 'act_refused' THEN RAISE EXCEPTION 'refused by the test'; END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_one BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_one()"""
+
+
+async def test_a_batch_the_database_refused_leaves_the_writer_writing(
+    pg: Cluster, tmp_path: Path
+) -> None:
+    """The database refuses one batch (a trigger of the operator's, say); the broker's next
+    writes succeed.  psycopg prepares a statement on its sixth run: when that run was queued in
+    the pipeline the refusal aborted, it counted the statement prepared though the server never
+    prepared it, and every later write on the connection failed 'prepared statement "_pg3_N"
+    does not exist' until a restart -- the writer takes a new connection after a refusal.
+    Each count of writes before the refusal on a fresh database, so one of them reaches the
+    threshold inside the aborted pipeline."""
+    for before in range(1, 9):
+        url, keys = pg.database(), tmp_path / str(before)
+        keys.mkdir()
+        async with Journal.open(url, **_keys(keys, "a")) as j:
+            for k in range(before):
+                await j.append(interrupted(f"act_a{k}")[0])
+            with psycopg.connect(url, autocommit=True) as admin:
+                admin.execute(_REFUSE)
+            with trio.fail_after(LIMIT), pytest.raises(JournalError, match="refused by the test"):
+                await j.append(interrupted("act_refused")[0])
+            for k in range(3):
+                with trio.fail_after(LIMIT):
+                    stored = await j.append(interrupted(f"act_c{k}")[0])
+                assert stored.seq == before + k + 1, (before, k)
+
+
 async def test_a_write_waits_for_the_head_no_longer_than_reconnect(
     pg_url: str, tmp_path: Path
 ) -> None:
