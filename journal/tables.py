@@ -74,6 +74,9 @@ def newest_statements(count: str) -> dict[str, str]:
     return statements
 
 
+_LAST_SEQ = 2**63 - 1
+"""The largest seq either database stores (a signed 64-bit integer)."""
+
 SQL: dict[str, str] = {
     # -- events ------------------------------------------------------------------------------
     "head": "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1",
@@ -85,9 +88,15 @@ SQL: dict[str, str] = {
     "attrs_naming": "SELECT e.attrs FROM linked_calls AS c JOIN events AS e ON e.seq = c.seq "
     "AND e.invocation_id = c.invocation_id WHERE c.invocation_id = ? AND c.call_sha256 = ? "
     "ORDER BY c.seq",
+    # The key is the whole row: a row already there is exactly the one meant (inserted ahead
+    # of its event by someone granted INSERT), not a reason to refuse the batch; a different
+    # row beside it is ``verify``'s to report.
     "insert_linked_calls": "INSERT INTO linked_calls (invocation_id, call_sha256, seq) "
-    "VALUES (?,?,?)",
-    "linked_calls_rows": "SELECT invocation_id, call_sha256, seq FROM linked_calls ORDER BY seq",
+    "VALUES (?,?,?) ON CONFLICT DO NOTHING",
+    # ``verify``'s read, a window of seqs at a time (``Tables.stored_linked_calls``).
+    "linked_calls_rows": "SELECT invocation_id, call_sha256, seq FROM linked_calls WHERE "
+    "seq >= ? AND seq <= ? ORDER BY seq",
+    "linked_calls_next": "SELECT min(seq) FROM linked_calls WHERE seq > ?",
     "linked_calls_table": "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
     "name = 'linked_calls'",
     # Once, when a journal from before ``linked_calls`` gains it (``Tables.fill_linked_calls``).
@@ -215,6 +224,8 @@ class Tables:
     """What an event row handed to ``insert_events`` holds for SQL NULL (``Txn.insert``)."""
     LINKED_SCHEMA: ClassVar[int] = 5
     """The first schema with ``linked_calls`` (PostgreSQL's; SQLite's is 11)."""
+    LINKED_WINDOW: ClassVar[int] = 10_000
+    """Seqs of ``linked_calls`` one query of ``verify``'s reads (``stored_linked_calls``)."""
     SIGNING_SCHEMA: ClassVar[int] = 1
     """The first schema (``meta`` row ``schema``) only signing brokers write: a journal that
     records it or a later one was opened by a writer that signs (``checkpoints.signing_era``).
@@ -304,11 +315,26 @@ class Tables:
         None for a journal from before the table (no row of it is expected), nothing for one that
         records a schema with it and has lost it."""
         if self.one("linked_calls_table")[0]:
-            return self.rows("linked_calls_rows")
+            return self._linked_calls_paged()
         schema = self.meta("schema")
         if schema is not None and schema.isdigit() and int(schema) >= self.LINKED_SCHEMA:
             return iter(())
         return None
+
+    def _linked_calls_paged(self) -> Iterator[Any]:
+        """``linked_calls``' rows by seq, ``LINKED_WINDOW`` seqs a query (PostgreSQL's
+        client-side cursor holds a whole result in memory: the table read at once would be a
+        row per call any event names); the next window starts at the next stored seq, so rows
+        planted far from the events (past the head, or below 0) cost one query each, not a
+        walk to them."""
+        low = -_LAST_SEQ - 1
+        while True:
+            high = min(low + self.LINKED_WINDOW - 1, _LAST_SEQ)
+            yield from self.rows("linked_calls_rows", (low, high))
+            found = None if high == _LAST_SEQ else self.one("linked_calls_next", (high,))
+            if found is None or found[0] is None:
+                return
+            low = int(found[0])
 
     def attrs_naming(self, iid: str, call: str) -> Iterator[Any]:
         """The attrs (as stored) of ``iid``'s rows whose attrs name ``call`` under a linked

@@ -158,14 +158,18 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
     problems = _Problems()
     stored = source.linked_calls()
     walk = _walk(source, trust, problems, None if stored is None else LinkedCheck(stored))
-    limit = problems.seq if problems.seq is not None else walk.rows + 1
+    walked_bad = problems.seq
+    limit = walked_bad if walked_bad is not None else walk.rows + 1
     _unsigned(walk, trust, problems, source.schema())
     if trust.anchor is not None:
         _check_anchor(walk, trust, trust.anchor, problems)
     results = _check_results(source, walk, limit, problems)
     bound = bindings.check(source.bindings(), walk.accepted, problems.add)
     if walk.linked is not None:
-        walk.linked.finish(limit, problems.add)
+        # The walk intact: a stored row past its last row has no event, so it is one too many
+        # (planted at head+1 it would wait for the next row).  Otherwise nothing from the first
+        # bad row on is judged.
+        walk.linked.finish(walked_bad, problems.add)
     return VerifyReport(
         **_verdict(walk, problems),
         key_id=next(iter(trust.keys)) if len(trust.keys) == 1 else None,

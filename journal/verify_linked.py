@@ -65,9 +65,12 @@ class LinkedCheck:
         if self.extra is None:
             self.extra = seq
 
-    def finish(self, limit: int, add: Callable[[int, str], None]) -> None:
+    def finish(self, limit: int | None, add: Callable[[int, str], None]) -> None:
         """Report what was found before ``limit`` (the rows from it on are not intact, or not
-        proven: nothing about them is claimed), stored rows past the walk included."""
+        proven: nothing about them is claimed), stored rows past the walk included; None: the
+        walk found every row intact -- every stored row past it is reported, as far as any."""
+        if limit is None:
+            limit = _END  # past every seq a database stores: each stored row is below
         while self.next_seq < limit and self.extra is None:
             self._extra(self.next_seq)
             self._advance()

@@ -323,6 +323,69 @@ def test_verify_finds_linked_calls_altered(place: Place, change: str) -> None:
     assert "linked_calls" in report.reason, report.reason
 
 
+@pytest.mark.parametrize("past", [(1, 50), (50,)])
+def test_verify_reports_linked_calls_rows_past_the_head(
+    place: Place, past: tuple[int, ...]
+) -> None:
+    """Every row intact, ``linked_calls`` rows stored at seqs no event has reached (the broker's
+    role may INSERT: one at head+1 would wait for the next row): verify says the table was
+    altered, from the first of them -- it said 'intact' before."""
+    _interrupted(place)
+    ((head,),) = place.rows("SELECT max(seq) FROM events")
+    for n in past:
+        place.write(
+            "INSERT INTO linked_calls (invocation_id, call_sha256, seq) VALUES "
+            f"('act_zz', {place.blob(bytes([n]) * 32)}, {head + n})"
+        )
+    with place.reader() as r:
+        report = r.verify()
+    assert not report.ok
+    assert report.first_bad_seq == head + past[0], report
+    assert f"linked_calls holds a row for seq {head + past[0]}" in report.reason, report.reason
+    assert report.count == head, report
+
+
+def test_verify_reads_linked_calls_a_window_of_seqs_at_a_time(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``verify`` reads ``linked_calls`` a window of seqs a query, so what one query holds in
+    memory (all of it, on PostgreSQL's client-side cursor) is bounded by the window, not the
+    table -- and windows of 2 seqs find what one read finds: a whole table intact, then rows
+    planted below 0 and far past the head reported from the first."""
+    monkeypatch.setattr(Tables, "LINKED_WINDOW", 2)
+    largest: list[int] = []
+    rows = Tables.rows
+
+    def counted(self: Tables, name: str, params: tuple[object, ...] = ()) -> object:
+        found = list(rows(self, name, params))
+        if name == "linked_calls_rows":
+            largest.append(len(found))
+        return iter(found)
+
+    monkeypatch.setattr(Tables, "rows", counted)
+
+    async def claims(j: Journal) -> None:
+        for n in range(5):
+            await j.append(_claim(f"act_q{n}"))
+            await j.append(_row(f"act_q{n}", code="APPROVAL_DENIED", reason="read"))
+
+    _interrupted(place)
+    _run(place, claims)
+    assert place.rows("SELECT count(*) FROM linked_calls") == [(10,)]
+    with place.reader() as r:
+        assert r.verify().ok
+    assert sum(largest) == 10 and max(largest) <= 2, largest
+    for seq in (-7, 2**62):
+        place.write(
+            "INSERT INTO linked_calls (invocation_id, call_sha256, seq) VALUES "
+            f"('act_zz', {place.blob(bytes(32))}, {seq})"
+        )
+    with place.reader() as r:
+        report = r.verify()
+    assert not report.ok
+    assert report.first_bad_seq == -7, report
+
+
 def test_verify_claims_nothing_about_linked_calls_past_the_rows_it_proves(place: Place) -> None:
     """A claim and its close in one transaction (one checkpoint after both), that checkpoint's
     signature altered: the rows from the first unproven one on are not judged -- the table
@@ -344,6 +407,28 @@ def test_verify_claims_nothing_about_linked_calls_past_the_rows_it_proves(place:
     assert not report.ok
     assert report.first_bad_seq == first, report
     assert not [line for line in (report.reason, *report.also) if "linked_calls" in line], report
+
+
+def test_an_index_row_already_there_as_the_writer_means_it_refuses_nothing(place: Place) -> None:
+    """``linked_calls``' key is its whole row: one inserted ahead of its event (the broker's
+    role may INSERT) exactly as the writer then inserts it is the row meant -- the claim is
+    written, not refused 'duplicate key' (on PostgreSQL that refusal also broke the writer's
+    connection: ``test_postgres``), and verify finds the table whole."""
+    _interrupted(place)
+    ((head,),) = place.rows("SELECT max(seq) FROM events")
+    for key in index_keys(f'{{"query_invocation":"{QUERY}"}}'):
+        place.write(
+            "INSERT INTO linked_calls (invocation_id, call_sha256, seq) VALUES "
+            f"('{IID}', {place.blob(key)}, {head + 1})"
+        )
+
+    async def claimed(j: Journal) -> None:
+        assert (await j.append(_claim(QUERY))).seq == head + 1
+
+    _run(place, claimed)
+    assert place.rows(f"SELECT count(*) FROM linked_calls WHERE seq = {head + 1}") == [(1,)]
+    with place.reader() as r:
+        assert r.verify().ok
 
 
 def test_a_broker_of_the_schema_before_still_writing_fails_its_claims_loudly(place: Place) -> None:
