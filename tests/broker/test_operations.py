@@ -544,3 +544,44 @@ async def test_a_202_after_a_redirect_names_only_a_status_resource_independent_o
     assert accepted.attrs["status_path"] == status_path
     expected_url = None if status_path is None else srv.url + "/v1" + status_path
     assert env["operation"]["status_url"] == expected_url
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"state": "running", "state": "done"}', b'{"state": "done", "n": NaN}'],
+    ids=["duplicate-field", "nan"],
+)
+async def test_a_poll_whose_json_readers_disagree_on_keeps_the_job_pending(
+    tmp_path: Path, token: str, body: bytes
+) -> None:
+    # Python's parser keeps the last "state" (done), another reader the first (running): the
+    # answer names no state anyone can vouch for.
+    def reply(req: Received) -> Reply:
+        return ACCEPTED if req.method == "POST" else Reply(200, body=body)
+
+    async with HostileServer.running(scripts.serve(reply)) as srv:
+        cfg = write_config(tmp_path, {"jobs": _target(srv)})
+        async with open_broker(cfg) as broker:
+            env = await _submit(broker)
+            answer = await _poll(broker, env["operation"]["id"])
+            kinds = event_kinds(broker, env["invocation_id"])
+    assert "error" not in answer["poll"]
+    op = answer["operation"]
+    assert (op["state"], op["polls"]) == ("pending", 1)
+    assert op["last_poll"]["reason"] == "the status resource's answer names no state"
+    assert E.OPERATION_POLL_FAILED in kinds and E.OPERATION_POLLED not in kinds
+
+
+async def test_a_202_whose_json_readers_disagree_on_names_no_job(
+    tmp_path: Path, token: str
+) -> None:
+    dup = Reply(202, headers=[("Location", "/v1/jobs/j123")], body=b'{"id":"j1","id":"j123"}')
+    async with HostileServer.running(scripts.serve(dup)) as srv:
+        cfg = write_config(tmp_path, {"jobs": _target(srv)})
+        async with open_broker(cfg) as broker:
+            env = await _submit(broker)
+            accepted = next(
+                e for e in broker.events(env["invocation_id"]) if e.kind is E.OPERATION_ACCEPTED
+            )
+    assert env["operation"]["job_id"] is None and accepted.attrs["job_id"] is None
+    assert env["operation"]["status_url"] == srv.url + "/v1/jobs/j123"  # the header is whole

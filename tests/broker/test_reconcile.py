@@ -644,3 +644,29 @@ async def test_a_query_redirected_on_the_targets_own_origin_still_settles(
                 answer = await b.reconcile(env["invocation_id"], query=True)
             assert answer["reconciled"] is True
             assert answer["envelope"]["evidence"]["state"] == "reconciled_committed"
+
+
+@pytest.mark.parametrize(
+    ("rules", "body"),
+    [
+        # Python's parser keeps the last "found" (no: absent, send it again), another reader
+        # the first (yes: applied).
+        ({}, b'{"found": "yes", "found": "no"}'),
+        # A status condition must not win by the body's silence: read leniently, both sides
+        # matched (inconclusive); read as "no JSON", committed_if alone would.
+        ({"committed_if": "status:200"}, b'{"found": "yes", "found": "no"}'),
+        ({}, b'{"found": "yes", "n": NaN}'),
+    ],
+    ids=["duplicate-field", "duplicate-field-beside-a-status", "nan"],
+)
+async def test_a_query_whose_json_readers_disagree_on_settles_nothing(
+    tmp_path: Path, token: str, rules: dict[str, str], body: bytes
+) -> None:
+    async with HostileServer.running(_lookup_api(Reply(200, body=body))) as srv:
+        target = _lookup_target(srv.url)
+        target["pay"]["reconcile"].update(rules)
+        async with open_broker(write_config(tmp_path, target)) as b:
+            query = await _inconclusive(
+                b, "the query's answer matches neither committed_if nor rejected_if"
+            )
+    assert query["result"]["status"] == 200

@@ -20,7 +20,8 @@ An array of conditions holds when every one of them does.  Only a complete, auth
 is read at all -- its body whole (no ``body_withheld``, no ``body_truncated``) and its final hop
 on the target's origin (a redirect elsewhere settles nothing): ``engine/readable.py``; one that
 both or neither of ``committed_if`` / ``rejected_if`` match settles nothing
-(``RECONCILE_INCONCLUSIVE``).
+(``RECONCILE_INCONCLUSIVE``), nor does a body read by a ``json:`` condition that is JSON readers
+disagree on -- a field named twice, ``NaN`` (``selectors.UNREADABLE``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from affidavit.protocols.settle import SETTLE
 from affidavit.schema import Field, Read, Schema
 from affidavit.statemachine import Outcome
 
-from .selectors import ABSENT, Selector, json_body, parse_selector, scalar, select
+from .selectors import ABSENT, UNREADABLE, Selector, json_body, parse_selector, scalar, select
 
 if TYPE_CHECKING:
     from .target import HttpTarget
@@ -172,6 +173,13 @@ def verdict(
     rq = target.reconcile
     assert rq is not None
     doc = json_body(streams.get("body"))
+    if doc is UNREADABLE and any(
+        c.selector is not None and c.selector.source == "json"
+        for c in (*(rq.committed_if or ()), *(rq.rejected_if or ()))
+    ):
+        # JSON that readers disagree on ({"found": "no", "found": "yes"}): what it says is a
+        # guess, and a status condition on the other side must not win by the body's silence.
+        return None, None
     found = []
     for outcome, conditions in (
         (Outcome.COMMITTED, rq.committed_if),

@@ -3,6 +3,12 @@
 
 A malformed selector is a ``ConfigError`` naming the setting (``targets.jobs.operations.id``):
 an operation whose job id is read from the wrong place would be tracked on a guess.
+
+Bodies are read strictly (``affidavit.strictjson``): every value read here decides something --
+a batch item's outcome, a reconciliation verdict, a job's id or state -- and a body holding a
+field twice (``{"status": 200, "status": 400}``: Python keeps the last, other readers the
+first) or ``NaN`` says different things to different readers.  Such a body is ``UNREADABLE``:
+no selector finds anything in it, and whoever would decide from it decides nothing.
 """
 
 from __future__ import annotations
@@ -14,9 +20,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from affidavit.schema import Read
+from affidavit.strictjson import DuplicateField, NotJsonNumber
+from affidavit.strictjson import loads as strict_loads
 
 __all__ = [
     "ABSENT",
+    "UNREADABLE",
     "Selector",
     "json_body",
     "parse_selector",
@@ -28,6 +37,10 @@ __all__ = [
 
 ABSENT: Final[Any] = object()
 """What a selector finds where the message has no such value."""
+
+UNREADABLE: Final[Any] = object()
+"""``json_body`` of JSON that readers disagree on (a field named twice, ``NaN``, nesting Python's
+parser gives up on): no selector finds anything in it (the module docstring)."""
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 §5.1 token
 
@@ -92,12 +105,17 @@ def selector_field(*sources: str) -> Any:
 
 
 def json_body(body: bytes | None) -> Any:
-    """The body as JSON, or ``ABSENT`` when there is none or it is not JSON."""
+    """The body as JSON read strictly; ``ABSENT`` when there is none or it is no JSON text,
+    ``UNREADABLE`` when it is JSON that readers disagree on (the module docstring)."""
     if not body:
         return ABSENT
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
+        # Decoded as ``json.loads`` decodes bytes (UTF-8, -16 or -32, a UTF-8 BOM skipped).
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+        return strict_loads(text)
+    except (DuplicateField, NotJsonNumber, RecursionError):
+        return UNREADABLE
+    except ValueError:  # no JSON text (UnicodeDecodeError included)
         return ABSENT
 
 
@@ -128,7 +146,7 @@ def select(sel: Selector, headers: Iterable[Any], doc: Any) -> Any:
         name = sel.path.lower()
         values = [str(v) for n, v in headers if str(n).lower() == name]
         return ", ".join(values) if values else ABSENT
-    if doc is ABSENT:
+    if doc is ABSENT or doc is UNREADABLE:
         return ABSENT
     return resolve(doc, pointer(sel.path))
 
