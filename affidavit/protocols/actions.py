@@ -276,7 +276,12 @@ def parse_action(obj: object, config: Configured) -> Action:
     if spec is None:  # a loaded config names only kinds the registry knows
         raise ActionInvalid(Code.UNSUPPORTED_ACTION, "target", "no protocol for this kind")
     _reject_foreign(obj, COMMON_FIELDS | spec.action.fields)
-    return spec.action.parse(obj, name, target)
+    parsed = spec.action.parse(obj, name, target)
+    if spec.contracts is not None:
+        # A batch whose items cannot be told apart is refused here, before anything is
+        # recorded or sent (``ResultContracts.batch``); what it returns is bound later.
+        spec.contracts.batch(parsed, target)
+    return parsed
 
 
 def _reject_foreign(obj: Mapping[str, Any], own: frozenset[str]) -> None:

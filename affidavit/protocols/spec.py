@@ -186,7 +186,9 @@ class ResultContracts:
     batch: Callable[[Any, Any], Mapping[str, Any] | None]
     """``(action, target) -> {"items": [id, ...], "atomic": bool}`` when the target declares
     batches and the action sends one, else None.  Bound to the invocation when it is accepted,
-    so the items are known whatever happens after dispatch."""
+    so the items are known whatever happens after dispatch.  Raises ``ActionInvalid`` (code and
+    field path) for a batch whose items the results could not be matched to: ``parse_action``
+    calls it before anything is recorded."""
     read: Callable[[Any, Any, RemoteResult, bytes | None], Reading]
     """``(action, target, result, body) -> Reading`` of a complete result (``body`` None: too
     large to have been kept in memory, and not read)."""

@@ -60,17 +60,23 @@ def _results(statuses: dict[int, Any]) -> bytes:
 
 
 async def _run(
-    tmp_path: Path, script: Script, batch: dict[str, Any] | None = None, **target_extra: Any
+    tmp_path: Path,
+    script: Script,
+    batch: dict[str, Any] | None = None,
+    call: dict[str, Any] = BATCH_CALL,
+    **target_extra: Any,
 ) -> tuple[dict[str, Any], list[EventKind], dict[str, Any]]:
-    """One batch call on a fresh config and journal in ``tmp_path``; (envelope, the
+    """One batch ``call`` on a fresh config and journal in ``tmp_path``; (envelope, the
     invocation's event kinds, the metrics), read while the broker is open."""
     tmp_path.mkdir(exist_ok=True)
     async with HostileServer.running(script) as srv:
-        target = http_target(srv.url, batch={**BATCH, **(batch or {})}, **target_extra)
+        # (a setting given None is left out: its default)
+        given = {k: v for k, v in {**BATCH, **(batch or {})}.items() if v is not None}
+        target = http_target(srv.url, batch=given, **target_extra)
         cfg = write_config(tmp_path, {"bulk": target})
         async with open_broker(cfg) as broker:
             with trio.fail_after(LIMIT):
-                env = await broker.call(BATCH_CALL)
+                env = await broker.call(call)
             kinds = event_kinds(broker, env["invocation_id"])
             if "error" in env:
                 rec = broker.record(env["invocation_id"])

@@ -5,9 +5,18 @@ Seed: "A batch request needs an outcome for each item ... Record the parent tran
 five child outcomes.  Retry only the item for which the records and the remote contract permit
 it, or reconcile the batch as a whole if the remote API applies changes atomically."
 
-The items sent are read from the request body when the invocation is accepted (``sent_items``),
-so every item is known whatever happens after dispatch.  Only a *complete* response gives an item
-an outcome of its own (``read_items``); the rules, per item status:
+The items sent are read from the request body when the action is validated (``sent_items``), so
+every item is known whatever happens after dispatch.  With ``item_id``, every item sent must
+carry a distinct id (a non-empty string of at most ``MAX_SCALAR`` characters or an integer; ``7``
+and ``"7"`` are one id): results are matched by it, and an item without one cannot be told
+apart -- the action is refused ``INVALID_FIELD`` at the item's id (``body.items[1].id``) before
+anything is sent.  Without ``item_id`` the i-th result is the i-th item's, and only when the
+list answers exactly as many items as were sent (a shorter list does not say which was left
+out).  The body is read strictly (``affidavit.strictjson``): a field named twice or ``NaN`` is
+refused there too -- the remote may read other items than the broker would record.
+
+Only a *complete success* (a 2xx, no code) speaks for items one by one (``read_items``); the
+rules, per item status:
 
 * in ``ok`` -> ``committed``, no code, retry ``never``;
 * in ``rejected``, or an integer 400-499 -> ``rejected``, ``REMOTE_REJECTED``,
@@ -17,25 +26,43 @@ an outcome of its own (``read_items``); the rules, per item status:
   with the response's Retry-After within the maximum and budget left, else ``reconcile``);
 * anything else (a 5xx, an unknown value) -> ``committed``, ``REMOTE_ERROR``, ``reconcile``: the
   remote answered for the item with something other than success and may have applied it;
-* no entry or no status for an item sent -> ``unknown``, ``REMOTE_RESULT_INCOMPLETE``,
-  ``reconcile``: the complete response does not say what happened to it.
+* no entry or no status for an item sent, or entries naming it with different statuses ->
+  ``unknown``, ``REMOTE_RESULT_INCOMPLETE``, ``reconcile``: the response does not say (or does
+  not say one thing) what happened to it.
 
-A response without an item list gives every item the parent's rejection (a whole-batch 4xx) or,
-otherwise, ``unknown``.  ``atomic = true``: the remote applies all items or none, so a mixed
-answer makes every item ``reconcile`` -- the batch is reconciled as a whole, never one item.
+A success without a readable item list leaves every item ``unknown``.  A parent that is no
+success says the same of every item whatever its body lists: a whole-batch rejection (a 4xx,
+429/503 included) rejects each with the parent's code -- no item was applied -- and anything
+else (a 5xx that may have applied any of them, a redirect not followed) leaves each ``unknown``:
+no item's hint is stronger than its parent's (statemachine/batch.py refuses one that is).
+``atomic = true``: the remote applies all items or none, so a mixed answer makes every item
+``reconcile`` -- the batch is reconciled as a whole, never one item.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from affidavit.adapters.base import RemoteResult
+from affidavit.protocols.actions import ActionInvalid
 from affidavit.schema import Field, Read, Schema
 from affidavit.statemachine import CODES, Code, Outcome, Retry
+from affidavit.strictjson import DuplicateField, NotJsonNumber
+from affidavit.strictjson import loads as strict_loads
 
-from .selectors import ABSENT, Selector, json_body, pointer, resolve, scalar, selector_field
+from .selectors import (
+    ABSENT,
+    MAX_SCALAR,
+    Selector,
+    json_body,
+    pointer,
+    resolve,
+    scalar,
+    selector_field,
+)
 
 if TYPE_CHECKING:  # target.py declares the ``batch`` field with this module's schema
     from .target import HttpTarget
@@ -111,28 +138,75 @@ BATCH = Schema(
 
 
 def _key(value: Any) -> str | None:
-    """An item id as matched between request and response ("7" and 7 are the same item)."""
-    v = scalar(value)
-    return None if v is None else str(v)
+    """An item id as matched between request and response ("7" and 7 are the same item), or
+    None when ``value`` is no id: a boolean, an empty string, one longer than ``MAX_SCALAR``
+    (kept whole or not at all: cut, two ids would meet), anything but a string or integer."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    key = str(value)
+    return key if 0 < len(key) <= MAX_SCALAR else None
+
+
+def _field(tokens: tuple[str, ...], at: int | None = None, then: tuple[str, ...] = ()) -> str:
+    """The body path the caller can fix: ``body.items[1].id`` (the pointers are the target's
+    settings, never the caller's text)."""
+    path = "body" + "".join(f".{t}" for t in tokens)
+    return path + ("" if at is None else f"[{at}]") + "".join(f".{t}" for t in then)
+
+
+def _request(body: bytes) -> Any:
+    """The request body as JSON, strictly: what the broker records of the items must be what
+    any reader of the body finds."""
+    if not body:
+        return ABSENT
+    try:
+        # Decoded as ``json.loads`` decodes bytes, the way ``selectors.json_body`` does.
+        return strict_loads(body.decode(json.detect_encoding(body), "surrogatepass"), "body")
+    except DuplicateField as exc:
+        raise ActionInvalid(Code.INVALID_FIELD, exc.path, exc.what) from None
+    except NotJsonNumber as exc:
+        raise ActionInvalid(Code.INVALID_FIELD, "body", exc.what) from None
+    except RecursionError:
+        raise ActionInvalid(Code.INVALID_FIELD, "body", "nests too deep to be read") from None
+    except ValueError:  # no JSON text (UnicodeDecodeError included): no batch
+        return ABSENT
 
 
 def _sent(action: Any, target: HttpTarget) -> tuple[list[str | int], bool] | None:
     """(the items' ids, whether they are real ids rather than positions), or None when the
-    action is not a batch: the target declares none, or the body has no item list."""
+    action is not a batch: the target declares none, or the body has no item list.  Raises
+    ``ActionInvalid`` for a batch whose items cannot be told apart (the module docstring)."""
     contract = target.batch
     if contract is None:
         return None
-    elems = resolve(json_body(action.body), pointer(contract.request_items.path))
+    list_at = pointer(contract.request_items.path)
+    elems = resolve(_request(action.body), list_at)
     if not isinstance(elems, list):
         return None
-    if contract.item_id is not None:
-        tokens = pointer(contract.item_id.path)
-        ids = [scalar(resolve(e, tokens)) for e in elems]
-        keys = [_key(i) for i in ids]
-        # Every item must carry a distinct id to be matched by it; otherwise by position.
-        if None not in keys and len(set(keys)) == len(keys):
-            return [i for i in ids if i is not None], True
-    return list(range(len(elems))), False
+    if contract.item_id is None:
+        return list(range(len(elems))), False
+    id_at = pointer(contract.item_id.path)
+    ids: list[str | int] = []
+    first: dict[str, int] = {}
+    for n, elem in enumerate(elems):
+        value = resolve(elem, id_at)
+        key = _key(value)
+        if key is None:
+            raise ActionInvalid(
+                Code.INVALID_FIELD,
+                _field(list_at, n, id_at),
+                "needs an id (a non-empty string of at most "
+                f"{MAX_SCALAR} characters, or an integer): results are matched to items by it",
+            )
+        if key in first:
+            raise ActionInvalid(
+                Code.INVALID_FIELD,
+                _field(list_at, n, id_at),
+                f"repeats the id of item {first[key]}: results are matched to items by it",
+            )
+        first[key] = n
+        ids.append(value)
+    return ids, True
 
 
 def sent_items(action: Any, target: HttpTarget) -> Mapping[str, Any] | None:
@@ -180,31 +254,41 @@ def read_items(
     """Each item's outcome from a complete response, or None when the action is no batch.
     ``body`` is None when it was not kept or not received whole (``affidavit.engine.readable``):
     no item is classified from it."""
-    sent = _sent(action, target)
     contract = target.batch
+    try:
+        sent = _sent(action, target)
+    except ActionInvalid:  # refused at validation: never sent (a record from before the rule)
+        return None
     if sent is None or contract is None:
         return None
     ids, by_id = sent
-    results = resolve(json_body(body), pointer(contract.items.path))
-    if not isinstance(results, list):
+    if result.outcome is not Outcome.COMMITTED or result.code is not None:
+        # No success: the parent's word is each item's (the module docstring).
         if result.outcome is Outcome.REJECTED and result.code is not None:
-            # The whole request was refused: no item was applied.
             items = [_item(i, Outcome.REJECTED, result.code) for i in ids]
         else:
             items = [_item(i, Outcome.UNKNOWN, Code.REMOTE_RESULT_INCOMPLETE) for i in ids]
         return _atomic(contract, items)
+    results = resolve(json_body(body), pointer(contract.items.path))
     status_at = pointer(contract.item_status.path)
-    answers: dict[str, Any] = {}
-    if by_id and contract.item_id is not None:
+    answers: dict[str, list[Any]] = {}
+    if not isinstance(results, list):
+        pass  # no item list: no item is answered
+    elif by_id and contract.item_id is not None:
         id_at = pointer(contract.item_id.path)
         for elem in results:
             key = _key(resolve(elem, id_at))
             if key is not None:
-                answers.setdefault(key, scalar(resolve(elem, status_at)))
-    else:
-        for n, elem in enumerate(results[: len(ids)]):
-            answers[str(n)] = scalar(resolve(elem, status_at))
-    items = [_classify(contract, i, answers.get(str(i))) for i in ids]
+                answers.setdefault(key, []).append(scalar(resolve(elem, status_at)))
+    elif len(results) == len(ids):
+        for n, elem in enumerate(results):
+            answers[str(n)] = [scalar(resolve(elem, status_at))]
+    items = []
+    for i in ids:
+        said = answers.get(str(i), [None])
+        # Named twice with different statuses: the response does not say one thing of it.
+        status = said[0] if all(s == said[0] for s in said) else None
+        items.append(_classify(contract, i, status))
     return _atomic(contract, items)
 
 

@@ -1,0 +1,179 @@
+"""Batches against a hostile remote (audit 48b, #1-#3): an item's outcome and hint stand only on
+what a complete, authentic answer says of *that* item, and never above the parent's.
+
+Seed: "Retry only the item for which the records and the remote contract permit it."  An item
+matched to another's result, picked from two results that disagree, or given a success by the
+body of a 401 would invite a corrected resend of an applied item -- or forbid resending one
+nobody applied.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.statemachine import EventKind
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .helpers import assert_error, event_kinds, http_target, open_broker, write_config
+from .http_rows import LIMIT
+from .test_batches import BATCH, _outcomes, _run
+
+E = EventKind
+UNKNOWN = ("unknown", "REMOTE_RESULT_INCOMPLETE", "reconcile")
+
+
+def _call(body: str) -> dict[str, Any]:
+    return {"target": "bulk", "method": "POST", "path": "/batch", "body": body}
+
+
+def _items(*ids: Any) -> dict[str, Any]:
+    return _call(json.dumps({"items": [{"op": "set"} if i is None else {"id": i} for i in ids]}))
+
+
+def _answer(status: int, *results: tuple[Any, Any]) -> Reply:
+    body = {"results": [{"id": i, "status": s} for i, s in results]}
+    return Reply(status, body=json.dumps(body).encode())
+
+
+# --- #1: with item_id, every item sent carries a distinct id, or nothing is sent --------------
+
+
+@pytest.mark.parametrize(
+    ("call", "field", "words"),
+    [
+        (_items(1, None), "body.items[1].id", "needs an id"),
+        (_items(1, 1), "body.items[1].id", "repeats the id of item 0"),
+        (_items(7, "7"), "body.items[1].id", "repeats the id of item 0"),  # one id either way
+        (_items(1, True), "body.items[1].id", "needs an id"),
+        (_items(1, "x" * 257), "body.items[1].id", "needs an id"),
+        (_call('{"items": [{"id": 1}], "items": [{"id": 2}, {"id": 3}]}'), "body.items", "twice"),
+        (_call('{"items": [{"id": 1, "id": 2}]}'), "body.items[0].id", "twice"),
+        (_call('{"items": [{"id": 1, "n": NaN}]}'), "body", "NaN"),
+    ],
+    ids=["missing", "repeated", "int-and-text", "boolean", "too-long", "dup-list", "dup-id", "nan"],
+)
+async def test_a_batch_whose_items_cannot_be_told_apart_is_refused_before_dispatch(
+    tmp_path: Path, token: str, call: dict[str, Any], field: str, words: str
+) -> None:
+    # Results are matched to items by id; an item without one (or sharing one) was matched by
+    # position before, while the response listed them by id in another order: the item applied
+    # was recorded rejected / after_correction, and a corrected resend applied it twice.
+    async with HostileServer.running(scripts.serve(_answer(207, (1, 200)))) as srv:
+        cfg = write_config(tmp_path, {"bulk": http_target(srv.url, batch=BATCH)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                env = await broker.call(call)
+            rec = assert_error(
+                broker,
+                env,
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="INVALID_FIELD",
+            )
+            kinds = event_kinds(broker, env["invocation_id"])
+    assert (env["error"]["field"], rec.field) == (field, field)
+    assert words in env["error"]["message"]
+    assert E.DISPATCH_STARTED not in kinds and srv.requests == []
+
+
+async def test_without_item_id_items_are_matched_by_position_only_when_every_one_is_answered(
+    tmp_path: Path, token: str
+) -> None:
+    # No ids: the i-th result is the i-th item's -- when the list answers every item.  Four
+    # results for five items: which one was left out is not said, so none is matched.
+    by_position = {"item_id": None}
+    five = Reply(
+        207,
+        body=json.dumps({"results": [{"status": s} for s in (200, 409, 200, 200, 500)]}).encode(),
+    )
+    env, _k, _m = await _run(tmp_path / "five", scripts.serve(five), by_position)
+    assert [(i["id"], i["outcome"]) for i in env["items"]] == [
+        (0, "committed"),
+        (1, "rejected"),
+        (2, "committed"),
+        (3, "committed"),
+        (4, "committed"),
+    ]
+    four = Reply(
+        207, body=json.dumps({"results": [{"status": 200}] * 3 + [{"status": 409}]}).encode()
+    )
+    env, kinds, _m = await _run(tmp_path / "four", scripts.serve(four), by_position)
+    assert _outcomes(env) == [(n, *UNKNOWN) for n in range(5)]
+    assert E.BATCH_ITEMS_RECORDED in kinds  # as recorded (``_run`` compares them)
+
+
+# --- #2: an item the response names twice, differently, is not known -------------------------
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "item_1"),
+    [
+        (400, 200, UNKNOWN),
+        (200, 500, UNKNOWN),
+        (200, 200, ("committed", None, "never")),  # said twice, the same: said
+    ],
+    ids=["rejected-then-applied", "applied-then-error", "the-same-twice"],
+)
+async def test_an_item_answered_twice_differently_is_unknown(
+    tmp_path: Path, token: str, first: int, then: int, item_1: tuple[Any, ...]
+) -> None:
+    results = [(1, first), (1, then), (2, 200), (3, 409), (4, 200), (5, 200)]
+    env, kinds, _m = await _run(tmp_path, scripts.serve(_answer(207, *results)))
+    assert _outcomes(env) == [
+        (1, *item_1),
+        (2, "committed", None, "never"),
+        (3, "rejected", "REMOTE_REJECTED", "after_correction"),
+        (4, "committed", None, "never"),
+        (5, "committed", None, "never"),
+    ]
+    assert E.BATCH_ITEMS_RECORDED in kinds
+
+
+async def test_a_batch_response_holding_a_field_twice_classifies_no_item(
+    tmp_path: Path, token: str
+) -> None:
+    # {"status": 200, "status": 400}: Python's parser keeps the last, another reader the
+    # first.  The body says nothing anyone can vouch for: every item unknown, the parent a
+    # complete 207 all the same.
+    body = (
+        b'{"results": ['
+        + b",".join(b'{"id": %d, "status": 200, "status": 400}' % n for n in range(1, 6))
+        + b"]}"
+    )
+    env, kinds, _m = await _run(tmp_path, scripts.serve(Reply(207, body=body)))
+    assert "error" not in env and env["result"]["status"] == 207
+    assert _outcomes(env) == [(n, *UNKNOWN) for n in range(1, 6)]
+    assert E.BATCH_ITEMS_RECORDED in kinds
+
+
+# --- #3: items never say more than the parent --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "items", "parent", "each"),
+    [
+        # A whole-batch refusal: no item was applied, whatever the body lists.
+        (401, 200, ("rejected", "REMOTE_REJECTED"), ("rejected", "REMOTE_REJECTED")),
+        (429, 200, ("rejected", "REMOTE_THROTTLED"), ("rejected", "REMOTE_THROTTLED")),
+        # A server error may have applied any item: "rejected" would invite a resend.
+        (500, 400, ("committed", "REMOTE_ERROR"), UNKNOWN[:2]),
+        # A redirect (not followed) is no answer about the items at all.
+        (303, 200, ("committed", "REMOTE_REDIRECTED"), UNKNOWN[:2]),
+    ],
+    ids=["401-lists-applied", "429-lists-applied", "500-lists-rejected", "303-lists-applied"],
+)
+async def test_items_listed_under_a_parent_that_is_no_success_take_the_parents_word(
+    tmp_path: Path, token: str, status: int, items: int, parent: tuple[str, str], each: Any
+) -> None:
+    reply = _answer(status, *((n, items) for n in range(1, 6)))
+    env, kinds, _m = await _run(tmp_path, scripts.serve(reply))
+    assert (env["error"]["outcome"], env["error"]["code"]) == parent
+    assert {(i["outcome"], i["code"]) for i in env["items"]} == {each}
+    assert not any("status" in i for i in env["items"])  # no item's own status was taken
+    assert E.BATCH_ITEMS_RECORDED in kinds
