@@ -16,6 +16,14 @@ that carried it.  A parent resolved without item outcomes (its store failed, or 
 named none) leaves every item ``unknown``: the response did not say what happened to it --
 unless the batch is atomic and a second observer settled the parent (RECONCILED): then every
 item shares the reconciled outcome, with its ``source`` (the remote applied all or none).
+
+A response that was no success (its REMOTE_RESPONSE_COMPLETE carries a code: a 4xx, a 5xx, a
+redirect) speaks for no item one by one: each item it records is ``unknown`` /
+``REMOTE_RESULT_INCOMPLETE`` / ``reconcile`` or -- under a whole-batch rejection -- refused with
+the parent's code, never with a status of its own nor a hint stronger than the parent's (audit
+48b: a 401 whose body listed every item 200 recorded them committed / ``never`` under a parent
+inviting a corrected resend).  The writer refuses any other; a row written before the rule is
+folded as every item ``unknown``: what the parent proves, never more.
 """
 
 from __future__ import annotations
@@ -98,6 +106,32 @@ def _check_item(p: Projector, event: Event, item: object, want_id: object) -> di
     return out
 
 
+def _incomplete(item_id: object) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "outcome": Outcome.UNKNOWN.value,
+        "code": Code.REMOTE_RESULT_INCOMPLETE.value,
+        "retry": Retry.RECONCILE.value,
+    }
+
+
+def _backed(parent: Code, item: Mapping[str, Any]) -> bool:
+    """Whether a complete response that was no success (``parent``: its code) backs ``item``:
+    unknown, or -- under a whole-batch rejection -- refused with the parent's code and a hint
+    no stronger than the code's own (``reconcile`` for a throttled one), and no status of its
+    own (the body of a refusal, or of a 500, speaks for no item)."""
+    if "status" in item:
+        return False
+    if dict(item) == _incomplete(item["id"]):
+        return True
+    return (
+        CODES[parent].outcome is Outcome.REJECTED
+        and item["outcome"] == Outcome.REJECTED.value
+        and item["code"] == parent.value
+        and item["retry"] in (CODES[parent].retry.value, Retry.RECONCILE.value)
+    )
+
+
 def on_items_recorded(p: Projector, event: Event) -> None:
     batch = p._batch
     if batch is None:
@@ -112,6 +146,12 @@ def on_items_recorded(p: Projector, event: Event) -> None:
         MappingProxyType(_check_item(p, event, item, want))
         for item, want in zip(items, ids, strict=True)
     )
+    parent = p._code
+    if parent is not None and not all(_backed(parent, i) for i in checked):
+        if p._writing:
+            _refuse(p, event, f"an item cannot say more than its parent's {parent.value}")
+        # A row written before the rule: what the parent proves of each item, never more.
+        checked = tuple(MappingProxyType(_incomplete(i)) for i in ids)
     # Only a complete result records them (the lifecycle allows it in ``completed_*`` alone),
     # and no dispatch follows one: they are the last attempt's for good.
     p._batch = MappingProxyType({**batch, "items": checked, "seq": event.seq})

@@ -225,7 +225,7 @@ def make_event(
             attrs["not_before"] = 1.8e9
     elif kind is E.BATCH_ITEMS_RECORDED:
         ids = [i["id"] for i in rec.items] if rec.items is not None else ["a"]
-        attrs = {"items": [_item(i, choose) for i in ids]}
+        attrs = {"items": [_item(i, choose, rec.code) for i in ids]}
         source = EvidenceSource.REMOTE_RESPONSE
     elif kind is E.OPERATION_ACCEPTED:
         attrs = {
@@ -308,8 +308,16 @@ ITEM_RESULTS: list[tuple[Outcome, Code | None, str]] = [
 """What a complete response may say of one item: (outcome, code, retry)."""
 
 
-def _item(item_id: object, choose: Choose[Any]) -> dict[str, Any]:
-    outcome, code, retry = choose(ITEM_RESULTS)
+def _item(item_id: object, choose: Choose[Any], parent: Code | None = None) -> dict[str, Any]:
+    """One item a complete response may record: any of ``ITEM_RESULTS`` under a success; under
+    a parent that is no success (its ``code``), unknown or -- a rejection -- the parent's code
+    (statemachine/batch.py)."""
+    results = ITEM_RESULTS
+    if parent is not None:
+        results = [ITEM_RESULTS[-1]]
+        if CODES[parent].outcome is Outcome.REJECTED:
+            results.append((Outcome.REJECTED, parent, CODES[parent].retry.value))
+    outcome, code, retry = choose(results)
     return {
         "id": item_id,
         "outcome": outcome.value,

@@ -285,6 +285,79 @@ def test_a_resolved_parent_without_item_outcomes_leaves_every_item_unknown() -> 
     ]
 
 
+def _answered(outcome: str, code: str) -> Projector:
+    """A batch of ("a", "b", 3) whose complete response was no success: ``outcome``, ``code``."""
+    moves = path_to(f"completed_{outcome}")
+    assert moves[-1][0] is E.REMOTE_RESPONSE_COMPLETE
+    p = drive(moves[:-1], op=BATCH)
+    attrs = {"outcome": outcome, "code": code, "status": 500, "generation": p.generation}
+    seq = p.record().events + 1
+    p.apply(Event(E.REMOTE_RESPONSE_COMPLETE, IID, attrs, EvidenceSource.REMOTE_RESPONSE, seq))
+    return p
+
+
+def _recorded(p: Projector, items: list[dict[str, Any]], *, writing: bool) -> None:
+    seq = p.record().events + 1
+    attrs = {"items": items}
+    p.apply(
+        Event(E.BATCH_ITEMS_RECORDED, IID, attrs, EvidenceSource.REMOTE_RESPONSE, seq),
+        writing=writing,
+    )
+
+
+_UNKNOWN = {"outcome": "unknown", "code": "REMOTE_RESULT_INCOMPLETE", "retry": "reconcile"}
+_APPLIED = {"outcome": "committed", "code": None, "retry": "never", "status": 200}
+_REFUSED = {"outcome": "rejected", "code": "REMOTE_REJECTED", "retry": "after_correction"}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code", "item"),
+    [
+        ("rejected", "REMOTE_REJECTED", _APPLIED),  # a 401 whose body lists every item 200
+        ("rejected", "REMOTE_REJECTED", {**_REFUSED, "status": 400}),  # a status of its own
+        ("rejected", "REMOTE_THROTTLED", _REFUSED),  # another code than the parent's
+        ("committed", "REMOTE_ERROR", {**_REFUSED, "status": 400}),  # a 500 listing 400s
+        ("committed", "REMOTE_ERROR", _REFUSED),
+        ("committed", "REMOTE_REDIRECTED", _APPLIED),  # a 303 listing 200s
+    ],
+)
+def test_items_never_say_more_than_a_parent_that_was_no_success(
+    outcome: str, code: str, item: dict[str, Any]
+) -> None:
+    items = [{"id": i, **item} for i in ("a", "b", 3)]
+    p = _answered(outcome, code)
+    before = p.record()
+    # The writer refuses the row, the record unchanged ...
+    with pytest.raises(ImpossibleEvent, match=f"more than its parent's {code}"):
+        _recorded(p, items, writing=True)
+    assert p.record() == before
+    # ... and a row written before the rule is folded as what the parent proves: unknown.
+    _recorded(p, items, writing=False)
+    assert _items(p) == [(i, *_UNKNOWN.values()) for i in ("a", "b", 3)]
+    assert p.record().code is not None and p.record().code.value == code
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code", "item"),
+    [
+        ("rejected", "REMOTE_REJECTED", _REFUSED),
+        (
+            "rejected",
+            "REMOTE_THROTTLED",
+            {**_REFUSED, "code": "REMOTE_THROTTLED", "retry": "reconcile"},
+        ),
+        ("rejected", "REMOTE_REJECTED", _UNKNOWN),
+        ("committed", "REMOTE_ERROR", _UNKNOWN),
+    ],
+)
+def test_items_sharing_what_the_parent_proves_are_recorded(
+    outcome: str, code: str, item: dict[str, Any]
+) -> None:
+    p = _answered(outcome, code)
+    _recorded(p, [{"id": i, **item} for i in ("a", "b", 3)], writing=True)
+    assert _items(p) == [(i, item["outcome"], item["code"], item["retry"]) for i in ("a", "b", 3)]
+
+
 def test_item_outcomes_need_a_batch() -> None:
     p = projector_in("completed_committed")
     items = [{"id": "a", "outcome": "committed", "code": None, "retry": "never"}]
