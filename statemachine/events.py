@@ -195,8 +195,10 @@ class EventKind(StrEnum):
     BATCH_ITEMS_RECORDED = "BATCH_ITEMS_RECORDED"
     """A complete response gave the batch's items their own outcomes (seed: "Record the parent
     transport outcome and five child outcomes") -- read from its body only when whole
-    (``engine/readable.py``), else every item ``unknown``.  attrs: items [{id, outcome, code, retry,
-    status}], one per item sent, in order; generation; source remote_response."""
+    (``engine/readable.py``), else every item ``unknown``; under a parent that was no success,
+    each item is ``unknown`` or shares the parent's rejection (``batch.py``).  attrs: items [{id,
+    outcome, code, retry, status}], one per item sent, in order; generation; source
+    remote_response."""
     OPERATION_ACCEPTED = "OPERATION_ACCEPTED"
     """A complete 202 accepted a job that runs on after the response (seed: "Record the job
     identifier and its status resource ... and then track the job as a separate operation").

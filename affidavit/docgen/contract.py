@@ -403,6 +403,22 @@ def _operation_section() -> list[str]:
         "(unless a reconciliation settled an atomic batch: below). "
         "An item is never `not_attempted` once its batch was dispatched.",
         "",
+        "An item's own outcome stands only on what a complete success (a 2xx, no code) says of "
+        "that item. Results are matched by the target's `item_id`: a batch sent with an item "
+        'lacking an id, or two items sharing one (`7` and `"7"` are one id), is refused '
+        "`INVALID_FIELD` at the item's id (`body.items[1].id`) before anything is sent -- "
+        "matched by position while the response lists them by id, an applied item would be "
+        "recorded `rejected` / `after_correction` and applied again by a corrected resend. "
+        "Without `item_id`, results match by position only when the list answers every item "
+        "sent. An item the response names twice with different statuses is `unknown` / "
+        "`REMOTE_RESULT_INCOMPLETE` / `reconcile`. A parent that is no success speaks for no "
+        "item whatever its body lists: a whole-batch rejection (a 4xx, 429/503 included) "
+        "rejects each with the parent's code, anything else (a 5xx that may have applied any "
+        "of them, a redirect not followed) leaves each `unknown` -- no item's hint is stronger "
+        "than its parent's. The journal's writer refuses BATCH_ITEMS_RECORDED that breaks this "
+        "(statemachine/batch.py); such a row written before the rule reads as every item "
+        "`unknown`.",
+        "",
         "An item answered 429 or 503 (`REMOTE_THROTTLED`) gets the hint a whole request "
         "answered 429/503 would get on the same record -- rule 7 of How the retry hint is "
         "computed, by the same code (`retry_hint`): `backoff` only when the method is "
@@ -598,7 +614,15 @@ def contract_markdown(protocols: Mapping[str, ProtocolTable] | None = None) -> s
         "OPERATION_POLL_FAILED with "
         "the reason; from such an answer nothing is read for batch items or a 202's job -- "
         "neither its body nor its headers (a relative Location there would have named a "
-        "status resource on the target): no BATCH_ITEMS_RECORDED, no OPERATION_ACCEPTED.",
+        "status resource on the target): no BATCH_ITEMS_RECORDED, no OPERATION_ACCEPTED. "
+        "Nor is anything decided from JSON that readers disagree on: a body naming a field "
+        'twice in one object (`{"status": 200, "status": 400}`: Python keeps the last, '
+        "other readers the first), holding `NaN`/`Infinity`, or nested past the parser's "
+        "depth is unreadable (`selectors.UNREADABLE`) -- it names no batch item list, no job "
+        "id, no job state, and a reconciliation query with a `json:` condition on it settles "
+        "nothing (RECONCILE_INCONCLUSIVE), whatever a `status:` condition says. A batch's "
+        "request body is read the same way: such a body is refused `INVALID_FIELD` at its "
+        "path before anything is sent.",
     ]
     out += [
         "",

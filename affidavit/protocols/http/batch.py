@@ -122,7 +122,10 @@ BATCH = Schema(
             selector_field("json"),
             default=None,
             shown="position",
-            doc="an item's id, in each item sent and each result (else matched by position)",
+            doc=(
+                "an item's id, in each item sent and each result (else matched by position); "
+                "every item sent must carry a distinct one"
+            ),
         ),
         Field("item_status", selector_field("json"), doc="an item result's status"),
         Field("ok", _values, default=[200, 201, 202, 204], doc="item statuses meaning applied"),
