@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import trio
 
-from affidavit.statemachine import EventKind
+from affidavit.adapters.base import RemoteResult
+from affidavit.protocols.http.batch import read_items
+from affidavit.protocols.http.selectors import parse_selector
+from affidavit.statemachine import EventKind, Outcome
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .helpers import assert_error, event_kinds, http_target, open_broker, write_config
@@ -177,3 +181,31 @@ async def test_items_listed_under_a_parent_that_is_no_success_take_the_parents_w
     assert {(i["outcome"], i["code"]) for i in env["items"]} == {each}
     assert not any("status" in i for i in env["items"])  # no item's own status was taken
     assert E.BATCH_ITEMS_RECORDED in kinds
+
+
+def test_a_batch_accepted_before_the_id_rule_is_read_as_no_batch_not_a_crash() -> None:
+    # An invocation accepted (positions bound) before the rule, its retry answered after it:
+    # the reader gives no item outcome -- the record then leaves every item unknown
+    # (statemachine/batch.py) -- rather than raising the validation refusal mid-result.
+    def sel(text: str) -> Any:
+        return parse_selector(text, ("json",))
+
+    contract = SimpleNamespace(
+        items=sel("json:/results"),
+        request_items=sel("json:/items"),
+        item_id=sel("json:/id"),
+        item_status=sel("json:/status"),
+        ok=(200,),
+        rejected=(),
+        atomic=False,
+    )
+    target: Any = SimpleNamespace(batch=contract)
+    action = SimpleNamespace(body=json.dumps({"items": [{"id": 1}, {"op": "set"}]}).encode())
+    ok = RemoteResult(Outcome.COMMITTED, None)
+    answered = b'{"results": [{"id": 1, "status": 200}]}'
+    assert read_items(action, target, ok, answered) is None
+    action.body = json.dumps({"items": [{"id": 1}, {"id": 2}]}).encode()  # the same, valid
+    assert read_items(action, target, ok, answered) == [
+        {"id": 1, "outcome": "committed", "code": None, "retry": "never", "status": 200},
+        {"id": 2, "outcome": "unknown", "code": "REMOTE_RESULT_INCOMPLETE", "retry": "reconcile"},
+    ]
