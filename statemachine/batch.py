@@ -18,9 +18,9 @@ unless the batch is atomic and a second observer settled the parent (RECONCILED)
 item shares the reconciled outcome, with its ``source`` (the remote applied all or none).
 
 A response that was no success (its REMOTE_RESPONSE_COMPLETE carries a code: a 4xx, a 5xx, a
-redirect) speaks for no item one by one: each item it records is ``unknown`` /
-``REMOTE_RESULT_INCOMPLETE`` / ``reconcile`` or -- under a whole-batch rejection -- refused with
-the parent's code, never with a status of its own nor a hint stronger than the parent's (audit
+redirect) gives no item more than the parent proves: each item it records is ``unknown`` /
+``REMOTE_RESULT_INCOMPLETE`` / ``reconcile`` or -- under a rejection -- refused with the
+parent's code, never with a status of its own nor a hint stronger than the parent's (audit
 48b: a 401 whose body listed every item 200 recorded them committed / ``never`` under a parent
 inviting a corrected resend).  The writer refuses any other; a row written before the rule is
 folded as every item ``unknown``: what the parent proves, never more.
@@ -117,7 +117,7 @@ def _incomplete(item_id: object) -> dict[str, Any]:
 
 def _backed(parent: Code, item: Mapping[str, Any]) -> bool:
     """Whether a complete response that was no success (``parent``: its code) backs ``item``:
-    unknown, or -- under a whole-batch rejection -- refused with the parent's code and a hint
+    unknown, or -- under a rejection -- refused with the parent's code and a hint
     no stronger than the code's own (``reconcile`` for a throttled one), and no status of its
     own (the body of a refusal, or of a 500, speaks for no item)."""
     if "status" in item:

@@ -20,7 +20,7 @@ import trio
 from affidavit.adapters.base import RemoteResult
 from affidavit.protocols.http.batch import read_items
 from affidavit.protocols.http.selectors import parse_selector
-from affidavit.statemachine import EventKind, Outcome
+from affidavit.statemachine import Code, EventKind, Outcome
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .helpers import assert_error, event_kinds, http_target, open_broker, write_config
@@ -29,6 +29,8 @@ from .test_batches import BATCH, _outcomes, _run
 
 E = EventKind
 UNKNOWN = ("unknown", "REMOTE_RESULT_INCOMPLETE", "reconcile")
+REFUSED = ("rejected", "REMOTE_REJECTED")
+THROTTLED = ("rejected", "REMOTE_THROTTLED")
 
 
 def _call(body: str) -> dict[str, Any]:
@@ -162,31 +164,48 @@ async def test_a_batch_response_holding_a_field_twice_classifies_no_item(
 @pytest.mark.parametrize(
     ("status", "items", "parent", "each"),
     [
-        # A whole-batch refusal: no item was applied, whatever the body lists.
-        (401, 200, ("rejected", "REMOTE_REJECTED"), ("rejected", "REMOTE_REJECTED")),
-        (429, 200, ("rejected", "REMOTE_THROTTLED"), ("rejected", "REMOTE_THROTTLED")),
+        # Rejected credentials: no item was applied, whatever the body lists.
+        (401, (200, 200), ("rejected", "REMOTE_REJECTED"), [REFUSED] * 2),
+        # Any other refusal may stand beside applied items its body lists (non-atomic): an item
+        # listed applied is unknown -- "rejected" would invite a resend applying it twice --
+        # one listed refused, or not listed, keeps the parent's rejection.
+        (400, (201, 422), ("rejected", "REMOTE_REJECTED"), [UNKNOWN[:2], REFUSED]),
+        (400, (201, None), ("rejected", "REMOTE_REJECTED"), [UNKNOWN[:2], REFUSED]),
+        (503, (201, 422), ("rejected", "REMOTE_THROTTLED"), [UNKNOWN[:2], THROTTLED]),
+        (429, (200, 429), ("rejected", "REMOTE_THROTTLED"), [UNKNOWN[:2], THROTTLED]),
         # A server error may have applied any item: "rejected" would invite a resend.
-        (500, 400, ("committed", "REMOTE_ERROR"), UNKNOWN[:2]),
+        (500, (400, 400), ("committed", "REMOTE_ERROR"), [UNKNOWN[:2]] * 2),
         # A redirect (not followed) is no answer about the items at all.
-        (303, 200, ("committed", "REMOTE_REDIRECTED"), UNKNOWN[:2]),
+        (303, (200, 200), ("committed", "REMOTE_REDIRECTED"), [UNKNOWN[:2]] * 2),
     ],
-    ids=["401-lists-applied", "429-lists-applied", "500-lists-rejected", "303-lists-applied"],
+    ids=[
+        "401-lists-applied",
+        "400-mixed",
+        "400-one-unlisted",
+        "503-mixed",
+        "429-mixed",
+        "500-lists-rejected",
+        "303-lists-applied",
+    ],
 )
 async def test_items_listed_under_a_parent_that_is_no_success_take_the_parents_word(
-    tmp_path: Path, token: str, status: int, items: int, parent: tuple[str, str], each: Any
+    tmp_path: Path, token: str, status: int, items: tuple[Any, Any], parent: Any, each: Any
 ) -> None:
-    reply = _answer(status, *((n, items) for n in range(1, 6)))
+    # Items 1 and 2 as listed (None: not listed), items 3-5 refused.
+    listed = [(n, s) for n, s in zip((1, 2), items, strict=True) if s is not None]
+    refused = 429 if status in (429, 503) else 422
+    reply = _answer(status, *listed, *((n, refused) for n in range(3, 6)))
     env, kinds, _m = await _run(tmp_path, scripts.serve(reply))
     assert (env["error"]["outcome"], env["error"]["code"]) == parent
-    assert {(i["outcome"], i["code"]) for i in env["items"]} == {each}
+    rest = each[1] if status not in (500, 303) else each[0]
+    assert [(i["outcome"], i["code"]) for i in env["items"]] == [*each, rest, rest, rest]
     assert not any("status" in i for i in env["items"])  # no item's own status was taken
     assert E.BATCH_ITEMS_RECORDED in kinds
 
 
-def test_a_batch_accepted_before_the_id_rule_is_read_as_no_batch_not_a_crash() -> None:
-    # An invocation accepted (positions bound) before the rule, its retry answered after it:
-    # the reader gives no item outcome -- the record then leaves every item unknown
-    # (statemachine/batch.py) -- rather than raising the validation refusal mid-result.
+def _target() -> Any:
+    """A target whose ``batch`` is ``BATCH`` (``read_items`` reads nothing else of it)."""
+
     def sel(text: str) -> Any:
         return parse_selector(text, ("json",))
 
@@ -195,11 +214,34 @@ def test_a_batch_accepted_before_the_id_rule_is_read_as_no_batch_not_a_crash() -
         request_items=sel("json:/items"),
         item_id=sel("json:/id"),
         item_status=sel("json:/status"),
-        ok=(200,),
+        ok=(200, 201),
         rejected=(),
         atomic=False,
     )
-    target: Any = SimpleNamespace(batch=contract)
+    return SimpleNamespace(batch=contract)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [None, b'{"results": [{"id": 1, "status": 422, "status": 201}]}'],
+    ids=["not-read-whole", "field-twice"],
+)
+def test_a_rejection_whose_body_was_not_read_refuses_no_item_for_it(body: bytes | None) -> None:
+    # A 400's body not kept whole, or read otherwise by another reader, may list item 1 applied.
+    action = SimpleNamespace(body=json.dumps({"items": [{"id": 1}, {"id": 2}]}).encode())
+    refused = RemoteResult(Outcome.REJECTED, Code.REMOTE_REJECTED, facts={"status": 400})
+    items = read_items(action, _target(), refused, body)
+    assert items is not None
+    assert [(i["outcome"], i["code"], i["retry"]) for i in items] == [UNKNOWN] * 2
+    read = read_items(action, _target(), refused, b'{"results": [{"id": 1, "status": 422}]}')
+    assert read is not None and {i["outcome"] for i in read} == {"rejected"}  # read: refused
+
+
+def test_a_batch_accepted_before_the_id_rule_is_read_as_no_batch_not_a_crash() -> None:
+    # An invocation accepted (positions bound) before the rule, its retry answered after it:
+    # the reader gives no item outcome -- the record then leaves every item unknown
+    # (statemachine/batch.py) -- rather than raising the validation refusal mid-result.
+    target = _target()
     action = SimpleNamespace(body=json.dumps({"items": [{"id": 1}, {"op": "set"}]}).encode())
     ok = RemoteResult(Outcome.COMMITTED, None)
     answered = b'{"results": [{"id": 1, "status": 200}]}'

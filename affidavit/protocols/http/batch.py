@@ -31,10 +31,15 @@ rules, per item status:
   not say one thing) what happened to it.
 
 A success without a readable item list leaves every item ``unknown``.  A parent that is no
-success says the same of every item whatever its body lists: a whole-batch rejection (a 4xx,
-429/503 included) rejects each with the parent's code -- no item was applied -- and anything
-else (a 5xx that may have applied any of them, a redirect not followed) leaves each ``unknown``:
-no item's hint is stronger than its parent's (statemachine/batch.py refuses one that is).
+success never gives an item a status of its own nor a hint stronger than its own
+(statemachine/batch.py refuses one that does).  Under a rejection (a 4xx, 503 included) an
+item keeps the parent's code when the body read whole lists it as refused (a status in
+``rejected``, 400-499 or 503), with no status, or not at all; an item it lists with anything
+else (a 201 beside a 422 under a 400: applied, maybe) is ``unknown`` -- "rejected" would invite
+a resend applying it twice -- and so is every item when the body was not read whole or is
+unreadable (it may list any).  Only a 401 refuses every item whatever the body lists: the
+credentials were refused, nothing was applied.  Anything else (a 5xx that may have applied any
+item, a redirect not followed) leaves each ``unknown``.
 ``atomic = true``: the remote applies all items or none, so a mixed answer makes every item
 ``reconcile`` -- the batch is reconciled as a whole, never one item.
 """
@@ -56,6 +61,7 @@ from affidavit.strictjson import loads as strict_loads
 from .selectors import (
     ABSENT,
     MAX_SCALAR,
+    UNREADABLE,
     Selector,
     json_body,
     pointer,
@@ -265,14 +271,55 @@ def read_items(
     if sent is None or contract is None:
         return None
     ids, by_id = sent
+    answers = _answers(contract, ids, by_id, body)
+    heard = answers if answers is not None else {}
     if result.outcome is not Outcome.COMMITTED or result.code is not None:
         # No success: the parent's word is each item's (the module docstring).
         if result.outcome is Outcome.REJECTED and result.code is not None:
-            items = [_item(i, Outcome.REJECTED, result.code) for i in ids]
+            # Rejected credentials say nothing was applied; any other refusal may stand beside
+            # applied items its body lists (a 400 whose body lists one 201 and one 422), and a
+            # body not read whole or unreadable may list any.
+            whole = result.facts.get("status") == 401
+
+            def refused(i: str | int) -> bool:
+                said = () if answers is None else answers.get(str(i), ())
+                return whole or (answers is not None and all(_refusal(contract, s) for s in said))
+
+            items = [
+                _item(i, Outcome.REJECTED, result.code)
+                if refused(i)
+                else _item(i, Outcome.UNKNOWN, Code.REMOTE_RESULT_INCOMPLETE)
+                for i in ids
+            ]
         else:
             items = [_item(i, Outcome.UNKNOWN, Code.REMOTE_RESULT_INCOMPLETE) for i in ids]
         return _atomic(contract, items)
-    results = resolve(json_body(body), pointer(contract.items.path))
+    items = []
+    for i in ids:
+        said = heard.get(str(i), [None])
+        # Named twice with different statuses: the response does not say one thing of it.
+        status = said[0] if all(s == said[0] for s in said) else None
+        items.append(_classify(contract, i, status))
+    return _atomic(contract, items)
+
+
+def _refusal(contract: BatchContract, status: Any) -> bool:
+    """Whether an item's listed status refuses it, or names nothing (no status)."""
+    if status is None or status in contract.rejected:
+        return True
+    return isinstance(status, int) and (400 <= status < 500 or status in THROTTLED)
+
+
+def _answers(
+    contract: BatchContract, ids: Sequence[str | int], by_id: bool, body: bytes | None
+) -> dict[str, list[Any]] | None:
+    """Each item's statuses as the response's list gives them (by id, or by position when the
+    list answers every item), keyed by ``str(id)``; an item it does not name is not a key.
+    None when the body was not read whole (``body`` None) or is unreadable: it may name any."""
+    doc = json_body(body)
+    if body is None or doc is UNREADABLE:
+        return None
+    results = resolve(doc, pointer(contract.items.path))
     status_at = pointer(contract.item_status.path)
     answers: dict[str, list[Any]] = {}
     if not isinstance(results, list):
@@ -286,13 +333,7 @@ def read_items(
     elif len(results) == len(ids):
         for n, elem in enumerate(results):
             answers[str(n)] = [scalar(resolve(elem, status_at))]
-    items = []
-    for i in ids:
-        said = answers.get(str(i), [None])
-        # Named twice with different statuses: the response does not say one thing of it.
-        status = said[0] if all(s == said[0] for s in said) else None
-        items.append(_classify(contract, i, status))
-    return _atomic(contract, items)
+    return answers
 
 
 def _atomic(contract: BatchContract, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
