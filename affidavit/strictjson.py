@@ -2,11 +2,18 @@
 and written compactly (``compact_encoder``: the journal's chain and the config's fingerprints).
 
 A field named twice in one object (Python keeps the last; a policy proxy reading the first
-sees another action than the broker performs) and ``NaN``/``Infinity``/``-Infinity`` (no JSON
-number, RFC 8259: another reader refuses them or reads them otherwise).  ``loads`` raises
-``DuplicateField`` with the field's path, or ``NotJsonNumber``; any other fault is the parser's
-``ValueError``.  The action parser (``affidavit.protocols.actions.strict_json``) and the MCP
-proxy's transport read with it.  A leaf importing only ``json`` and ``re``: the MCP proxy and
+sees another action than the broker performs), ``NaN``/``Infinity``/``-Infinity`` (no JSON
+number, RFC 8259: another reader refuses them or reads them otherwise), and numbers Python reads
+otherwise than other readers or not at all: one beyond a double's range (``1e400``, read as
+infinity) and an integer longer than Python converts (``sys.get_int_max_str_digits()``, 4300
+digits; another reader takes it as a double).  ``loads`` raises ``DuplicateField`` with the
+field's path, or ``NotJsonNumber``; any other fault is the parser's ``ValueError``.
+``loads_bytes`` reads a body as ``json.loads`` reads bytes and raises ``NotText`` for JSON text
+holding bytes that are no text in its encoding (invalid UTF-8 inside a string: one reader
+replaces them, another refuses the body).  The action parser
+(``affidavit.protocols.actions.strict_json``), the MCP proxy's transport and the HTTP bodies
+that decide something (``protocols.http.selectors``, ``batch``) read with it.  A leaf importing
+only the standard library's ``json``, ``math``, ``re`` and ``sys``: the MCP proxy and
 the thin clients load no broker code (tests/mcp/test_modes.py).
 """
 
@@ -14,7 +21,9 @@ from __future__ import annotations
 
 import json
 import json.encoder
+import math
 import re
+import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -24,9 +33,11 @@ __all__ = [
     "DuplicateField",
     "Members",
     "NotJsonNumber",
+    "NotText",
     "TooLarge",
     "compact_encoder",
     "loads",
+    "loads_bytes",
     "members",
     "prescan",
 ]
@@ -49,11 +60,20 @@ class DuplicateField(ValueError):
 
 
 class NotJsonNumber(ValueError):
-    """``NaN``, ``Infinity`` or ``-Infinity`` (``name``)."""
+    """``NaN``, ``Infinity`` or ``-Infinity`` (``name``), or a number readers disagree on."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, what: str | None = None) -> None:
         self.name = name
-        self.what = f"holds {name}, which is not a JSON number"
+        self.what = what or f"holds {name}, which is not a JSON number"
+        super().__init__(self.what)
+
+
+class NotText(ValueError):
+    """JSON text holding bytes that are no text in its encoding (``loads_bytes``)."""
+
+    what = "holds bytes that are not text in its encoding (UTF-8, -16 or -32)"
+
+    def __init__(self) -> None:
         super().__init__(self.what)
 
 
@@ -63,6 +83,13 @@ class _Duplicate(Exception):
 
 def _no_constant(name: str) -> Any:
     raise NotJsonNumber(name)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        raise NotJsonNumber("a number", "holds a number beyond a double's range (read as infinity)")
+    return value
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -77,9 +104,32 @@ def loads(text: str, root: str = "") -> Any:
     ``root``.  The path is found by a second parse, only once a duplicate is known: the common
     case pays one length check per object."""
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        return json.loads(
+            text, object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite
+        )
     except _Duplicate:
         raise DuplicateField(_duplicate_path(text, root)) from None
+    except (json.JSONDecodeError, NotJsonNumber):
+        raise
+    except ValueError:  # int() of a number longer than Python converts
+        raise NotJsonNumber(
+            "an integer",
+            f"holds an integer of more than {sys.get_int_max_str_digits()} digits, "
+            "which JSON readers read differently",
+        ) from None
+
+
+def loads_bytes(body: bytes, root: str = "") -> Any:
+    """``loads`` of ``body`` decoded as ``json.loads`` decodes bytes (UTF-8, -16 or -32, a UTF-8
+    BOM skipped; an encoded lone surrogate passes, as it does there); ``NotText`` when it holds
+    bytes that are no text in that encoding and is JSON apart from them -- else its fault."""
+    encoding = json.detect_encoding(body)
+    try:
+        text = body.decode(encoding, "surrogatepass")
+    except UnicodeDecodeError:
+        loads(body.decode(encoding, "surrogateescape"), root)  # no JSON text: its own fault
+        raise NotText() from None
+    return loads(text, root)
 
 
 class _Dup:

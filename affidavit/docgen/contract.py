@@ -406,7 +406,8 @@ def _operation_section() -> list[str]:
         "An item's own outcome stands only on what a complete success (a 2xx, no code) says of "
         "that item. Results are matched by the target's `item_id`: a batch sent with an item "
         'lacking an id, or two items sharing one (`7` and `"7"` are one id), is refused '
-        "`INVALID_FIELD` at the item's id (`body.items[1].id`) before anything is sent -- "
+        "`INVALID_FIELD` at the item's id (`body.items[1].id`, `body_base64.items[1].id`) "
+        "before anything is sent -- "
         "matched by position while the response lists them by id, an applied item would be "
         "recorded `rejected` / `after_correction` and applied again by a corrected resend. "
         "Without `item_id`, results match by position only when the list answers every item "
@@ -623,12 +624,16 @@ def contract_markdown(protocols: Mapping[str, ProtocolTable] | None = None) -> s
         "status resource on the target): no BATCH_ITEMS_RECORDED, no OPERATION_ACCEPTED. "
         "Nor is anything decided from JSON that readers disagree on: a body naming a field "
         'twice in one object (`{"status": 200, "status": 400}`: Python keeps the last, '
-        "other readers the first), holding `NaN`/`Infinity`, or nested past the parser's "
-        "depth is unreadable (`selectors.UNREADABLE`) -- it names no batch item list, no job "
-        "id, no job state, and a reconciliation query with a `json:` condition on it settles "
-        "nothing (RECONCILE_INCONCLUSIVE), whatever a `status:` condition says. A batch's "
-        "request body is read the same way: such a body is refused `INVALID_FIELD` at its "
-        "path before anything is sent.",
+        "other readers the first), holding `NaN`/`Infinity`, a number beyond a double's range "
+        "(`1e400`), an integer of more than 4300 digits, invalid UTF-8 inside a string, or "
+        "nested past the parser's depth is unreadable (`selectors.UNREADABLE`) -- it names no "
+        "batch item list, no job id, no job state, and a reconciliation query with a `json:` "
+        "condition on a non-empty body that is unreadable or no JSON text settles nothing "
+        "(RECONCILE_INCONCLUSIVE), whatever a `status:` condition says. A body sent to a target "
+        "declaring `batch` is read the same way, item list or not: a field named twice is "
+        "refused `INVALID_FIELD` at its path (`body.items[0].id`, `body_base64.items[0].id`), "
+        "anything else unreadable at the body's field (`body`, `body_base64`), before anything "
+        "is sent.",
     ]
     out += [
         "",

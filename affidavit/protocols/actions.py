@@ -144,7 +144,7 @@ def load_action_json(data: bytes | bytearray, limit: int) -> object:
     _prescan(text)
     try:
         return strict_json(text)
-    except ValueError as exc:  # JSONDecodeError, and int() of a 5000-digit number
+    except ValueError as exc:  # JSONDecodeError
         where = (
             f" (line {exc.lineno}, column {exc.colno})"
             if isinstance(exc, json.JSONDecodeError)
@@ -157,7 +157,8 @@ def strict_json(text: str, root: str = "action") -> Any:
     """``json.loads``, refusing what Python's parser takes but JSON's readers disagree on
     (``affidavit.strictjson``): a field named twice in one object (``ActionInvalid``
     INVALID_FIELD at its path below ``root``: ``action.headers.X``) and
-    ``NaN``/``Infinity``/``-Infinity`` (INVALID_FIELD at ``root``).  Any other fault is the
+    ``NaN``/``Infinity``/``-Infinity``, ``1e400``, an integer of more than 4300 digits
+    (INVALID_FIELD at ``root``).  Any other fault is the
     parser's ``ValueError``."""
     try:
         return strict_loads(text, root)

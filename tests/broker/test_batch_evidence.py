@@ -9,6 +9,7 @@ nobody applied.
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,6 +38,12 @@ def _call(body: str) -> dict[str, Any]:
     return {"target": "bulk", "method": "POST", "path": "/batch", "body": body}
 
 
+def _b64(body: bytes) -> dict[str, Any]:
+    call = _call("")
+    del call["body"]
+    return {**call, "body_base64": base64.b64encode(body).decode()}
+
+
 def _items(*ids: Any) -> dict[str, Any]:
     return _call(json.dumps({"items": [{"op": "set"} if i is None else {"id": i} for i in ids]}))
 
@@ -60,8 +67,37 @@ def _answer(status: int, *results: tuple[Any, Any]) -> Reply:
         (_call('{"items": [{"id": 1}], "items": [{"id": 2}, {"id": 3}]}'), "body.items", "twice"),
         (_call('{"items": [{"id": 1, "id": 2}]}'), "body.items[0].id", "twice"),
         (_call('{"items": [{"id": 1, "n": NaN}]}'), "body", "NaN"),
+        (_call('{"items": [{"id": 1, "n": -Infinity}]}'), "body", "-Infinity"),
+        (_call('{"items": [{"id": 1, "n": 1e400}]}'), "body", "beyond a double's range"),
+        # JSON other readers read, Python's does not: read as no JSON, sent as no batch before.
+        (_call('{"items": [{"id": 1, "v": %s}, {"op": "noid"}]}' % ("9" * 5000)), "body", "4300"),
+        (_b64(b'{"items": [{"id": 1, "v": "\xff"}, {"op": "noid"}]}'), "body_base64", "not text"),
+        (_call('{"items": [{"id": 1, "v": %s}]}' % ("[" * 5000 + "]" * 5000)), "body", "deep"),
+        # The path names the field the caller sent.
+        (
+            _b64(json.dumps({"items": [{"id": 1}, {"op": 2}]}).encode()),
+            "body_base64.items[1].id",
+            "id",
+        ),
+        (_b64(b'{"items": [{"id": 1, "id": 2}]}'), "body_base64.items[0].id", "twice"),
     ],
-    ids=["missing", "repeated", "int-and-text", "boolean", "too-long", "dup-list", "dup-id", "nan"],
+    ids=[
+        "missing",
+        "repeated",
+        "int-and-text",
+        "boolean",
+        "too-long",
+        "dup-list",
+        "dup-id",
+        "nan",
+        "infinity",
+        "1e400",
+        "5000-digits",
+        "invalid-utf8",
+        "nests-too-deep",
+        "base64-missing",
+        "base64-dup-id",
+    ],
 )
 async def test_a_batch_whose_items_cannot_be_told_apart_is_refused_before_dispatch(
     tmp_path: Path, token: str, call: dict[str, Any], field: str, words: str
@@ -228,26 +264,10 @@ def _target() -> Any:
 )
 def test_a_rejection_whose_body_was_not_read_refuses_no_item_for_it(body: bytes | None) -> None:
     # A 400's body not kept whole, or read otherwise by another reader, may list item 1 applied.
-    action = SimpleNamespace(body=json.dumps({"items": [{"id": 1}, {"id": 2}]}).encode())
+    action = SimpleNamespace(batch=((1, 2), True))  # items 1 and 2 sent
     refused = RemoteResult(Outcome.REJECTED, Code.REMOTE_REJECTED, facts={"status": 400})
     items = read_items(action, _target(), refused, body)
     assert items is not None
     assert [(i["outcome"], i["code"], i["retry"]) for i in items] == [UNKNOWN] * 2
     read = read_items(action, _target(), refused, b'{"results": [{"id": 1, "status": 422}]}')
     assert read is not None and {i["outcome"] for i in read} == {"rejected"}  # read: refused
-
-
-def test_a_batch_accepted_before_the_id_rule_is_read_as_no_batch_not_a_crash() -> None:
-    # An invocation accepted (positions bound) before the rule, its retry answered after it:
-    # the reader gives no item outcome -- the record then leaves every item unknown
-    # (statemachine/batch.py) -- rather than raising the validation refusal mid-result.
-    target = _target()
-    action = SimpleNamespace(body=json.dumps({"items": [{"id": 1}, {"op": "set"}]}).encode())
-    ok = RemoteResult(Outcome.COMMITTED, None)
-    answered = b'{"results": [{"id": 1, "status": 200}]}'
-    assert read_items(action, target, ok, answered) is None
-    action.body = json.dumps({"items": [{"id": 1}, {"id": 2}]}).encode()  # the same, valid
-    assert read_items(action, target, ok, answered) == [
-        {"id": 1, "outcome": "committed", "code": None, "retry": "never", "status": 200},
-        {"id": 2, "outcome": "unknown", "code": "REMOTE_RESULT_INCOMPLETE", "retry": "reconcile"},
-    ]

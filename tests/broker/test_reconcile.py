@@ -515,6 +515,9 @@ async def test_a_forward_proxys_own_404_for_the_query_settles_nothing(
     assert [r.method for r in proxy.requests] == ["POST", "GET"]
 
 
+STATUS = {"committed_if": "status:200"}
+
+
 def _lookup_target(url: str, **extra: Any) -> dict[str, Any]:
     """Target ``pay`` whose query reads the body: ``{"found": "yes"}`` present, ``"no"``
     absent."""
@@ -656,8 +659,25 @@ async def test_a_query_redirected_on_the_targets_own_origin_still_settles(
         # matched (inconclusive); read as "no JSON", committed_if alone would.
         ({"committed_if": "status:200"}, b'{"found": "yes", "found": "no"}'),
         ({}, b'{"found": "yes", "n": NaN}'),
+        # Bodies other readers read and Python's does not (read as "no JSON", the status
+        # condition alone held: committed): invalid UTF-8 in a string, a number Python gives up
+        # on or reads as infinity, nesting its parser gives up on -- and no JSON at all.
+        (STATUS, b'{"found": "no", "n": "\xff"}'),
+        (STATUS, b'{"found": "no", "n": ' + b"9" * 5000 + b"}"),
+        (STATUS, b'{"n": 1e400}'),  # found nowhere: the status alone held
+        (STATUS, b'{"found": "no", "n": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        (STATUS, b"<html>found: no</html>"),
     ],
-    ids=["duplicate-field", "duplicate-field-beside-a-status", "nan"],
+    ids=[
+        "duplicate-field",
+        "duplicate-field-beside-a-status",
+        "nan",
+        "invalid-utf8-beside-a-status",
+        "5000-digits-beside-a-status",
+        "1e400-beside-a-status",
+        "nested-too-deep-beside-a-status",
+        "no-json-beside-a-status",
+    ],
 )
 async def test_a_query_whose_json_readers_disagree_on_settles_nothing(
     tmp_path: Path, token: str, rules: dict[str, str], body: bytes

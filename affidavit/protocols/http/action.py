@@ -29,6 +29,7 @@ from affidavit.protocols.spec import ActionField, ActionSpec, text_payload
 from affidavit.secrets.credentials import parse_inject
 from affidavit.statemachine import Code
 
+from .batch import Sent, items_sent
 from .params import OVERRIDE_HEADERS, check_form_body, check_query
 from .segments import MAX_DECODES, bad_percent, climbs
 from .target import CREDENTIAL_HEADERS, TOKEN, TRANSPORT_HEADERS, HttpTarget
@@ -66,6 +67,9 @@ class HttpAction:
     body: bytes
     idempotency_key: str | None
     session: str | None
+    batch: Sent | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The items the body sends to a target declaring ``batch`` (``batch.items_sent``), read
+    once when the action is parsed; None when it is no batch."""
     kind: ClassVar[str] = "http"
 
 
@@ -87,12 +91,12 @@ def parse(obj: Mapping[str, Any], name: str, target: HttpTarget) -> HttpAction:
 
     headers = _parse_headers(obj.get("headers"), target)
     body = _parse_body(obj, target.max_body)
+    body_field = "body" if obj.get("body") is not None else "body_base64"
     if body:
-        field = "body" if obj.get("body") is not None else "body_base64"
         # The type as servers read it: "Content_Type" is CONTENT_TYPE to CGI/WSGI/PHP stacks
         # (one spelling at most: two are refused as duplicates).
         ctype = next((v for n, v in headers if _header_key(n) == "content-type"), None)
-        check_form_body(body, ctype, field)
+        check_form_body(body, ctype, body_field)
 
     key = string(obj, "idempotency_key", required=False)
     if key is not None:
@@ -117,6 +121,7 @@ def parse(obj: Mapping[str, Any], name: str, target: HttpTarget) -> HttpAction:
         body=body,
         idempotency_key=key,
         session=session(obj),
+        batch=items_sent(body, body_field, target),
     )
 
 

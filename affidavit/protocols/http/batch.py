@@ -5,15 +5,20 @@ Seed: "A batch request needs an outcome for each item ... Record the parent tran
 five child outcomes.  Retry only the item for which the records and the remote contract permit
 it, or reconcile the batch as a whole if the remote API applies changes atomically."
 
-The items sent are read from the request body when the action is validated (``sent_items``), so
-every item is known whatever happens after dispatch.  With ``item_id``, every item sent must
-carry a distinct id (a non-empty string of at most ``MAX_SCALAR`` characters or an integer; ``7``
-and ``"7"`` are one id): results are matched by it, and an item without one cannot be told
-apart -- the action is refused ``INVALID_FIELD`` at the item's id (``body.items[1].id``) before
-anything is sent.  Without ``item_id`` the i-th result is the i-th item's, and only when the
-list answers exactly as many items as were sent (a shorter list does not say which was left
-out).  The body is read strictly (``affidavit.strictjson``): a field named twice or ``NaN`` is
-refused there too -- the remote may read other items than the broker would record.
+The items sent are read from the request body once, when the action is parsed
+(``items_sent``, kept as ``HttpAction.batch``), so every item is known whatever happens after
+dispatch.  With ``item_id``, every item sent must carry a distinct id (a non-empty string of at
+most ``MAX_SCALAR`` characters or an integer; ``7`` and ``"7"`` are one id): results are matched
+by it, and an item without one cannot be told apart -- the action is refused ``INVALID_FIELD``
+at the item's id, below the field the caller sent (``body.items[1].id``,
+``body_base64.items[1].id``), before anything is sent.  Without ``item_id`` the i-th result is
+the i-th item's, and only when the list answers exactly as many items as were sent (a shorter
+list does not say which was left out).  A body sent to a target declaring ``batch`` is read
+strictly (``affidavit.strictjson``), item list or not -- a body the broker sends is as
+ambiguous to the remote as to the broker: a field named twice is refused at its path, and
+``NaN``, ``1e400``, a 5000-digit integer, invalid UTF-8 in a string or nesting Python gives up
+on at the body's field -- the remote may read other items than the broker would record.  A
+body that is no JSON text has no item list: no batch.
 
 Only a *complete success* (a 2xx, no code) speaks for items one by one (``read_items``); the
 rules, per item status:
@@ -46,7 +51,6 @@ item, a redirect not followed) leaves each ``unknown``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -55,8 +59,7 @@ from affidavit.adapters.base import RemoteResult
 from affidavit.protocols.actions import ActionInvalid
 from affidavit.schema import Field, Read, Schema
 from affidavit.statemachine import CODES, Code, Outcome, Retry
-from affidavit.strictjson import DuplicateField, NotJsonNumber
-from affidavit.strictjson import loads as strict_loads
+from affidavit.strictjson import DuplicateField, NotJsonNumber, NotText, loads_bytes
 
 from .selectors import (
     ABSENT,
@@ -73,7 +76,7 @@ from .selectors import (
 if TYPE_CHECKING:  # target.py declares the ``batch`` field with this module's schema
     from .target import HttpTarget
 
-__all__ = ["BATCH", "BatchContract", "read_items", "sent_items"]
+__all__ = ["BATCH", "BatchContract", "Sent", "items_sent", "read_items", "sent_items"]
 
 THROTTLED = frozenset({429, 503})
 
@@ -156,44 +159,52 @@ def _key(value: Any) -> str | None:
     return key if 0 < len(key) <= MAX_SCALAR else None
 
 
-def _field(tokens: tuple[str, ...], at: int | None = None, then: tuple[str, ...] = ()) -> str:
-    """The body path the caller can fix: ``body.items[1].id`` (the pointers are the target's
-    settings, never the caller's text)."""
-    path = "body" + "".join(f".{t}" for t in tokens)
-    return path + ("" if at is None else f"[{at}]") + "".join(f".{t}" for t in then)
+def _field(root: str, tokens: tuple[str, ...], at: int, then: tuple[str, ...]) -> str:
+    """The path the caller can fix, below the field that carried the body (``body.items[1].id``,
+    ``body_base64.items[1].id``); the pointers are the target's settings, never the caller's
+    text."""
+    path = root + "".join(f".{t}" for t in tokens)
+    return path + f"[{at}]" + "".join(f".{t}" for t in then)
 
 
-def _request(body: bytes) -> Any:
+def _request(body: bytes, root: str) -> Any:
     """The request body as JSON, strictly: what the broker records of the items must be what
-    any reader of the body finds."""
+    any reader of the body finds.  JSON readers disagree on is refused at ``root`` (a field
+    named twice at its own path); a body that is no JSON text has no item list."""
     if not body:
         return ABSENT
     try:
-        # Decoded as ``json.loads`` decodes bytes, the way ``selectors.json_body`` does.
-        return strict_loads(body.decode(json.detect_encoding(body), "surrogatepass"), "body")
+        return loads_bytes(body, root)
     except DuplicateField as exc:
         raise ActionInvalid(Code.INVALID_FIELD, exc.path, exc.what) from None
-    except NotJsonNumber as exc:
-        raise ActionInvalid(Code.INVALID_FIELD, "body", exc.what) from None
+    except (NotJsonNumber, NotText) as exc:
+        raise ActionInvalid(Code.INVALID_FIELD, root, exc.what) from None
     except RecursionError:
-        raise ActionInvalid(Code.INVALID_FIELD, "body", "nests too deep to be read") from None
-    except ValueError:  # no JSON text (UnicodeDecodeError included): no batch
+        raise ActionInvalid(Code.INVALID_FIELD, root, "nests too deep to be read") from None
+    except ValueError:  # no JSON text: no batch
         return ABSENT
 
 
-def _sent(action: Any, target: HttpTarget) -> tuple[list[str | int], bool] | None:
-    """(the items' ids, whether they are real ids rather than positions), or None when the
-    action is not a batch: the target declares none, or the body has no item list.  Raises
-    ``ActionInvalid`` for a batch whose items cannot be told apart (the module docstring)."""
+Sent = tuple[tuple[str | int, ...], bool]
+"""The ids of the items sent (their positions without ``item_id``), and whether they are real
+ids."""
+
+
+def items_sent(body: bytes, root: str, target: HttpTarget) -> Sent | None:
+    """What a body sent to ``target`` in the action's field ``root`` (``body``,
+    ``body_base64``) holds as a batch, or None when it is none: the target declares no batch,
+    or the body has no item list.  Read once, when the action is parsed (``HttpAction.batch``).
+    Raises ``ActionInvalid`` for a batch whose items cannot be told apart, or a JSON body
+    readers disagree on (the module docstring)."""
     contract = target.batch
     if contract is None:
         return None
     list_at = pointer(contract.request_items.path)
-    elems = resolve(_request(action.body), list_at)
+    elems = resolve(_request(body, root), list_at)
     if not isinstance(elems, list):
         return None
     if contract.item_id is None:
-        return list(range(len(elems))), False
+        return tuple(range(len(elems))), False
     id_at = pointer(contract.item_id.path)
     ids: list[str | int] = []
     first: dict[str, int] = {}
@@ -203,27 +214,27 @@ def _sent(action: Any, target: HttpTarget) -> tuple[list[str | int], bool] | Non
         if key is None:
             raise ActionInvalid(
                 Code.INVALID_FIELD,
-                _field(list_at, n, id_at),
+                _field(root, list_at, n, id_at),
                 "needs an id (a non-empty string of at most "
                 f"{MAX_SCALAR} characters, or an integer): results are matched to items by it",
             )
         if key in first:
             raise ActionInvalid(
                 Code.INVALID_FIELD,
-                _field(list_at, n, id_at),
+                _field(root, list_at, n, id_at),
                 f"repeats the id of item {first[key]}: results are matched to items by it",
             )
         first[key] = n
         ids.append(value)
-    return ids, True
+    return tuple(ids), True
 
 
 def sent_items(action: Any, target: HttpTarget) -> Mapping[str, Any] | None:
     """What ACTION_ACCEPTED binds: the ids of the items sent and ``atomic``, or None."""
-    sent = _sent(action, target)
+    sent: Sent | None = action.batch
     if sent is None or target.batch is None:
         return None
-    return {"items": sent[0], "atomic": target.batch.atomic}
+    return {"items": list(sent[0]), "atomic": target.batch.atomic}
 
 
 def _item(
@@ -264,10 +275,7 @@ def read_items(
     ``body`` is None when it was not kept or not received whole (``affidavit.engine.readable``):
     no item is classified from it."""
     contract = target.batch
-    try:
-        sent = _sent(action, target)
-    except ActionInvalid:  # refused at validation: never sent (a record from before the rule)
-        return None
+    sent: Sent | None = action.batch
     if sent is None or contract is None:
         return None
     ids, by_id = sent

@@ -20,8 +20,10 @@ An array of conditions holds when every one of them does.  Only a complete, auth
 is read at all -- its body whole (no ``body_withheld``, no ``body_truncated``) and its final hop
 on the target's origin (a redirect elsewhere settles nothing): ``engine/readable.py``; one that
 both or neither of ``committed_if`` / ``rejected_if`` match settles nothing
-(``RECONCILE_INCONCLUSIVE``), nor does a body read by a ``json:`` condition that is JSON readers
-disagree on -- a field named twice, ``NaN`` (``selectors.UNREADABLE``).
+(``RECONCILE_INCONCLUSIVE``), nor does a non-empty body read by a ``json:`` condition that is
+no JSON text, or JSON readers disagree on -- a field named twice, ``NaN``, ``1e400``, a
+5000-digit integer, invalid UTF-8 in a string, nesting Python gives up on
+(``selectors.UNREADABLE``).
 """
 
 from __future__ import annotations
@@ -172,12 +174,18 @@ def verdict(
     the conditions that held), or (None, None) when both or neither match."""
     rq = target.reconcile
     assert rq is not None
-    doc = json_body(streams.get("body"))
-    if doc is UNREADABLE and any(
-        c.selector is not None and c.selector.source == "json"
-        for c in (*(rq.committed_if or ()), *(rq.rejected_if or ()))
+    body = streams.get("body")
+    doc = json_body(body)
+    if (
+        body
+        and (doc is UNREADABLE or doc is ABSENT)
+        and any(
+            c.selector is not None and c.selector.source == "json"
+            for c in (*(rq.committed_if or ()), *(rq.rejected_if or ()))
+        )
     ):
-        # JSON that readers disagree on ({"found": "no", "found": "yes"}): what it says is a
+        # A body that is no JSON Python reads alike with other readers ({"found": "no",
+        # "found": "yes"}, invalid UTF-8 in a string, a 5000-digit integer): what it says is a
         # guess, and a status condition on the other side must not win by the body's silence.
         return None, None
     found = []

@@ -7,21 +7,21 @@ an operation whose job id is read from the wrong place would be tracked on a gue
 Bodies are read strictly (``affidavit.strictjson``): every value read here decides something --
 a batch item's outcome, a reconciliation verdict, a job's id or state -- and a body holding a
 field twice (``{"status": 200, "status": 400}``: Python keeps the last, other readers the
-first) or ``NaN`` says different things to different readers.  Such a body is ``UNREADABLE``:
-no selector finds anything in it, and whoever would decide from it decides nothing.
+first), ``NaN``, ``1e400`` (infinity to Python), an integer of more than 4300 digits or invalid
+UTF-8 inside a string says different things to different readers, or nothing to Python's.
+Such a body is ``UNREADABLE``: no selector finds anything in it, and whoever would decide from
+it decides nothing.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from affidavit.schema import Read
-from affidavit.strictjson import DuplicateField, NotJsonNumber
-from affidavit.strictjson import loads as strict_loads
+from affidavit.strictjson import DuplicateField, NotJsonNumber, NotText, loads_bytes
 
 __all__ = [
     "ABSENT",
@@ -39,8 +39,9 @@ ABSENT: Final[Any] = object()
 """What a selector finds where the message has no such value."""
 
 UNREADABLE: Final[Any] = object()
-"""``json_body`` of JSON that readers disagree on (a field named twice, ``NaN``, nesting Python's
-parser gives up on): no selector finds anything in it (the module docstring)."""
+"""``json_body`` of JSON that readers disagree on (a field named twice, ``NaN``, a number or
+bytes Python's parser does not read as others do, nesting it gives up on): no selector finds
+anything in it (the module docstring)."""
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 §5.1 token
 
@@ -110,12 +111,10 @@ def json_body(body: bytes | None) -> Any:
     if not body:
         return ABSENT
     try:
-        # Decoded as ``json.loads`` decodes bytes (UTF-8, -16 or -32, a UTF-8 BOM skipped).
-        text = body.decode(json.detect_encoding(body), "surrogatepass")
-        return strict_loads(text)
-    except (DuplicateField, NotJsonNumber, RecursionError):
+        return loads_bytes(body)
+    except (DuplicateField, NotJsonNumber, NotText, RecursionError):
         return UNREADABLE
-    except ValueError:  # no JSON text (UnicodeDecodeError included)
+    except ValueError:  # no JSON text
         return ABSENT
 
 
