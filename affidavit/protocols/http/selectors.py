@@ -111,7 +111,7 @@ def json_body(body: bytes | None) -> Any:
     if not body:
         return ABSENT
     try:
-        return loads_bytes(body)
+        return loads_bytes(body, None)  # no duplicate's path: nobody is told it
     except (DuplicateField, NotJsonNumber, NotText, RecursionError):
         return UNREADABLE
     except ValueError:  # no JSON text
