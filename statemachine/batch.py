@@ -23,7 +23,9 @@ redirect) gives no item more than the parent proves: each item it records is ``u
 parent's code, never with a status of its own nor a hint stronger than the parent's (audit
 48b: a 401 whose body listed every item 200 recorded them committed / ``never`` under a parent
 inviting a corrected resend).  The writer refuses any other; a row written before the rule is
-folded as every item ``unknown``: what the parent proves, never more.
+folded as every item ``unknown`` -- what the parent proves, never more -- unless each of its
+items is one the writer accepts, or refused with the parent's code beside the status it was
+listed with (a refusal, as the code says: read as written).
 """
 
 from __future__ import annotations
@@ -115,13 +117,13 @@ def _incomplete(item_id: object) -> dict[str, Any]:
     }
 
 
-def _backed(parent: Code, item: Mapping[str, Any]) -> bool:
+def _backed(parent: Code, item: Mapping[str, Any], writing: bool) -> bool:
     """Whether a complete response that was no success (``parent``: its code) backs ``item``:
-    unknown, or -- under a rejection -- refused with the parent's code and a hint
-    no stronger than the code's own (``reconcile`` for a throttled one), and no status of its
-    own (the body of a refusal, or of a 500, speaks for no item)."""
-    if "status" in item:
-        return False
+    unknown, or -- under a rejection -- refused with the parent's code and a hint no stronger
+    than the code's own (``reconcile`` for a throttled one).  Written now, it has no status of
+    its own (the body of a refusal, or of a 500, speaks for no item); a row written before the
+    rule gave a refused item the status it was listed with, and its code agreeing with the
+    parent's says that status was a refusal too: it is read as written."""
     if dict(item) == _incomplete(item["id"]):
         return True
     return (
@@ -129,6 +131,7 @@ def _backed(parent: Code, item: Mapping[str, Any]) -> bool:
         and item["outcome"] == Outcome.REJECTED.value
         and item["code"] == parent.value
         and item["retry"] in (CODES[parent].retry.value, Retry.RECONCILE.value)
+        and not (writing and "status" in item)
     )
 
 
@@ -147,7 +150,7 @@ def on_items_recorded(p: Projector, event: Event) -> None:
         for item, want in zip(items, ids, strict=True)
     )
     parent = p._code
-    if parent is not None and not all(_backed(parent, i) for i in checked):
+    if parent is not None and not all(_backed(parent, i, p._writing) for i in checked):
         if p._writing:
             _refuse(p, event, f"an item cannot say more than its parent's {parent.value}")
         # A row written before the rule: what the parent proves of each item, never more.

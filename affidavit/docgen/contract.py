@@ -424,7 +424,9 @@ def _operation_section() -> list[str]:
         "redirect not followed) leaves each `unknown`. The journal's writer refuses "
         "BATCH_ITEMS_RECORDED that breaks this "
         "(statemachine/batch.py); such a row written before the rule reads as every item "
-        "`unknown`.",
+        "`unknown` -- unless every item in it is one the writer accepts, or refused with the "
+        "parent's code beside the status it was listed with (a refusal, as the code says): "
+        "then it reads as written.",
         "",
         "An item answered 429 or 503 (`REMOTE_THROTTLED`) gets the hint a whole request "
         "answered 429/503 would get on the same record -- rule 7 of How the retry hint is "

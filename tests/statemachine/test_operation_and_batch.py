@@ -314,7 +314,6 @@ _REFUSED = {"outcome": "rejected", "code": "REMOTE_REJECTED", "retry": "after_co
     ("outcome", "code", "item"),
     [
         ("rejected", "REMOTE_REJECTED", _APPLIED),  # a 401 whose body lists every item 200
-        ("rejected", "REMOTE_REJECTED", {**_REFUSED, "status": 400}),  # a status of its own
         ("rejected", "REMOTE_THROTTLED", _REFUSED),  # another code than the parent's
         ("committed", "REMOTE_ERROR", {**_REFUSED, "status": 400}),  # a 500 listing 400s
         ("committed", "REMOTE_ERROR", _REFUSED),
@@ -335,6 +334,24 @@ def test_items_never_say_more_than_a_parent_that_was_no_success(
     _recorded(p, items, writing=False)
     assert _items(p) == [(i, *_UNKNOWN.values()) for i in ("a", "b", 3)]
     assert p.record().code is not None and p.record().code.value == code
+
+
+def test_an_old_row_refusing_items_with_their_own_refusal_under_a_refusal_reads_as_written() -> (
+    None
+):
+    # Written before the rule: a 400 whose body listed each item 422 gave each its status.  The
+    # writer refuses that now (no item status under a parent that was no success) -- but the
+    # status agrees with the parent's code, so the old row is folded as written, not unknown.
+    items = [{"id": i, **_REFUSED, "status": 422} for i in ("a", "b", 3)]
+    p = _answered("rejected", "REMOTE_REJECTED")
+    with pytest.raises(ImpossibleEvent, match="more than its parent's REMOTE_REJECTED"):
+        _recorded(p, items, writing=True)
+    _recorded(p, items, writing=False)
+    assert _items(p) == [(i, *_REFUSED.values()) for i in ("a", "b", 3)]
+    # Beside an item the parent does not back, the whole row says no more than the parent.
+    p = _answered("rejected", "REMOTE_REJECTED")
+    _recorded(p, [{"id": "a", **_APPLIED}, *items[1:]], writing=False)
+    assert _items(p) == [(i, *_UNKNOWN.values()) for i in ("a", "b", 3)]
 
 
 @pytest.mark.parametrize(
