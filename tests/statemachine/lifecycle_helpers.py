@@ -309,21 +309,29 @@ ITEM_RESULTS: list[tuple[Outcome, Code | None, str]] = [
 
 
 def _item(item_id: object, choose: Choose[Any], parent: Code | None = None) -> dict[str, Any]:
-    """One item a complete response may record: any of ``ITEM_RESULTS`` under a success; under
-    a parent that is no success (its ``code``), unknown or -- a rejection -- the parent's code
-    (statemachine/batch.py)."""
+    """One item a complete response may record: any of ``ITEM_RESULTS`` under a success.  Under
+    a parent that is no success (its ``code``), mostly what the writer accepts -- unknown or, a
+    rejection, the parent's code (statemachine/batch.py) -- and now and then any item, with or
+    without a status of its own: a row the writer refuses, which a journal written before the
+    rule may hold (the fold reads it as documented).  ``first`` draws an accepted one."""
     results = ITEM_RESULTS
+    status = None
     if parent is not None:
-        results = [ITEM_RESULTS[-1]]
+        backed = [ITEM_RESULTS[-1]]
         if CODES[parent].outcome is Outcome.REJECTED:
-            results.append((Outcome.REJECTED, parent, CODES[parent].retry.value))
+            backed.append((Outcome.REJECTED, parent, CODES[parent].retry.value))
+        results = [*backed, *backed, *ITEM_RESULTS]
+        status = choose([None, None, 422, 200])
     outcome, code, retry = choose(results)
-    return {
+    item = {
         "id": item_id,
         "outcome": outcome.value,
         "code": code.value if code is not None else None,
         "retry": retry,
     }
+    if status is not None:
+        item["status"] = status
+    return item
 
 
 def path_to(target: str) -> list[tuple[EventKind, str]]:

@@ -181,11 +181,11 @@ class ProjectionMachine(RuleBasedStateMachine):
         self.seq += 1
         return self.seq
 
-    def _apply(self, event: Event) -> bool:
+    def _apply(self, event: Event, writing: bool = False) -> bool:
         before = self.p.record(self.now)
         state_before = self.p.state
         try:
-            self.p.apply(event)
+            self.p.apply(event, writing=writing)
         except ImpossibleEvent:
             assert self.p.record(self.now) == before, "a refused event changed the record"
             assert self.p.state == state_before
@@ -312,8 +312,31 @@ class ProjectionMachine(RuleBasedStateMachine):
 
     def _step(self, choose: Choose[Any], kind: EventKind, dest: str) -> None:
         event = make_event(self.p, kind, dest, self._next(), choose)
-        assert self._apply(event), f"valid {kind} -> {dest} was refused in {self.p.state}"
+        parent = self.p.record(self.now).code
+        if kind is E.BATCH_ITEMS_RECORDED and parent is not None:
+            self._items_under_no_success(event, parent)
+        else:
+            assert self._apply(event), f"valid {kind} -> {dest} was refused in {self.p.state}"
         assert self.p.state == dest
+
+    def _items_under_no_success(self, event: Event, parent: Code) -> None:
+        """Items recorded under a parent that was no success: the writer takes exactly the rows
+        whose every item the parent backs; a row it refuses (one written before the rule) is
+        folded as written when each item is backed or refused with the parent's code beside a
+        status of its own, else as every item unknown (statemachine/batch.py)."""
+        items = event.attrs["items"]
+        written = self._apply(event, writing=True)
+        assert written == all(_backed_by(parent, i, writing=True) for i in items), items
+        if written:
+            return
+        assert self._apply(event), "the fold refused a row a stored journal may hold"
+        rec = self.p.record(self.now)
+        assert rec.items is not None
+        got = [(i["outcome"], i["code"]) for i in rec.items]
+        if all(_backed_by(parent, i, writing=False) for i in items):
+            assert got == [(i["outcome"], i["code"]) for i in items]
+        else:
+            assert got == [(_UNKNOWN_ITEM[0], _UNKNOWN_ITEM[1])] * len(items)
 
     @rule(
         kind=st.sampled_from(list(EventKind)),
@@ -517,12 +540,39 @@ def _linked_invariants(event: Event, after: Record, closed: set[str]) -> None:
         closed.add(call)
 
 
+_UNKNOWN_ITEM = ("unknown", "REMOTE_RESULT_INCOMPLETE", "reconcile")
+
+
+def _backed_by(parent: Code, item: dict[str, Any], writing: bool) -> bool:
+    """The rule (an oracle apart from statemachine/batch.py): under a parent that was no success,
+    an item is unknown with no status, or -- under a rejection -- refused with the parent's code
+    and a hint no stronger than the code's; a status of its own only in a row written before
+    the rule."""
+    if (item["outcome"], item["code"], item["retry"]) == _UNKNOWN_ITEM and "status" not in item:
+        return True
+    return (
+        CODES[parent].outcome is Outcome.REJECTED
+        and (item["outcome"], item["code"]) == ("rejected", parent.value)
+        and item["retry"] in (CODES[parent].retry.value, "reconcile")
+        and not (writing and "status" in item)
+    )
+
+
 def _item_invariants(rec: Record, prev: Record) -> None:
     """Seed: a batch's items have outcomes of their own, never better known than the evidence:
     before dispatch each is not_attempted; no item is not_attempted after it; an unresolved
-    parent leaves every item sharing its outcome and hint."""
+    parent leaves every item sharing its outcome and hint; a complete response that was no
+    success gives no item more than the parent proves -- each unknown, or refused with the
+    parent's code (audit 48b #3)."""
     if rec.items is None:
         return
+    if rec.code is not None and rec.state.startswith("completed_"):
+        for i in rec.items:
+            unknown = (i["outcome"], i["code"], i["retry"]) == _UNKNOWN_ITEM
+            assert (unknown and "status" not in i) or (
+                CODES[rec.code].outcome is Outcome.REJECTED
+                and (i["outcome"], i["code"]) == ("rejected", rec.code.value)
+            ), f"an item says more than its parent's {rec.code.value}: {i}"
     outcomes = {Outcome(i["outcome"]) for i in rec.items}
     if rec.evidence["dispatch_started"]:
         assert Outcome.NOT_ATTEMPTED not in outcomes
