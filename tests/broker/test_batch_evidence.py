@@ -67,6 +67,7 @@ def _answer(status: int, *results: tuple[Any, Any]) -> Reply:
         (_call('{"items": [{"id": 1}], "items": [{"id": 2}, {"id": 3}]}'), "body.items", "twice"),
         (_call('{"items": [{"id": 1, "id": 2}]}'), "body.items[0].id", "twice"),
         (_call('{"items": [{"id": 1, "n": NaN}]}'), "body", "NaN"),
+        (_call('{"items": [{"id": 1, "n": Infinity}]}'), "body", "holds Infinity"),
         (_call('{"items": [{"id": 1, "n": -Infinity}]}'), "body", "-Infinity"),
         (_call('{"items": [{"id": 1, "n": 1e400}]}'), "body", "beyond a double's range"),
         # JSON other readers read, Python's does not: read as no JSON, sent as no batch before.
@@ -91,6 +92,7 @@ def _answer(status: int, *results: tuple[Any, Any]) -> Reply:
         "dup-id",
         "nan",
         "infinity",
+        "minus-infinity",
         "1e400",
         "5000-digits",
         "invalid-utf8",
