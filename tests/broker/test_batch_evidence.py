@@ -202,13 +202,13 @@ async def test_a_batch_response_holding_a_field_twice_classifies_no_item(
 @pytest.mark.parametrize(
     ("status", "items", "parent", "each"),
     [
-        # Rejected credentials: no item was applied, whatever the body lists.
-        (401, (200, 200), ("rejected", "REMOTE_REJECTED"), [REFUSED] * 2),
-        # Any other refusal may stand beside applied items its body lists (non-atomic): an item
-        # listed applied is unknown -- "rejected" would invite a resend applying it twice --
-        # one listed refused, or not listed, keeps the parent's rejection.
+        # A refusal, a 401 too, may stand beside applied items its body lists (non-atomic): an
+        # item listed applied is unknown -- "rejected" would invite a resend applying it twice
+        # -- one listed refused keeps the parent's rejection, one the list leaves out is not
+        # said (the list does not speak for it, and the parent does not speak beside a list).
+        (401, (201, 401), ("rejected", "REMOTE_REJECTED"), [UNKNOWN[:2], REFUSED]),
         (400, (201, 422), ("rejected", "REMOTE_REJECTED"), [UNKNOWN[:2], REFUSED]),
-        (400, (201, None), ("rejected", "REMOTE_REJECTED"), [UNKNOWN[:2], REFUSED]),
+        (400, (201, None), ("rejected", "REMOTE_REJECTED"), [UNKNOWN[:2]] * 2),
         (503, (201, 422), ("rejected", "REMOTE_THROTTLED"), [UNKNOWN[:2], THROTTLED]),
         (429, (200, 429), ("rejected", "REMOTE_THROTTLED"), [UNKNOWN[:2], THROTTLED]),
         # A server error may have applied any item: "rejected" would invite a resend.
@@ -217,7 +217,7 @@ async def test_a_batch_response_holding_a_field_twice_classifies_no_item(
         (303, (200, 200), ("committed", "REMOTE_REDIRECTED"), [UNKNOWN[:2]] * 2),
     ],
     ids=[
-        "401-lists-applied",
+        "401-lists-one-applied",
         "400-mixed",
         "400-one-unlisted",
         "503-mixed",
@@ -235,7 +235,7 @@ async def test_items_listed_under_a_parent_that_is_no_success_take_the_parents_w
     reply = _answer(status, *listed, *((n, refused) for n in range(3, 6)))
     env, kinds, _m = await _run(tmp_path, scripts.serve(reply))
     assert (env["error"]["outcome"], env["error"]["code"]) == parent
-    rest = each[1] if status not in (500, 303) else each[0]
+    rest = UNKNOWN[:2] if status in (500, 303) else parent  # items 3-5: listed refused
     assert [(i["outcome"], i["code"]) for i in env["items"]] == [*each, rest, rest, rest]
     assert not any("status" in i for i in env["items"])  # no item's own status was taken
     assert E.BATCH_ITEMS_RECORDED in kinds
@@ -271,5 +271,76 @@ def test_a_rejection_whose_body_was_not_read_refuses_no_item_for_it(body: bytes 
     items = read_items(action, _target(), refused, body)
     assert items is not None
     assert [(i["outcome"], i["code"], i["retry"]) for i in items] == [UNKNOWN] * 2
-    read = read_items(action, _target(), refused, b'{"results": [{"id": 1, "status": 422}]}')
+    read = read_items(
+        action,
+        _target(),
+        refused,
+        b'{"results": [{"id": 1, "status": 422}, {"id": 2, "status": 400}]}',
+    )
     assert read is not None and {i["outcome"] for i in read} == {"rejected"}  # read: refused
+
+
+U, R = UNKNOWN, ("rejected", "REMOTE_REJECTED", "after_correction")
+
+
+@pytest.mark.parametrize(
+    ("by_id", "body", "each"),
+    [
+        # No item list at all: the whole request was refused, each item with it.
+        (True, b"", [R, R]),
+        (True, b"<html>Bad Request</html>", [R, R]),
+        (True, b'{"error": "bad"}', [R, R]),
+        (True, b'{"results": {"id": 1, "status": 201}}', [R, R]),  # another shape: no list
+        # A list: the parent speaks only for the items it lists refused.
+        (True, b'{"results": [{"id": 1, "status": 422}, {"id": 2, "status": 409}]}', [R, R]),
+        (True, b'{"results": [{"id": 1, "status": 201}]}', [U, U]),  # 2 left out
+        (True, b'{"results": [{"id": 1, "status": 422}]}', [R, U]),  # 2 left out
+        (True, b'{"results": []}', [U, U]),
+        (True, b'{"results": [{"id": 1, "created": true}, {"id": 2, "status": 422}]}', [U, R]),
+        (True, b'{"results": [{"id": 1, "status": 201.0}, {"id": 2, "status": 422}]}', [U, R]),
+        (True, b'{"results": [{"id": 1, "status": {"c": 422}}, {"id": 2, "status": 422}]}', [U, R]),
+        (True, b'{"results": [{"id": 1.0, "status": 422}, {"id": 2, "status": 422}]}', [U, R]),
+        # By position: only a list answering every item sent names any.
+        (False, b'{"results": [{"status": 201}]}', [U, U]),
+        (False, b'{"results": [{"status": 422}]}', [U, U]),
+        (False, b'{"results": [{"status": 422}, {"status": 422}, {"status": 201}]}', [U, U]),
+        (False, b'{"results": [{"status": 201}, {"status": 422}]}', [U, R]),
+        # Unreadable: it may list any item applied.
+        (True, b'{"results": [{"id": 1, "status": 422, "n": "\xff"}]}', [U, U]),
+        (True, b'{"results": [{"id": 1, "status": 422, "n": 1e400}]}', [U, U]),
+        (True, b'{"results": [{"id": 1, "status": 422, "n": %s}]}' % (b"9" * 5000), [U, U]),
+    ],
+    ids=[
+        "empty",
+        "html",
+        "no-list",
+        "list-is-an-object",
+        "all-listed-refused",
+        "one-applied-one-unlisted",
+        "one-refused-one-unlisted",
+        "empty-list",
+        "listed-without-status",
+        "status-201.0",
+        "status-an-object",
+        "id-1.0-matches-nothing",
+        "positional-short-applied",
+        "positional-short-refused",
+        "positional-long",
+        "positional-whole",
+        "invalid-utf8",
+        "1e400",
+        "5000-digits",
+    ],
+)
+@pytest.mark.parametrize("status", [400, 401])
+def test_a_rejection_speaks_for_an_item_only_without_a_list_or_listing_it_refused(
+    by_id: bool, body: bytes, each: list[tuple[Any, ...]], status: int
+) -> None:
+    target = _target()
+    if not by_id:
+        target.batch.item_id = None
+    action = SimpleNamespace(batch=((1, 2), True) if by_id else ((0, 1), False))
+    parent = RemoteResult(Outcome.REJECTED, Code.REMOTE_REJECTED, facts={"status": status})
+    items = read_items(action, target, parent, body)
+    assert items is not None
+    assert [(i["outcome"], i["code"], i["retry"]) for i in items] == each

@@ -37,14 +37,15 @@ rules, per item status:
 
 A success without a readable item list leaves every item ``unknown``.  A parent that is no
 success never gives an item a status of its own nor a hint stronger than its own
-(statemachine/batch.py refuses one that does).  Under a rejection (a 4xx, 503 included) an
-item keeps the parent's code when the body read whole lists it as refused (a status in
-``rejected``, 400-499 or 503), with no status, or not at all; an item it lists with anything
-else (a 201 beside a 422 under a 400: applied, maybe) is ``unknown`` -- "rejected" would invite
-a resend applying it twice -- and so is every item when the body was not read whole or is
-unreadable (it may list any).  Only a 401 refuses every item whatever the body lists: the
-credentials were refused, nothing was applied.  Anything else (a 5xx that may have applied any
-item, a redirect not followed) leaves each ``unknown``.
+(statemachine/batch.py refuses one that does).  A rejection (a 4xx, 401 and 503 included)
+speaks for an item only when the body read whole holds no item list at all (no body, no JSON,
+another shape: the whole request was refused), or lists that item with a refusal (a status in
+``rejected``, 400-499 or 503): then the item keeps the parent's code.  With a list present, an
+item it lists with anything else (a 201 beside a 422 under a 400: applied, maybe -- "rejected"
+would invite a resend applying it twice), with no readable status (none, ``201.0``, an object),
+or leaves out (by id, or a positional list of another length) is ``unknown``; so is every item
+when the body was not read whole or is unreadable (it may list any).  Anything else (a 5xx
+that may have applied any item, a redirect not followed) leaves each ``unknown``.
 ``atomic = true``: the remote applies all items or none, so a mixed answer makes every item
 ``reconcile`` -- the batch is reconciled as a whole, never one item.
 """
@@ -53,7 +54,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from affidavit.adapters.base import RemoteResult
 from affidavit.protocols.actions import ActionInvalid
@@ -280,18 +281,19 @@ def read_items(
         return None
     ids, by_id = sent
     answers = _answers(contract, ids, by_id, body)
-    heard = answers if answers is not None else {}
+    heard = answers if isinstance(answers, dict) else {}
     if result.outcome is not Outcome.COMMITTED or result.code is not None:
         # No success: the parent's word is each item's (the module docstring).
         if result.outcome is Outcome.REJECTED and result.code is not None:
-            # Rejected credentials say nothing was applied; any other refusal may stand beside
-            # applied items its body lists (a 400 whose body lists one 201 and one 422), and a
-            # body not read whole or unreadable may list any.
-            whole = result.facts.get("status") == 401
-
+            # A refusal may stand beside applied items its body lists (a 400 whose body lists
+            # one 201 and one 422): it speaks for an item only when the body lists no items at
+            # all, or lists that item refused.  A body not read whole or unreadable may list
+            # any; an item a list leaves out, or lists with no readable status, is not said.
             def refused(i: str | int) -> bool:
-                said = () if answers is None else answers.get(str(i), ())
-                return whole or (answers is not None and all(_refusal(contract, s) for s in said))
+                if answers is NO_LIST:
+                    return True
+                said = answers.get(str(i), ()) if isinstance(answers, dict) else ()
+                return bool(said) and all(_refusal(contract, s) for s in said)
 
             items = [
                 _item(i, Outcome.REJECTED, result.code)
@@ -312,27 +314,35 @@ def read_items(
 
 
 def _refusal(contract: BatchContract, status: Any) -> bool:
-    """Whether an item's listed status refuses it, or names nothing (no status)."""
-    if status is None or status in contract.rejected:
+    """Whether an item's listed status refuses it (a status in ``rejected``, 400-499, 503)."""
+    if status is None:
+        return False
+    if status in contract.rejected:
         return True
     return isinstance(status, int) and (400 <= status < 500 or status in THROTTLED)
 
 
+NO_LIST: Final[Any] = object()
+"""``_answers`` of a body read whole that holds no item list (no JSON, another shape)."""
+
+
 def _answers(
     contract: BatchContract, ids: Sequence[str | int], by_id: bool, body: bytes | None
-) -> dict[str, list[Any]] | None:
+) -> dict[str, list[Any]] | Any:
     """Each item's statuses as the response's list gives them (by id, or by position when the
-    list answers every item), keyed by ``str(id)``; an item it does not name is not a key.
-    None when the body was not read whole (``body`` None) or is unreadable: it may name any."""
+    list answers every item), keyed by ``str(id)``; an item it does not name is not a key (a
+    positional list of another length names none).  ``NO_LIST`` when the body read whole holds
+    no item list; None when the body was not read whole (``body`` None) or is unreadable: it
+    may name any."""
     doc = json_body(body)
     if body is None or doc is UNREADABLE:
         return None
     results = resolve(doc, pointer(contract.items.path))
+    if not isinstance(results, list):
+        return NO_LIST
     status_at = pointer(contract.item_status.path)
     answers: dict[str, list[Any]] = {}
-    if not isinstance(results, list):
-        pass  # no item list: no item is answered
-    elif by_id and contract.item_id is not None:
+    if by_id and contract.item_id is not None:
         id_at = pointer(contract.item_id.path)
         for elem in results:
             key = _key(resolve(elem, id_at))
