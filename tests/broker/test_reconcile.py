@@ -18,6 +18,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.approvals import Operator, OperatorError
+from affidavit.protocols.http.reconcile import parse_condition, verdict
 from affidavit.reconcile import service
 from affidavit.statemachine import Event, EventKind
 from tests.http.hostile import HostileServer, Peer, Reply, Script, scripts
@@ -690,3 +692,31 @@ async def test_a_query_whose_json_readers_disagree_on_settles_nothing(
                 b, "the query's answer matches neither committed_if nor rejected_if"
             )
     assert query["result"]["status"] == 200
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        # The rejection needs no body: a 404 that is no JSON says what it says.
+        (404, b"", "rejected"),
+        (404, b"Not Found", "rejected"),
+        (404, b"<html><body>404 Not Found</body></html>", "rejected"),
+        (404, b'{"error": "not found", "n": "\xff"}', "rejected"),
+        (200, b'{"status": "succeeded"}', "committed"),
+        # The committed side would hold but for its json: condition on an unreadable body.
+        (200, b'{"status": "succeeded", "status": "failed"}', None),
+        (200, b"succeeded", None),
+    ],
+    ids=["404-empty", "404-text", "404-html", "404-invalid-utf8", "200", "200-twice", "200-text"],
+)
+def test_an_unreadable_body_settles_nothing_only_where_a_side_asks_it(
+    status: int, body: bytes, expected: str | None
+) -> None:
+    rq = SimpleNamespace(
+        committed_if=(parse_condition("status:200"), parse_condition("json:/status=succeeded")),
+        rejected_if=(parse_condition("status:404"),),
+    )
+    outcome, _why = verdict(
+        SimpleNamespace(reconcile=rq), {"status": status, "headers": []}, {"body": body}
+    )  # type: ignore[arg-type]
+    assert (outcome.value if outcome else None) == expected

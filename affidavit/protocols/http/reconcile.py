@@ -29,7 +29,7 @@ no JSON text, or JSON readers disagree on -- a field named twice, ``NaN``, ``1e4
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -167,6 +167,16 @@ def query(target: HttpTarget, values: Mapping[str, str | None]) -> dict[str, Any
     }
 
 
+def _asks_body(conditions: Sequence[Condition] | None, summary: Mapping[str, Any]) -> bool:
+    """Whether a side would hold but for its ``json:`` conditions, and has one."""
+    if not conditions:
+        return False
+    on_body = [c.selector is not None and c.selector.source == "json" for c in conditions]
+    return any(on_body) and all(
+        c.holds(summary, ABSENT) for c, json in zip(conditions, on_body, strict=True) if not json
+    )
+
+
 def verdict(
     target: HttpTarget, summary: Mapping[str, Any], streams: Mapping[str, bytes]
 ) -> tuple[Outcome | None, str | None]:
@@ -179,14 +189,13 @@ def verdict(
     if (
         body
         and (doc is UNREADABLE or doc is ABSENT)
-        and any(
-            c.selector is not None and c.selector.source == "json"
-            for c in (*(rq.committed_if or ()), *(rq.rejected_if or ()))
-        )
+        and any(_asks_body(conditions, summary) for conditions in (rq.committed_if, rq.rejected_if))
     ):
         # A body that is no JSON Python reads alike with other readers ({"found": "no",
         # "found": "yes"}, invalid UTF-8 in a string, a 5000-digit integer): what it says is a
-        # guess, and a status condition on the other side must not win by the body's silence.
+        # guess, and a status condition on the other side must not win by the body's silence --
+        # only when that side's own other conditions hold (a 404 whose body is "Not Found"
+        # under committed_if = ["status:200", "json:..."] is the rejection it says).
         return None, None
     found = []
     for outcome, conditions in (
