@@ -25,7 +25,8 @@ parent's code, never with a status of its own nor a hint stronger than the paren
 inviting a corrected resend).  The writer refuses any other; a row written before the rule is
 folded as every item ``unknown`` -- what the parent proves, never more -- unless each of its
 items is one the writer accepts, or refused with the parent's code beside the status it was
-listed with (a refusal, as the code says: read as written).
+listed with (a refusal, as the code says: read as written).  Beside an item such a parent does
+not refuse, the record's hint is ``reconcile`` (``parent_retry``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from .rules_common import _refuse
 if TYPE_CHECKING:
     from .projection import Projector
 
-__all__ = ["ITEM_OUTCOMES", "check_batch", "items_view", "on_items_recorded"]
+__all__ = ["ITEM_OUTCOMES", "check_batch", "items_view", "on_items_recorded", "parent_retry"]
 
 ITEM_OUTCOMES: Final = frozenset({Outcome.REJECTED, Outcome.COMMITTED, Outcome.UNKNOWN})
 """What a complete response can say of one item (never ``not_attempted``: it was sent)."""
@@ -50,6 +51,7 @@ _CODES = {c.value: c for c in Code}
 _RETRIES = {r.value for r in Retry}
 _UNRESOLVED = (Outcome.NOT_ATTEMPTED, Outcome.UNKNOWN)
 _THROTTLED = Code.REMOTE_THROTTLED.value
+_RESENDS = (Retry.AFTER_CORRECTION, Retry.BACKOFF, Retry.SAME_IDEMPOTENCY_KEY)
 
 
 def _mixed_atomic(batch: Mapping[str, Any], items: Sequence[Mapping[str, Any]]) -> bool:
@@ -158,6 +160,19 @@ def on_items_recorded(p: Projector, event: Event) -> None:
     # Only a complete result records them (the lifecycle allows it in ``completed_*`` alone),
     # and no dispatch follows one: they are the last attempt's for good.
     p._batch = MappingProxyType({**batch, "items": checked, "seq": event.seq})
+
+
+def parent_retry(
+    items: Sequence[Mapping[str, Any]], outcome: Outcome, code: Code | None, retry: Retry
+) -> Retry:
+    """The record's hint beside its items (``items_view``): ``retry``, unless a resolved
+    response that was no success (``code``) stands beside an item it does not refuse (unknown:
+    a 400 listing it 201) -- then ``reconcile`` in place of a hint that resends.  Seed: "a
+    single retry hint cannot safely be assigned to the whole batch": the parent's
+    ``after_correction`` would resend every item, the one that may have been applied too."""
+    if retry not in _RESENDS or code is None or outcome in _UNRESOLVED:
+        return retry  # fetch_result, never, reconcile: nothing is sent again
+    return retry if all(i["outcome"] == "rejected" for i in items) else Retry.RECONCILE
 
 
 def items_view(

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from .batch import items_view
+from .batch import items_view, parent_retry
 from .contract import CODES, Code, Outcome, Phase, Retry
 from .events import Event, EventKind
 from .lifecycle import INITIAL, OUTCOME_SPLIT, STATES, TRANSITIONS
@@ -296,6 +296,7 @@ class Projector:
                 lambda: self._hint("completed_rejected", _REJECTED, _THROTTLED, now, deliverable),
                 _reconciled_source(state, evidence),
             )
+            r.retry = parent_retry(r.items, outcome, code, retry)
         else:
             r.items = None
         r.__class__ = Record

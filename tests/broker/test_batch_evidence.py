@@ -239,6 +239,9 @@ async def test_items_listed_under_a_parent_that_is_no_success_take_the_parents_w
     assert [(i["outcome"], i["code"]) for i in env["items"]] == [*each, rest, rest, rest]
     assert not any("status" in i for i in env["items"])  # no item's own status was taken
     assert E.BATCH_ITEMS_RECORDED in kinds
+    # Seed: "a single retry hint cannot safely be assigned to the whole batch" -- beside an
+    # item the parent does not refuse, following its after_correction resends that item too.
+    assert env["error"]["retry"] == "reconcile"
 
 
 def _target() -> Any:
@@ -344,3 +347,11 @@ def test_a_rejection_speaks_for_an_item_only_without_a_list_or_listing_it_refuse
     items = read_items(action, target, parent, body)
     assert items is not None
     assert [(i["outcome"], i["code"], i["retry"]) for i in items] == each
+
+
+async def test_a_rejection_refusing_every_item_keeps_its_hint(tmp_path: Path, token: str) -> None:
+    # The other side of the rule above: every item refused, the parent's hint stands.
+    reply = _answer(400, *((n, 422) for n in range(1, 6)))
+    env, _kinds, _m = await _run(tmp_path, scripts.serve(reply))
+    assert [i["outcome"] for i in env["items"]] == ["rejected"] * 5
+    assert env["error"]["retry"] == "after_correction"

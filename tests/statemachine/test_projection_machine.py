@@ -440,8 +440,11 @@ def _hint_invariants(rec: Record, now: float, max_retry_after: float) -> None:
     if undeliverable and rec.code is None:
         assert retry is Retry.NEVER, retry  # its stored result's: a complete success, use it
     elif undeliverable and rec.code is not Code.REMOTE_THROTTLED:
-        # Its stored result's: the code's own hint ("Any other code: its default hint").
-        assert retry is CODES[rec.code].retry, (rec.code, retry)
+        # Its stored result's: the code's own hint ("Any other code: its default hint") --
+        # reconcile in place of one that resends beside an item the parent does not refuse.
+        own = CODES[rec.code].retry
+        beside = own in (Retry.AFTER_CORRECTION, *_RESENDS) and _beside_an_item_not_refused(rec)
+        assert retry is (Retry.RECONCILE if beside else own), (rec.code, retry)
     if outcome is Outcome.UNKNOWN:
         if rec.state == "store_failed_unknown":
             assert retry is Retry.NEVER  # fix storage, not a retry of the remote action
@@ -472,6 +475,7 @@ def _hint_invariants(rec: Record, now: float, max_retry_after: float) -> None:
         timely = rec.retry_after is not None and rec.retry_after <= max_retry_after
         safe = rec.idempotent or _key_usable(rec, now)
         allowed = timely and safe and rec.budget.left > 0
+        allowed = allowed and not _beside_an_item_not_refused(rec)
         assert retry is (Retry.BACKOFF if allowed else Retry.RECONCILE), (retry, timely, safe)
     if rec.state.startswith("store_failed_"):
         # "What needs fixing is storage, not a retry of the remote action", whatever the
@@ -601,9 +605,20 @@ def _absorbing(state: str) -> bool:
     return all(dest in ("=", state) for dest in TRANSITIONS[state].values())
 
 
+def _beside_an_item_not_refused(rec: Record) -> bool:
+    """Seed: "a single retry hint cannot safely be assigned to the whole batch" -- a resolved
+    parent that was no success beside an item it does not refuse gets ``reconcile``."""
+    return (
+        rec.items is not None
+        and rec.code is not None
+        and rec.outcome in RESOLVED
+        and any(i["outcome"] != "rejected" for i in rec.items)
+    )
+
+
 def _expected_retry(rec: Record, now: float, max_retry_after: float) -> Any:
     idem = rec.idempotency
-    return compute_retry(
+    hint = compute_retry(
         HintInputs(
             state=rec.state,
             outcome=rec.outcome,
@@ -620,6 +635,8 @@ def _expected_retry(rec: Record, now: float, max_retry_after: float) -> Any:
             deliverable=rec.requester is not None,
         )
     )
+    resends = hint in (Retry.AFTER_CORRECTION, *_RESENDS)
+    return Retry.RECONCILE if resends and _beside_an_item_not_refused(rec) else hint
 
 
 ProjectionMachine.TestCase.settings = settings(
