@@ -8,7 +8,8 @@ otherwise than other readers or not at all: one beyond a double's range (``1e400
 infinity) and an integer longer than Python converts (``sys.get_int_max_str_digits()``, 4300
 digits; another reader takes it as a double).  ``loads`` raises ``DuplicateField`` with the
 field's path, or ``NotJsonNumber``; any other fault is the parser's ``ValueError``.
-``loads_bytes`` reads a body as ``json.loads`` reads bytes and raises ``NotText`` for JSON text
+``loads_bytes`` reads a body as ``json.loads`` reads bytes, raises ``TooDeep`` (a
+``RecursionError``) for one nested deeper than ``BODY_DEPTH`` levels, and ``NotText`` for JSON text
 holding bytes that are no text in its encoding (invalid UTF-8 inside a string: one reader
 replaces them, another refuses the body).  The action parser
 (``affidavit.protocols.actions.strict_json``), the MCP proxy's transport and the HTTP bodies
@@ -34,6 +35,7 @@ __all__ = [
     "Members",
     "NotJsonNumber",
     "NotText",
+    "TooDeep",
     "TooLarge",
     "compact_encoder",
     "loads",
@@ -72,6 +74,22 @@ class NotText(ValueError):
     """JSON text holding bytes that are no text in its encoding (``loads_bytes``)."""
 
     what = "holds bytes that are not text in its encoding (UTF-8, -16 or -32)"
+
+    def __init__(self) -> None:
+        super().__init__(self.what)
+
+
+BODY_DEPTH = 500
+"""Levels ``loads_bytes`` reads a body nested to at most: deeper is ``TooDeep``, whatever the
+call stack (Python's parser recurses per level and gave up past ~1000 less the frames already
+used: a body read 60 frames down failed where the same body read directly parsed)."""
+
+
+class TooDeep(RecursionError):
+    """JSON text nested deeper than ``BODY_DEPTH`` (``loads_bytes``): a ``RecursionError``, as
+    the parser's own giving up is, but at one depth wherever it is read."""
+
+    what = f"nests deeper than {BODY_DEPTH} levels"
 
     def __init__(self) -> None:
         super().__init__(self.what)
@@ -131,9 +149,46 @@ def loads_bytes(body: bytes, root: str | None = "") -> Any:
     try:
         text = body.decode(encoding, "surrogatepass")
     except UnicodeDecodeError:
-        loads(body.decode(encoding, "surrogateescape"), root)  # no JSON text: its own fault
+        _shallow(loads, body.decode(encoding, "surrogateescape"), root)  # no JSON: its fault
         raise NotText() from None
-    return loads(text, root)
+    return _shallow(loads, text, root)
+
+
+def _shallow(read: Callable[[str, str | None], Any], text: str, root: str | None) -> Any:
+    """``read(text, root)``, unless ``text`` nests deeper than ``BODY_DEPTH`` (``TooDeep``),
+    wherever on the call stack it is read.  The value read is measured (an iterative walk over
+    its containers: 0.01 s over 100,000 results, where ``prescan`` of the text took 0.3 s); the
+    text only when the parser gave up -- it may have given up on a shallower text for want of
+    stack, and then the parser's ``RecursionError`` stands."""
+    try:
+        doc = read(text, root)
+    except TooDeep:
+        raise
+    except RecursionError:
+        try:
+            prescan(text, BODY_DEPTH, sys.maxsize)
+        except TooLarge:
+            raise TooDeep() from None
+        raise
+    if isinstance(doc, dict | list) and _deeper(doc, BODY_DEPTH):
+        raise TooDeep()
+    return doc
+
+
+def _deeper(doc: Any, limit: int) -> bool:
+    """Whether ``doc`` holds containers more than ``limit`` levels deep (``doc`` is level 1),
+    level by level."""
+    level, frontier = 1, [doc]
+    while frontier:
+        if level > limit:
+            return True
+        below = []
+        for c in frontier:
+            for v in c.values() if type(c) is dict else c:
+                if type(v) is dict or type(v) is list:
+                    below.append(v)
+        level, frontier = level + 1, below
+    return False
 
 
 class _Dup:

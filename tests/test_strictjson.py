@@ -8,7 +8,14 @@ import json
 
 import pytest
 
-from affidavit.strictjson import DuplicateField, NotJsonNumber, NotText, loads_bytes
+from affidavit.strictjson import (
+    BODY_DEPTH,
+    DuplicateField,
+    NotJsonNumber,
+    NotText,
+    TooDeep,
+    loads_bytes,
+)
 
 
 @pytest.mark.parametrize(
@@ -44,3 +51,16 @@ def test_a_duplicates_path_is_found_only_when_asked() -> None:
         loads_bytes(body, None)  # no second parse
     assert caught.value.path == ""
     assert loads_bytes(b'{"n": 1e300, "s": "\xc3\xa9"}') == {"n": 1e300, "s": "é"}
+
+
+def _down(frames: int, body: bytes) -> object:
+    return loads_bytes(body) if frames == 0 else _down(frames - 1, body)
+
+
+@pytest.mark.parametrize("frames", [0, 20, 60, 300])
+def test_how_deep_a_body_may_nest_does_not_depend_on_the_call_stack(frames: int) -> None:
+    # 960 levels parsed directly and 20 frames down, and raised 60 frames down: one bound now.
+    for body in (b"[" * 960 + b"]" * 960, b'{"a": ' * 501 + b"1" + b"}" * 501):
+        with pytest.raises(TooDeep):
+            _down(frames, body)
+    assert _down(frames, b"[" * BODY_DEPTH + b"]" * BODY_DEPTH) is not None
