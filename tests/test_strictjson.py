@@ -5,6 +5,7 @@ readers, or not at all while they do, is refused with its own error -- never tak
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -64,3 +65,19 @@ def test_how_deep_a_body_may_nest_does_not_depend_on_the_call_stack(frames: int)
         with pytest.raises(TooDeep):
             _down(frames, body)
     assert _down(frames, b"[" * BODY_DEPTH + b"]" * BODY_DEPTH) is not None
+
+
+@pytest.mark.parametrize("bound", [0, 10_000, 640])
+def test_the_integer_bound_is_the_projects_whatever_the_process_sets(bound: int) -> None:
+    # PYTHONINTMAXSTRDIGITS=0 made a 5000-digit integer load.
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(bound)
+    try:
+        with pytest.raises(NotJsonNumber):
+            loads_bytes(b'{"n": ' + b"9" * 5000 + b"}")
+        with pytest.raises(NotJsonNumber):
+            loads_bytes(b'{"n": -' + b"9" * 4301 + b"}")
+        if bound == 0 or bound >= 4300:
+            assert loads_bytes(b"[-" + b"9" * 4300 + b"]") == [-int("9" * 4300)]
+    finally:
+        sys.set_int_max_str_digits(before)
