@@ -163,11 +163,13 @@ def loads(text: str, root: str | None = "") -> Any:
 
 def loads_bytes(body: bytes, root: str | None = "") -> Any:
     """``loads`` of ``body`` decoded as ``json.loads`` decodes bytes (UTF-8, -16 or -32, a UTF-8
-    BOM skipped; an encoded lone surrogate passes, as it does there); ``NotText`` when it holds
+    BOM skipped); ``NotText`` when it holds
     bytes that are no text in that encoding and is JSON apart from them -- else its fault."""
     encoding = json.detect_encoding(body)
     try:
-        text = body.decode(encoding, "surrogatepass")
+        # Strictly: an encoded lone surrogate (b"\xed\xa0\x80") is no text either -- json.loads
+        # passes it, another reader replaces or refuses it.
+        text = body.decode(encoding)
     except UnicodeDecodeError:
         _shallow(loads, body.decode(encoding, "surrogateescape"), root)  # no JSON: its fault
         raise NotText() from None

@@ -26,8 +26,9 @@ from affidavit.strictjson import (
         (b'{"n": [-1E+999]}', NotJsonNumber, "beyond a double's range"),
         (b'{"n": ' + b"9" * 5000 + b"}", NotJsonNumber, "more than 4300 digits"),
         (b'{"n": "\xff"}', NotText, "not text"),
+        (b'{"n": "\xed\xa0\x80"}', NotText, "not text"),  # json.loads passes it
     ],
-    ids=["1e400", "minus-1e999", "5000-digits", "invalid-utf8"],
+    ids=["1e400", "minus-1e999", "5000-digits", "invalid-utf8", "encoded-surrogate"],
 )
 def test_json_other_readers_read_is_refused_not_taken_for_no_json(
     body: bytes, error: type[ValueError], words: str
