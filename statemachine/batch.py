@@ -25,7 +25,8 @@ parent's code, never with a status of its own nor a hint stronger than the paren
 inviting a corrected resend).  The writer refuses any other; a row written before the rule is
 folded as every item ``unknown`` -- what the parent proves, never more -- unless each of its
 items is one the writer accepts, or refused with the parent's code beside the status it was
-listed with (a refusal, as the code says: read as written).  Beside an item such a parent does
+listed with (a refusal, as the code says: read as written) -- and, matched by position, the
+list answered every item (each holds a status).  Beside an item such a parent does
 not refuse, the record's hint is ``reconcile`` (``parent_retry``).
 """
 
@@ -137,6 +138,16 @@ def _backed(parent: Code, item: Mapping[str, Any], writing: bool) -> bool:
     )
 
 
+def _misplaced(ids: Sequence[object], items: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a row written before the rule (an item holds a status of its own) may have given
+    an item another's status: the items were matched by position (their ids are 0, 1, ...)
+    and some item has none -- the list was shorter than the items sent, and the reader then
+    took its first entries as the first items' whatever the remote meant."""
+    old = any("status" in i for i in items)
+    positions = list(ids) == list(range(len(ids)))
+    return old and positions and not all("status" in i for i in items)
+
+
 def on_items_recorded(p: Projector, event: Event) -> None:
     batch = p._batch
     if batch is None:
@@ -156,6 +167,8 @@ def on_items_recorded(p: Projector, event: Event) -> None:
         if p._writing:
             _refuse(p, event, f"an item cannot say more than its parent's {parent.value}")
         # A row written before the rule: what the parent proves of each item, never more.
+        checked = tuple(MappingProxyType(_incomplete(i)) for i in ids)
+    elif parent is not None and _misplaced(ids, checked):
         checked = tuple(MappingProxyType(_incomplete(i)) for i in ids)
     # Only a complete result records them (the lifecycle allows it in ``completed_*`` alone),
     # and no dispatch follows one: they are the last attempt's for good.

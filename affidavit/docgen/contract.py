@@ -431,7 +431,8 @@ def _operation_section() -> list[str]:
         "(statemachine/batch.py); such a row written before the rule reads as every item "
         "`unknown` -- unless every item in it is one the writer accepts, or refused with the "
         "parent's code beside the status it was listed with (a refusal, as the code says): "
-        "then it reads as written.",
+        "then it reads as written -- but a row matched by position (ids 0, 1, ...) only when "
+        "every item holds a status (a shorter list was matched to the first items).",
         "",
         "An item answered 429 or 503 (`REMOTE_THROTTLED`) gets the hint a whole request "
         "answered 429/503 would get on the same record -- rule 7 of How the retry hint is "

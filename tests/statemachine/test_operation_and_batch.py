@@ -285,11 +285,12 @@ def test_a_resolved_parent_without_item_outcomes_leaves_every_item_unknown() -> 
     ]
 
 
-def _answered(outcome: str, code: str) -> Projector:
-    """A batch of ("a", "b", 3) whose complete response was no success: ``outcome``, ``code``."""
+def _answered(outcome: str, code: str, op: Any = BATCH) -> Projector:
+    """A batch of ("a", "b", 3) (or ``op``'s) whose complete response was no success:
+    ``outcome``, ``code``."""
     moves = path_to(f"completed_{outcome}")
     assert moves[-1][0] is E.REMOTE_RESPONSE_COMPLETE
-    p = drive(moves[:-1], op=BATCH)
+    p = drive(moves[:-1], op=op)
     attrs = {"outcome": outcome, "code": code, "status": 500, "generation": p.generation}
     seq = p.record().events + 1
     p.apply(Event(E.REMOTE_RESPONSE_COMPLETE, IID, attrs, EvidenceSource.REMOTE_RESPONSE, seq))
@@ -352,6 +353,32 @@ def test_an_old_row_refusing_items_with_their_own_refusal_under_a_refusal_reads_
     p = _answered("rejected", "REMOTE_REJECTED")
     _recorded(p, [{"id": "a", **_APPLIED}, *items[1:]], writing=False)
     assert _items(p) == [(i, *_UNKNOWN.values()) for i in ("a", "b", 3)]
+
+
+def test_an_old_row_matched_by_position_reads_as_written_only_when_every_item_has_a_status() -> (
+    None
+):
+    # Before the rule a positional reader matched results[:len(ids)] even for a short list: a
+    # 400 listing one 422 for three items gave item 0 that status -- maybe another item's.
+    by_position = operation(batch=[0, 1, 2])
+    short = [{"id": 0, **_REFUSED, "status": 422}, *({"id": n, **_UNKNOWN} for n in (1, 2))]
+    p = _answered("rejected", "REMOTE_REJECTED", by_position)
+    _recorded(p, short, writing=False)
+    assert _items(p) == [(n, *_UNKNOWN.values()) for n in (0, 1, 2)]
+    # Every item answered (the list was whole): as written.
+    whole = [{"id": n, **_REFUSED, "status": 422} for n in (0, 1, 2)]
+    p = _answered("rejected", "REMOTE_REJECTED", by_position)
+    _recorded(p, whole, writing=False)
+    assert _items(p) == [(n, *_REFUSED.values()) for n in (0, 1, 2)]
+    # Matched by id, a short list attributed nothing wrongly: as written.
+    by_id = [{"id": "a", **_REFUSED, "status": 422}, *({"id": i, **_UNKNOWN} for i in ("b", 3))]
+    p = _answered("rejected", "REMOTE_REJECTED")
+    _recorded(p, by_id, writing=False)
+    assert _items(p) == [("a", *_REFUSED.values()), *((i, *_UNKNOWN.values()) for i in ("b", 3))]
+    # A row the writer takes now (no item status) reads as written, by position too.
+    p = _answered("rejected", "REMOTE_REJECTED", by_position)
+    _recorded(p, [{"id": n, **_REFUSED} for n in (0, 1, 2)], writing=True)
+    assert _items(p) == [(n, *_REFUSED.values()) for n in (0, 1, 2)]
 
 
 @pytest.mark.parametrize(
