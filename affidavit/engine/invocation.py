@@ -33,6 +33,7 @@ from affidavit.journal import (
 from affidavit.protocols import Binding, Prepared
 from affidavit.protocols.actions import (
     ActionInvalid,
+    BodyUnread,
     accepted_session,
     fingerprint,
     is_idempotent,
@@ -126,6 +127,11 @@ async def start(
     try:
         parsed = parse_action(action, engine.config)
     except ActionInvalid as exc:
+        stored = _bound_before(engine, exc.action) if isinstance(exc, BodyUnread) else None
+        if stored is not None:
+            # The same call, bound before its body was refused: answered from its record,
+            # never sent again and never bound to this refusal.
+            return recorder.envelope(stored)
         return await refuse_new(
             recorder,
             iid,
@@ -457,6 +463,23 @@ async def close_new(
         accepted["requester"] = {"uid": requester}
     await recorder.append(Event(E.ACTION_ACCEPTED, iid, accepted))
     return await recorder.finish(iid, ending)
+
+
+def _bound_before(engine: Engine, action: Any) -> Any:
+    """The record an idempotency key bound before the strict body reading names, when it is
+    this very call (the same fingerprint), else None (deployment.md, "Upgrading: batch
+    bodies")."""
+    target = engine.config.targets.get(action.target)
+    contract = getattr(target, "idempotency", None)
+    key = action.idempotency_key
+    if target is None or contract is None or key is None:
+        return None
+    bound = engine.journal.find_idempotency(contract.scope, key)
+    if bound is None or bound.fingerprint != fingerprint(
+        action, target, engine.snapshot.hash(target)
+    ):
+        return None
+    return engine.journal.bound_record(bound)
 
 
 async def resume(

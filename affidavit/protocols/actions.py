@@ -91,6 +91,16 @@ class ActionInvalid(Exception):
         super().__init__(f"{code.value} at {field}: {message}")
 
 
+class BodyUnread(ActionInvalid):
+    """A body refused by its strict reading (a batch's: ``http.batch.items_sent``) in an action
+    otherwise parsed -- ``action``, only to recognize a call bound to its idempotency key
+    before the refusal existed (its fingerprint), never to run it."""
+
+    def __init__(self, refused: ActionInvalid, action: Any) -> None:
+        super().__init__(refused.code, refused.field, refused.message)
+        self.action = action
+
+
 class Configured(Protocol):
     """What action parsing reads of the loaded config."""
 

@@ -355,3 +355,31 @@ async def test_a_rejection_refusing_every_item_keeps_its_hint(tmp_path: Path, to
     env, _kinds, _m = await _run(tmp_path, scripts.serve(reply))
     assert [i["outcome"] for i in env["items"]] == ["rejected"] * 5
     assert env["error"]["retry"] == "after_correction"
+
+
+async def test_a_call_bound_before_its_body_was_refused_is_answered_by_its_key(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Sent before the strict reading (a NaN in an item): the same call again with its key -- an
+    # SDK retrying on same_idempotency_key -- gets the stored invocation, not INVALID_FIELD;
+    # another body under the key is refused as before, and binds nothing.
+    from affidavit.protocols.http import action as http_action
+
+    idem = {"header": "Idempotency-Key", "scope": "bulk.items", "retention": "24h"}
+    call = {**_call('{"items": [{"id": 1, "n": NaN}]}'), "idempotency_key": "k-1"}
+    reply = _answer(207, (1, 200))
+    async with HostileServer.running(scripts.serve(reply)) as srv:
+        target = http_target(srv.url, batch=BATCH, idempotency=idem)
+        async with open_broker(write_config(tmp_path, {"bulk": target})) as broker:
+            with monkeypatch.context() as before:
+                before.setattr(http_action, "items_sent", lambda *_a: ((1,), True))
+                with trio.fail_after(LIMIT):
+                    first = await broker.call(call)
+            assert "error" not in first, first
+            with trio.fail_after(LIMIT):
+                again = await broker.call(call)
+                other = await broker.call({**call, "body": '{"items": [{"id": 2, "n": NaN}]}'})
+            assert again["invocation_id"] == first["invocation_id"]
+            assert again["result"]["status"] == 207
+            assert (other["error"]["code"], other["error"]["field"]) == ("INVALID_FIELD", "body")
+            assert other["invocation_id"] != first["invocation_id"]

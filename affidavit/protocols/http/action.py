@@ -21,6 +21,7 @@ from affidavit.protocols.actions import (
     MAX_TOKEN_FIELD,
     VISIBLE,
     ActionInvalid,
+    BodyUnread,
     no_ctl,
     session,
     string,
@@ -113,7 +114,7 @@ def parse(obj: Mapping[str, Any], name: str, target: HttpTarget) -> HttpAction:
                 Code.INVALID_FIELD, "idempotency_key", "must be 1-255 visible ASCII characters"
             )
 
-    return HttpAction(
+    action = HttpAction(
         target=name,
         method=method,
         path=path,
@@ -121,8 +122,12 @@ def parse(obj: Mapping[str, Any], name: str, target: HttpTarget) -> HttpAction:
         body=body,
         idempotency_key=key,
         session=session(obj),
-        batch=items_sent(body, body_field, target),
     )
+    try:
+        return dataclasses.replace(action, batch=items_sent(body, body_field, target))
+    except ActionInvalid as exc:
+        # A call sent before the strict reading may hold its key (engine.invocation).
+        raise BodyUnread(exc, action) from None
 
 
 def _check_path(path: str, target: HttpTarget) -> None:
