@@ -136,11 +136,14 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def loads(text: str, root: str | None = "") -> Any:
+def loads(text: str, root: str | None = "", *, finite: bool = True) -> Any:
     """``json.loads(text)``, strictly (the module docstring); a duplicate's path starts at
-    ``root``.  The path is found by a second parse, only once a duplicate is known: the common
-    case pays one length check per object.  ``root`` None: no path (``DuplicateField.path``
-    empty) and no second parse -- for a reader that only needs to know the body is unreadable
+    ``root``.  ``finite`` False reads ``1e400`` as infinity, as Python does: a caller's action,
+    whose fields refuse a non-finite number each at its own path (``INVALID_FIELD`` at
+    ``body``, ``timeout``, ``headers.X``), which a refusal of the whole text would not name.
+    The path is found by a second parse, only once a duplicate is known: the common case pays
+    one length check per object.  ``root`` None: no path (``DuplicateField.path`` empty) and no
+    second parse -- for a reader that only needs to know the body is unreadable
     (tests/benchmarks/strict_bodies.py: a 4.9 MB body with a duplicate 0.066 s, 0.190 s with
     its path)."""
     try:
@@ -148,7 +151,7 @@ def loads(text: str, root: str | None = "") -> Any:
             text,
             object_pairs_hook=_unique_keys,
             parse_constant=_no_constant,
-            parse_float=_finite,
+            parse_float=_finite if finite else None,
             # Python's own bound, when it is ours, costs nothing (a hook per integer: 15%).
             parse_int=None if sys.get_int_max_str_digits() == INT_DIGITS else _int,
         )

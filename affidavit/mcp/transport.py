@@ -510,7 +510,8 @@ def _ambiguous(line: bytes) -> tuple[str, str] | None:
     from affidavit import strictjson  # a leaf: the proxy loads no broker code
 
     try:
-        strictjson.loads(line.decode("utf-8", "surrogateescape"), "message")
+        # 1e400 read as infinity: the action's field refuses it at its own path (strict_json)
+        strictjson.loads(line.decode("utf-8", "surrogateescape"), "message", finite=False)
     except strictjson.DuplicateField as exc:
         field = exc.path.replace("message.params.arguments", "action", 1)
         field = bounded(field, SHOWN_PATH, "a path", 64)  # nested ~200 deep: KBs per line

@@ -167,11 +167,12 @@ def strict_json(text: str, root: str = "action") -> Any:
     """``json.loads``, refusing what Python's parser takes but JSON's readers disagree on
     (``affidavit.strictjson``): a field named twice in one object (``ActionInvalid``
     INVALID_FIELD at its path below ``root``: ``action.headers.X``) and
-    ``NaN``/``Infinity``/``-Infinity``, ``1e400``, an integer of more than 4300 digits
-    (INVALID_FIELD at ``root``).  Any other fault is the
+    ``NaN``/``Infinity``/``-Infinity``, an integer of more than 4300 digits (INVALID_FIELD at
+    ``root``); ``1e400`` is read as infinity, which the action's fields refuse at their own
+    paths.  Any other fault is the
     parser's ``ValueError``."""
     try:
-        return strict_loads(text, root)
+        return strict_loads(text, root, finite=False)  # 1e400: refused at its field
     except DuplicateField as exc:
         raise ActionInvalid(Code.INVALID_FIELD, exc.path, exc.what) from None
     except NotJsonNumber as exc:

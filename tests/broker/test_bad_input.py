@@ -90,7 +90,6 @@ def test_action_text_is_checked_before_it_is_parsed(data: bytes, code: str, mess
         (b'{"target":"api","n":NaN}', "action", "holds NaN, which is not a JSON number"),
         (b'{"n":[Infinity]}', "action", "holds Infinity"),
         (b'{"n":-Infinity}', "action", "holds -Infinity"),
-        (b'{"n":[1e400]}', "action", "beyond a double's range"),  # Python reads infinity
     ],
     ids=[
         "target",
@@ -101,7 +100,6 @@ def test_action_text_is_checked_before_it_is_parsed(data: bytes, code: str, mess
         "nan",
         "inf",
         "minus-inf",
-        "1e400",
     ],
 )
 def test_a_field_named_twice_or_a_non_json_number_is_refused_at_its_path(
