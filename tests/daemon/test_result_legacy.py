@@ -26,6 +26,10 @@ BODY = ("x" * (RESULT_CHUNK - 1) + "\u00e9" + "y" * (8 * RESULT_CHUNK)).encode()
 CHUNKS = -(-len(BODY) // RESULT_CHUNK)  # ten: three pieces, one scan trip
 
 
+ASKER = object()
+"""The asker whose fetch reads (the daemon's ``shares.Asker``)."""
+
+
 class _Views:
     """``Api.read`` run at once, on a reader whose stored result is ``stream``."""
 
@@ -35,7 +39,8 @@ class _Views:
     def result_stream(self, invocation_id: str) -> ResultStream:
         return self.stream
 
-    async def read(self, fn: Any) -> Any:
+    async def read(self, fn: Any, asker: Any) -> Any:
+        assert asker == ASKER  # the fetch's asker reads in its share (``Api.read``)
         return fn(self)
 
 
@@ -61,8 +66,10 @@ async def test_a_stream_from_before_per_chunk_hashes_is_read_once_per_answer(
 ) -> None:
     views, reads = _legacy(tmp_path)
     held: list[int] = []
-    plan = await results._scan(views, Deferred("inv", "body", 0, CHUNKS, "whole"), held.append)  # type: ignore[arg-type]
-    written = [piece async for piece in results._pieces(views, plan)]  # type: ignore[arg-type]
+    plan = await results._scan(
+        views, ASKER, Deferred("inv", "body", 0, CHUNKS, "whole"), held.append
+    )  # type: ignore[arg-type]
+    written = [piece async for piece in results._pieces(views, ASKER, plan)]  # type: ignore[arg-type]
     assert b"".join(written) == json.dumps(BODY.decode())[1:-1].encode()
     assert sorted(reads) == list(range(CHUNKS))  # each chunk decrypted once, not per trip
     assert held == [2 * len(BODY)]
@@ -77,5 +84,5 @@ async def test_its_read_is_refused_before_a_chunk_when_the_budget_has_no_room(
         raise results.AnswersInFlight(503, "ANSWERS_IN_FLIGHT", "full")
 
     with pytest.raises(results.AnswersInFlight):
-        await results._scan(views, Deferred("inv", "body", 2, CHUNKS, "whole"), full)  # type: ignore[arg-type]
+        await results._scan(views, ASKER, Deferred("inv", "body", 2, CHUNKS, "whole"), full)  # type: ignore[arg-type]
     assert reads == []
