@@ -61,7 +61,6 @@ from affidavit.api.wire import (
 from affidavit.console import TokenStore
 from affidavit.engine import (
     READ_RETRY,
-    CallControl,
     OperationError,
     call_failure,
     carries_key,
@@ -325,8 +324,7 @@ class Api:
         self.take_call(req)  # a poll journals a linked invocation: as a call
         try:
             # Refused OVERLOADED past ``max_calls`` and stopped at the grace's end, as a call.
-            with self.calls.linked() as running:
-                control = deliver.within(running)
+            with self.calls.linked() as control:
                 answer = await self.broker.poll_operation(
                     operation_id,
                     timeout=timeout,
@@ -684,19 +682,10 @@ class Answering:
     def __init__(self, req: Request) -> None:
         self.req = req
         self.tried = False
-        self.delivery = trio.CancelScope()
-
-    def within(self, running: Running) -> CallControl:
-        """Write in the linked call's ``running.delivery`` (``Calls.linked``): cancelled when
-        the stop's grace is over, so a write its client does not read fails then -- ClientGone,
-        recorded RESULT_DELIVERY_FAILED -- not cut off with the connections after the calls,
-        unrecorded.  The call's control."""
-        self.delivery = running.delivery
-        return running.control
 
     async def __call__(self, answer: dict[str, Any]) -> None:
         self.tried = True
-        await _deliver(self.req, answer, self.delivery)
+        await _deliver(self.req, answer, trio.CancelScope())
 
     async def unless_tried(self, answer: dict[str, Any]) -> None:
         """Answer with ``answer`` unless the broker tried to already: never written twice."""

@@ -104,22 +104,19 @@ class Calls:
         return call
 
     @contextlib.contextmanager
-    def linked(self, capped: bool = True) -> Iterator[Running]:
-        """A poll or a reconciliation query that its request's handler runs itself (a linked
-        call to the remote): counted among the calls in flight, so the grace waits for it and
-        its end stops it where it is (BROKER_SHUTDOWN) -- never left to be cut off later as if
-        its caller had gone -- and cancels its answer's write (``Running.delivery``: the
-        asker's ``deliver`` writes in it, so a write its client does not read fails then and
-        is recorded RESULT_DELIVERY_FAILED, not cut off with the connections, unrecorded).
-        ``Overloaded`` when ``limit`` calls are running, as a call is: each reaches the remote,
-        and the cap is on what is in flight (the call a poll follows has ended, so it holds no
-        slot then).  ``capped=False``: an operator's attestation, which sends nothing, is
-        counted but never refused."""
+    def linked(self, capped: bool = True) -> Iterator[CallControl]:
+        """The control of a poll or a reconciliation query that its request's handler runs
+        itself (a linked call to the remote): counted among the calls in flight, so the grace
+        waits for it and its end stops it where it is (BROKER_SHUTDOWN) -- never left to be
+        cut off later as if its caller had gone.  ``Overloaded`` when ``limit`` calls are
+        running, as a call is: each reaches the remote, and the cap is on what is in flight
+        (the call a poll follows has ended, so it holds no slot then).  ``capped=False``: an
+        operator's attestation, which sends nothing, is counted but never refused."""
         self._room(capped)
         call = Running()
         self._add(call)
         try:
-            yield call
+            yield call.control
         finally:
             self._over(call)
 
@@ -138,8 +135,8 @@ class Calls:
             self._room(capped)
         except ApiProblem as exc:
             raise Refused(exc.status, exc.message, exc.code) from None
-        with self.linked(capped) as call:  # (no checkpoint since the check: room is left)
-            yield call.control
+        with self.linked(capped) as control:  # (no checkpoint since the check: room is left)
+            yield control
 
     def _room(self, capped: bool) -> None:
         """``Overloaded`` when ``limit`` calls are running and this one is ``capped``."""

@@ -190,8 +190,7 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
         # A query is a call: refused OVERLOADED past ``max_calls``, stopped at the grace's end.
         control = None
         try:
-            with api.calls.linked(capped=query) as running:
-                control = running.control if deliver is None else deliver.within(running)
+            with api.calls.linked(capped=query) as control:
                 return await api.broker.reconcile(
                     invocation_id,
                     query=query,

@@ -459,53 +459,6 @@ async def test_a_poll_answer_waiting_for_room_when_the_daemon_stops_is_recorded_
     assert any("not written (stopping;" in r.getMessage() for r in caplog.records)
 
 
-async def test_a_poll_answer_being_written_when_the_grace_ends_is_recorded_undelivered(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A poll's answer held and being written to a client that does not read it when the stop's
-    grace ends: the grace's end cancels the write (the linked call's ``Running.delivery``), so
-    the poll is recorded RESULT_DELIVERY_FAILED and the budget holds nothing after.  Before, the
-    write ran in a scope of its own: the stop cancelled the connections 10 s later and the poll
-    stayed RESULT_COMMITTED, no delivery row (a call's envelope recorded it)."""
-    from affidavit.journal import JournalReader
-    from tests.mcp.conftest import JOB
-    from tests.mcp.test_linked_delivery import OPERATIONS
-
-    done = Reply(200, body=json.dumps({"state": "done", "pad": "x" * 900_000}).encode())
-
-    async def jobs(peer: Peer) -> None:
-        while (req := await peer.read_request()) is not None:
-            await peer.respond(done if req.method == "GET" else JOB)
-
-    servers = _servers(monkeypatch, write_wait=3 * WAIT)  # only the grace's end cuts it off
-    monkeypatch.setenv(TOKEN_ENV, token)
-    with trio.fail_after(WAIT):
-        async with in_process(
-            tmp_path, jobs, overrides={"operations": OPERATIONS}, service={"shutdown_grace": 0.5}
-        ) as (_s, socket):
-            async with Client.open(socket) as client:
-                submitted = await client.call(
-                    {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
-                )
-            await _settled(servers[0])
-            stream = await trio.open_unix_socket(str(socket))
-            op = submitted["operation"]["id"]
-            await stream.send_all(
-                f"POST /v1/operations/{op}/poll HTTP/1.1\r\nhost: x\r\n"
-                "content-length: 0\r\n\r\n".encode()
-            )
-            while not servers[0].answers:  # held, being written, not read
-                await trio.sleep(0.01)
-        await stream.aclose()
-    path = tmp_path / "journal.db"
-    with JournalReader.open(path, key_file=Path(f"{path}.key")) as r:
-        sub = submitted["invocation_id"]
-        poll = [e.attrs["poll_invocation"] for e in r.events(sub) if "poll_invocation" in e.attrs]
-        kinds = [e.kind.value for e in r.events(poll[-1])]
-    assert kinds[-1] == "RESULT_DELIVERY_FAILED", kinds
-    assert servers[0].answers == 0
-
-
 async def _all_of(socket: Path, head: bytes, body: bytes) -> bytes:
     """Everything the daemon says to one request until it closes the connection."""
     stream = await trio.open_unix_socket(str(socket))
