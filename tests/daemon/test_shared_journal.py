@@ -107,7 +107,13 @@ async def daemons(
                 "signing_key": str(d / "signing.key"),
                 "reconnect": reconnect,
             }
-            service = {"max_calls": 1024, "lease_margin": 1}
+            # Hundreds of calls from one uid in seconds: the per-uid call rate out of the way.
+            service = {
+                "max_calls": 1024,
+                "lease_margin": 1,
+                "call_rate": 100000,
+                "call_burst": 100000,
+            }
             config = write_daemon_config(
                 d, targets, socket=d / "s.sock", service=service, journal=journal
             )
