@@ -37,11 +37,10 @@ if "--src" in sys.argv:  # an --ab child: the journal of another checkout, befor
 import trio
 
 from affidavit.journal import Journal
-from affidavit.statemachine import Event, EvidenceSource
-from affidavit.statemachine import EventKind as E
+from affidavit.statemachine import Event
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "journal"))
-from helpers import interrupted
+from helpers import interrupted, query_row
 
 IID = "act_bench"
 _POSTED = 5000
@@ -49,14 +48,7 @@ _POSTED = 5000
 
 
 def _row(query: str, **attrs: object) -> Event:
-    return Event(
-        E.RECONCILE_INCONCLUSIVE,
-        IID,
-        {"query_invocation": query, **attrs},
-        source=EvidenceSource.REMOTE_QUERY,
-        observer="bench",
-        observer_seq=1,
-    )
+    return query_row(IID, query, **attrs)
 
 
 async def _measure(rows: int, repeat: int) -> tuple[float, float]:

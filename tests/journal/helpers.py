@@ -68,6 +68,24 @@ def happy(iid: str, session: str | None = "sess-1") -> list[Event]:
     ]
 
 
+def query_row(iid: str, query: str, **attrs: object) -> Event:
+    """A RECONCILE_INCONCLUSIVE row of ``iid``'s record naming the reconciliation query ``query``
+    (its ``query_invocation``), with ``attrs``."""
+    return Event(
+        E.RECONCILE_INCONCLUSIVE,
+        iid,
+        {"query_invocation": query, **attrs},
+        source=EvidenceSource.REMOTE_QUERY,
+        observer="obs",
+        observer_seq=1,
+    )
+
+
+def query_claim(iid: str, query: str) -> Event:
+    """The claim of a new query ``query`` on ``iid``'s record: open, no code."""
+    return query_row(iid, query, code=None, reason="the query is being asked", open=True)
+
+
 def interrupted(iid: str, session: str | None = "sess-1") -> list[Event]:
     """Dispatched, then the connection dropped: unknown, at rest, retryable with a lease."""
     return [

@@ -26,7 +26,7 @@ from affidavit.journal.tables import Tables
 from affidavit.statemachine import LINKED_ATTRS, Event, EvidenceSource, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 
-from ..helpers import happy, interrupted
+from ..helpers import happy, interrupted, query_claim, query_row
 from ..segkit import LIMIT
 from .conftest import Place
 
@@ -52,18 +52,11 @@ END $$"""
 
 
 def _row(query: str, **attrs: object) -> Event:
-    return Event(
-        E.RECONCILE_INCONCLUSIVE,
-        IID,
-        {"query_invocation": query, **attrs},
-        source=EvidenceSource.REMOTE_QUERY,
-        observer="obs",
-        observer_seq=1,
-    )
+    return query_row(IID, query, **attrs)
 
 
 def _claim(query: str) -> Event:
-    return _row(query, code=None, reason="the query is being asked", open=True)
+    return query_claim(IID, query)
 
 
 def _run(place: Place, body: object) -> None:

@@ -17,10 +17,9 @@ import pytest
 import trio
 
 from affidavit.journal import Journal
-from affidavit.statemachine import Event, EvidenceSource, ImpossibleEvent, open_query
-from affidavit.statemachine import EventKind as E
+from affidavit.statemachine import Event, ImpossibleEvent, open_query
 
-from ..helpers import interrupted
+from ..helpers import interrupted, query_claim, query_row
 from ..segkit import LIMIT
 from .conftest import Place
 
@@ -30,18 +29,11 @@ QUERIES = ("act_q1", "act!q%1_!_")
 
 
 def _inconclusive(query: str, **attrs: object) -> Event:
-    return Event(
-        E.RECONCILE_INCONCLUSIVE,
-        IID,
-        {"query_invocation": query, **attrs},
-        source=EvidenceSource.REMOTE_QUERY,
-        observer="obs",
-        observer_seq=1,
-    )
+    return query_row(IID, query, **attrs)
 
 
 def _claim(query: str) -> Event:
-    return _inconclusive(query, code=None, reason="the query is being asked", open=True)
+    return query_claim(IID, query)
 
 
 def _close(query: str) -> Event:
