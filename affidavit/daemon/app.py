@@ -309,9 +309,10 @@ class Api:
             raise ApiProblem(*internal_failure(str(running.failure), running.control.invocation_id))
         await answers.respond_delivered(req, running.envelope)  # held in the answer budget
 
-    def answering(self, req: Request) -> Answering:
-        """The ``deliver`` a linked call's asker answers ``req`` through (``Answering``)."""
-        return Answering(req)
+    def answering(self, req: Request, running: Running) -> Answering:
+        """The ``deliver`` a linked call's asker answers ``req`` through (``Answering``), in
+        ``running``'s delivery scope."""
+        return Answering(req, running)
 
     async def poll(self, req: Request, operation_id: str) -> None:
         """One query of a job's status resource (``Broker.poll_operation``): a linked invocation
@@ -320,11 +321,11 @@ class Api:
         if not self.calls.accepting:
             raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
         control = None
-        deliver = self.answering(req)
         self.take_call(req)  # a poll journals a linked invocation: as a call
         try:
             # Refused OVERLOADED past ``max_calls`` and stopped at the grace's end, as a call.
-            with self.calls.linked() as control:
+            with self.calls.linked() as running:
+                control, deliver = running.control, self.answering(req, running)
                 answer = await self.broker.poll_operation(
                     operation_id,
                     timeout=timeout,
@@ -677,19 +678,23 @@ def _echo_bounded(problem: ApiProblem, ids: tuple[str, ...]) -> ApiProblem:
 class Answering:
     """The ``deliver`` of a linked call's asker (a poll, a reconciliation query): the broker
     writes the answer through it (``engine.deliver_linked``), and records the linked result
-    delivered only once it was written whole; ``ClientGone`` otherwise."""
+    delivered only once it was written whole; ``ClientGone`` otherwise.  Written in the linked
+    call's ``running.delivery`` (``Calls.linked``), which the stop bounds as it bounds a
+    call's: cut off at the grace's end when under way then -- recorded RESULT_DELIVERY_FAILED,
+    not left to the connections' close, unrecorded -- else given ``ANSWER_WAIT``
+    (``Running.stop``)."""
 
-    def __init__(self, req: Request) -> None:
+    def __init__(self, req: Request, running: Running) -> None:
         self.req = req
-        self.tried = False
+        self.running = running
 
     async def __call__(self, answer: dict[str, Any]) -> None:
-        self.tried = True
-        await _deliver(self.req, answer, trio.CancelScope())
+        self.running.answering = True
+        await _deliver(self.req, answer, self.running.delivery)
 
     async def unless_tried(self, answer: dict[str, Any]) -> None:
         """Answer with ``answer`` unless the broker tried to already: never written twice."""
-        if not self.tried:
+        if not self.running.answering:
             await answers.respond_delivered(self.req, answer)
 
 

@@ -9,7 +9,13 @@ failed answer is recorded RESULT_DELIVERY_FAILED (result_delivery, fetch_result)
 
 At shutdown the daemon stops taking calls, waits up to ``[service] shutdown_grace`` for these to
 finish, then ``stop``s the rest: each is recorded BROKER_SHUTDOWN with what its evidence proves
-(not_attempted before its dispatch gate, unknown after it).
+(not_attempted before its dispatch gate, unknown after it).  Its answer's write, when the call
+writes it itself (``Running.delivery``: a stored result the engine delivers, a poll's or a
+query's answer), is bounded by the stop in the same order: one already under way when the grace
+ends is cut off then; one handed over after -- the BROKER_SHUTDOWN of a call held till then --
+has ``ANSWER_WAIT``, the chance an answer written after the calls has, and is cut off only past
+it.  A write cut off fails its delivery (RESULT_DELIVERY_FAILED, when it carried a stored
+result), never written again.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import trio
 from affidavit.console.request import Refused
 from affidavit.engine import CallControl, internal_failure
 from affidavit.journal import AlteredRow, JournalError
-from affidavit.stopping.bound import RECORD_WAIT
+from affidavit.stopping.bound import ANSWER_WAIT, RECORD_WAIT
 
 from .http import ApiProblem
 
@@ -69,14 +75,20 @@ class Running:
         """Why it ended so, when the journal could not be written or read (a shared journal's
         database unreachable past the writer's reconnect window) or proved a row altered."""
         self.answering = False
-        """The engine handed the envelope to ``deliver``: the handler must not answer again."""
+        """The answer was handed over to be written in ``delivery`` (the engine's ``deliver``,
+        a linked call's ``Answering``): the handler must not answer again."""
         self.delivery = trio.CancelScope()
-        """Bounds the answer's write; cancelled with everything else at the end of shutdown."""
+        """Bounds the answer's write at the stop (``stop``)."""
 
     def stop(self) -> None:
-        """The shutdown grace ran out: stop wherever the call is (see module docstring)."""
+        """The shutdown grace ran out: stop wherever the call is, and bound its answer's write
+        (see module docstring) -- cut off now when under way, else ``ANSWER_WAIT`` from now
+        (cut off at once, the BROKER_SHUTDOWN answer of a poll held till now was lost)."""
         self.control.stop()
-        self.delivery.cancel()
+        if self.answering:
+            self.delivery.cancel()
+        else:
+            self.delivery.deadline = trio.current_time() + ANSWER_WAIT
 
 
 class Calls:
@@ -104,19 +116,21 @@ class Calls:
         return call
 
     @contextlib.contextmanager
-    def linked(self, capped: bool = True) -> Iterator[CallControl]:
-        """The control of a poll or a reconciliation query that its request's handler runs
-        itself (a linked call to the remote): counted among the calls in flight, so the grace
-        waits for it and its end stops it where it is (BROKER_SHUTDOWN) -- never left to be
-        cut off later as if its caller had gone.  ``Overloaded`` when ``limit`` calls are
-        running, as a call is: each reaches the remote, and the cap is on what is in flight
-        (the call a poll follows has ended, so it holds no slot then).  ``capped=False``: an
-        operator's attestation, which sends nothing, is counted but never refused."""
+    def linked(self, capped: bool = True) -> Iterator[Running]:
+        """A poll or a reconciliation query that its request's handler runs itself (a linked
+        call to the remote): counted among the calls in flight, so the grace waits for it and
+        its end stops it where it is (BROKER_SHUTDOWN) -- never left to be cut off later as if
+        its caller had gone -- and bounds its answer's write, which its asker's ``deliver``
+        makes in ``Running.delivery`` (app.py ``Answering``; ``Running.stop``).
+        ``Overloaded`` when ``limit`` calls are running, as a call is: each reaches the remote,
+        and the cap is on what is in flight (the call a poll follows has ended, so it holds no
+        slot then).  ``capped=False``: an operator's attestation, which sends nothing, is
+        counted but never refused."""
         self._room(capped)
         call = Running()
         self._add(call)
         try:
-            yield call.control
+            yield call
         finally:
             self._over(call)
 
@@ -135,8 +149,8 @@ class Calls:
             self._room(capped)
         except ApiProblem as exc:
             raise Refused(exc.status, exc.message, exc.code) from None
-        with self.linked(capped) as control:  # (no checkpoint since the check: room is left)
-            yield control
+        with self.linked(capped) as call:  # (no checkpoint since the check: room is left)
+            yield call.control
 
     def _room(self, capped: bool) -> None:
         """``Overloaded`` when ``limit`` calls are running and this one is ``capped``."""

@@ -37,7 +37,7 @@ from .calls import internal_problem
 from .http import ApiProblem, Request, named
 
 if TYPE_CHECKING:
-    from .app import Api
+    from .app import Answering, Api
 
 __all__ = [
     "RECORD_CHECK",
@@ -184,13 +184,16 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
     if query:  # it journals a linked invocation: one of the uid's calls (429 RATE_LIMITED)
         api.take_call(req)
 
-    deliver = api.answering(req) if query else None  # a query's result: delivered by its answer
+    deliver: Answering | None = None  # a query's result: delivered by its answer
 
     async def work() -> dict[str, Any]:
         # A query is a call: refused OVERLOADED past ``max_calls``, stopped at the grace's end.
+        nonlocal deliver
         control = None
         try:
-            with api.calls.linked(capped=query) as control:
+            with api.calls.linked(capped=query) as running:
+                control = running.control
+                deliver = api.answering(req, running) if query else None
                 return await api.broker.reconcile(
                     invocation_id,
                     query=query,

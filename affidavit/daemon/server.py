@@ -80,7 +80,13 @@ from affidavit.journal import Exposure, Journal, JournalError
 from affidavit.journal.backend import where as journal_where
 from affidavit.journal.compact import NOT_A_DIRECTORY, not_a_directory, refusal_message
 from affidavit.journal.exposure import serving
-from affidavit.stopping.bound import EXIT_STOP_UNFINISHED, StopBound, journal_pending, stop_bound
+from affidavit.stopping.bound import (
+    ANSWER_WAIT,
+    EXIT_STOP_UNFINISHED,
+    StopBound,
+    journal_pending,
+    stop_bound,
+)
 from affidavit.stopping.signals import NOT_MAIN_THREAD, StopSignals, off_the_main_thread
 from affidavit.text import named
 
@@ -116,9 +122,6 @@ CONSOLE_MAX_HEAD = 16 * 1024
 MAX_OPEN_FILES = 65536
 """The soft limit on open files ``serve`` raises to (the hard one if lower): the caps keep the
 daemon's own use far below it, but calls in flight hold their remotes' connections too."""
-ANSWER_WAIT = 5.0
-"""After the calls are over, how long their answers may take to be written before the
-connections are closed."""
 
 
 async def _prune_view_readers(broker: Broker) -> None:

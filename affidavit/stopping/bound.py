@@ -52,6 +52,7 @@ from typing import Protocol
 from affidavit.text import named
 
 __all__ = [
+    "ANSWER_WAIT",
     "CLOSE_WAIT",
     "EXIT_STOP_UNFINISHED",
     "LOG_WAIT",
@@ -66,6 +67,10 @@ log = logging.getLogger("affidavit.stopping")
 
 CLOSE_WAIT = 5.0
 """Seconds the journal's close may take at least once the answers are out."""
+ANSWER_WAIT = 5.0
+"""The daemon's stop: after the calls are over, how long their answers may take to be written
+before the connections are closed -- and from the grace's end, how long a stopped call's
+answer handed over since may take (``Running.stop``)."""
 RECORD_WAIT = 5.0
 """After the grace, how long at least the stopped calls may take to record where they stood
 (the daemon's ``Calls.drain``, the MCP session's ``drain``: ``max(grace, RECORD_WAIT)``)."""
