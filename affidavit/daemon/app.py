@@ -273,8 +273,7 @@ class Api:
 
         async def deliver(envelope: dict[str, Any]) -> None:
             # Called by the engine for a stored result only.
-            running.answering = True
-            await _deliver(req, envelope, running.delivery)
+            await _deliver(req, envelope, running.hand_over())
 
         async def run(call: Running) -> dict[str, Any]:
             return await self.broker.call(
@@ -680,17 +679,16 @@ class Answering:
     writes the answer through it (``engine.deliver_linked``), and records the linked result
     delivered only once it was written whole; ``ClientGone`` otherwise.  Written in the linked
     call's ``running.delivery`` (``Calls.linked``), which the stop bounds as it bounds a
-    call's: cut off at the grace's end when under way then -- recorded RESULT_DELIVERY_FAILED,
-    not left to the connections' close, unrecorded -- else given ``ANSWER_WAIT``
-    (``Running.stop``)."""
+    call's: ``ANSWER_WAIT`` from its hand-over, never past the grace's end by more -- cut off
+    so, recorded RESULT_DELIVERY_FAILED, not left to the connections' close, unrecorded
+    (``Running.hand_over``, ``Running.stop``)."""
 
     def __init__(self, req: Request, running: Running) -> None:
         self.req = req
         self.running = running
 
     async def __call__(self, answer: dict[str, Any]) -> None:
-        self.running.answering = True
-        await _deliver(self.req, answer, self.running.delivery)
+        await _deliver(self.req, answer, self.running.hand_over())
 
     async def unless_tried(self, answer: dict[str, Any]) -> None:
         """Answer with ``answer`` unless the broker tried to already: never written twice."""

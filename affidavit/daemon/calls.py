@@ -11,11 +11,16 @@ At shutdown the daemon stops taking calls, waits up to ``[service] shutdown_grac
 finish, then ``stop``s the rest: each is recorded BROKER_SHUTDOWN with what its evidence proves
 (not_attempted before its dispatch gate, unknown after it).  Its answer's write, when the call
 writes it itself (``Running.delivery``: a stored result the engine delivers, a poll's or a
-query's answer), is bounded by the stop in the same order: one already under way when the grace
-ends is cut off then; one handed over after -- the BROKER_SHUTDOWN of a call held till then --
-has ``ANSWER_WAIT``, the chance an answer written after the calls has, and is cut off only past
-it.  A write cut off fails its delivery (RESULT_DELIVERY_FAILED, when it carried a stored
-result), never written again.
+query's answer), has ``ANSWER_WAIT`` from when it is handed over, the chance an answer written
+after the calls has -- and no more once the grace has ended: one handed over ``ANSWER_WAIT`` or
+more before the grace's end (a client that did not read it) is cut off then; one handed over
+just before has the rest of its ``ANSWER_WAIT`` (its answer is encoded, and may wait for room
+in the answer budget, after the hand-over: cut off at once, a client reading promptly lost it);
+one handed over after the stop -- the BROKER_SHUTDOWN of a call held till then, recorded first,
+which may take seconds on a reconnecting journal -- has its ``ANSWER_WAIT`` from then.  The
+connections' deadline and the stop's watchdog bound the whole stop still.  A write cut off
+fails its delivery (RESULT_DELIVERY_FAILED, when it carried a stored result), never written
+again.
 """
 
 from __future__ import annotations
@@ -74,21 +79,38 @@ class Running:
         self.journal_failed: JournalError | None = None
         """Why it ended so, when the journal could not be written or read (a shared journal's
         database unreachable past the writer's reconnect window) or proved a row altered."""
-        self.answering = False
-        """The answer was handed over to be written in ``delivery`` (the engine's ``deliver``,
-        a linked call's ``Answering``): the handler must not answer again."""
+        self.handed_at: float | None = None
+        """When the answer was handed over to be written in ``delivery`` (``hand_over``; trio's
+        clock), None before."""
+        self.stopped = False
+        """The grace ran out while the call was in flight (``stop``)."""
         self.delivery = trio.CancelScope()
-        """Bounds the answer's write at the stop (``stop``)."""
+        """Bounds the answer's write (``hand_over``, ``stop``)."""
+
+    @property
+    def answering(self) -> bool:
+        """The answer was handed over (the engine's ``deliver``, a linked call's
+        ``Answering``): the handler must not answer again."""
+        return self.handed_at is not None
+
+    def hand_over(self) -> trio.CancelScope:
+        """The answer is handed over to be written now: the scope to write it in.  After the
+        stop it has ``ANSWER_WAIT`` from now -- not from the stop, whose recording (a barrier
+        on a reconnecting journal) may have taken them all."""
+        self.handed_at = now = trio.current_time()
+        if self.stopped:
+            self.delivery.deadline = now + ANSWER_WAIT
+        return self.delivery
 
     def stop(self) -> None:
-        """The shutdown grace ran out: stop wherever the call is, and bound its answer's write
-        (see module docstring) -- cut off now when under way, else ``ANSWER_WAIT`` from now
-        (cut off at once, the BROKER_SHUTDOWN answer of a poll held till now was lost)."""
+        """The shutdown grace ran out: stop wherever the call is, and bound an answer under way
+        to ``ANSWER_WAIT`` from its hand-over (see module docstring): cut off now when handed
+        over that long ago, else when they are out -- never past ``ANSWER_WAIT`` from now."""
         self.control.stop()
-        if self.answering:
-            self.delivery.cancel()
-        else:
-            self.delivery.deadline = trio.current_time() + ANSWER_WAIT
+        self.stopped = True
+        if self.handed_at is not None:
+            now = trio.current_time()
+            self.delivery.deadline = max(now, self.handed_at + ANSWER_WAIT)
 
 
 class Calls:

@@ -69,11 +69,16 @@ CLOSE_WAIT = 5.0
 """Seconds the journal's close may take at least once the answers are out."""
 ANSWER_WAIT = 5.0
 """The daemon's stop: after the calls are over, how long their answers may take to be written
-before the connections are closed -- and from the grace's end, how long a stopped call's
-answer handed over since may take (``Running.stop``)."""
+before the connections are closed -- and how long a call's answer may take from its hand-over
+(``Running.hand_over``), never past the grace's end by more (``Running.stop``)."""
 RECORD_WAIT = 5.0
 """After the grace, how long at least the stopped calls may take to record where they stood
 (the daemon's ``Calls.drain``, the MCP session's ``drain``: ``max(grace, RECORD_WAIT)``)."""
+# ``stop_bound`` counts no time of its own for an answer under way at the grace's end: it is cut
+# off at most ``ANSWER_WAIT`` after it (``Running.stop``), which ends within the calls' recording
+# wait only while RECORD_WAIT is at least as long (its RESULT_DELIVERY_FAILED row then has the
+# connections' ``ANSWER_WAIT`` at least).
+assert RECORD_WAIT >= ANSWER_WAIT, "an answer under way at the grace's end outlasts the drain"
 EXIT_STOP_UNFINISHED = 74
 """The exit status of ``affidavit serve`` and of ``affidavit mcp`` embedded when the stop ran
 out of ``stop_bound``: sysexits' EX_IOERR (the journal's storage did not answer) -- neither 0
