@@ -2,17 +2,19 @@
 ``Running.stop``; docs/deployment.md, "Stopping").
 
 Its handler runs the linked call itself and writes the answer inside it (``Answering``), in the
-call's delivery scope.  At the grace's end a write already under way is cancelled, and the
-linked result recorded RESULT_DELIVERY_FAILED (stored, fetchable); before, the write ran in a
-scope of its own and was cut off with the connections later, the record left RESULT_COMMITTED
-with no delivery row.  A held one is stopped first (BROKER_SHUTDOWN) and its answer handed over
-with the bounded chance a stopped call's answer has (``ANSWER_WAIT``): the client reads its
-BROKER_SHUTDOWN -- cancelling the scope with the stop (e9b84223, reverted) left it none.  Real
-daemon in this process, real socket, every wait bounded; no timing asserted.
+call's delivery scope.  A write under way at the grace's end is cut off ``ANSWER_WAIT`` after
+its hand-over, never later (``Running.stop``), and the linked result recorded
+RESULT_DELIVERY_FAILED (stored, fetchable); before, the write ran in a scope of its own and was
+cut off with the connections later, the record left RESULT_COMMITTED with no delivery row.  A
+held one is stopped first (BROKER_SHUTDOWN) and its answer handed over with the bounded chance
+a stopped call's answer has (``ANSWER_WAIT`` from then): the client reads its BROKER_SHUTDOWN
+-- cancelling the scope with the stop (e9b84223, reverted) left it none.  Real daemon in this
+process, real socket, every wait bounded; no timing asserted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,9 @@ from .kit import WAIT, in_process
 from .test_whole_answers import _servers, _settled
 
 PAD = "x" * 900_000
-"""A status document or a query's answer more than the socket's buffers take."""
+"""A status document or a query's answer more than the socket's buffers take: the test reads
+what reached the client once the daemon stopped, and checks it is less (``_received``; about
+220 KB here)."""
 GRACE = {"shutdown_grace": 0.5}
 QUERIED = {
     "idempotency": {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"},
@@ -78,6 +82,15 @@ async def _asked(client: Client, what: str) -> tuple[str, str, bytes]:
     return iid, iid, head.encode() + body
 
 
+async def _received(stream: trio.SocketStream) -> int:
+    """The bytes that reached the client, read once its connection closed."""
+    got = 0
+    with contextlib.suppress(trio.BrokenResourceError):  # closed with bytes unread: a reset
+        while data := await stream.receive_some(1 << 16):
+            got += len(data)
+    return got
+
+
 def _linked_rows(tmp_path: Path, submission: str) -> list[tuple[str, Any]]:
     """The kind and code of each of the linked call's rows (the poll's, the query's), read
     once stopped."""
@@ -98,9 +111,10 @@ async def test_a_linked_answer_being_written_when_the_grace_ends_is_recorded_und
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, what: str
 ) -> None:
     """A 900 KB poll or query answer held and being written to a client that does not read it
-    when the grace (0.5 s) ends: the write is cancelled then, the linked result recorded
-    RESULT_DELIVERY_FAILED -- never RESULT_DELIVERED -- and the budget holds nothing after.
-    Fails before: the write outlived the grace and the record stayed RESULT_COMMITTED."""
+    when the grace (0.5 s) ends: the write is cut off (``ANSWER_WAIT`` after its hand-over),
+    the client got less than the answer, the linked result is recorded RESULT_DELIVERY_FAILED
+    -- never RESULT_DELIVERED -- and the budget holds nothing after.  Fails before: the write
+    outlived the grace and the record stayed RESULT_COMMITTED."""
     servers = _servers(monkeypatch, write_wait=3 * WAIT)  # only the grace's end cuts it off
     monkeypatch.setenv(TOKEN_ENV, token)
     overrides = {"operations": OPERATIONS, **QUERIED}
@@ -116,7 +130,10 @@ async def test_a_linked_answer_being_written_when_the_grace_ends_is_recorded_und
             await stream.send_all(request)
             while not servers[0].answers:  # held, being written, not read
                 await trio.sleep(0.01)
+            answer = servers[0].answers  # the encoded answer's bytes, held while written
+        got = await _received(stream)
         await stream.aclose()
+    assert answer > len(PAD) > got, (answer, got)  # the write blocked: never all sent
     kinds = [kind for kind, _code in _linked_rows(tmp_path, submission)]
     assert kinds[-1] == "RESULT_DELIVERY_FAILED", kinds
     assert "RESULT_DELIVERED" not in kinds, kinds
