@@ -305,9 +305,9 @@ async def test_an_envelope_being_written_when_the_grace_ends_leaves_the_budget(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A call's envelope held and being written to a client that does not read it when the
-    stop's grace ends: the write is cancelled (``Running.delivery``), the delivery recorded
-    failed, and its bytes are no longer held -- fails with the hold dropped only after a write
-    that returns (``respond_delivered``'s ``finally``)."""
+    stop's grace ends: the write is cut off (``Running.delivery``: ``ANSWER_WAIT`` after its
+    hand-over), the delivery recorded failed, and its bytes are no longer held -- fails with
+    the hold dropped only after a write that returns (``respond_delivered``'s ``finally``)."""
     body = b"x" * 900_000  # more than the socket's buffers take
     servers = _servers(monkeypatch, write_wait=3 * WAIT)  # only the grace's end cuts it off
     monkeypatch.setenv(TOKEN_ENV, token)
