@@ -143,7 +143,7 @@ class Calls:
         call to the remote): counted among the calls in flight, so the grace waits for it and
         its end stops it where it is (BROKER_SHUTDOWN) -- never left to be cut off later as if
         its caller had gone -- and bounds its answer's write, which its asker's ``deliver``
-        makes in ``Running.delivery`` (app.py ``Answering``; ``Running.stop``).
+        makes in the scope ``Running.hand_over`` gives (app.py ``Answering``; ``Running.stop``).
         ``Overloaded`` when ``limit`` calls are running, as a call is: each reaches the remote,
         and the cap is on what is in flight (the call a poll follows has ended, so it holds no
         slot then).  ``capped=False``: an operator's attestation, which sends nothing, is

@@ -448,7 +448,7 @@ async def deliver_linked(
         return answer
     # Shielded from the read on: the answer is written whole, and a cancel arriving now must
     # not lose the row that says so -- only a shutdown cancelling the handler can (the daemon's
-    # grace's end cuts a linked answer off only while it is written: app.py ``Answering``).
+    # stop cuts a linked answer off only while it is written: app.py ``Answering``).
     # The read checkpoints only while a delivery of ``linked`` is queued or a shared journal
     # reconnects: tests/broker/test_linked_delivery_cancel.py cancels there, both paths.
     with trio.CancelScope(shield=True):
