@@ -1,7 +1,8 @@
 """Journal append throughput: group commit vs raw SQLite, measured side by side on one disk.
 
     .venv/bin/python tests/benchmarks/journal_append.py [--dir DIR] [--seconds S] [--runs R]
-        [--events N] [--ids engine|worker] [--profile FILE] [--ab OLD_CHECKOUT [--src NEW_CHECKOUT]]
+        [--events N] [--ids engine|worker] [--profile FILE] [--tune-gc]
+        [--ab OLD_CHECKOUT [--src NEW_CHECKOUT]]
 
 Prints barrier appends per second from 1 task and from 64 concurrent trio tasks, next to raw
 ``sqlite3`` single-row ``synchronous=FULL`` commits and raw 100-row batched commits, plus the time
@@ -18,6 +19,11 @@ the same disk.  The disk is noisy (fsync ~0.1-4 ms here), so the four rates are 
 time-sortable ULID, ``affidavit.engine.new_invocation_id``), so the ``(invocation_id, seq)``
 index sees production's locality; ``--ids worker`` is the older ``w<task>-<n>`` naming, which
 keeps 64 index leaves hot at once.
+
+``--tune-gc`` tunes the cyclic collector as ``affidavit serve`` tunes its own process
+(``affidavit.engine.tune_collector``: start-up frozen, a young collection every 20,000
+allocations) before the rates are measured; by default it is CPython's (700).  The journal is a
+library: its rates are shown both ways, the collector being the embedding process's choice.
 
 ``--profile FILE`` runs the 64-task phase once more under cProfile: the trio thread's stats go
 to FILE, the journal writer thread's (cProfile sees one thread at a time) to FILE.writer, and
@@ -311,6 +317,16 @@ async def _handoff(path: Path, n: int = 20_000) -> dict[str, float]:
     return {"lat": statistics.median(lat), "proc": cpu / n * 1e6}
 
 
+def _tune_gc() -> None:
+    """``--tune-gc``: the collector as ``affidavit serve`` has it (an ``--ab`` checkout from
+    before ``tune_collector`` existed: untouched)."""
+    import affidavit.engine
+
+    tune = getattr(affidavit.engine, "tune_collector", None)
+    if tune is not None:
+        tune()
+
+
 def _child(base: Path, tasks: int, seconds: float, ids: Callable[[int, int], str]) -> None:
     """``--child TASKS``: one rate (TASKS 0: the hand-off alone), a JSON line for ``_ab``."""
     if tasks == 0:
@@ -342,11 +358,15 @@ def _ab(args: argparse.Namespace, base: Path) -> None:
             for label, src in order:
                 cmd = [sys.executable, __file__, "--child", str(tasks), "--dir", str(base)]
                 cmd += ["--seconds", str(args.seconds), "--ids", args.ids]
+                if args.tune_gc:
+                    cmd += ["--tune-gc"]
                 if src is not None:
                     cmd += ["--src", src]
                 out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
                 got.setdefault((label, tasks), []).append(json.loads(out.strip().splitlines()[-1]))
-    print(f"{args.runs} interleaved runs of {args.seconds:g} s, medians (min-max); load {_load()}")
+    gc_ = "tuned as affidavit serve's" if args.tune_gc else "CPython's default"
+    print(f"{args.runs} interleaved runs of {args.seconds:g} s, medians (min-max); collector {gc_}")
+    print(f"load {_load()}")
     for label in sides:
         one = [r["rate"] for r in got[(label, 1)]]
         many = [r["rate"] for r in got[(label, 64)]]
@@ -386,10 +406,13 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--ids", choices=sorted(IDS), default="engine")
     ap.add_argument("--profile", default=None, help="cProfile the 64-task phase into FILE")
+    ap.add_argument("--tune-gc", action="store_true", help="the collector as affidavit serve's")
     ap.add_argument("--ab", metavar="SRC", help="race the journal of checkout SRC (A/B)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--src", metavar="DIR", help="with --ab: measure checkout DIR, not this one")
     args = ap.parse_args()
+    if args.tune_gc:
+        _tune_gc()
     if args.child is not None:
         _child(Path(args.dir), args.child, args.seconds, IDS[args.ids])
         return
