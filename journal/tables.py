@@ -279,7 +279,7 @@ class Tables:
         ``linked_calls`` rows they name, in the same transaction and before them (the schema
         refuses a row holding ``rows.LINKED_TAIL`` that the table has no row for): every
         writer -- a broker's ``Txn``, ``migrate`` -- inserts through here."""
-        named = linked_call_rows((row[0], row[2], row[8]) for row in rows)
+        named = linked_call_rows(rows, seq=0, iid=2, text=8)
         if named:  # first: the events' insert trigger looks for them (``rows.index_keys``)
             self.many("insert_linked_calls", named)
         if len(rows) == 1:
