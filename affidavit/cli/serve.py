@@ -103,6 +103,8 @@ def _serve(args: argparse.Namespace) -> int:
     # Everything the daemon creates -- journal, WAL, sealing key, lock -- is its user's alone
     # (0600); the socket is the one file others reach (0660, set where it is bound).
     os.umask(0o077)
+    # Before the config: loading it logs what it allows but an operator should know.
+    logging.basicConfig(level=logging.INFO, handlers=[log_handler(os.environ, sys.stderr)])
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -122,7 +124,6 @@ def _serve(args: argparse.Namespace) -> int:
 
     tune_collector()  # this process serves calls at concurrency: engine/collector.py
     heap_left = keep_freed_buffers()  # large results' read buffers reused: affidavit/heap.py
-    logging.basicConfig(level=logging.INFO, handlers=[log_handler(os.environ, sys.stderr)])
     for words in heap_left:
         logging.getLogger("affidavit.serve").warning("heap: %s", words)
     for words in _systemd_unready(config):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import re
 import tomllib
@@ -44,6 +45,7 @@ __all__ = [
     "VAULT",
     "Config",
     "JournalConfig",
+    "caveats",
     "config_from_dict",
     "config_path",
     "load_config",
@@ -275,9 +277,26 @@ def parse_config(raw: bytes, path: Path) -> Config:
 
 
 def load_config(path: str | Path | None = None) -> Config:
-    """Read and validate a config file.  Relative paths inside resolve against its directory."""
+    """Read and validate a config file.  Relative paths inside resolve against its directory.
+    What it allows but an operator should know (``caveats``) is logged, one WARNING each --
+    here, not in ``parse_config``, which a running broker calls again before dispatches."""
     p = config_path(str(path) if path is not None else None)
-    return parse_config(read_config(p)[0], p)
+    config = parse_config(read_config(p)[0], p)
+    for words in caveats(config):
+        logging.getLogger("affidavit.config").warning("%s", words)
+    return config
+
+
+def caveats(config: Config) -> list[str]:
+    """What ``config`` allows that is no safeguard: by target, an ``approval`` whose
+    ``commands`` list names what waits (``ApprovalPolicy.caveat``)."""
+    out = []
+    for name, target in config.targets.items():
+        policy = getattr(target, "approval", None)
+        caveat = policy.caveat if policy is not None else None
+        if caveat is not None:
+            out.append(f"targets.{name}.approval.commands: {caveat}")
+    return out
 
 
 def config_from_dict(

@@ -72,9 +72,9 @@ host_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA
 # known_hosts = "known_hosts"
 credential = "vault:deploy_key"       # an OpenSSH private key stored in the vault
 idempotent_commands = []              # exact commands known to be safe to repeat (never with stdin)
-# approval = { commands = ["^deploy "] }   # these commands wait for an operator's yes, and so
-#   does any command with stdin, not simple (`;`, `$`, quotes, tabs...) or run by sh/sudo/env...;
-#   robust: { except_commands = ["uptime"] } (only these skip the wait) or "always"
+# approval = { except_commands = ["uptime"] }   # every command waits for an operator's yes
+#   but these (simple: no `;`, `$`, quotes, tabs..., and without stdin), or "always"; a list of
+#   what waits, { commands = ["^deploy "] }, is a convenience, never a boundary (logged)
 timeout = { connect = 10, total = 600 }
 # [targets.deploy.reconcile]
 # command = "test -e /srv/releases/{idempotency_key}"

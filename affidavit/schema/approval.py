@@ -33,7 +33,7 @@ from .section import Section, kind_of
 from .target import canonical_value
 from .values import duration_setting
 
-__all__ = ["MAX_TTL", "RUNNERS", "ApprovalPolicy", "approval_field", "not_simple"]
+__all__ = ["MAX_TTL", "RUNNERS", "ApprovalPolicy", "approval_field", "not_simple", "runner"]
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 DEFAULT_TTL = "15m"
@@ -49,16 +49,76 @@ non-ASCII character: what the shell runs is the words as written, so a pattern s
 command the remote will run -- the only kind of command a pattern list can vouch for."""
 RUNNERS = frozenset(
     {
-        *("sh", "ash", "bash", "dash", "zsh", "ksh", "mksh", "csh", "tcsh", "fish", "busybox"),
-        *(".", "source", "eval", "exec", "command", "builtin", "env", "xargs", "find"),
-        *("sudo", "doas", "su", "runuser", "nice", "ionice", "nohup", "timeout", "stdbuf"),
-        *("setsid", "chroot", "taskset", "flock", "time", "watch", "script", "ssh", "make"),
-        *("perl", "ruby", "node", "nodejs", "php", "lua", "tclsh", "awk", "gawk", "mawk"),
+        # Shells and their multi-call hosts: the rest of the line, a file or stdin is a script.
+        *("ash", "bash", "busybox", "csh", "dash", "fish", "ksh", "mksh", "sh", "tcsh", "toybox"),
+        *("yash", "zsh"),
+        # Shell builtins and keywords that run a command or code given as their words: `jobs -x
+        # cmd`, `coproc cmd`, `trap cmd EXIT`, `fc -s` (history), `enable -f lib.so` (loads
+        # code), `mapfile -C cmd`, zsh's precommand modifiers (`noglob cmd`, `- cmd`), `repeat 1
+        # cmd`, `sched`, `emulate sh -c cmd`.
+        *("-", ".", "builtin", "command", "coproc", "emulate", "enable", "eval", "exec", "fc"),
+        *("jobs", "mapfile", "nocorrect", "noglob", "readarray", "repeat", "sched", "source"),
+        *("time", "trap"),
+        # Interpreters: code from their arguments, a file or stdin (``python*``/``pypy*`` and
+        # versioned names like ``perl5.36.0``, ``lua5.4`` count too: ``runner``).
+        *("awk", "bun", "clisp", "dc", "deno", "elixir", "erl", "escript", "expect", "gawk"),
+        *("ghci", "groovy", "guile", "irb", "java", "jshell", "julia", "lua", "luajit", "mawk"),
+        *("nawk", "node", "nodejs", "ocaml", "perl", "php", "pwsh", "r", "racket", "rscript"),
+        *("ruby", "runghc", "runhaskell", "sbcl", "scala", "swipl", "tclsh", "wish"),
+        # Wrappers that run the program named in their arguments, as another user, in another
+        # namespace, personality, scheduling class or with limits, traced or under a loader.
+        *("bwrap", "capsh", "cgexec", "chroot", "chrt", "doas", "eatmydata", "env", "fakeroot"),
+        *("faketime", "firejail", "flock", "gdb", "i386", "ionice", "ld-linux", "ld-musl"),
+        *("ld.so", "ldd"),
+        *("linux32", "linux64", "ltrace", "nice", "nohup", "nsenter", "numactl", "perf"),
+        *("pkexec", "prlimit", "run0", "runcon", "runuser", "script", "setarch", "setpriv"),
+        *("setsid", "sg", "stdbuf", "strace", "su", "sudo", "systemd-nspawn", "systemd-run"),
+        *("taskset", "timeout", "unbuffer", "unshare", "valgrind", "watch", "x86_64"),
+        # Schedulers, multiplexers and runners of many: commands run now or later, detached.
+        *("at", "batch", "crontab", "parallel", "run-parts", "screen", "tmux", "xargs"),
+        # Tools whose options run a program or code: find -exec, sed's `e` (GNU: a shell), make
+        # (recipes), git (aliases, -c core.pager=, core.sshCommand=), vim's family (-c, -S, -u:
+        # Ex commands run programs), ed (commands from stdin, `!`), emacs (-l, --eval), tar
+        # (--to-command, --checkpoint-action=exec=, -I), rsync (-e, --rsync-path), scp/sftp
+        # (-S), ssh (the remote command, ProxyCommand), zip (-TT), man (-P, the pager), socat
+        # (EXEC:), nc/ncat (-e, -c), ip (netns exec), apt/apt-get/dpkg (hook options), pip/npm
+        # /npx (a package's build and scripts).  Not listed: less and more (commands only from
+        # a terminal, which an exec has not), unzip (no option runs a program).
+        *("apt", "apt-get", "dpkg", "ed", "emacs", "ex", "find", "git", "ip", "make", "man"),
+        *("nc", "ncat", "netcat", "npm", "npx", "nvim", "pip", "rsync", "scp", "sed", "sftp"),
+        *("socat", "ssh", "tar", "vi", "view", "vim", "zip"),
     }
 )
-"""First words (a path's last part) that run other commands or code: a shell, an interpreter,
-a wrapper (``sudo deploy``, ``env deploy``).  What they run is not the command line the patterns
-see, so a ``commands`` policy sends them to an operator; ``python*`` counts too."""
+"""First words that run other commands or code, as ``runner`` compares them (lower case,
+without directory or version): what they run is not the command line the patterns see, so a
+``commands`` policy sends them to an operator.  A name is here only when its arguments or stdin
+can make it run another program or code.  No such list is complete -- a program the broker has
+never heard of can run another -- which is why ``except_commands`` is the robust form
+(docs/approvals.md)."""
+
+_SUFFIXES = re.compile(
+    r"(?:(?:46[-_]68x|68x|46dma|46hcraa|46mra|fhmra|68[3-6]i|os)[-_.]|[a-z]?[0-9.]*[0-9][-_.]?)+"
+)
+"""Version and architecture suffixes of a program's name, matched at the start of the name
+reversed (``2.os.46-68x-xunil-dl``): ``perl5.36.0``, ``python3.11``, ``lua5.4``, ``node18``,
+``tclsh8.6``, ``ld-linux-x86-64.so.2``.  Reversed, ``re.match`` takes the greedy way and stops:
+a time linear in the name (anchored at its end, a caller's long run of digits would make a
+forward search backtrack without end)."""
+
+
+def runner(word: str) -> str | None:
+    """The ``RUNNERS`` name (or ``python``/``pypy``) that the command word ``word`` is, or None:
+    compared without its directory, in lower case, as written or without its version and
+    architecture suffixes (``/usr/bin/Perl5.36.0`` -> ``perl``)."""
+    name = word.rsplit("/", 1)[-1].lower()
+    suffixes = _SUFFIXES.match(name[::-1])
+    stem = name[: len(name) - suffixes.end()] if suffixes else name
+    for candidate in (name, stem):
+        if candidate in RUNNERS:
+            return candidate
+        if candidate.startswith(("python", "pypy")):
+            return candidate[:4] if candidate.startswith("pypy") else "python"
+    return None
 
 
 def not_simple(command: str) -> str | None:
@@ -97,6 +157,20 @@ class ApprovalPolicy:
     def always(self) -> bool:
         return self.methods is None and self.commands is None and self.except_commands is None
 
+    @property
+    def caveat(self) -> str | None:
+        """Why this policy is no security boundary (for the operator's log), or None: a
+        ``commands`` list names what waits, and no such list is complete against a hostile
+        caller."""
+        if self.commands is None:
+            return None
+        return (
+            "commands lists what waits for an operator, and no such list is complete against "
+            "a hostile caller (a program it does not name can run the one it guards); for a "
+            'security boundary list what skips the wait (except_commands) or use "always" '
+            "(docs/approvals.md)"
+        )
+
     def requires(
         self, *, method: str | None = None, command: str | None = None, stdin: bool = False
     ) -> bool:
@@ -110,7 +184,7 @@ class ApprovalPolicy:
     def command_reason(self, command: str, *, stdin: bool = False) -> str | None:
         """Why an SSH command needs a yes, or None when it needs none.  A pattern list fails
         closed: it vouches only for a simple command (``SIMPLE_COMMAND``) without stdin whose
-        first word does not run other code (``RUNNERS``); any other command waits for a yes.
+        first word does not run other code (``runner``); any other command waits for a yes.
         A simple command waits when a pattern matches it -- or, named by its path
         (``/opt/bin/deploy x``), matches it named without (``deploy x``)."""
         if self.always:
@@ -128,7 +202,7 @@ class ApprovalPolicy:
             return "it is not listed in except_commands"
         assert self.commands is not None
         name = _name(command)
-        if name in RUNNERS or name.startswith(("python", "pypy")):
+        if runner(name) is not None:
             return f"{name!r} runs other commands or code"
         bare = name + command[len(command.split(" ", 1)[0]) :]
         for i, pattern in enumerate(self.commands):

@@ -3,7 +3,10 @@ the field path every mistake is reported at (docs/approvals.md)."""
 
 from __future__ import annotations
 
+import inspect
+import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,8 @@ from affidavit.protocols.http import HttpTarget
 from affidavit.protocols.http import action as httpaction
 from affidavit.protocols.ssh import SshTarget
 from affidavit.protocols.ssh import action as sshaction
+from affidavit.schema import approval
+from affidavit.schema.approval import RUNNERS, runner
 from affidavit.statemachine import Outcome
 
 from .test_config import KEY_A
@@ -136,6 +141,25 @@ def _deploy_needs(tmp_path: Path, command: str, stdin: str | None = None) -> tup
         ("python3 /tmp/x.py", None, "'python3' runs other commands or code"),
         ("deploy prod", None, "it matches commands[0] (^deploy )"),
         ("/opt/bin/deploy prod", None, "it matches commands[0] (^deploy )"),
+        # Found against a real sshd (audit 49): each ran /opt/bin/deploy prod with no yes.
+        ("setarch x86_64 /opt/bin/deploy prod", None, "'setarch' runs other commands or code"),
+        ("prlimit /opt/bin/deploy prod", None, "'prlimit' runs other commands or code"),
+        ("unshare /opt/bin/deploy prod", None, "'unshare' runs other commands or code"),
+        ("setpriv /opt/bin/deploy prod", None, "'setpriv' runs other commands or code"),
+        ("chrt -o 0 /opt/bin/deploy prod", None, "'chrt' runs other commands or code"),
+        ("jobs -x /opt/bin/deploy prod", None, "'jobs' runs other commands or code"),
+        ("coproc deploy prod", None, "'coproc' runs other commands or code"),
+        ("trap deploy EXIT", None, "'trap' runs other commands or code"),
+        ("perl5.36.0 -e system+q,deploy,", None, "'perl5.36.0' runs other commands or code"),
+        ("Perl -e system+q,deploy,", None, "'Perl' runs other commands or code"),
+        ("/usr/bin/SUDO deploy prod", None, "'SUDO' runs other commands or code"),
+        (
+            "/lib64/ld-linux-x86-64.so.2 /x",
+            None,
+            "'ld-linux-x86-64.so.2' runs other commands or code",
+        ),
+        ("git -c core.pager=deploy log", None, "'git' runs other commands or code"),
+        ("tar -xf a.tar --to-command=deploy", None, "'tar' runs other commands or code"),
         ("./deploy prod", None, "it matches commands[0] (^deploy )"),
         ("rm -rf /srv", None, "it matches commands[1] (rm )"),
     ],
@@ -153,6 +177,67 @@ def test_a_simple_command_no_pattern_matches_runs_without_approval(
     tmp_path: Path, command: str
 ) -> None:
     assert _deploy_needs(tmp_path, command) == (False, "None")
+
+
+@pytest.mark.parametrize(
+    ("word", "name"),
+    [
+        ("perl5.36.0", "perl"),
+        ("python3.11", "python"),
+        ("pypy3", "pypy"),
+        ("ruby3.1", "ruby"),
+        ("lua5.4", "lua"),
+        ("tclsh8.6", "tclsh"),
+        ("php8.2", "php"),
+        ("node18", "node"),
+        ("gawk-5.1.0", "gawk"),
+        ("/lib64/ld-linux-x86-64.so.2", "ld-linux"),
+        ("ld-linux-aarch64.so.1", "ld-linux"),
+        ("x86_64", "x86_64"),
+        ("linux32", "linux32"),
+        ("/USR/BIN/Env", "env"),
+        ("deploy", None),
+        ("deploy2", None),
+        ("uptime", None),
+        ("systemctl", None),
+        ("less", None),
+        ("unzip", None),
+    ],
+)
+def test_a_runner_is_known_by_any_case_directory_version_or_architecture(
+    word: str, name: str | None
+) -> None:
+    assert runner(word) == name
+
+
+def test_the_runners_are_kept_sorted_in_commented_groups() -> None:
+    """One place, each group under the comment that says how its names run another program."""
+    source = inspect.getsource(approval)
+    body = source[
+        source.index("RUNNERS = frozenset(") : source.index("\n)\n", source.index("RUNNERS"))
+    ]
+    groups = re.split(r"\n\s*#[^\n]*(?:\n\s*#[^\n]*)*", body)[1:]
+    assert len(groups) >= 5
+    names = [re.findall(r'"([^"]+)"', g) for g in groups]
+    assert all(n == sorted(n) and n for n in names)
+    assert sum(len(n) for n in names) == len(RUNNERS)
+
+
+def test_a_commands_list_logs_that_it_is_no_boundary(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/approvals.md: no list of what waits is complete against a hostile caller; loading a
+    config that uses one says so once for the target, an allow-list or "always" never."""
+    for setting, logged in [(DOCUMENTED, 1), (ALLOW_LIST, 0), ('approval = "always"', 0)]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="affidavit.config"):
+            load_config(_config(tmp_path, ssh=setting))
+        records = [r for r in caplog.records if r.name == "affidavit.config"]
+        assert len(records) == logged, setting
+        for r in records:
+            assert r.levelno == logging.WARNING
+            assert r.getMessage().startswith("targets.deploy.approval.commands: ")
+            assert "except_commands" in r.getMessage()
 
 
 ALLOW_LIST = 'approval = { except_commands = ["uptime", "systemctl status [a-z.-]+"] }'
