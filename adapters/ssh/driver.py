@@ -183,6 +183,7 @@ class _Run:
                 self.fire("exec_sent", {})
             if denied:
                 self.check_host_key()
+                self.refused()
                 self.fire("exec_failure", {"reply": "CHANNEL_FAILURE"})
                 return RemoteResult(
                     Outcome.REJECTED,
@@ -194,6 +195,38 @@ class _Run:
         self.check_host_key()
         self.fire("exec_accepted", {})
         return None
+
+    def refused(self) -> None:
+        """Before a CHANNEL_FAILURE is taken for "not run": the channel must show nothing of a
+        command.  Output, EOF or an exit report it already holds (libssh processes packets in
+        order: all the remote sent before the refusal is in) contradict the refusal, and the
+        attempt ends ``refusal_contradicted`` -> ``interrupted``, REMOTE_RESULT_INCOMPLETE,
+        with what it held in the facts.  ``poll_timeout(0)`` counts a stream's buffered bytes
+        without reading them, and takes nothing off the socket while a stream holds data or
+        EOF; else, as ``get_exit_state`` without a report, one non-blocking pump, whose
+        packets came after the refusal -- from a remote that ran nothing, none of these.  An
+        error libssh raises here (SSH_ERROR) is ``perform``'s ``library_error``: unknown too."""
+        channel = self.conn.channel
+        held: dict[str, Any] = {"eof": False}
+        for name in ("stdout", "stderr"):
+            held[f"unread_{name}_bytes"] = 0
+            try:
+                held[f"unread_{name}_bytes"] = max(channel.poll_timeout(0, name == "stderr"), 0)
+            except ssh.exceptions.EOF:  # ssh-python raises libssh's SSH_EOF: EOF, empty
+                held["eof"] = True
+        self.report.read(*channel.get_exit_state())
+        reported = self.report.exited or self.report.unnamed
+        output = held["unread_stdout_bytes"] or held["unread_stderr_bytes"] or held["eof"]
+        if not output and not reported:
+            return
+        facts = {**self.result_facts(), **held, "reply": "CHANNEL_FAILURE"}
+        self.fire("refusal_contradicted", {"code": Code.REMOTE_RESULT_INCOMPLETE.value, **held})
+        raise AttemptInterrupted(
+            Code.REMOTE_RESULT_INCOMPLETE,
+            "the server refused the exec request (CHANNEL_FAILURE) on a channel that already "
+            "held " + _held(held, self.report) + ": whether the command ran is not known",
+            facts,
+        )
 
     def lost(self, detail: str) -> NoReturn:
         # An exit report without the proven end of the streams is not a result (seed: "send the
@@ -430,6 +463,15 @@ class _Run:
                 park.moved()
                 continue
             await park()  # nothing observable changed
+
+
+def _held(held: Mapping[str, Any], report: ExitReport) -> str:
+    """What a refused channel held, in words: ``4 bytes of stdout, an exit report``."""
+    parts = [f"{held[f'unread_{n}_bytes']} bytes of {n}" for n in ("stdout", "stderr")]
+    parts = [p for p in parts if not p.startswith("0 ")]
+    parts += ["EOF"] if held["eof"] else []
+    parts += ["an exit report"] if report.exited or report.unnamed else []
+    return ", ".join(parts)
 
 
 async def perform(

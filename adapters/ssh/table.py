@@ -11,7 +11,9 @@ Why these states (seed, "Connection setup needs a precise end point" and RFC 425
 * ``session_open --exec--> exec_requesting`` is the **dispatch boundary**: the engine journals
   DISPATCH_STARTED before the driver hands the ``exec`` channel request to libssh.
 * RFC 4254 §6.5: the success reply to ``exec`` means only "accepted"; CHANNEL_FAILURE is a
-  complete, authoritative refusal (``exec_rejected`` completes the machine as a rejection).
+  complete, authoritative refusal (``exec_rejected`` completes the machine as a rejection) --
+  unless the channel already holds output, EOF or an exit report: a refusal of a command the
+  channel shows running proves nothing (``refusal_contradicted`` -> ``interrupted``).
 * RFC 4254 §6.10: ``exit-status`` is *optional* and may arrive before or after the channel EOF.
   The machine therefore tracks the two facts separately (``exit_*_seen`` = status known, streams
   still open; ``eof`` = streams ended, no status yet; ``drained`` = both) and only a remote
@@ -76,7 +78,7 @@ _STATES = {
     "or after exit reports that disagree",
     "interrupted": "stopped after dispatch without a complete result (drop, timeout, cancel, "
     "data after EOF, output past max_result, an unexpected libssh error, a host key changed "
-    "at a re-exchange)",
+    "at a re-exchange, a refusal after output, EOF or an exit report)",
 }
 
 _T: dict[str, dict[str, str]] = {
@@ -87,7 +89,13 @@ _T: dict[str, dict[str, str]] = {
     "authenticated": {"session_open": "session_open"},
     "session_open": {"exec": "exec_requesting"},
     "exec_requesting": {"exec_sent": "exec_sent"},
-    "exec_sent": {"exec_accepted": "exec_accepted", "exec_failure": "exec_rejected"},
+    # A CHANNEL_FAILURE on a channel that already holds output, EOF or an exit report
+    # contradicts itself: no proof the command did not run.
+    "exec_sent": {
+        "exec_accepted": "exec_accepted",
+        "exec_failure": "exec_rejected",
+        "refusal_contradicted": "interrupted",
+    },
     "eof": {
         "exit_status": "drained",
         "exit_signal": "drained",

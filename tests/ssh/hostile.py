@@ -8,6 +8,10 @@ Commands (the first word selects the behaviour):
   exit <n>         write "out\\n"/"err\\n", send exit-status n, EOF, close
   signal           write "out\\n", send exit-signal KILL, EOF, close
   refuse           reply CHANNEL_FAILURE to the exec request
+  refuseafter <what>...  first send each of ``what`` on the session channel -- ``out`` (stdout
+                   "ran\n"), ``err`` (stderr "ran\n"), ``status`` (exit-status 0), ``eof`` --
+                   then reply CHANNEL_FAILURE to the exec request: a refusal of a command that
+                   ran, as far as the channel says
   noexit           write "partial\\n", EOF, close — never an exit-status (RFC 4254 §6.10)
   closeonly        write "partial\\n", close without EOF or exit-status
   drop             accept exec, write "partial\\n", then abort the TCP connection
@@ -64,7 +68,12 @@ from typing import Any
 
 import asyncssh
 import trio
-from asyncssh.constants import MSG_CHANNEL_DATA, MSG_CHANNEL_REQUEST
+from asyncssh.constants import (
+    MSG_CHANNEL_DATA,
+    MSG_CHANNEL_EOF,
+    MSG_CHANNEL_EXTENDED_DATA,
+    MSG_CHANNEL_REQUEST,
+)
 from asyncssh.packet import Boolean, String, UInt32
 
 PASSWORD = "correct horse battery staple"
@@ -128,7 +137,31 @@ class _Session(asyncssh.SSHServerSession[str]):
     def exec_requested(self, command: str) -> bool:
         self._srv.exec_requests.append(command)
         self._command = command
+        words = command.split()
+        if words[:1] == ["refuseafter"]:
+            self._send_before_refusing(words[1:])
+            return False  # asyncssh answers CHANNEL_FAILURE after what was sent
         return command != "refuse"
+
+    def _send_before_refusing(self, what: list[str]) -> None:
+        """Packets of a command that ran, written raw (the session has not started, so the
+        channel's own writers refuse): they go out before the exec request's reply."""
+        chan = self._chan
+        conn = chan.get_extra_info("connection")
+        recipient = UInt32(chan._send_chan)
+        for item in what:
+            if item == "out":
+                conn.send_packet(MSG_CHANNEL_DATA, recipient + String(b"ran\n"))
+            elif item == "err":
+                conn.send_packet(
+                    MSG_CHANNEL_EXTENDED_DATA, recipient + UInt32(1) + String(b"ran\n")
+                )
+            elif item == "status":
+                chan._send_request(b"exit-status", UInt32(0))
+            elif item == "eof":
+                conn.send_packet(MSG_CHANNEL_EOF, recipient)
+            else:
+                raise ValueError(item)
 
     def session_started(self) -> None:
         words = self._command.split()

@@ -108,6 +108,18 @@ async def test_every_scripted_row_through_broker_call(
             env = await b.call({"target": "evil", "command": "noexit"})
             assert_error(b, env, phase="remote_execution", outcome="unknown",
                          retry="reconcile", code="REMOTE_RESULT_INCOMPLETE")  # fmt: skip
+            # Output and exit-status 0, then CHANNEL_FAILURE: a refusal that contradicts itself
+            # is no rejection (audit 49, #2), and the output no result.
+            env = await b.call({"target": "evil", "command": "refuseafter out status"})
+            assert_error(b, env, phase="remote_execution", outcome="unknown",
+                         retry="reconcile", code="REMOTE_RESULT_INCOMPLETE")  # fmt: skip
+            assert "result" not in env and b.journal.read_result(env["invocation_id"]) is None
+            [cut] = [e for e in b.events(env["invocation_id"])
+                     if e.kind is EventKind.ATTEMPT_INTERRUPTED]  # fmt: skip
+            held = {
+                k: cut.attrs["facts"][k] for k in ("unread_stdout_bytes", "exit_status", "reply")
+            }
+            assert held == {"unread_stdout_bytes": 4, "exit_status": 0, "reply": "CHANNEL_FAILURE"}
             env = await b.call({"target": "evil", "command": "drop"})
             assert_error(b, env, phase="remote_execution", outcome="unknown",
                          retry="reconcile", code="REMOTE_OUTCOME_UNKNOWN")  # fmt: skip

@@ -64,6 +64,44 @@ async def test_exec_refused_with_channel_failure_is_rejected(
     assert rec.ctx.machine.dispatched  # it was requested; the refusal is authoritative
 
 
+@pytest.mark.parametrize(
+    ("sent", "facts"),
+    [
+        ("out status", {"unread_stdout_bytes": 4, "exit_status": 0}),  # audit 49, #2
+        ("out", {"unread_stdout_bytes": 4}),
+        ("err", {"unread_stderr_bytes": 4}),
+        ("out err", {"unread_stdout_bytes": 4, "unread_stderr_bytes": 4}),
+        ("status", {"exit_status": 0}),
+        ("eof", {"eof": True}),
+    ],
+)
+async def test_a_refusal_after_output_eof_or_an_exit_report_is_no_rejection(
+    hostile: HostileServer, key: bytes, sent: str, facts: dict[str, object]
+) -> None:
+    """A CHANNEL_FAILURE proves "not run" only on a channel that shows nothing of a command:
+    one that already holds output, EOF or an exit report contradicts it.  The attempt ends
+    unknown, never ``rejected``, with what the channel held in its facts."""
+    rec = Recorder()
+    with pytest.raises(AttemptInterrupted) as ei:
+        await _run(hostile, key, f"refuseafter {sent}", rec)
+    assert ei.value.code == Code.REMOTE_RESULT_INCOMPLETE
+    got = ei.value.facts
+    assert got["reply"] == "CHANNEL_FAILURE"
+    expected = {
+        "unread_stdout_bytes": 0,
+        "unread_stderr_bytes": 0,
+        "exit_status": None,
+        "eof": False,
+        "stdout_bytes": 0,  # nothing was received as a result's output
+        "stderr_bytes": 0,
+        **facts,
+    }
+    assert {k: got[k] for k in expected} == expected
+    assert rec.ctx.machine.state == "interrupted" and not rec.ctx.machine.complete
+    assert rec.events[-1] == "refusal_contradicted"
+    assert rec.stream("stdout") == b"" and rec.stream("stderr") == b""  # not a result's output
+
+
 @pytest.mark.parametrize("command", ["noexit", "closeonly", "strayexit"])
 async def test_channel_closed_without_exit_status_is_result_incomplete(
     hostile: HostileServer, key: bytes, command: str
