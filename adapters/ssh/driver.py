@@ -183,12 +183,12 @@ class _Run:
                 self.fire("exec_sent", {})
             if denied:
                 self.check_host_key()
-                self.refused()
+                seen = self.refused()
                 self.fire("exec_failure", {"reply": "CHANNEL_FAILURE"})
                 return RemoteResult(
                     Outcome.REJECTED,
                     Code.EXEC_REJECTED,
-                    facts={"host_key": self.conn.host_key, "reply": "CHANNEL_FAILURE"},
+                    facts={"host_key": self.conn.host_key, "reply": "CHANNEL_FAILURE", **seen},
                     summary=self.report.summary(),
                 )
             self.library_error(exc)
@@ -196,30 +196,37 @@ class _Run:
         self.fire("exec_accepted", {})
         return None
 
-    def refused(self) -> None:
-        """Before a CHANNEL_FAILURE is taken for "not run": the channel must show nothing of a
-        command.  Output, EOF or an exit report it already holds (libssh processes packets in
-        order: all the remote sent before the refusal is in) contradict the refusal, and the
-        attempt ends ``refusal_contradicted`` -> ``interrupted``, REMOTE_RESULT_INCOMPLETE,
-        with what it held in the facts.  ``poll_timeout(0)`` counts a stream's buffered bytes
-        without reading them, and takes nothing off the socket while a stream holds data or
-        EOF; else, as ``get_exit_state`` without a report, one non-blocking pump, whose
-        packets came after the refusal -- from a remote that ran nothing, none of these.  An
-        error libssh raises here (SSH_ERROR) is ``perform``'s ``library_error``: unknown too."""
+    def refused(self) -> dict[str, Any]:
+        """Before a CHANNEL_FAILURE is taken for "not run": unread output or an exit report on
+        the channel (libssh processes packets in order: all the remote sent before the refusal
+        is in) contradicts it, and the attempt ends ``refusal_contradicted`` -> ``interrupted``,
+        REMOTE_RESULT_INCOMPLETE, with what it held in the facts.  ``poll_timeout(0)`` counts a
+        stream's buffered bytes without reading them, and takes nothing off the socket while a
+        stream holds data or EOF; else, as ``get_exit_state`` without a report, one
+        non-blocking pump, whose packets came after the refusal.
+
+        EOF alone contradicts nothing: libssh reports it for an *empty* stream whose remote sent
+        CHANNEL_EOF or CHANNEL_CLOSE -- a server may close right after refusing, and a remote
+        that ran nothing has sent all it will.  An error the look raises (the connection
+        dropped after the refusal) says nothing about the exec either: the refusal arrived on
+        a live connection and stands.  Both are returned as facts of the rejection (``eof``,
+        ``look_failed``)."""
         channel = self.conn.channel
-        held: dict[str, Any] = {"eof": False}
-        for name in ("stdout", "stderr"):
-            held[f"unread_{name}_bytes"] = 0
-            try:
-                held[f"unread_{name}_bytes"] = max(channel.poll_timeout(0, name == "stderr"), 0)
-            except ssh.exceptions.EOF:  # ssh-python raises libssh's SSH_EOF: EOF, empty
-                held["eof"] = True
-        self.report.read(*channel.get_exit_state())
+        held: dict[str, Any] = {"unread_stdout_bytes": 0, "unread_stderr_bytes": 0, "eof": False}
+        failed: dict[str, str] = {}
+        try:
+            for name in ("stdout", "stderr"):
+                try:
+                    held[f"unread_{name}_bytes"] = max(channel.poll_timeout(0, name == "stderr"), 0)
+                except ssh.exceptions.EOF:  # ssh-python raises libssh's SSH_EOF: EOF, empty
+                    held["eof"] = True
+            self.report.read(*channel.get_exit_state())
+        except ssh.exceptions.BaseSSHError as exc:
+            failed["look_failed"] = describe(exc)
         reported = self.report.exited or self.report.unnamed
-        output = held["unread_stdout_bytes"] or held["unread_stderr_bytes"] or held["eof"]
-        if not output and not reported:
-            return
-        facts = {**self.result_facts(), **held, "reply": "CHANNEL_FAILURE"}
+        if not (held["unread_stdout_bytes"] or held["unread_stderr_bytes"] or reported):
+            return {"eof": held["eof"], **failed}
+        facts = {**self.result_facts(), **held, **failed, "reply": "CHANNEL_FAILURE"}
         self.fire("refusal_contradicted", {"code": Code.REMOTE_RESULT_INCOMPLETE.value, **held})
         raise AttemptInterrupted(
             Code.REMOTE_RESULT_INCOMPLETE,

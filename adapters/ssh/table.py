@@ -12,7 +12,7 @@ Why these states (seed, "Connection setup needs a precise end point" and RFC 425
   DISPATCH_STARTED before the driver hands the ``exec`` channel request to libssh.
 * RFC 4254 §6.5: the success reply to ``exec`` means only "accepted"; CHANNEL_FAILURE is a
   complete, authoritative refusal (``exec_rejected`` completes the machine as a rejection) --
-  unless the channel already holds output, EOF or an exit report: a refusal of a command the
+  unless the channel already holds unread output or an exit report: a refusal of a command the
   channel shows running proves nothing (``refusal_contradicted`` -> ``interrupted``).
 * RFC 4254 §6.10: ``exit-status`` is *optional* and may arrive before or after the channel EOF.
   The machine therefore tracks the two facts separately (``exit_*_seen`` = status known, streams
@@ -78,7 +78,7 @@ _STATES = {
     "or after exit reports that disagree",
     "interrupted": "stopped after dispatch without a complete result (drop, timeout, cancel, "
     "data after EOF, output past max_result, an unexpected libssh error, a host key changed "
-    "at a re-exchange, a refusal after output, EOF or an exit report)",
+    "at a re-exchange, a refusal after output or an exit report)",
 }
 
 _T: dict[str, dict[str, str]] = {
@@ -89,8 +89,9 @@ _T: dict[str, dict[str, str]] = {
     "authenticated": {"session_open": "session_open"},
     "session_open": {"exec": "exec_requesting"},
     "exec_requesting": {"exec_sent": "exec_sent"},
-    # A CHANNEL_FAILURE on a channel that already holds output, EOF or an exit report
-    # contradicts itself: no proof the command did not run.
+    # A CHANNEL_FAILURE on a channel that already holds unread output or an exit report
+    # contradicts itself: no proof the command did not run.  EOF alone (libssh: an empty
+    # stream, after CHANNEL_EOF or CHANNEL_CLOSE) does not.
     "exec_sent": {
         "exec_accepted": "exec_accepted",
         "exec_failure": "exec_rejected",

@@ -7,7 +7,8 @@ requested when the dispatch gate refused.
 Commands (the first word selects the behaviour):
   exit <n>         write "out\\n"/"err\\n", send exit-status n, EOF, close
   signal           write "out\\n", send exit-signal KILL, EOF, close
-  refuse           reply CHANNEL_FAILURE to the exec request
+  refuse [close|drop]  reply CHANNEL_FAILURE to the exec request; ``close``: and
+                   CHANNEL_CLOSE, in one TCP segment; ``drop``: then abort the TCP connection
   refuseafter <what>...  first send each of ``what`` on the session channel -- ``out`` (stdout
                    "ran\n"), ``err`` (stderr "ran\n"), ``status`` (exit-status 0), ``eof`` --
                    then reply CHANNEL_FAILURE to the exec request: a refusal of a command that
@@ -72,6 +73,7 @@ from asyncssh.constants import (
     MSG_CHANNEL_DATA,
     MSG_CHANNEL_EOF,
     MSG_CHANNEL_EXTENDED_DATA,
+    MSG_CHANNEL_FAILURE,
     MSG_CHANNEL_REQUEST,
 )
 from asyncssh.packet import Boolean, String, UInt32
@@ -141,7 +143,25 @@ class _Session(asyncssh.SSHServerSession[str]):
         if words[:1] == ["refuseafter"]:
             self._send_before_refusing(words[1:])
             return False  # asyncssh answers CHANNEL_FAILURE after what was sent
-        return command != "refuse"
+        if words[:1] == ["refuse"]:
+            if words[1:] == ["close"]:
+                self._refuse_and_close()
+            elif words[1:] == ["drop"]:  # runs once asyncssh has sent the CHANNEL_FAILURE
+                asyncio.get_running_loop().call_soon(self._chan.get_extra_info("connection").abort)
+            return False
+        return True
+
+    def _refuse_and_close(self) -> None:
+        """CHANNEL_FAILURE and CHANNEL_CLOSE corked into one TCP segment: the client's libssh
+        takes the close in with the refusal (asyncssh sends no reply of its own to a request on
+        a closing channel)."""
+        chan = self._chan
+        conn = chan.get_extra_info("connection")
+        sock = conn.get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        conn.send_packet(MSG_CHANNEL_FAILURE, UInt32(chan._send_chan))
+        chan.close()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
 
     def _send_before_refusing(self, what: list[str]) -> None:
         """Packets of a command that ran, written raw (the session has not started, so the

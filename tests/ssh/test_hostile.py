@@ -72,14 +72,14 @@ async def test_exec_refused_with_channel_failure_is_rejected(
         ("err", {"unread_stderr_bytes": 4}),
         ("out err", {"unread_stdout_bytes": 4, "unread_stderr_bytes": 4}),
         ("status", {"exit_status": 0}),
-        ("eof", {"eof": True}),
+        ("err eof", {"unread_stderr_bytes": 4, "eof": True}),  # stdout's EOF, stderr's bytes
     ],
 )
-async def test_a_refusal_after_output_eof_or_an_exit_report_is_no_rejection(
+async def test_a_refusal_after_output_or_an_exit_report_is_no_rejection(
     hostile: HostileServer, key: bytes, sent: str, facts: dict[str, object]
 ) -> None:
     """A CHANNEL_FAILURE proves "not run" only on a channel that shows nothing of a command:
-    one that already holds output, EOF or an exit report contradicts it.  The attempt ends
+    one that already holds unread output or an exit report contradicts it.  The attempt ends
     unknown, never ``rejected``, with what the channel held in its facts."""
     rec = Recorder()
     with pytest.raises(AttemptInterrupted) as ei:
@@ -100,6 +100,28 @@ async def test_a_refusal_after_output_eof_or_an_exit_report_is_no_rejection(
     assert rec.ctx.machine.state == "interrupted" and not rec.ctx.machine.complete
     assert rec.events[-1] == "refusal_contradicted"
     assert rec.stream("stdout") == b"" and rec.stream("stderr") == b""  # not a result's output
+
+
+@pytest.mark.parametrize(
+    ("command", "runs"), [("refuseafter eof", 1), ("refuse close", 10), ("refuse drop", 10)]
+)
+async def test_a_refusal_then_eof_a_close_or_a_drop_is_rejected(
+    hostile: HostileServer, key: bytes, command: str, runs: int
+) -> None:
+    """Review of sshfix49, #1: EOF alone contradicts no refusal -- libssh reports it for an
+    empty stream, and sets it on CHANNEL_CLOSE too, which a server may send right after
+    refusing; nor does the look failing on a connection dropped after the refusal.  Each is
+    ``rejected`` every time (the look's packets race the close and the drop: repeated), the
+    EOF and the look's failure kept as facts."""
+    with trio.fail_after(10 * runs):
+        for _ in range(runs):
+            rec = Recorder()
+            res = await _run(hostile, key, command, rec)
+            assert (res.outcome, res.code) == (Outcome.REJECTED, Code.EXEC_REJECTED), res.facts
+            assert rec.ctx.machine.state == "exec_rejected" and rec.ctx.machine.complete
+            assert res.facts["reply"] == "CHANNEL_FAILURE"
+            assert res.facts["eof"] is True or command == "refuse drop"  # close: one segment
+            assert set(res.facts) <= {"host_key", "reply", "eof", "look_failed"}
 
 
 @pytest.mark.parametrize("command", ["noexit", "closeonly", "strayexit"])
