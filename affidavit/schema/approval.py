@@ -50,8 +50,8 @@ command the remote will run -- the only kind of command a pattern list can vouch
 RUNNERS = frozenset(
     {
         # Shells and their multi-call hosts: the rest of the line, a file or stdin is a script.
-        *("ash", "bash", "busybox", "csh", "dash", "fish", "ksh", "mksh", "sh", "tcsh", "toybox"),
-        *("yash", "zsh"),
+        *("ash", "bash", "busybox", "csh", "dash", "fish", "ksh", "mksh", "rbash", "sh", "tcsh"),
+        *("toybox", "yash", "zsh"),
         # Shell builtins and keywords that run a command or code given as their words: `jobs -x
         # cmd`, `coproc cmd`, `trap cmd EXIT`, `fc -s` (history), `enable -f lib.so` (loads
         # code), `mapfile -C cmd`, zsh's precommand modifiers (`noglob cmd`, `- cmd`), `repeat 1
@@ -67,15 +67,18 @@ RUNNERS = frozenset(
         *("ruby", "runghc", "runhaskell", "sbcl", "scala", "swipl", "tclsh", "wish"),
         # Wrappers that run the program named in their arguments, as another user, in another
         # namespace, personality, scheduling class or with limits, traced or under a loader.
+        # The dynamic loader (``ld.so``) is every name ``runner`` takes for it.
         *("bwrap", "capsh", "cgexec", "chroot", "chrt", "doas", "eatmydata", "env", "fakeroot"),
-        *("faketime", "firejail", "flock", "gdb", "i386", "ionice", "ld-linux", "ld-musl"),
-        *("ld.so", "ldd"),
-        *("linux32", "linux64", "ltrace", "nice", "nohup", "nsenter", "numactl", "perf"),
-        *("pkexec", "prlimit", "run0", "runcon", "runuser", "script", "setarch", "setpriv"),
-        *("setsid", "sg", "stdbuf", "strace", "su", "sudo", "systemd-nspawn", "systemd-run"),
-        *("taskset", "timeout", "unbuffer", "unshare", "valgrind", "watch", "x86_64"),
-        # Schedulers, multiplexers and runners of many: commands run now or later, detached.
-        *("at", "batch", "crontab", "parallel", "run-parts", "screen", "tmux", "xargs"),
+        *("faketime", "firejail", "flock", "gdb", "i386", "ionice", "ld.so", "ldd", "linux32"),
+        *("linux64", "ltrace", "nice", "nohup", "nsenter", "numactl", "perf", "pkexec"),
+        *("prlimit", "run0", "runcon", "runuser", "script", "setarch", "setpriv", "setsid"),
+        *("sg", "ssh-agent", "stdbuf", "strace", "su", "sudo", "systemd-cat", "systemd-inhibit"),
+        *("systemd-nspawn", "systemd-run", "systemd-socket-activate", "taskset", "timeout"),
+        *("unbuffer", "unshare", "valgrind", "watch", "x86_64"),
+        # Schedulers, multiplexers, daemon starters and runners of many: commands run now or
+        # later, detached.
+        *("at", "batch", "crontab", "parallel", "run-parts", "screen", "start-stop-daemon"),
+        *("tmux", "xargs"),
         # Tools whose options run a program or code: find -exec, sed's `e` (GNU: a shell), make
         # (recipes), git (aliases, -c core.pager=, core.sshCommand=), vim's family (-c, -S, -u:
         # Ex commands run programs), ed (commands from stdin, `!`), emacs (-l, --eval), tar
@@ -90,30 +93,43 @@ RUNNERS = frozenset(
     }
 )
 """First words that run other commands or code, as ``runner`` compares them (lower case,
-without directory or version): what they run is not the command line the patterns see, so a
-``commands`` policy sends them to an operator.  A name is here only when its arguments or stdin
-can make it run another program or code.  No such list is complete -- a program the broker has
-never heard of can run another -- which is why ``except_commands`` is the robust form
-(docs/approvals.md)."""
+without directory, Debian suffix or version): what they run is not the command line the
+patterns see, so a ``commands`` policy sends them to an operator.  A name is here only when its
+arguments or stdin can make it run another program or code.  No such list is complete -- a
+program the broker has never heard of can run another -- which is why ``except_commands`` is
+the robust form (docs/approvals.md)."""
 
-_SUFFIXES = re.compile(
-    r"(?:(?:46[-_]68x|68x|46dma|46hcraa|46mra|fhmra|68[3-6]i|os)[-_.]|[a-z]?[0-9.]*[0-9][-_.]?)+"
-)
-"""Version and architecture suffixes of a program's name, matched at the start of the name
-reversed (``2.os.46-68x-xunil-dl``): ``perl5.36.0``, ``python3.11``, ``lua5.4``, ``node18``,
-``tclsh8.6``, ``ld-linux-x86-64.so.2``.  Reversed, ``re.match`` takes the greedy way and stops:
-a time linear in the name (anchored at its end, a caller's long run of digits would make a
-forward search backtrack without end)."""
+_LOADER = re.compile(r"ld(?:64)?[-.]")
+"""The dynamic loader by any of its names: ``ld-linux-x86-64.so.2``, ``ld-2.31.so``,
+``ld64.so.2``, ``ld-linux-x32.so.2``, ``ld-musl-x86_64.so.1``, ``ld.so`` (``re.match``: at the
+start; ``ld`` itself is the linker, ``ldd`` and ``ldconfig`` other programs)."""
+_MULTIARCH = re.compile(r"-[a-z0-9_]+-linux-gnu[a-z0-9_]*\Z")
+"""Debian's multiarch suffix (``perl5.36-x86_64-linux-gnu``, ``-arm-linux-gnueabihf``)."""
+_ALTERNATIVE = re.compile(r"\.[a-z][a-z0-9]*\Z")
+"""Debian's suffix for one of a program's alternatives or diversions: ``vim.basic``,
+``vim.tiny``, ``sh.distrib``.  Neither pattern can cross a ``-`` or ``.`` it starts at, so a
+search is linear in the name."""
+_VERSION = re.compile(r"(?:[a-z]?[0-9.]*[0-9][-_.]?)+")
+"""Version suffixes of a program's name, matched at the start of the name reversed
+(``0.63.5lrep``): ``perl5.36.0``, ``python3.11``, ``lua5.4``, ``node18``, ``tclsh8.6``,
+``gawk-5.1.0``.  Reversed, ``re.match`` takes the greedy way and stops: a time linear in the
+name (anchored at its end, a caller's long run of digits would make a forward search backtrack
+without end)."""
 
 
 def runner(word: str) -> str | None:
     """The ``RUNNERS`` name (or ``python``/``pypy``) that the command word ``word`` is, or None:
-    compared without its directory, in lower case, as written or without its version and
-    architecture suffixes (``/usr/bin/Perl5.36.0`` -> ``perl``)."""
+    compared without its directory, in lower case, as written, then without a multiarch suffix,
+    an alternatives suffix and a version in turn (``/usr/bin/Perl5.36-x86_64-linux-gnu`` ->
+    ``perl``, ``vim.tiny`` -> ``vim``); any name of the loader is ``ld.so``."""
     name = word.rsplit("/", 1)[-1].lower()
-    suffixes = _SUFFIXES.match(name[::-1])
-    stem = name[: len(name) - suffixes.end()] if suffixes else name
-    for candidate in (name, stem):
+    if _LOADER.match(name):
+        return "ld.so"
+    stem = _MULTIARCH.sub("", name)
+    stem = _ALTERNATIVE.sub("", stem)
+    version = _VERSION.match(stem[::-1])
+    candidates = (name, stem, stem[: len(stem) - version.end()] if version else stem)
+    for candidate in candidates:
         if candidate in RUNNERS:
             return candidate
         if candidate.startswith(("python", "pypy")):

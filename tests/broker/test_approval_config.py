@@ -153,6 +153,8 @@ def _deploy_needs(tmp_path: Path, command: str, stdin: str | None = None) -> tup
         ("perl5.36.0 -e system+q,deploy,", None, "'perl5.36.0' runs other commands or code"),
         ("Perl -e system+q,deploy,", None, "'Perl' runs other commands or code"),
         ("/usr/bin/SUDO deploy prod", None, "'SUDO' runs other commands or code"),
+        ("ssh-agent /opt/bin/deploy prod", None, "'ssh-agent' runs other commands or code"),
+        ("vim.tiny -S /tmp/x", None, "'vim.tiny' runs other commands or code"),
         (
             "/lib64/ld-linux-x86-64.so.2 /x",
             None,
@@ -191,8 +193,26 @@ def test_a_simple_command_no_pattern_matches_runs_without_approval(
         ("php8.2", "php"),
         ("node18", "node"),
         ("gawk-5.1.0", "gawk"),
-        ("/lib64/ld-linux-x86-64.so.2", "ld-linux"),
-        ("ld-linux-aarch64.so.1", "ld-linux"),
+        ("perl5.36-x86_64-linux-gnu", "perl"),  # Debian's multiarch name
+        ("python3.11-aarch64-linux-gnu", "python"),
+        ("ruby-arm-linux-gnueabihf", "ruby"),
+        ("vim.basic", "vim"),  # Debian's alternatives
+        ("vim.tiny", "vim"),
+        ("/bin/sh.distrib", "sh"),
+        ("/lib64/ld-linux-x86-64.so.2", "ld.so"),  # the loader, by any name
+        ("ld-linux-aarch64.so.1", "ld.so"),
+        ("ld-2.31.so", "ld.so"),
+        ("ld64.so.2", "ld.so"),
+        ("ld64.so.1", "ld.so"),
+        ("ld-linux-x32.so.2", "ld.so"),
+        ("ld-musl-x86_64.so.1", "ld.so"),
+        ("ld.so", "ld.so"),
+        ("rbash", "rbash"),
+        ("ssh-agent", "ssh-agent"),
+        ("start-stop-daemon", "start-stop-daemon"),
+        ("systemd-cat", "systemd-cat"),
+        ("systemd-inhibit", "systemd-inhibit"),
+        ("systemd-socket-activate", "systemd-socket-activate"),
         ("x86_64", "x86_64"),
         ("linux32", "linux32"),
         ("/USR/BIN/Env", "env"),
@@ -202,9 +222,13 @@ def test_a_simple_command_no_pattern_matches_runs_without_approval(
         ("systemctl", None),
         ("less", None),
         ("unzip", None),
+        ("ld", None),  # the linker, not the loader
+        ("ldconfig", None),
+        ("x86_64-linux-gnu-gcc", None),  # a multiarch prefix is the name
+        ("deploy.basic", None),
     ],
 )
-def test_a_runner_is_known_by_any_case_directory_version_or_architecture(
+def test_a_runner_is_known_by_any_case_directory_debian_suffix_version_or_loader_name(
     word: str, name: str | None
 ) -> None:
     assert runner(word) == name
