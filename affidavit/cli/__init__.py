@@ -548,6 +548,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     if _holds_secrets(args):
         _forbid_core_dumps()
+    from .logline import show_logged_warnings
+
+    show_logged_warnings()
     try:
         _refuse_passwords(args)
         status: int = args.handler(args)

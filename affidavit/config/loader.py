@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import re
+import threading
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -276,13 +277,26 @@ def parse_config(raw: bytes, path: Path) -> Config:
     return dataclasses.replace(config, source_digest=hashlib.sha256(raw).digest())
 
 
+_TOLD: set[tuple[str, bytes | None]] = set()
+"""(config path, content digest) pairs whose caveats this process has logged: ``actions``,
+``metrics`` and ``journal verify`` load the config twice, a program may start several embedded
+brokers from one file.  One entry per distinct content loaded, which ``load_config`` (unlike
+``parse_config``) is only at a command's or a broker's start."""
+_TOLD_LOCK = threading.Lock()
+
+
 def load_config(path: str | Path | None = None) -> Config:
     """Read and validate a config file.  Relative paths inside resolve against its directory.
-    What it allows but an operator should know (``caveats``) is logged, one WARNING each --
-    here, not in ``parse_config``, which a running broker calls again before dispatches."""
+    What it allows but an operator should know (``caveats``) is logged, one WARNING each, once
+    per process for each path and content -- here, not in ``parse_config``, which a running
+    broker calls again before dispatches."""
     p = config_path(str(path) if path is not None else None)
     config = parse_config(read_config(p)[0], p)
-    for words in caveats(config):
+    told = (os.path.abspath(p), config.source_digest)
+    with _TOLD_LOCK:
+        new = told not in _TOLD
+        _TOLD.add(told)
+    for words in caveats(config) if new else ():
         logging.getLogger("affidavit.config").warning("%s", words)
     return config
 

@@ -22,6 +22,7 @@ from affidavit.schema import approval
 from affidavit.schema.approval import RUNNERS, runner
 from affidavit.statemachine import Outcome
 
+from .helpers import run_cli
 from .test_config import KEY_A
 
 OPERATORS = "[service]\noperator_uids = [1001]\n"
@@ -262,6 +263,37 @@ def test_a_commands_list_logs_that_it_is_no_boundary(
             assert r.levelno == logging.WARNING
             assert r.getMessage().startswith("targets.deploy.approval.commands: ")
             assert "except_commands" in r.getMessage()
+
+
+def test_a_config_loaded_twice_in_one_process_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review of sshfix49, #3: ``actions``, ``metrics`` and ``journal verify`` load the config
+    twice; each (config path, content) is reported once per process -- again once its content
+    changed."""
+    path = _config(tmp_path, ssh=DOCUMENTED)
+    with caplog.at_level(logging.WARNING, logger="affidavit.config"):
+        load_config(path)
+        load_config(str(path))
+        assert len([r for r in caplog.records if r.name == "affidavit.config"]) == 1
+        path.write_text(path.read_text() + "# edited\n")
+        load_config(path)
+        load_config(path)
+    assert len([r for r in caplog.records if r.name == "affidavit.config"]) == 2
+
+
+def test_the_cli_shows_a_commands_caveat_once_with_its_warning_prefix(tmp_path: Path) -> None:
+    """A command that reads the config (``journal verify`` loads it twice) shows the caveat as
+    the CLI's other warnings, ``affidavit: warning: ...`` once on stderr -- not as a bare line
+    from Python's fallback handler."""
+    done = run_cli("journal", "verify", "--config", str(_config(tmp_path, ssh=DOCUMENTED)))
+    err = done.stderr.decode().splitlines()
+    lines = [line for line in err if "approval.commands" in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(
+        "affidavit: warning: targets.deploy.approval.commands: commands lists what waits"
+    ), lines[0]
+    assert "Traceback" not in done.stderr.decode()
 
 
 ALLOW_LIST = 'approval = { except_commands = ["uptime", "systemctl status [a-z.-]+"] }'
