@@ -116,7 +116,15 @@ async def test_a_refusal_then_eof_a_close_or_a_drop_is_rejected(
     with trio.fail_after(10 * runs):
         for _ in range(runs):
             rec = Recorder()
-            res = await _run(hostile, key, command, rec)
+            try:
+                res = await _run(hostile, key, command, rec)
+            except AttemptInterrupted as exc:
+                # A drop that is already in when the refusal is read leaves the connection dead
+                # at that moment, and libssh raises the same error for a dead socket: the
+                # conservative ``unknown`` is as true (a loaded machine makes it likelier).
+                assert command == "refuse drop", exc
+                assert exc.code is Code.REMOTE_OUTCOME_UNKNOWN, exc
+                continue
             assert (res.outcome, res.code) == (Outcome.REJECTED, Code.EXEC_REJECTED), res.facts
             assert rec.ctx.machine.state == "exec_rejected" and rec.ctx.machine.complete
             assert res.facts["reply"] == "CHANNEL_FAILURE"
