@@ -9,7 +9,10 @@ Source" trick, CVE-2021-42574), a zero-width character hides in an identifier.
 
 Every character of Unicode categories Cc (C0 and C1 controls, DEL), Cf (format: bidi controls,
 zero-width characters, soft hyphen), Zl and Zp (U+2028, U+2029), Cs (a lone surrogate, as argv
-bytes that are not UTF-8 arrive), Co (private use) and Cn (unassigned) is shown as its escape:
+bytes that are not UTF-8 arrive), Co (private use) and Cn (unassigned) -- and every character in
+``INVISIBLE``: the rest of what draws nothing or a blank a reader cannot tell from a plain space
+(a combining grapheme joiner, variation selectors, Hangul fillers, the blank Braille pattern,
+every space but U+0020) -- is shown as its escape:
 ``\\n``, ``\\r``, ``\\t`` for those three, else ``\\uNNNN`` (``\\u001b``, ``\\u202e``) or
 ``\\UNNNNNNNN`` beyond the BMP.  These are JSON's own escapes (but ``\\U``), so an escape that
 lands inside a JSON string still reads back as the character it stands for.
@@ -31,10 +34,51 @@ if TYPE_CHECKING:
 NAMED = 20
 """Items a log line names at most (then "and N more"): a line stays a line."""
 
-__all__ = ["NAMED", "escape_char", "named", "pieces", "printable", "utc_time"]
+__all__ = [
+    "INVISIBLE",
+    "NAMED",
+    "escape_char",
+    "named",
+    "pieces",
+    "printable",
+    "shown_as_is",
+    "utc_time",
+]
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _SHOWN_ESCAPED = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
+
+_INVISIBLE_RANGES = (
+    # Default_Ignorable_Code_Point (DerivedCoreProperties.txt, Unicode 14.0 to 16.0) outside the
+    # categories above: a renderer draws nothing for them, so "dry_run\u034f" looks like
+    # "dry_run" while the remote reads another key.  The rest of that property is Cf or Cn.
+    (0x034F, 0x034F),  # COMBINING GRAPHEME JOINER (Mn)
+    (0x115F, 0x1160),  # HANGUL CHOSEONG FILLER, HANGUL JUNGSEONG FILLER (Lo)
+    (0x17B4, 0x17B5),  # KHMER VOWEL INHERENT AQ, AA (Mn)
+    (0x180B, 0x180D),  # MONGOLIAN FREE VARIATION SELECTOR ONE to THREE (Mn)
+    (0x180F, 0x180F),  # MONGOLIAN FREE VARIATION SELECTOR FOUR (Mn)
+    (0x3164, 0x3164),  # HANGUL FILLER (Lo)
+    (0xFE00, 0xFE0F),  # VARIATION SELECTOR-1 to -16 (Mn)
+    (0xFFA0, 0xFFA0),  # HALFWIDTH HANGUL FILLER (Lo)
+    (0xE0100, 0xE01EF),  # VARIATION SELECTOR-17 to -256 (Mn)
+    # Not default-ignorable, yet blank in the fonts a terminal or browser uses.
+    (0x2800, 0x2800),  # BRAILLE PATTERN BLANK (So)
+    (0x16FE4, 0x16FE4),  # KHITAN SMALL SCRIPT FILLER (Mn)
+    (0x1D159, 0x1D159),  # MUSICAL SYMBOL NULL NOTEHEAD (So)
+    # Every space separator (Zs) but U+0020: each is a blank of some width -- U+200A is a
+    # hair's -- that no reader tells from a plain space or from nothing, so "dry run" spelt
+    # with U+00A0 would look like the key spelt with a space.  Shown escaped, they cost a
+    # reader of French or CJK text some \u00a0 and \u3000; an approval binds exact bytes.
+    (0x00A0, 0x00A0),
+    (0x1680, 0x1680),
+    (0x2000, 0x200A),
+    (0x202F, 0x202F),
+    (0x205F, 0x205F),
+    (0x3000, 0x3000),
+)
+INVISIBLE = frozenset(chr(c) for lo, hi in _INVISIBLE_RANGES for c in range(lo, hi + 1))
+"""Printable by ``str.isprintable`` and shown escaped all the same (see the module's text);
+tests/broker/test_terminal_escapes.py pins it against the Unicode data."""
 
 
 def escape_char(c: str) -> str:
@@ -50,9 +94,9 @@ def pieces(text: str, keep: str = "") -> Iterator[tuple[str, bool]]:
 
     start = 0
     for i, c in enumerate(text):
-        if c.isprintable() or c in keep:
+        if (c.isprintable() and c not in INVISIBLE) or c in keep:
             continue  # the fast path: isprintable is false for every category escaped
-        if c in _NAMED or unicodedata.category(c) in _SHOWN_ESCAPED:
+        if c in _NAMED or c in INVISIBLE or unicodedata.category(c) in _SHOWN_ESCAPED:
             if start < i:
                 yield text[start:i], False
             yield c, True
@@ -61,13 +105,18 @@ def pieces(text: str, keep: str = "") -> Iterator[tuple[str, bool]]:
         yield text[start:], False
 
 
+def shown_as_is(text: str) -> bool:
+    """Whether ``text`` holds nothing ``printable`` would escape (at C speed)."""
+    return text.isprintable() and (text.isascii() or INVISIBLE.isdisjoint(text))
+
+
 def printable(text: str, keep: str = "") -> str:
     """``text`` with every character that could act on a terminal, or disguise what it shows,
     escaped; the characters in ``keep`` (``"\\n\\t"`` for multi-line output) stay as they are."""
     probe = text
     for c in keep:
         probe = probe.replace(c, "")
-    if probe.isprintable():
+    if shown_as_is(probe):
         return text  # the fast path, at C speed: most output has nothing to escape
     return "".join(escape_char(p) if escaped else p for p, escaped in pieces(text, keep))
 

@@ -100,8 +100,8 @@ def check_note(note: str | None, *, required: bool = False) -> str | None:
     if bad is not None:
         raise OperatorError(
             "BAD_NOTE",
-            f"note: holds a control character ({escape_char(bad)}): one line of plain text, "
-            "without control, bidi or zero-width characters",
+            f"note: holds a character shown as an escape ({escape_char(bad)}): one line of "
+            "plain text, without control, bidi, zero-width or invisible characters",
             400,
             "note",
         )

@@ -3,10 +3,12 @@
 The rule is ``affidavit.text``'s, the same one the command line prints by: control characters,
 bidirectional overrides and isolates (U+202A-U+202E, U+2066-U+2069), zero-width and other format
 characters (Unicode categories Cc, Cf, Zl, Zp, and the unassigned, surrogate and private-use
-ones) can make a string display as something else: ``U+202E`` turns ``bash -c 'hs.live lruc'``
-around on screen (the "Trojan Source" trick, CVE-2021-42574).  Each one is shown as its escape
-(``\\u202e``) in a marked span instead, so nothing an agent writes can reorder, hide or fake what
-an operator approves.
+ones), and the invisible or blank characters of other categories (``affidavit.text.INVISIBLE``:
+U+034F, variation selectors, Hangul fillers, every space but U+0020) can make a string display
+as something else: ``U+202E`` turns ``bash -c 'hs.live lruc'`` around on screen (the "Trojan
+Source" trick, CVE-2021-42574), ``dry_run\\u034f`` looks like ``dry_run``.  Each one is shown as
+its escape (``\\u202e``) in a marked span instead, so nothing an agent writes can reorder, hide
+or fake what an operator approves.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import trio
 
 from affidavit.api.limits import ActionInvalid, action_size_limit, load_action_json
 from affidavit.api.wire import parse_count, parse_timeout
-from affidavit.text import ECHO, echoed
+from affidavit.text import ECHO, echoed, shown_as_is
 
 from .link import Link
 from .peer import Peer
@@ -58,7 +58,7 @@ most)."""
 def named(name: str, instead: str) -> str:
     """A field or parameter name as an answer names it (its message and ``field``): itself when
     it is printable text of 1 to ``ECHO`` characters, else ``instead`` (``body``, ``query``)."""
-    return name if 0 < len(name) <= ECHO and name.isprintable() else instead
+    return name if 0 < len(name) <= ECHO and shown_as_is(name) else instead
 
 
 def body_limit(targets: Iterable[object]) -> int:

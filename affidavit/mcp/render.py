@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from affidavit.text import pieces
+from affidavit.text import pieces, shown_as_is
 
 __all__ = ["ID", "ITEMS", "PREVIEW", "render"]
 
@@ -442,10 +442,11 @@ def _flat(line: str) -> str:
     """``line`` as one line: a message, an id or a path from a caller or a remote cannot print
     a line of its own nor act on what shows it.  What ``affidavit.text`` escapes everywhere (C0
     but the tab, DEL, C1, format characters -- bidi controls, zero-width ones --, the line and
-    paragraph separators, lone surrogates, private use, unassigned) is written ``\\uXXXX``, a
+    paragraph separators, lone surrogates, private use, unassigned, and ``INVISIBLE``: variation
+    selectors, fillers, spaces but U+0020) is written ``\\uXXXX``, a
     surrogate pair beyond the BMP: inside a JSON string the same character, elsewhere a text no
     value can break into lines (``str.splitlines`` splits on more than newlines)."""
-    if line.isprintable():
+    if shown_as_is(line):
         return line  # the fast path, at C speed
     return "".join(_escaped(c) if esc else c for c, esc in pieces(line, keep="\t"))
 

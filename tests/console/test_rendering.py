@@ -92,12 +92,28 @@ async def test_bidi_control_and_zero_width_characters_are_shown_as_escapes(
     assert "EVIL" in card and "bob" in card
 
 
+async def test_two_bodies_differing_by_an_invisible_character_look_different(
+    world: tuple[Broker, str, Any, str],
+) -> None:
+    b, origin, _, cookie = world
+    benign = await _pending(b, body='{"amount": 5000, "dry_run": true}')
+    for mark in ("\u034f", "\ufe0f", "\u3164", "\u2800", "\u00a0"):
+        iid = await _pending(b, body=f'{{"amount": 5000, "dry_run{mark}": true}}')
+        status, _, page = await get(f"{origin}/approvals", cookie=cookie)
+        assert status == 200
+        card, plain = _card(page, iid), _card(page, benign)
+        assert mark not in card, hex(ord(mark))
+        shown = f'<span class="ctl" title="U+{ord(mark):04X}">\\u{ord(mark):04x}</span>'
+        assert f"dry_run{shown}" in card and "dry_run&#34;: true" in plain
+
+
 def test_visible_escapes_what_reorders_and_keeps_what_is_plain() -> None:
     assert visible("plain <b>text</b> é ü 中") == "plain &lt;b&gt;text&lt;/b&gt; é ü 中"
     assert str(visible("a\nb\tc", multiline=True)) == "a\nb\tc"
     assert "\\n" in visible("a\nb") and "\\t" in visible("a\tb")  # one-line fields
     assert "\\u202e" in visible("\u202e") and "\\u00ad" in visible("\u00ad")
     assert "\\U000e0001" in visible("\U000e0001")  # a language tag (Cf), outside the BMP
+    assert "\\U000e0100" in visible("\U000e0100")  # a variation selector (Mn), invisible
 
 
 async def test_a_request_that_cannot_be_rendered_is_its_own_row_s_error(

@@ -678,9 +678,14 @@ def test_the_json_line_stops_at_its_budget_and_counts_what_it_does_not_show(
     assert "(cut; the whole answer" not in line, line
 
 
-HIDDEN = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200b\u200f\ufeff\u061c\U000e0001"
+HIDDEN = (
+    "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200b\u200f\ufeff\u061c\U000e0001"
+    "\u034f\ufe0f\U000e0100\u3164\u2800\u00a0"
+)
 """Format characters (Cf): bidi embeddings, overrides and isolates turn what follows around on
-screen (CVE-2021-42574), zero-width ones hide in an id; U+E0001 lies beyond the BMP."""
+screen (CVE-2021-42574), zero-width ones hide in an id; U+E0001 lies beyond the BMP.  Then the
+invisible or blank ones of other categories (``affidavit.text.INVISIBLE``): a combining grapheme
+joiner, variation selectors, a Hangul filler, the blank Braille pattern, a no-break space."""
 
 
 def test_format_characters_are_escaped_in_streams_and_the_json_line() -> None:
@@ -842,6 +847,7 @@ def test_the_json_line_budget_counts_the_escapes_so_a_quoted_body_keeps_its_mark
         pytest.param("\\", id="backslash"),
         pytest.param("\x01", id="control"),
         pytest.param("\u202e", id="bidi_override"),
+        pytest.param("\u034f", id="invisible_mark"),
         pytest.param("\U000e0001", id="beyond_the_bmp"),
     ],
 )
