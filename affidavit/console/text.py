@@ -17,7 +17,7 @@ from markupsafe import Markup, escape
 
 from affidavit.text import escape_char, pieces
 
-__all__ = ["visible"]
+__all__ = ["LONG", "length_mark", "visible"]
 
 
 def _mark(c: str) -> str:
@@ -31,3 +31,16 @@ def visible(value: object, multiline: bool = False) -> Markup:
     return Markup(
         "".join(_mark(p) if marked else str(escape(p)) for p, marked in pieces(str(value), keep))
     )
+
+
+LONG = 256
+"""Characters past which a value on an approval card is marked with its length: a URL or a
+header value an agent pads to thousands of characters wraps over many lines (console.css breaks
+it anywhere), and the mark, before it, says how much there is to read before approving it."""
+
+
+def length_mark(value: object) -> Markup:
+    """`` (6047 characters) `` in a marked span when ``value`` is longer than ``LONG``, else
+    nothing."""
+    n = len(str(value))
+    return Markup(f'<span class="long">({n} characters)</span> ') if n > LONG else Markup("")

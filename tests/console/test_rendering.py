@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from affidavit.api.broker import Broker
-from affidavit.approvals import OperatorPolicy
+from affidavit.approvals import Operator, OperatorPolicy
 from affidavit.console import pages, visible
 from tests.broker.helpers import http_target, open_broker
 
-from .kit import get, log_in_to, operator_config, post, served
+from .kit import Browser, get, log_in_to, operator_config, post, served
 
 
 async def _pending(b: Broker, **action: Any) -> str:
@@ -105,6 +105,47 @@ async def test_two_bodies_differing_by_an_invisible_character_look_different(
         assert mark not in card, hex(ord(mark))
         shown = f'<span class="ctl" title="U+{ord(mark):04X}">\\u{ord(mark):04x}</span>'
         assert f"dry_run{shown}" in card and "dry_run&#34;: true" in plain
+
+
+TAIL_BOX = """
+const [card, field, tail] = arguments;
+const cell = document.querySelector(`#approval-${card} tr.field[data-field=${field}] td`);
+const walk = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+  const at = node.textContent.indexOf(tail);
+  if (at < 0) continue;
+  const range = document.createRange();
+  range.setStart(node, at); range.setEnd(node, at + tail.length);
+  const box = range.getBoundingClientRect();
+  return {right: box.right, inner: innerWidth, page: document.documentElement.scrollWidth};
+}
+return null;
+"""
+"""Where on screen the text ``tail`` of card ``card``'s field ``field`` is drawn."""
+
+
+async def test_the_tail_of_a_long_url_and_header_is_within_the_window(
+    world: tuple[Broker, str, Any, str], chrome: Browser
+) -> None:
+    """A URL padded with 6000 unbreakable characters laid its tail 50,910 px right of a
+    1280 px window, the approve button in view: it wraps now, marked with its length."""
+    b, origin, console, _ = world
+    path = f"/v1/reports?view=summary&pad={'a' * 6000}&then=DELETE_ALL_ACCOUNTS"
+    header = "x" * 3000 + "-override-DELETE"
+    iid = await _pending(b, path=path, headers={"X-Mode": header}, body="{}")
+    status, _, page = await get(f"{origin}/approvals", cookie=world[3])
+    assert status == 200
+    card = _card(page, iid)
+    url = f"http://127.0.0.1:9{path}"
+    assert f'<span class="long">({len(url)} characters)</span>' in card
+    assert f'<span class="long">({len(header)} characters)</span>' in card
+    token, _ = console.tokens.mint(Operator.current())
+    await chrome.log_in(f"{origin}/login?token={token}")
+    await chrome.get(f"{origin}/approvals")
+    for field, tail in (("url", "&then=DELETE_ALL_ACCOUNTS"), ("headers", "-override-DELETE")):
+        box = await chrome.run(lambda d, f=field, t=tail: d.execute_script(TAIL_BOX, iid, f, t))
+        assert box is not None, field
+        assert box["right"] <= box["inner"] and box["page"] <= box["inner"], (field, box)
 
 
 def test_visible_escapes_what_reorders_and_keeps_what_is_plain() -> None:
