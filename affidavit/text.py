@@ -37,6 +37,7 @@ NAMED = 20
 __all__ = [
     "INVISIBLE",
     "NAMED",
+    "cell",
     "escape_char",
     "named",
     "pieces",
@@ -119,6 +120,22 @@ def printable(text: str, keep: str = "") -> str:
     if shown_as_is(probe):
         return text  # the fast path, at C speed: most output has nothing to escape
     return "".join(escape_char(p) if escaped else p for p, escaped in pieces(text, keep))
+
+
+def cell(value: object, width: int, right: bool = False) -> str:
+    """``value`` as one column of a text table, ``width`` characters wide (``right``: aligned
+    right), so that it can never look like more than one cell: escaped (``printable``); holding
+    a space or a ``"``, shown quoted as a JSON string (``"nightly batch"``); longer than
+    ``width``, cut to it with ``...`` ending it.  A caller's session name of 255 characters
+    padded with spaces forged the PHASE and OUTCOME columns of ``affidavit actions`` before.
+    The last column of a row may take ``cell(value, 0)``: escaped and quoted, never cut."""
+    text = str(value)
+    if " " in text or '"' in text:
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    shown = printable(text)  # after quoting: its escapes are a JSON string's
+    if width and len(shown) > width:
+        shown = shown[: max(width - 3, 0)] + "..."
+    return shown.rjust(width) if right else shown.ljust(width)
 
 
 ECHO = 64

@@ -198,7 +198,7 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         _print(rows)
         return 0
-    from affidavit.text import printable
+    from affidavit.text import cell, printable
 
     head = ("INVOCATION", "TARGET", "EXPIRES IN", "REQUESTER", "CREDENTIAL")
     print(f"{head[0]:30} {head[1]:12} {head[2]:>10}  {head[3]:9} {head[4]:24} WHAT")
@@ -208,12 +208,13 @@ def _list(args: argparse.Namespace) -> int:
         left = float(row.get("expires_in") or 0)
         expires = "expired" if row["expired"] or left <= 0 else f"{int(left)}s"
         requester = (row.get("requester") or {}).get("uid", "-")
-        # Escaped: a command or URL came from the caller, and must not drive the terminal.
+        # Each cell by ``cell``; the last, WHAT, escaped: a command or URL came from the
+        # caller (its spaces are its own: nothing follows it to forge), and must not drive the
+        # terminal.
         print(
-            printable(
-                f"{row['invocation_id']:30} {row['target'] or '-':12} {expires:>10}  "
-                f"{requester!s:9} {row['credential'] or '-':24} {_what(row.get('request'))}"
-            )
+            f"{cell(row['invocation_id'], 30)} {cell(row['target'] or '-', 12)} "
+            f"{cell(expires, 10, right=True)}  {cell(requester, 9)} "
+            f"{cell(row['credential'] or '-', 24)} {printable(_what(row.get('request')))}"
         )
     return 0
 

@@ -282,11 +282,16 @@ def _print_actions(as_json: bool, rows: Iterable[dict[str, Any]]) -> int:
 
         write_array(map(json.JSONEncoder(sort_keys=True).encode, rows))
         return 0
-    _out(f"{'INVOCATION':30} {'SESSION':14} {'PHASE':20} {'OUTCOME':14} {'RETRY':20} CODE")
+    from affidavit.text import cell
+
+    _out(f"{'INVOCATION':30} {'SESSION':24} {'PHASE':20} {'OUTCOME':14} {'RETRY':20} CODE")
     for r in rows:
+        # Each cell by ``cell``: a session name is the caller's, spaces and all, and must not
+        # look like the columns after it.
         _out(
-            f"{r['invocation_id']:30} {r['session'] or '-':14} {r['phase']:20} "
-            f"{r['outcome']:14} {r['retry']:20} {r['code'] or '-'}"
+            f"{cell(r['invocation_id'], 30)} {cell(r['session'] or '-', 24)} "
+            f"{cell(r['phase'], 20)} {cell(r['outcome'], 14)} {cell(r['retry'], 20)} "
+            f"{cell(r['code'] or '-', 0)}"
         )
     return 0
 
@@ -317,9 +322,11 @@ def _record(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     rec_json = data["record"]
+    from affidavit.text import cell
+
     _out(
-        f"invocation {rec_json['invocation_id']}  session {rec_json['session'] or '-'}  "
-        f"state {rec_json['state']}"
+        f"invocation {cell(rec_json['invocation_id'], 0)}  "
+        f"session {cell(rec_json['session'] or '-', 0)}  state {cell(rec_json['state'], 0)}"
     )
     _out(
         f"  phase {rec_json['phase']}  outcome {rec_json['outcome']}  retry {rec_json['retry']}  "
@@ -352,12 +359,14 @@ def _sessions(args: argparse.Namespace) -> int:
     if args.json:
         print_json(sessions)
         return 0
+    from affidavit.text import cell
+
     _out(f"{'SESSION':24} {'ACTIONS':>8}  {'FIRST SEEN':28} {'LAST SEEN':28} OUTCOMES")
     for s in sessions:
-        outcomes = " ".join(f"{k}={v}" for k, v in sorted(s["outcomes"].items()))
+        outcomes = " ".join(cell(f"{k}={v}", 0) for k, v in sorted(s["outcomes"].items()))
         _out(
-            f"{s['session'] or '-':24} {s['actions']:>8}  {_when(s['first_seen']):28} "
-            f"{_when(s['last_seen']):28} {outcomes}"
+            f"{cell(s['session'] or '-', 24)} {cell(s['actions'], 8, right=True)}  "
+            f"{cell(_when(s['first_seen']), 28)} {cell(_when(s['last_seen']), 28)} {outcomes}"
         )
     return 0
 
@@ -389,22 +398,24 @@ def _metrics(args: argparse.Namespace) -> int:
 
         sys.stdout.write(prometheus_text(data))
     else:
+        from affidavit.text import cell
+
         _out(f"{data['invocations']} invocations")
         _out(f"{'phase':<22} {'outcome':<14} count")
         for row in data["by_phase_outcome"]:
-            _out(f"{row['phase']:<22} {row['outcome']:<14} {row['count']}")
+            _out(f"{cell(row['phase'], 22)} {cell(row['outcome'], 14)} {cell(row['count'], 0)}")
         _out()
         _out(f"{'code':<26} {'outcome':<14} count")
         for row in data["by_code_outcome"]:
-            _out(f"{row['code']:<26} {row['outcome']:<14} {row['count']}")
+            _out(f"{cell(row['code'], 26)} {cell(row['outcome'], 14)} {cell(row['count'], 0)}")
         if data["batch_items"]:
             _out()
             _out(f"{'batch item outcome':<22} {'code':<26} count")
             for row in data["batch_items"]:
-                _out(f"{row['outcome']:<22} {row['code']:<26} {row['count']}")
+                _out(f"{cell(row['outcome'], 22)} {cell(row['code'], 26)} {cell(row['count'], 0)}")
         if data["operations"]:
             _out()
             _out(f"{'operation state':<22} count")
             for row in data["operations"]:
-                _out(f"{row['state']:<22} {row['count']}")
+                _out(f"{cell(row['state'], 22)} {cell(row['count'], 0)}")
     return 0

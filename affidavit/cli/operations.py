@@ -67,16 +67,15 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print_json(ops)
         return 0
-    from affidavit.text import printable
+    from affidavit.text import cell
 
     print(f"{'OPERATION':29} {'STATE':10} {'POLLS':>5}  {'JOB':24} SUBMITTED BY")
     for o in ops:
-        # Escaped: the job id is the remote's, and must neither start a row nor drive the terminal.
+        # Each cell by ``cell``: the job id is the remote's (up to 256 characters, spaces
+        # allowed), and must neither start a row, look like other columns nor drive the terminal.
         print(
-            printable(
-                f"{o['id']:29} {o['state']:10} {o['polls']:>5}  {o['job_id'] or '-'!s:24} "
-                f"{o['invocation_id']}"
-            )
+            f"{cell(o['id'], 29)} {cell(o['state'], 10)} {cell(o['polls'], 5, right=True)}  "
+            f"{cell(o['job_id'] or '-', 24)} {cell(o['invocation_id'], 0)}"
         )
     return 0
 

@@ -436,19 +436,28 @@ async def test_a_failed_poll_exits_1_and_keeps_the_state(tmp_path: Path, token: 
 async def test_the_operations_table_escapes_a_job_id_the_remote_chose(
     tmp_path: Path, token: str
 ) -> None:
-    """The job id comes from the remote's 202: a line feed in it must not start a row of its
-    own in ``affidavit operations``, nor an ESC drive the operator's terminal."""
-    forged = "j1\nop_forged                    succeeded      9  \x1b[2Jx"
+    """The job id comes from the remote's 202 (up to 256 characters): a line feed in it must
+    not start a row of its own in ``affidavit operations``, an ESC drive the operator's
+    terminal, nor its spaces forge the SUBMITTED BY column: it is quoted and cut at its
+    column's width."""
+    forged = "j1\nx\x1b[2J " + "op_forged".rjust(30) + " act_forged".ljust(200)
     accepted = Reply(202, body=json.dumps({"id": forged}).encode())
     async with HostileServer.running(scripts.serve(lambda _req: accepted)) as srv:
         cfg = write_config(tmp_path, {"jobs": _target(srv)})
         async with open_broker(cfg) as broker:
-            op_id = (await _submit(broker))["operation"]["id"]
+            submitted = await _submit(broker)
+        op_id = submitted["operation"]["id"]
         table = await _cli("operations", "--config", str(cfg), token=token)
+        listed = await _cli("operations", "--json", "--config", str(cfg), token=token)
     assert table.returncode == 0, table.stderr
-    lines = table.stdout.decode().splitlines()
-    assert len(lines) == 2 and lines[1].startswith(op_id), lines  # the header and one row
-    assert "j1\\nop_forged" in lines[1] and "\\u001b[2Jx" in lines[1]
+    head, line, *more = table.stdout.decode().splitlines()
+    assert more == [] and line.startswith(op_id), (line, more)  # the header and one row
+    job = head.index("JOB")
+    cell = line[job : job + 25]  # the column's 24 characters and the space after it
+    assert cell.startswith('"j1\\nx\\u001b[2J ') and cell.endswith("... "), line
+    assert line[head.index("SUBMITTED BY") :] == submitted["invocation_id"], line
+    assert "\x1b" not in line and "forged" not in line
+    assert json.loads(listed.stdout)[0]["job_id"] == forged  # --json: the very value
 
 
 async def test_a_poll_releases_what_the_recorder_kept_for_its_task(
