@@ -109,7 +109,10 @@ class Handlers:
         await req.answer(200, page)
 
     async def _invocation(self, req: Request, iid: str, problem: Refused | None = None) -> None:
-        data = await self._reading(lambda r: pages.invocation_page(r, iid), f"the record of {iid}")
+        start = None if problem else _row_number(req.query.get("from"))
+        data = await self._reading(
+            lambda r: pages.invocation_page(r, iid, start), f"the record of {iid}"
+        )
         if data is None:
             raise Refused(404, f"no invocation {iid} in the journal", "NO_SUCH_INVOCATION")
         result = None
@@ -291,6 +294,15 @@ def _operator(req: Request) -> Operator:
 def _operator_session(req: Request) -> Session:
     assert req.session is not None
     return req.session
+
+
+def _row_number(value: str | None) -> int | None:
+    """The ``from`` of an invocation's page: the timeline row its page of rows starts at."""
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit() and len(value) <= 9):
+        raise Refused(400, "from: a timeline row number, 0 or more", "INVALID_FIELD", field="from")
+    return int(value)
 
 
 def _filters(query: Mapping[str, str]) -> pages.ActionFilters:
