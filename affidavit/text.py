@@ -88,27 +88,61 @@ def escape_char(c: str) -> str:
     return _NAMED.get(c) or (f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
 
 
+def _mark_shown(c: str, run: int, after_escape: bool) -> bool:
+    """Whether the combining mark ``c``, the ``run``-th of a row, is shown as its escape: an
+    enclosing mark (Me) or an overlay (combining class 1: U+0334-U+0338, U+20D2...) changes the
+    letter it sits on (``0`` + U+0338 looks like a slashed zero, ``=`` + U+0338 like ``\u2260``);
+    from the third in a row on, a stack paints over the lines around it; after an escape it
+    would sit on the escape's last digit."""
+    import unicodedata
+
+    return (
+        run > 2 or after_escape or unicodedata.category(c) == "Me" or unicodedata.combining(c) == 1
+    )
+
+
 def pieces(text: str, keep: str = "") -> Iterator[tuple[str, bool]]:
     """``text`` cut into runs of plain text ``(run, False)`` and single characters that must be
     shown escaped ``(char, True)``; the characters in ``keep`` (``"\\n"``) count as plain."""
     import unicodedata
 
     start = 0
+    run = 0  # combining marks in a row so far
+    escaped = False  # whether the character before was shown escaped
     for i, c in enumerate(text):
-        if (c.isprintable() and c not in INVISIBLE) or c in keep:
-            continue  # the fast path: isprintable is false for every category escaped
-        if c in _NAMED or c in INVISIBLE or unicodedata.category(c) in _SHOWN_ESCAPED:
-            if start < i:
-                yield text[start:i], False
-            yield c, True
-            start = i + 1
+        if c in keep:
+            run, escaped = 0, False
+            continue
+        if c.isprintable() and c not in INVISIBLE:
+            # the fast path: isprintable is false for every category escaped
+            if c < "\u0300" or unicodedata.category(c)[0] != "M":
+                run, escaped = 0, False
+                continue
+            run += 1
+            if not _mark_shown(c, run, escaped):
+                continue
+        else:
+            run = 0
+            if not (c in _NAMED or c in INVISIBLE or unicodedata.category(c) in _SHOWN_ESCAPED):
+                escaped = False
+                continue
+        if start < i:
+            yield text[start:i], False
+        yield c, True
+        start = i + 1
+        escaped = True
     if start < len(text):
         yield text[start:], False
 
 
 def shown_as_is(text: str) -> bool:
-    """Whether ``text`` holds nothing ``printable`` would escape (at C speed)."""
-    return text.isprintable() and (text.isascii() or INVISIBLE.isdisjoint(text))
+    """Whether ``text`` holds nothing ``printable`` would escape (at C speed for ASCII; text
+    holding other characters is read through ``pieces`` for its combining marks)."""
+    if not text.isprintable():
+        return False
+    if text.isascii():
+        return True
+    return INVISIBLE.isdisjoint(text) and not any(escaped for _, escaped in pieces(text))
 
 
 def printable(text: str, keep: str = "") -> str:
@@ -124,18 +158,37 @@ def printable(text: str, keep: str = "") -> str:
 
 def cell(value: object, width: int, right: bool = False) -> str:
     """``value`` as one column of a text table, ``width`` characters wide (``right``: aligned
-    right), so that it can never look like more than one cell: escaped (``printable``); holding
-    a space or a ``"``, shown quoted as a JSON string (``"nightly batch"``); longer than
-    ``width``, cut to it with ``...`` ending it.  A caller's session name of 255 characters
-    padded with spaces forged the PHASE and OUTCOME columns of ``affidavit actions`` before.
-    The last column of a row may take ``cell(value, 0)``: escaped and quoted, never cut."""
+    right), so that it can never look like more than one cell, nor like another value:
+
+    - shown quoted as a JSON string (``"nightly batch"``) when it holds a space, a ``"`` or a
+      backslash, or anything ``printable`` escapes: inside the quotes every escape is JSON's
+      (a character beyond the BMP as its surrogate pair), so the cell reads back with
+      ``json.loads``; unquoted, a cell is the value itself (the six characters ``\\u00a0``
+      are quoted, ``"\\\\u00a0"``, a real U+00A0 is ``"\\u00a0"``);
+    - longer than ``width``, cut in its middle with ``...``: both ends show, so
+      ``payments-production`` and ``payments-prod-eu`` stay two names.
+
+    A caller's session name of 255 characters padded with spaces forged the PHASE and OUTCOME
+    columns of ``affidavit actions`` before.  The last column of a row may take
+    ``cell(value, 0)``: never cut."""
     text = str(value)
-    if " " in text or '"' in text:
-        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    shown = printable(text)  # after quoting: its escapes are a JSON string's
-    if width and len(shown) > width:
-        shown = shown[: max(width - 3, 0)] + "..."
-    return shown.rjust(width) if right else shown.ljust(width)
+    if " " in text or '"' in text or "\\" in text or not shown_as_is(text):
+        text = text.replace("\\", "\\\\").replace('"', '\\"')
+        text = '"' + "".join(_json_escape(p) if e else p for p, e in pieces(text)) + '"'
+    if width and len(text) > width:
+        head = (width - 2) // 2
+        tail = max(width - 3 - head, 0)
+        text = text[:head] + "..." + (text[-tail:] if tail else "")
+    return text.rjust(width) if right else text.ljust(width)
+
+
+def _json_escape(c: str) -> str:
+    """``escape_char``, but a character beyond the BMP as the surrogate pair JSON spells it."""
+    code = ord(c)
+    if code <= 0xFFFF:
+        return escape_char(c)
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 ECHO = 64

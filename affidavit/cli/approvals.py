@@ -198,7 +198,7 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         _print(rows)
         return 0
-    from affidavit.text import cell, printable
+    from affidavit.text import cell
 
     head = ("INVOCATION", "TARGET", "EXPIRES IN", "REQUESTER", "CREDENTIAL")
     print(f"{head[0]:30} {head[1]:12} {head[2]:>10}  {head[3]:9} {head[4]:24} WHAT")
@@ -208,13 +208,12 @@ def _list(args: argparse.Namespace) -> int:
         left = float(row.get("expires_in") or 0)
         expires = "expired" if row["expired"] or left <= 0 else f"{int(left)}s"
         requester = (row.get("requester") or {}).get("uid", "-")
-        # Each cell by ``cell``; the last, WHAT, escaped: a command or URL came from the
-        # caller (its spaces are its own: nothing follows it to forge), and must not drive the
-        # terminal.
+        # Each cell by ``cell``, the last, WHAT, too (quoted, never cut): a command or URL came
+        # from the caller, and its literal ``\u00a0`` must not read as a real U+00A0.
         print(
             f"{cell(row['invocation_id'], 30)} {cell(row['target'] or '-', 12)} "
             f"{cell(expires, 10, right=True)}  {cell(requester, 9)} "
-            f"{cell(row['credential'] or '-', 24)} {printable(_what(row.get('request')))}"
+            f"{cell(row['credential'] or '-', 24)} {cell(_what(row.get('request')), 0)}"
         )
     return 0
 

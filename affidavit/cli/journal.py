@@ -398,24 +398,29 @@ def _metrics(args: argparse.Namespace) -> int:
 
         sys.stdout.write(prometheus_text(data))
     else:
-        from affidavit.text import cell
-
-        _out(f"{data['invocations']} invocations")
-        _out(f"{'phase':<22} {'outcome':<14} count")
-        for row in data["by_phase_outcome"]:
-            _out(f"{cell(row['phase'], 22)} {cell(row['outcome'], 14)} {cell(row['count'], 0)}")
-        _out()
-        _out(f"{'code':<26} {'outcome':<14} count")
-        for row in data["by_code_outcome"]:
-            _out(f"{cell(row['code'], 26)} {cell(row['outcome'], 14)} {cell(row['count'], 0)}")
-        if data["batch_items"]:
-            _out()
-            _out(f"{'batch item outcome':<22} {'code':<26} count")
-            for row in data["batch_items"]:
-                _out(f"{cell(row['outcome'], 22)} {cell(row['code'], 26)} {cell(row['count'], 0)}")
-        if data["operations"]:
-            _out()
-            _out(f"{'operation state':<22} count")
-            for row in data["operations"]:
-                _out(f"{cell(row['state'], 22)} {cell(row['count'], 0)}")
+        _print_metrics(data)
     return 0
+
+
+def _print_metrics(data: dict[str, Any]) -> None:
+    """The metrics view's tables, each cell by ``text.cell``."""
+    from affidavit.text import cell
+
+    _out(f"{data['invocations']} invocations")
+    _out(f"{'phase':<22} {'outcome':<14} count")
+    for row in data["by_phase_outcome"]:
+        _out(f"{cell(row['phase'], 22)} {cell(row['outcome'], 14)} {cell(row['count'], 0)}")
+    _out()
+    _out(f"{'code':<26} {'outcome':<14} count")
+    for row in data["by_code_outcome"]:
+        _out(f"{cell(row['code'], 26)} {cell(row['outcome'], 14)} {cell(row['count'], 0)}")
+    if data["batch_items"]:
+        _out()
+        _out(f"{'batch item outcome':<22} {'code':<26} count")
+        for row in data["batch_items"]:
+            _out(f"{cell(row['outcome'], 22)} {cell(row['code'], 26)} {cell(row['count'], 0)}")
+    if data["operations"]:
+        _out()
+        _out(f"{'operation state':<22} count")
+        for row in data["operations"]:
+            _out(f"{cell(row['state'], 22)} {cell(row['count'], 0)}")

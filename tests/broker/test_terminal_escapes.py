@@ -69,6 +69,30 @@ def test_the_rule_escapes_controls_and_bidi_and_keeps_letters() -> None:
     assert json.loads('"' + printable("\x1b\u202e\x7f\u2028") + '"') == "\x1b\u202e\x7f\u2028"
 
 
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        pytest.param("cafe\u0301 ve\u0323\u0302t", "cafe\u0301 ve\u0323\u0302t", id="two_kept"),
+        pytest.param("0\u0338", "0\\u0338", id="overlay_slash_looks_like_a_letter"),
+        pytest.param("=\u0338", "=\\u0338", id="overlay_looks_like_not_equal"),
+        pytest.param("a\u20d2b", "a\\u20d2b", id="overlay_long_vertical_line"),
+        pytest.param("1\u20dd", "1\\u20dd", id="enclosing_circle"),
+        pytest.param("x\u0489", "x\\u0489", id="enclosing_millions_sign"),
+        pytest.param("e\u0301\u0302\u0303\u0304", "e\u0301\u0302\\u0303\\u0304", id="a_stack"),
+        pytest.param("\x1b\u0301", "\\u001b\\u0301", id="a_mark_after_an_escape"),
+    ],
+)
+def test_a_combining_mark_that_changes_a_letter_or_stacks_is_shown_escaped(
+    text: str, shown: str
+) -> None:
+    # An agent's "0" with U+0338 reads as a slashed zero, "=" with it as "not equal", and a
+    # stack of hundreds of marks paints over the lines above: on the terminal and the card.
+    assert printable(text) == shown
+    assert shown_as_is(text) is (text == shown)
+    zalgo = "a" + "\u0301" * 500
+    assert printable(zalgo) == "a\u0301\u0301" + "\\u0301" * 498
+
+
 DEFAULT_IGNORABLE = (
     (0x00AD, 0x00AD),
     (0x034F, 0x034F),
@@ -95,10 +119,15 @@ CHECKED_UNICODE = ("14.0.0", "15.0.0", "15.1.0", "16.0.0")
 """Unicode versions whose Default_Ignorable_Code_Point ``DEFAULT_IGNORABLE`` is."""
 
 
+def test_the_unicode_version_is_one_the_invisible_table_was_checked_against() -> None:
+    assert unicodedata.unidata_version in CHECKED_UNICODE, (
+        f"this Python's Unicode is {unicodedata.unidata_version}: compare DEFAULT_IGNORABLE "
+        "(and affidavit.text.INVISIBLE) with that version's DerivedCoreProperties.txt, then add "
+        "the version to CHECKED_UNICODE"
+    )
+
+
 def test_every_default_ignorable_and_every_space_but_u0020_is_shown_escaped() -> None:
-    # A Python on a newer Unicode may have new default-ignorables: compare the table with that
-    # version's DerivedCoreProperties.txt, then add the version here.
-    assert unicodedata.unidata_version in CHECKED_UNICODE, unicodedata.unidata_version
     ignorable = {chr(c) for lo, hi in DEFAULT_IGNORABLE for c in range(lo, hi + 1)}
     spaces = {c for c in map(chr, range(0x110000)) if unicodedata.category(c) == "Zs"} - {" "}
     for c in sorted(ignorable | spaces | {"\u2800", "\U00016fe4", "\U0001d159"}):
@@ -116,9 +145,10 @@ def test_every_default_ignorable_and_every_space_but_u0020_is_shown_escaped() ->
 
 
 def test_the_fast_check_agrees_with_the_rule_for_every_code_point() -> None:
+    # Each code point after a letter of its own, as it would stand in a name.
     everything = "".join(map(chr, range(0x110000)))
-    escaped = {c for c, marked in pieces(everything) if marked}
-    assert escaped == {c for c in everything if not shown_as_is(c)}
+    escaped = {c for c, marked in pieces("a" + "a".join(everything)) if marked}
+    assert escaped == {c for c in everything if not shown_as_is("a" + c)}
     assert "a" not in escaped and "\u00e9" not in escaped and "\u4e2d" not in escaped
 
 
