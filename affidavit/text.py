@@ -37,6 +37,7 @@ NAMED = 20
 __all__ = [
     "INVISIBLE",
     "NAMED",
+    "SPACES",
     "cell",
     "escape_char",
     "named",
@@ -48,6 +49,18 @@ __all__ = [
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _SHOWN_ESCAPED = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
+
+_SPACE_RANGES = (
+    (0x00A0, 0x00A0),
+    (0x1680, 0x1680),
+    (0x2000, 0x200A),
+    (0x202F, 0x202F),
+    (0x205F, 0x205F),
+    (0x3000, 0x3000),
+)
+SPACES = "".join(chr(c) for lo, hi in _SPACE_RANGES for c in range(lo, hi + 1))
+"""Every space separator (Zs) but U+0020, in ``INVISIBLE``: typed text holds them (macOS's
+Option+Space, French typing, pasted text), so an operator's note may (``check_note``)."""
 
 _INVISIBLE_RANGES = (
     # Default_Ignorable_Code_Point (DerivedCoreProperties.txt, Unicode 14.0 to 16.0) outside the
@@ -70,12 +83,7 @@ _INVISIBLE_RANGES = (
     # hair's -- that no reader tells from a plain space or from nothing, so "dry run" spelt
     # with U+00A0 would look like the key spelt with a space.  Shown escaped, they cost a
     # reader of French or CJK text some \u00a0 and \u3000; an approval binds exact bytes.
-    (0x00A0, 0x00A0),
-    (0x1680, 0x1680),
-    (0x2000, 0x200A),
-    (0x202F, 0x202F),
-    (0x205F, 0x205F),
-    (0x3000, 0x3000),
+    *_SPACE_RANGES,
 )
 INVISIBLE = frozenset(chr(c) for lo, hi in _INVISIBLE_RANGES for c in range(lo, hi + 1))
 """Printable by ``str.isprintable`` and shown escaped all the same (see the module's text);

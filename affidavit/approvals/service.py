@@ -39,7 +39,7 @@ from affidavit.statemachine import (
     Record,
     current_code,
 )
-from affidavit.text import echoed, escape_char, pieces
+from affidavit.text import SPACES, echoed, escape_char, pieces
 
 from .operator import Operator, OperatorError, OperatorPolicy
 
@@ -95,8 +95,10 @@ def check_note(note: str | None, *, required: bool = False) -> str | None:
             "note",
         )
     # The rule every view escapes by (affidavit.text): a note is evidence, read on terminals
-    # and in the console, so it holds nothing that would be shown as an escape (but a tab).
-    bad = next((c for c, escaped in pieces(note, "\t") if escaped), None)
+    # and in the console, so it holds nothing that would be shown as an escape -- but a tab and
+    # the spaces typed text holds (U+00A0 from Option+Space or French typing, U+202F), which
+    # an operator cannot see to remove: kept as typed, and shown escaped wherever it is read.
+    bad = next((c for c, escaped in pieces(note, "\t" + SPACES) if escaped), None)
     if bad is not None:
         raise OperatorError(
             "BAD_NOTE",

@@ -154,11 +154,21 @@ def test_the_fast_check_agrees_with_the_rule_for_every_code_point() -> None:
 
 def test_a_note_is_refused_for_what_is_wrong_with_it() -> None:
     assert check_note("ok\tchecked with finance é") == "ok\tchecked with finance é"
+    # The spaces typed text holds (macOS Option+Space, French typing, pasted text) are kept as
+    # typed: an attestation needs a note, and the operator cannot see them to take them out.
+    for typed in ("vérifié\u00a0: ok", "10\u202f000 € ok", "ok\u3000done"):
+        assert check_note(typed, required=True) == typed
+        assert "\\u" in printable(typed)  # and shown escaped wherever it is read
     for bad, shown in (
         ("ok\x1b[2J", "\\u001b"),
         ("a\nb", "\\n"),
         ("x\u202e", "\\u202e"),
         ("ok\u034f", "\\u034f"),
+        ("ok\u200b", "\\u200b"),
+        ("ok\u2800", "\\u2800"),
+        ("ok\u2028", "\\u2028"),
+        ("ok\ue000", "\\ue000"),
+        ("0\u0338", "\\u0338"),
     ):
         with pytest.raises(OperatorError) as info:
             check_note(bad)
@@ -169,7 +179,7 @@ def test_a_note_is_refused_for_what_is_wrong_with_it() -> None:
     assert (info.value.code, info.value.field, info.value.status) == ("BAD_NOTE", "note", 400)
     assert f"at most {MAX_NOTE} characters (this one has {MAX_NOTE + 1})" in info.value.message
     assert check_note(" \t", required=False) is None
-    for blank in (None, "", " \t"):
+    for blank in (None, "", " \t", "\u00a0\u202f"):
         with pytest.raises(OperatorError) as info:
             check_note(blank, required=True)
         assert (info.value.code, info.value.field, info.value.status) == (
