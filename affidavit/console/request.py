@@ -90,8 +90,11 @@ class Request:
         self.method = str(scope["method"])
         self.path = str(scope["path"])
         query = scope.get("query_string", b"").decode("latin-1")
-        self.query = dict(parse_qsl(query))
-        self.repeated = _repeated(parse_qsl(query, keep_blank_values=True))
+        # Blank values kept: ``?from=`` is a value that is no row number (INVALID_FIELD), not
+        # the absence of one; every filter reads a blank as none.
+        pairs = parse_qsl(query, keep_blank_values=True)
+        self.query = dict(pairs)
+        self.repeated = _repeated(pairs)
         """Query parameter names sent more than once, blank or not (refused: ``_route``)."""
         self.headers: dict[str, str] = {}
         self._cookie_lines: list[str] = []

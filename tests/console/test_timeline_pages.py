@@ -72,6 +72,8 @@ async def test_a_long_timeline_shows_its_ends_and_pages_through_the_rest(
             assert f'?from={EDGE + PAGE}">' in text and '?from=0">' in text
             assert 'id="timeline-ends"' in text
 
-            status, _, page = await get(f"{origin}/invocations/{iid}?from=x1", cookie=cookie)
-            assert status == 400
-            assert b"INVALID_FIELD" in page and b"from: a timeline row number" in page
+            # Anything that is no row number, an empty value too (parse_qsl drops it unless told).
+            for bad in ("x1", "-1", "", "1e3", "%20", "%D9%A3"):
+                status, _, page = await get(f"{origin}/invocations/{iid}?from={bad}", cookie=cookie)
+                assert status == 400, bad
+                assert b"INVALID_FIELD" in page and b"from: a timeline row number" in page, bad
