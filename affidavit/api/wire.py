@@ -509,7 +509,13 @@ def _uid_of(named: str) -> int | None:
 
 
 def _shown(named: str) -> str:
-    return named if len(named) <= 64 and named.isprintable() else repr(named[:64]) + "..."
+    """``named`` as a message quotes it: as itself when short and shown as it is by the one
+    rule (``affidavit.text``), else its first 64 characters quoted and escaped."""
+    from affidavit.text import printable, shown_as_is
+
+    if len(named) <= 64 and shown_as_is(named):
+        return named
+    return printable(repr(named[:64])) + "..."
 
 
 def _trust_hint(uid: int, trusted: frozenset[int]) -> str:

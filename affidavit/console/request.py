@@ -19,7 +19,7 @@ import trio
 from affidavit.approvals import OperatorError
 from affidavit.engine import READ_RETRY
 from affidavit.journal import JournalError, JournalReader
-from affidavit.text import printable
+from affidavit.text import printable, shown_as_is
 
 from .auth import Session
 from .peer import socket_owner
@@ -204,7 +204,7 @@ def _fields(form: dict[str, str], known: tuple[str, ...]) -> None:
 
 def _shown(name: str, instead: str) -> str:
     """``name`` for a message, when it is short plain printable text; else ``instead``."""
-    return name if len(name) <= 64 and name.isprintable() else instead
+    return name if len(name) <= 64 and shown_as_is(name) else instead
 
 
 def _repeated(pairs: list[tuple[str, str]]) -> list[str]:

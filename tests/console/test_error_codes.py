@@ -43,6 +43,10 @@ async def test_each_refusal_names_its_code_and_field(
         got["a form not UTF-8"] = status, refusal(page)
         status, _, page = await post(f"{origin}/journal/verify", {"csrf": csrf, "x": "1"}, same)
         got["an unknown field"] = status, refusal(page)
+        # One that would not show as itself (the one rule: U+034F draws nothing) is not echoed.
+        fields = {"csrf": csrf, "dry_run\u034f": "1"}
+        status, _, page = await post(f"{origin}/journal/verify", fields, same)
+        got["an unknown invisible field"] = status, refusal(page)
         # The decisions' and reconciliations' own refusals (``OperatorError``), with their field;
         # a reconciliation's is shown on the invocation's page.
         action = {"target": "nope", "method": "GET", "path": "/"}
@@ -72,6 +76,7 @@ async def test_each_refusal_names_its_code_and_field(
         "a method": (405, ("METHOD_NOT_ALLOWED", None)),
         "a form not UTF-8": (400, ("BAD_REQUEST", "form")),
         "an unknown field": (400, ("INVALID_FIELD", "x")),
+        "an unknown invisible field": (400, ("INVALID_FIELD", "form")),
         "a note with a query": (400, ("INVALID_FIELD", "note")),
         "not unknown": (409, ("NOT_UNKNOWN", None)),
         "a how": (400, ("BAD_REQUEST", "how")),

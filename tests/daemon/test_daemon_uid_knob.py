@@ -150,6 +150,13 @@ def test_a_daemon_uid_argument_that_names_nobody_is_refused_with_its_code(value:
     assert isinstance(refused.value, ValueError)
 
 
+def test_a_daemon_uid_that_would_not_show_as_itself_is_quoted_escaped() -> None:
+    # The one rule (affidavit.text): U+034F passes isprintable and draws nothing.
+    with pytest.raises(DaemonUidInvalid) as refused:
+        Client("/nonexistent/affidavit.sock", daemon_uid="root\u034f")
+    assert "daemon_uid: 'root\\u034f'... is no uid" in str(refused.value), refused.value
+
+
 @pytest.mark.parametrize("command", ["actions", "mcp", "call"])
 @pytest.mark.parametrize("value", ["no-such-user-here", "-1", "4294967295"])
 async def test_a_daemon_uid_option_that_names_nobody_is_refused_before_the_socket(
