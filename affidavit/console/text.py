@@ -40,7 +40,9 @@ it anywhere), and the mark, before it, says how much there is to read before app
 
 
 def length_mark(value: object) -> Markup:
-    """`` (6047 characters) `` in a marked span when ``value`` is longer than ``LONG``, else
-    nothing."""
+    """``(6047 characters)`` in a marked span when ``value`` is longer than ``LONG``, else
+    nothing: the template puts it before the value's element, never inside it, and the
+    stylesheet draws it as a badge that is not selected with the value (copying a header value
+    took the mark with it, and a value can hold that text itself)."""
     n = len(str(value))
-    return Markup(f'<span class="long">({n} characters)</span> ') if n > LONG else Markup("")
+    return Markup(f'<span class="long">({n} characters)</span>') if n > LONG else Markup("")

@@ -148,6 +148,44 @@ async def test_the_tail_of_a_long_url_and_header_is_within_the_window(
         assert box["right"] <= box["inner"] and box["page"] <= box["inner"], (field, box)
 
 
+CELL_TEXT = """
+const [card, field] = arguments;
+const cell = document.querySelector(`#approval-${card} tr.field[data-field=${field}] td`);
+const range = document.createRange();
+range.selectNodeContents(cell);
+const selection = getSelection();
+selection.removeAllRanges();
+selection.addRange(range);
+return {shown: cell.innerText, copied: selection.toString()};
+"""
+"""What card ``card``'s field ``field`` shows (``innerText``: spaces as laid out) and what
+selecting the whole cell copies."""
+
+
+async def test_a_value_s_spaces_show_and_its_length_mark_is_not_part_of_it(
+    world: tuple[Broker, str, Any, str], chrome: Browser
+) -> None:
+    """Two spaces in a row showed as one (white-space: normal), and the length mark sat inside
+    the header value's <code>: copying the value took "(3016 characters) " with it, text an
+    agent can write into a value itself."""
+    b, origin, console, cookie = world
+    spaced = "keep  two   spaces"
+    header = "x" * 3000 + "-override"
+    iid = await _pending(b, path="/v1/a", headers={"X-Spaced": spaced, "X-Long": header}, body="{}")
+    status, _, page = await get(f"{origin}/approvals", cookie=cookie)
+    assert status == 200
+    card = _card(page, iid)
+    mark = f'<span class="long">({len(header)} characters)</span>'
+    assert mark in card and f"{mark}<code>" in card  # before the value's <code>, not in it
+    token, _ = console.tokens.mint(Operator.current())
+    await chrome.log_in(f"{origin}/login?token={token}")
+    await chrome.get(f"{origin}/approvals")
+    cell = await chrome.run(lambda d: d.execute_script(CELL_TEXT, iid, "headers"))
+    assert f"x-spaced: {spaced}" in cell["shown"], cell["shown"].replace("x" * 2990, "")
+    assert f"x-long: {header}" in cell["copied"]
+    assert "characters)" not in cell["copied"], cell["copied"][:80]
+
+
 def test_visible_escapes_what_reorders_and_keeps_what_is_plain() -> None:
     assert visible("plain <b>text</b> é ü 中") == "plain &lt;b&gt;text&lt;/b&gt; é ü 中"
     assert str(visible("a\nb\tc", multiline=True)) == "a\nb\tc"
