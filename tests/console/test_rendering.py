@@ -193,6 +193,10 @@ def test_visible_escapes_what_reorders_and_keeps_what_is_plain() -> None:
     assert "\\u202e" in visible("\u202e") and "\\u00ad" in visible("\u00ad")
     assert "\\U000e0001" in visible("\U000e0001")  # a language tag (Cf), outside the BMP
     assert "\\U000e0100" in visible("\U000e0100")  # a variation selector (Mn), invisible
+    # A mark that changes its letter (an overlay, an enclosing one), or stacks past two.
+    assert str(visible("0\u0338")) == '0<span class="ctl" title="U+0338">\\u0338</span>'
+    assert "\\u20dd" in visible("1\u20dd") and "e\u0301\u0302" in visible("e\u0301\u0302")
+    assert visible("a" + "\u0301" * 300).count('class="ctl"') == 298
 
 
 async def test_a_request_that_cannot_be_rendered_is_its_own_row_s_error(
