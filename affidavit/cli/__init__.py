@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMMANDS",
+    "JSON_HELP",
     "SECRETS_ALWAYS",
     "SECRETS_EMBEDDED",
     "SECRETS_NONE",
@@ -90,6 +91,12 @@ COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(COMMANDS.values()))
 
 SECRETS_ALWAYS = "always"
 """``holds_secrets``: the command loads a credential or a key however it is run."""
+JSON_HELP = (
+    "machine-readable output; the text tables are for people (each cell escaped, quoted and "
+    "cut to its column): a script reads --json, which has every value whole"
+)
+"""``--json``'s help on every command that prints a text table."""
+
 SECRETS_EMBEDDED = "embedded"
 """``holds_secrets``: it does when run embedded; asking the daemon (``--socket`` or
 ``$AFFIDAVIT_SOCKET``) it holds none."""

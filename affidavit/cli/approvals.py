@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from affidavit.cli import (
+    JSON_HELP,
     SECRETS_EMBEDDED,
     DaemonSocket,
     UsageError,
@@ -54,7 +55,7 @@ T = TypeVar("T")
 def add_commands(sub: Any) -> None:
     p = sub.add_parser("approvals", help="requests waiting for an operator; approve or deny one")
     _options(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(handler=_list, holds_secrets=SECRETS_EMBEDDED)
     asub = p.add_subparsers(dest="approvals_command", metavar="APPROVALS_COMMAND")
     show = asub.add_parser("show", help="one invocation's approval, whatever became of it")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from affidavit.cli import (
+    JSON_HELP,
     SECRETS_NONE,
     DaemonSocket,
     UsageError,
@@ -113,7 +114,7 @@ def common_options(p: argparse.ArgumentParser, *, socket: bool = False) -> None:
         help="journal file or postgresql:// URL (default: [journal] path or url of the config)",
     )
     p.add_argument("--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     if socket:
         add_socket_arg(p)
 
