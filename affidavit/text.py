@@ -40,6 +40,7 @@ __all__ = [
     "SPACES",
     "cell",
     "escape_char",
+    "json_escape",
     "named",
     "pieces",
     "printable",
@@ -200,7 +201,8 @@ def cell(value: object, width: int, right: bool = False) -> str:
     text = str(value)
     if " " in text or '"' in text or "\\" in text or not shown_as_is(text):
         text = text.replace("\\", "\\\\").replace('"', '\\"')
-        text = '"' + "".join(_json_escape(p) if e else p for p, e in pieces(text)) + '"'
+        shown = ((_NAMED.get(p) or json_escape(p)) if e else p for p, e in pieces(text))
+        text = '"' + "".join(shown) + '"'
     if width and len(text) > width:
         head = (width - 2) // 2
         tail = max(width - 3 - head, 0)
@@ -208,11 +210,12 @@ def cell(value: object, width: int, right: bool = False) -> str:
     return text.rjust(width) if right else text.ljust(width)
 
 
-def _json_escape(c: str) -> str:
-    """``escape_char``, but a character beyond the BMP as the surrogate pair JSON spells it."""
+def json_escape(c: str) -> str:
+    """The one character ``c`` as a JSON string's ``\\uXXXX`` escape (beyond the BMP, its
+    surrogate pair: ``\\U`` is no JSON)."""
     code = ord(c)
     if code <= 0xFFFF:
-        return escape_char(c)
+        return f"\\u{code:04x}"
     code -= 0x10000
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 

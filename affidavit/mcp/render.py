@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from affidavit.text import pieces, shown_as_is
+from affidavit.text import json_escape, pieces, shown_as_is
 
 __all__ = ["ID", "ITEMS", "PREVIEW", "render"]
 
@@ -448,12 +448,4 @@ def _flat(line: str) -> str:
     value can break into lines (``str.splitlines`` splits on more than newlines)."""
     if shown_as_is(line):
         return line  # the fast path, at C speed
-    return "".join(_escaped(c) if esc else c for c, esc in pieces(line, keep="\t"))
-
-
-def _escaped(c: str) -> str:
-    code = ord(c)
-    if code <= 0xFFFF:
-        return f"\\u{code:04x}"
-    code -= 0x10000
-    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return "".join(json_escape(c) if esc else c for c, esc in pieces(line, keep="\t"))
