@@ -189,7 +189,7 @@ def printable(text: str, keep: str = "") -> str:
 
 def cell(value: object, width: int, right: bool = False) -> str:
     """``value`` as one column of a text table, ``width`` characters wide (``right``: aligned
-    right), so that it can never look like more than one cell, nor like another value:
+    right), so that it can never look like more than one cell, nor (uncut) like another value:
 
     - shown quoted as a JSON string (``"nightly batch"``) when it holds a space, a ``"`` or a
       backslash, or anything ``printable`` escapes: inside the quotes every escape is JSON's
@@ -197,7 +197,8 @@ def cell(value: object, width: int, right: bool = False) -> str:
       ``json.loads``; unquoted, a cell is the value itself (the six characters ``\\u00a0``
       are quoted, ``"\\\\u00a0"``, a real U+00A0 is ``"\\u00a0"``);
     - longer than ``width``, cut in its middle with ``...``: both ends show, so
-      ``payments-production`` and ``payments-prod-eu`` stay two names.
+      ``payments-production`` and ``payments-prod-eu`` stay two names (two that differ only in
+      the part cut out still look alike: ``--json`` has them whole).
 
     A caller's session name of 255 characters padded with spaces forged the PHASE and OUTCOME
     columns of ``affidavit actions`` before.  The last column of a row may take
