@@ -24,6 +24,7 @@ writer's state stays in one object, the code that runs a transaction over it her
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,14 @@ if TYPE_CHECKING:
 
 __all__ = ["attempts"]
 
+log = logging.getLogger("affidavit.journal")
+
+LOST_RUNS = 5
+"""At most this many runs of one batch may lose their connection (``attempts``).  A restart or a
+cut costs a batch one lost run, however long the reconnect takes; a batch whose every run loses
+its session while new connections succeed (a backend killed by what it writes -- out of memory,
+a trigger, a middlebox dropping it) is not run again without end."""
+
 _PROJECTOR_CACHE = 50_000
 """Past this many cached projections, the writer starts over (``_catch_up``)."""
 
@@ -57,7 +66,8 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
     """Run the batch in one transaction.  A storage fault fails every write in it.  A lost
     connection (a shared database restarted, the network cut) is not a fault of the
     writes: the writer reconnects -- within ``Backend.reconnect_within`` -- and, if the
-    transaction had not committed, runs the batch again from the head it then finds.  If
+    transaction had not committed, runs the batch again from the head it then finds -- while
+    ``reconnect_within`` from the first loss lasts, at most ``LOST_RUNS`` runs.  If
     the COMMIT had been sent, the new connection first reads whether its last row is
     there: the writes succeed only if a re-read proves them durable (so the engine never
     dispatches on a DISPATCH_STARTED it cannot prove), and fail with ``CommitUnknown`` when
@@ -68,6 +78,7 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
     backend = w.backend
     errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
     deadline: float | None = None
+    lost = 0
     while True:
         proof: list[tuple[int, str]] = []
         try:
@@ -83,6 +94,13 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
                     _renew(w)
                 return
             committing = w.committing
+            lost += 1
+            # The driver's words, never the rows: which batch kept losing its session.
+            log.warning(
+                "journal %s: the connection was lost %s (%s): run %d of at most %d",
+                backend.where, "while committing" if committing else "during a write",
+                backend.describe(exc), lost, LOST_RUNS,
+            )  # fmt: skip
         w.forget()
         if deadline is None:
             deadline = time.monotonic() + backend.reconnect_within
@@ -94,6 +112,13 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
         if durable:
             head = proof[-1]
             w.signed_head = head
+            return
+        if lost >= LOST_RUNS or time.monotonic() >= deadline:
+            # Reconnecting succeeds, the batch's session is lost again: the bound is
+            # ``reconnect`` from the first loss, and ``LOST_RUNS`` runs.  A re-read that found
+            # the batch's last row absent proves it not committed; a COMMIT sent with no row
+            # to read back is unknown.
+            _fail_lost_again(w, batch, lost, unknown=committing and last is None)
             return
         for r in batch:
             r.result = None
@@ -215,6 +240,21 @@ def _fail_unavailable(w: Writer, batch: list[Req[Any]], committing: bool) -> Non
             f"{within:g}s: write not committed"
         )
     _answer_failed(batch, why, unknown=committing)
+
+
+def _fail_lost_again(w: Writer, batch: list[Req[Any]], runs: int, *, unknown: bool) -> None:
+    where, within = w.backend.where, w.backend.reconnect_within
+    bound = f"{runs} runs" if runs >= LOST_RUNS else f"[journal] reconnect ({within:g}s)"
+    why = (
+        f"journal {where}: the connection was lost on each of {runs} runs of this write, "
+        f"new connections succeeding, until {bound} ran out: "
+    )
+    why += (
+        "whether the write is durable is unknown until the journal is read again"
+        if unknown
+        else "write not committed"
+    )
+    _answer_failed(batch, why, unknown=unknown)
 
 
 def _transaction(

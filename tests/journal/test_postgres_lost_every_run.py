@@ -1,0 +1,136 @@
+"""A batch whose session is lost on every run while new connections succeed -- a backend killed
+by what the batch writes (out of memory on a huge batch, an operator's trigger, a middlebox
+dropping it).  The writer runs a batch again after a lost connection (``journal/commit.py``,
+``attempts``); the bound is ``[journal] reconnect`` from the first loss and ``LOST_RUNS`` runs,
+whichever comes first -- then the write fails, not committed, and the writer goes on.
+Unbounded, the batch ran ~70 times a second for as long as the trigger stood, the call got no
+answer and every other write of the broker queued behind it (audit 49c).
+
+Here a trigger ends its own backend (``pg_terminate_backend(pg_backend_pid())``) on each insert
+of DISPATCH_STARTED; a sequence, which no rollback undoes, counts the runs."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.journal import CommitUnknown, Journal, JournalReader, JournalWriteError
+from affidavit.journal.commit import LOST_RUNS
+from tests.postgres import Cluster
+
+from .helpers import until_dispatch
+
+LIMIT = 30
+UNBOUNDED = 15.0
+"""When the trigger is dropped: unbounded, the append ran the batch until then and succeeded; a
+bounded one failed long before (each test's bound is well short of it)."""
+
+
+def _poison(pg: Cluster, database: str, sleep: float) -> None:
+    pg.sql("CREATE SEQUENCE poison_runs", database)
+    pg.sql(
+        "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        f"PERFORM nextval('poison_runs'); PERFORM pg_sleep({sleep}); "
+        "PERFORM pg_terminate_backend(pg_backend_pid()); PERFORM pg_sleep(5); "
+        "RETURN NEW; END $$",
+        database,
+    )
+    pg.sql(
+        "CREATE TRIGGER poison BEFORE INSERT ON events FOR EACH ROW "
+        "WHEN (NEW.kind = 'DISPATCH_STARTED') EXECUTE FUNCTION poison()",
+        database,
+    )
+
+
+def _runs(pg: Cluster, database: str) -> int:
+    return int(pg.sql("SELECT last_value FROM poison_runs", database)[0][0])
+
+
+async def _append_lost_every_run(
+    pg: Cluster, pg_url: str, tmp_path: Path, within: float, sleep: float
+) -> tuple[BaseException | None, float, int]:
+    """DISPATCH_STARTED of an invocation whose id is a canary, under the poison trigger:
+    what the append raised (None: it succeeded, once the trigger was dropped), after how long,
+    and how many runs the trigger counted; then the same writer writes again."""
+    database = pg_url.rsplit("/", 1)[1]
+    keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
+    iid = "inv-canary-" + secrets.token_hex(8)
+    events = until_dispatch(iid)
+    raised: BaseException | None = None
+    async with Journal.open(pg_url, reconnect_within=within, **keys) as j:
+        for ev in events[:3]:
+            await j.append(ev)
+        _poison(pg, database, sleep)
+
+        async def drop_later() -> None:
+            # Unbounded, the append (uncancellable) ran the batch until the trigger went:
+            # drop it well after the bound, so the test ends either way.
+            await trio.sleep(UNBOUNDED)
+            await trio.to_thread.run_sync(pg.sql, "DROP TRIGGER poison ON events", database)
+
+        started = time.monotonic()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drop_later)
+            try:
+                await j.append(events[3], barrier=True)
+            except (JournalWriteError, CommitUnknown) as exc:
+                raised = exc
+            elapsed = time.monotonic() - started
+            nursery.cancel_scope.cancel()
+        runs = _runs(pg, database)
+        pg.sql("DROP TRIGGER IF EXISTS poison ON events", database)
+        with trio.fail_after(LIMIT):
+            stored = await j.append(events[3], barrier=True)  # the writer writes again
+        assert stored.seq == 4
+    with JournalReader.open(pg_url) as r:
+        assert [e.seq for e in r.events(iid)] == [1, 2, 3, 4] and r.verify().ok
+    assert iid not in str(raised)
+    return raised, elapsed, runs
+
+
+async def test_a_batch_losing_its_session_on_every_run_fails_after_lost_runs(
+    pg: Cluster, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reconnecting succeeds at once, so ``reconnect`` (30 s) alone would let the batch run
+    hundreds of times: ``LOST_RUNS`` runs, then the write fails, not committed (its session
+    was lost with its COMMIT, and a re-read on the new connection found its last row absent:
+    nothing of it is durable).  One warning per lost run names the driver's words, never the
+    rows."""
+    caplog.set_level(logging.WARNING, logger="affidavit.journal")
+    raised, elapsed, runs = await _append_lost_every_run(pg, pg_url, tmp_path, 30.0, 0)
+    assert isinstance(raised, JournalWriteError) and not isinstance(raised, CommitUnknown)
+    assert runs == LOST_RUNS and elapsed < UNBOUNDED - 5, (runs, elapsed)
+    said = str(raised)
+    assert f"lost on each of {LOST_RUNS} runs" in said and "write not committed" in said, said
+    assert pg.password not in said
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "affidavit.journal" and r.levelno == logging.WARNING
+    ]
+    # Mostly lost "while committing": the inserts ride in a pipeline whose errors may arrive
+    # only with its sync, the COMMIT; the re-read then finds the batch's last row absent.
+    lost = [m for m in warnings if "the connection was lost" in m]
+    assert len(lost) == LOST_RUNS, warnings
+    assert all("server closed the connection" in m for m in lost), lost
+    assert f"run {LOST_RUNS} of at most {LOST_RUNS}" in lost[-1], lost
+    assert not any("inv-canary-" in m or pg.password in m for m in warnings), warnings
+
+
+async def test_a_batch_losing_its_session_on_every_run_fails_within_reconnect(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """Each run holds its session 0.6 s before losing it, and ``reconnect`` is 0.3 s: the
+    window from the first loss is over after the second run -- the write fails then, long
+    before ``LOST_RUNS`` runs (the deadline was checked only when a connect failed: every
+    connect succeeding, the batch ran again until the cap)."""
+    raised, elapsed, runs = await _append_lost_every_run(pg, pg_url, tmp_path, 0.3, 0.6)
+    assert isinstance(raised, JournalWriteError) and not isinstance(raised, CommitUnknown)
+    assert runs <= 2 < LOST_RUNS and elapsed < UNBOUNDED - 5, (runs, elapsed)
+    said = str(raised)
+    assert "until [journal] reconnect (0.3s) ran out: write not committed" in said, said
