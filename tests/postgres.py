@@ -31,7 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 from tests import pgowner
 from tests.external import IN_USE, POSTGRES, PortTaken, on_free_port
 
-__all__ = ["Cluster", "Proxy", "running_cluster"]
+__all__ = ["Cluster", "Proxy", "lost_runs", "running_cluster", "terminate_on_insert"]
 
 _USER = "nobody"
 PORT_CONF = "port.conf"
@@ -424,3 +424,37 @@ def argv_url(url: str, monkeypatch: Any) -> str:
     bare, password = password_apart(url)
     monkeypatch.setenv("PGPASSWORD", password)
     return bare
+
+
+def terminate_on_insert(
+    cluster: Cluster, database: str, kind: str, *, sleep: float = 0.0, first_only: bool = False
+) -> None:
+    """A trigger that ends its own session (``pg_terminate_backend(pg_backend_pid())``) on each
+    insert of an event of ``kind`` -- a backend killed by what a batch writes, while new
+    connections succeed -- after holding it ``sleep`` seconds; with ``first_only``, on the first
+    such insert alone (later ones are written).  ``lost_runs`` counts the inserts it met (a
+    sequence: no rollback undoes it).  ``DROP TRIGGER poison ON events`` ends it."""
+    once = "nextval('poison_runs') = 1" if first_only else "nextval('poison_runs') > 0"
+    cluster.sql("CREATE SEQUENCE poison_runs", database)
+    cluster.sql(
+        "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        f"IF {once} THEN PERFORM pg_sleep({float(sleep)}); "
+        "PERFORM pg_terminate_backend(pg_backend_pid()); PERFORM pg_sleep(5); END IF; "
+        "RETURN NEW; END $$",
+        database,
+    )
+    cluster.sql(
+        "CREATE TRIGGER poison BEFORE INSERT ON events FOR EACH ROW "
+        f"WHEN (NEW.kind = {_literal(kind)}) EXECUTE FUNCTION poison()",
+        database,
+    )
+
+
+def lost_runs(cluster: Cluster, database: str) -> int:
+    """How many inserts ``terminate_on_insert``'s trigger met."""
+    return int(cluster.sql("SELECT last_value FROM poison_runs", database)[0][0])
+
+
+def _literal(word: str) -> str:
+    assert word.isidentifier(), word  # an event kind: no quoting needed beyond the quotes
+    return f"'{word}'"

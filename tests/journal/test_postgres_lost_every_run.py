@@ -6,8 +6,8 @@ whichever comes first -- then the write fails, not committed, and the writer goe
 Unbounded, the batch ran ~70 times a second for as long as the trigger stood, the call got no
 answer and every other write of the broker queued behind it (audit 49c).
 
-Here a trigger ends its own backend (``pg_terminate_backend(pg_backend_pid())``) on each insert
-of DISPATCH_STARTED; a sequence, which no rollback undoes, counts the runs."""
+Here a trigger ends its own backend on each insert of DISPATCH_STARTED and counts the runs
+(``tests/postgres.terminate_on_insert``)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import trio
 
 from affidavit.journal import CommitUnknown, Journal, JournalReader, JournalWriteError
 from affidavit.journal.commit import LOST_RUNS
-from tests.postgres import Cluster
+from tests.postgres import Cluster, lost_runs, terminate_on_insert
 
 from .helpers import until_dispatch
 
@@ -29,26 +29,6 @@ LIMIT = 30
 UNBOUNDED = 15.0
 """When the trigger is dropped: unbounded, the append ran the batch until then and succeeded; a
 bounded one failed long before (each test's bound is well short of it)."""
-
-
-def _poison(pg: Cluster, database: str, sleep: float) -> None:
-    pg.sql("CREATE SEQUENCE poison_runs", database)
-    pg.sql(
-        "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-        f"PERFORM nextval('poison_runs'); PERFORM pg_sleep({sleep}); "
-        "PERFORM pg_terminate_backend(pg_backend_pid()); PERFORM pg_sleep(5); "
-        "RETURN NEW; END $$",
-        database,
-    )
-    pg.sql(
-        "CREATE TRIGGER poison BEFORE INSERT ON events FOR EACH ROW "
-        "WHEN (NEW.kind = 'DISPATCH_STARTED') EXECUTE FUNCTION poison()",
-        database,
-    )
-
-
-def _runs(pg: Cluster, database: str) -> int:
-    return int(pg.sql("SELECT last_value FROM poison_runs", database)[0][0])
 
 
 async def _append_lost_every_run(
@@ -65,7 +45,7 @@ async def _append_lost_every_run(
     async with Journal.open(pg_url, reconnect_within=within, **keys) as j:
         for ev in events[:3]:
             await j.append(ev)
-        _poison(pg, database, sleep)
+        terminate_on_insert(pg, database, "DISPATCH_STARTED", sleep=sleep)
 
         async def drop_later() -> None:
             # Unbounded, the append (uncancellable) ran the batch until the trigger went:
@@ -82,7 +62,7 @@ async def _append_lost_every_run(
                 raised = exc
             elapsed = time.monotonic() - started
             nursery.cancel_scope.cancel()
-        runs = _runs(pg, database)
+        runs = lost_runs(pg, database)
         pg.sql("DROP TRIGGER IF EXISTS poison ON events", database)
         with trio.fail_after(LIMIT):
             stored = await j.append(events[3], barrier=True)  # the writer writes again
