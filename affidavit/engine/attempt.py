@@ -149,6 +149,12 @@ class Attempt:
     grant: tuple[Grant, str] | None = None
     """An approved invocation's grant and the fingerprint of this dispatch, for the gate."""
     gate_entered: bool = False
+    gate_stop: BaseException | None = None
+    """What stopped the gate (its journal's answer: a ``LeaseRefusal``, a refusal, a
+    ``JournalError``), kept for ``run_tries``: the gate's write is not cancellable, so the
+    caller's deadline may fall while it runs -- the adapter, unwinding, then raises the
+    deadline's cancellation in place of the gate's error, and the attempt must still end as
+    the journal stopped it, never as a connect timeout blamed on the remote."""
     dispatch_recorded: bool = False
     hops: int = 0
     milestones_seen: set[str] = field(default_factory=set)
@@ -279,7 +285,12 @@ async def run_tries(
         assert control is not None and control.code is not None
         failure = _boundary_failure(attempt, after=control.code, before=control.code)
     elif scope.cancelled_caught and result is None and failure is None:
-        failure = _boundary_failure(attempt, after=timeout_code, before=setup_code)
+        if attempt.gate_stop is not None:
+            # The deadline fell while the gate's write ran (a stalled journal: the chain
+            # head held, a batch rerun after lost sessions): the journal stopped the attempt.
+            failure = _stopped_by(attempt, attempt.gate_stop)
+        else:
+            failure = _boundary_failure(attempt, after=timeout_code, before=setup_code)
     return attempt, result, failure
 
 
@@ -365,10 +376,8 @@ async def _try_once(
             attrs["field"] = field
             attrs["message"] = f"{exc.detail}: fix {field}; {sent}."
         return None, Event(E.SETUP_FAILED, iid, attrs), False
-    except _Refused as exc:
-        return None, Event(E.PREFLIGHT_FAILED, iid, dict(exc.attrs)), False
-    except LeaseRefusal as exc:
-        return None, exc, False
+    except (_Refused, LeaseRefusal, JournalError) as exc:
+        return None, _stopped_by(attempt, exc), False
     except AttemptInterrupted as exc:
         if not _dispatched(attempt):
             # Only a dispatched attempt can be interrupted; before the gate it is setup.
@@ -379,18 +388,6 @@ async def _try_once(
         facts = attempt.scrub({k: v for k, v in exc.facts.items() if _jsonable(v)})
         facts = without_received_counts(facts, *attempt.withheld())  # an echo is not measured
         return None, _interrupted(iid, exc.code, facts), False
-    except JournalError as exc:
-        # The gate's own reads and writes (the database's clock for an approval's expiry, its
-        # DISPATCH_STARTED): the journal, not a transport, stopped the attempt.  Before the
-        # gate was entered (or once its refused barrier left it) nothing was sent.
-        log.warning(
-            "attempt %s of %s stopped by the journal: %s", attempt.n, iid, type(exc).__name__
-        )
-        if _dispatched(attempt):
-            return None, _interrupted(iid, Code.REMOTE_OUTCOME_UNKNOWN), False
-        stage = "journal" if isinstance(exc, JournalWriteError) else "journal_read"
-        attrs = {"stage": stage, "code": Code.SETUP_FAILED.value, "message": _JOURNAL_STOP[stage]}
-        return None, Event(E.SETUP_FAILED, iid, attrs), False
     except Exception as exc:  # classify by the boundary, never by the exception
         # Type name only: library messages may quote remote bytes or request lines.
         log.warning("attempt %s of %s ended by %s", attempt.n, iid, type(exc).__name__)
@@ -398,6 +395,27 @@ async def _try_once(
             attempt, after=Code.REMOTE_OUTCOME_UNKNOWN, before=Code.SETUP_FAILED
         )
         return None, failure, False
+
+
+def _stopped_by(attempt: Attempt, exc: BaseException) -> Failure:
+    """The attempt's ending when the gate -- or the journal behind it -- stopped it with
+    ``exc`` (a ``_Refused``, a ``LeaseRefusal``, a ``JournalError``): what ``_try_once``
+    answers it with, and ``run_tries`` when the caller's deadline fell while the gate's
+    uncancellable write ran (``Attempt.gate_stop``)."""
+    iid = attempt.iid
+    if isinstance(exc, _Refused):
+        return Event(E.PREFLIGHT_FAILED, iid, dict(exc.attrs))
+    if isinstance(exc, LeaseRefusal):
+        return exc
+    # The gate's own reads and writes (the database's clock for an approval's expiry, its
+    # DISPATCH_STARTED): the journal, not a transport, stopped the attempt.  Before the gate
+    # was entered (or once its refused barrier left it) nothing was sent.
+    log.warning("attempt %s of %s stopped by the journal: %s", attempt.n, iid, type(exc).__name__)
+    if _dispatched(attempt):
+        return _interrupted(iid, Code.REMOTE_OUTCOME_UNKNOWN)
+    stage = "journal" if isinstance(exc, JournalWriteError) else "journal_read"
+    attrs = {"stage": stage, "code": Code.SETUP_FAILED.value, "message": _JOURNAL_STOP[stage]}
+    return Event(E.SETUP_FAILED, iid, attrs)
 
 
 _JOURNAL_STOP = {
@@ -592,6 +610,20 @@ async def lease_refused(
 
 
 def _gate(engine: Engine, attempt: Attempt) -> Any:
+    passing = _passing(engine, attempt)
+
+    async def gate(facts: Mapping[str, Any], meanwhile: Callable[[], None] | None = None) -> None:
+        try:
+            await passing(facts, meanwhile)
+        except (_Refused, LeaseRefusal, JournalError) as exc:
+            attempt.gate_stop = exc  # the attempt ends as it says (``Attempt.gate_stop``)
+            raise
+
+    return gate
+
+
+def _passing(engine: Engine, attempt: Attempt) -> Any:
+    """The gate's checks and its DISPATCH_STARTED (a redirect hop's PROTOCOL_OBSERVED)."""
     journal = engine.journal
 
     async def gate(facts: Mapping[str, Any], meanwhile: Callable[[], None] | None = None) -> None:
