@@ -244,10 +244,13 @@ def _fail_unavailable(w: Writer, batch: list[Req[Any]], committing: bool) -> Non
 
 def _fail_lost_again(w: Writer, batch: list[Req[Any]], runs: int, *, unknown: bool) -> None:
     where, within = w.backend.where, w.backend.reconnect_within
-    bound = f"{runs} runs" if runs >= LOST_RUNS else f"[journal] reconnect ({within:g}s)"
+    if runs >= LOST_RUNS:
+        bound = "the most a write is run"
+    else:
+        bound = f"until [journal] reconnect ({within:g}s) ran out"
     why = (
-        f"journal {where}: the connection was lost on each of {runs} runs of this write, "
-        f"new connections succeeding, until {bound} ran out: "
+        f"journal {where}: the connection was lost on each of {runs} runs of this write "
+        f"(new connections succeeding), {bound}: "
     )
     why += (
         "whether the write is durable is unknown until the journal is read again"

@@ -427,13 +427,22 @@ def argv_url(url: str, monkeypatch: Any) -> str:
 
 
 def terminate_on_insert(
-    cluster: Cluster, database: str, kind: str, *, sleep: float = 0.0, first_only: bool = False
+    cluster: Cluster,
+    database: str,
+    kind: str | None,
+    *,
+    sleep: float = 0.0,
+    first_only: bool = False,
+    table: str = "events",
+    at_commit: bool = False,
 ) -> None:
     """A trigger that ends its own session (``pg_terminate_backend(pg_backend_pid())``) on each
-    insert of an event of ``kind`` -- a backend killed by what a batch writes, while new
-    connections succeed -- after holding it ``sleep`` seconds; with ``first_only``, on the first
-    such insert alone (later ones are written).  ``lost_runs`` counts the inserts it met (a
-    sequence: no rollback undoes it).  ``DROP TRIGGER poison ON events`` ends it."""
+    insert into ``table`` (of an event of ``kind``; None: any row) -- a backend killed by what a
+    batch writes, while new connections succeed -- after holding it ``sleep`` seconds; with
+    ``first_only``, on the first such insert alone (later ones are written); with
+    ``at_commit``, when the transaction commits (a deferred constraint trigger: the session is
+    lost with its COMMIT sent).  ``lost_runs`` counts the inserts it met (a sequence: no
+    rollback undoes it).  ``DROP TRIGGER poison ON <table>`` ends it."""
     once = "nextval('poison_runs') = 1" if first_only else "nextval('poison_runs') > 0"
     cluster.sql("CREATE SEQUENCE poison_runs", database)
     cluster.sql(
@@ -443,9 +452,12 @@ def terminate_on_insert(
         "RETURN NEW; END $$",
         database,
     )
+    when = "" if kind is None else f"WHEN (NEW.kind = {_literal(kind)}) "
+    timing = "CONSTRAINT TRIGGER poison AFTER" if at_commit else "TRIGGER poison BEFORE"
+    deferred = "DEFERRABLE INITIALLY DEFERRED " if at_commit else ""
     cluster.sql(
-        "CREATE TRIGGER poison BEFORE INSERT ON events FOR EACH ROW "
-        f"WHEN (NEW.kind = {_literal(kind)}) EXECUTE FUNCTION poison()",
+        f"CREATE {timing} INSERT ON {_literal(table, quote='')} {deferred}FOR EACH ROW "
+        f"{when}EXECUTE FUNCTION poison()",
         database,
     )
 
@@ -455,6 +467,6 @@ def lost_runs(cluster: Cluster, database: str) -> int:
     return int(cluster.sql("SELECT last_value FROM poison_runs", database)[0][0])
 
 
-def _literal(word: str) -> str:
-    assert word.isidentifier(), word  # an event kind: no quoting needed beyond the quotes
-    return f"'{word}'"
+def _literal(word: str, quote: str = "'") -> str:
+    assert word.isidentifier(), word  # a kind or a table: no quoting needed beyond the quotes
+    return f"{quote}{word}{quote}"

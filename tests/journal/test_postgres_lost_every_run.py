@@ -2,12 +2,14 @@
 by what the batch writes (out of memory on a huge batch, an operator's trigger, a middlebox
 dropping it).  The writer runs a batch again after a lost connection (``journal/commit.py``,
 ``attempts``); the bound is ``[journal] reconnect`` from the first loss and ``LOST_RUNS`` runs,
-whichever comes first -- then the write fails, not committed, and the writer goes on.
+whichever comes first -- then the write fails, and the writer goes on: not committed when the
+session went before its COMMIT or a re-read found the batch's last row absent; unknown when a
+COMMIT was sent and no row of the batch can be read back (a result's chunk).
 Unbounded, the batch ran ~70 times a second for as long as the trigger stood, the call got no
 answer and every other write of the broker queued behind it (audit 49c).
 
-Here a trigger ends its own backend on each insert of DISPATCH_STARTED and counts the runs
-(``tests/postgres.terminate_on_insert``)."""
+Here a trigger ends its own backend on each insert of DISPATCH_STARTED (of a chunk, at its
+commit) and counts the runs (``tests/postgres.terminate_on_insert``)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from affidavit.journal import CommitUnknown, Journal, JournalReader, JournalWriteError
+from affidavit.journal import (
+    CommitUnknown,
+    Journal,
+    JournalReader,
+    JournalWriteError,
+    ResultStoreFailed,
+    ResultStoreUnknown,
+)
 from affidavit.journal.commit import LOST_RUNS
 from tests.postgres import Cluster, lost_runs, terminate_on_insert
 
@@ -87,7 +96,8 @@ async def test_a_batch_losing_its_session_on_every_run_fails_after_lost_runs(
     assert isinstance(raised, JournalWriteError) and not isinstance(raised, CommitUnknown)
     assert runs == LOST_RUNS and elapsed < UNBOUNDED - 5, (runs, elapsed)
     said = str(raised)
-    assert f"lost on each of {LOST_RUNS} runs" in said and "write not committed" in said, said
+    runs_said = f"each of {LOST_RUNS} runs of this write (new connections succeeding)"
+    assert f"{runs_said}, the most a write is run: write not committed" in said, said
     assert pg.password not in said
     warnings = [
         r.getMessage()
@@ -116,4 +126,40 @@ async def test_a_batch_losing_its_session_on_every_run_fails_within_reconnect(
     assert isinstance(raised, JournalWriteError) and not isinstance(raised, CommitUnknown)
     assert runs <= 2 < LOST_RUNS and elapsed < UNBOUNDED - 5, (runs, elapsed)
     said = str(raised)
-    assert "until [journal] reconnect (0.3s) ran out: write not committed" in said, said
+    assert "), until [journal] reconnect (0.3s) ran out: write not committed" in said, said
+
+
+async def test_a_batch_whose_commit_is_lost_on_every_run_with_no_row_to_read_back_is_unknown(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """A result's chunk (a batch of no event rows: nothing a re-read could find) whose session
+    is lost with its COMMIT on every run (a deferred trigger ends it at commit): after
+    ``LOST_RUNS`` runs the write fails -- unknown, never "not committed": a COMMIT was sent,
+    and no row can say whether it landed."""
+    database = pg_url.rsplit("/", 1)[1]
+    keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
+    async with Journal.open(pg_url, reconnect_within=30.0, **keys) as j:
+        for ev in until_dispatch("inv-1"):
+            await j.append(ev)
+        terminate_on_insert(pg, database, None, table="result_chunks", at_commit=True)
+
+        async def drop_later() -> None:
+            await trio.sleep(UNBOUNDED)  # as in ``_append_lost_every_run``
+            await trio.to_thread.run_sync(pg.sql, "DROP TRIGGER poison ON result_chunks", database)
+
+        raised: BaseException | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drop_later)
+            try:
+                await j.put_result_chunk("inv-1", "body", 0, b"chunk")
+            except ResultStoreFailed as exc:
+                raised = exc
+            nursery.cancel_scope.cancel()
+        runs = lost_runs(pg, database)
+        pg.sql("DROP TRIGGER IF EXISTS poison ON result_chunks", database)
+        with trio.fail_after(LIMIT):
+            await j.put_result_chunk("inv-1", "body", 0, b"chunk")  # the writer writes again
+    assert isinstance(raised, ResultStoreUnknown), raised
+    assert runs == LOST_RUNS, runs
+    said = str(raised)
+    assert f"each of {LOST_RUNS} runs" in said and "durable is unknown" in said, said
