@@ -52,11 +52,19 @@ __all__ = ["attempts"]
 
 log = logging.getLogger("affidavit.journal")
 
-LOST_RUNS = 5
+LOST_RUNS = 20
 """At most this many runs of one batch may lose their connection (``attempts``).  A restart or a
 cut costs a batch one lost run, however long the reconnect takes; a batch whose every run loses
 its session while new connections succeed (a backend killed by what it writes -- out of memory,
-a trigger, a middlebox dropping it) is not run again without end."""
+a trigger, a middlebox dropping it) is not run again without end.  Lost runs are spaced as
+reconnects are (``RERUN_DELAY`` doubling to ``RERUN_DELAY_MAX``): 20 runs span about 15 s, so
+``[journal] reconnect`` (10 s by default) is normally the bound that ends a flapping outage,
+the count only a short window's backstop."""
+
+RERUN_DELAY = 0.05
+RERUN_DELAY_MAX = 1.0
+"""The first wait before a connect is tried again, or a lost batch run again, and the most it
+doubles to."""
 
 _PROJECTOR_CACHE = 50_000
 """Past this many cached projections, the writer starts over (``_catch_up``)."""
@@ -67,26 +75,33 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
     connection (a shared database restarted, the network cut) is not a fault of the
     writes: the writer reconnects -- within ``Backend.reconnect_within`` -- and, if the
     transaction had not committed, runs the batch again from the head it then finds -- while
-    ``reconnect_within`` from the first loss lasts, at most ``LOST_RUNS`` runs.  If
-    the COMMIT had been sent, the new connection first reads whether its last row is
-    there: the writes succeed only if a re-read proves them durable (so the engine never
-    dispatches on a DISPATCH_STARTED it cannot prove), and fail with ``CommitUnknown`` when
-    no re-read is possible.  A COMMIT that raised on SQLite fails its writes ``CommitUnknown``
-    too, unless its error says the -wal write failed (``Backend.commit_may_have_landed``): no
-    re-read can tell, the frames it wrote to the -wal being visible only to the open after a
-    crash."""
+    ``reconnect_within`` from the first loss lasts (a rerun's wait for the head included), at
+    most ``LOST_RUNS`` runs, spaced as reconnects are.  If the COMMIT had been sent, the new
+    connection first waits for the head (the lost session's transaction ended, its COMMIT
+    landed or not) and reads whether its last row is there: the writes succeed only if a
+    re-read proves them durable (so the engine never dispatches on a DISPATCH_STARTED it
+    cannot prove), and fail with ``CommitUnknown`` when no re-read is possible.  A COMMIT sent
+    with no row to read back (a batch of result chunks, leases) leaves a doubt no later run
+    clears but its own commit: the batch, run again, fails ``CommitUnknown`` however its later
+    runs end.  A COMMIT that raised on SQLite fails its writes ``CommitUnknown`` too, unless
+    its error says the -wal write failed (``Backend.commit_may_have_landed``): no re-read can
+    tell, the frames it wrote to the -wal being visible only to the open after a crash."""
     backend = w.backend
     errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
     deadline: float | None = None
     lost = 0
+    doubt = False  # a run's COMMIT was sent, and no row of it could be read back
+    delay = RERUN_DELAY
     while True:
         proof: list[tuple[int, str]] = []
         try:
-            _transaction(w, batch, barrier, proof)
+            _transaction(w, batch, barrier, proof, deadline)
             return
         except errors as exc:
             if not backend.lost(exc):
-                if w.committing and backend.commit_may_have_landed(exc):
+                if doubt:
+                    _fail_in_doubt(w, batch, exc)
+                elif w.committing and backend.commit_may_have_landed(exc):
                     _fail_unknown(w, batch, exc)
                 else:
                     _fail(w, batch, exc)
@@ -105,32 +120,40 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
         if deadline is None:
             deadline = time.monotonic() + backend.reconnect_within
         last = proof[-1] if committing and proof else None
-        durable = _reconnect_and_check(w, deadline, last)
+        doubt = doubt or (committing and last is None)
+        durable = _reconnect_and_check(w, deadline, last, wait_head=committing)
         if durable is None:
-            _fail_unavailable(w, batch, committing)
+            _fail_unavailable(w, batch, committing or doubt)
             return
         if durable:
             head = proof[-1]
             w.signed_head = head
             return
-        if lost >= LOST_RUNS or time.monotonic() >= deadline:
+        if lost >= LOST_RUNS or time.monotonic() + delay >= deadline:
             # Reconnecting succeeds, the batch's session is lost again: the bound is
             # ``reconnect`` from the first loss, and ``LOST_RUNS`` runs.  A re-read that found
-            # the batch's last row absent proves it not committed; a COMMIT sent with no row
-            # to read back is unknown.
-            _fail_lost_again(w, batch, lost, unknown=committing and last is None)
+            # the batch's last row absent proves that run not committed; a COMMIT sent with no
+            # row to read back, on this run or an earlier one, is unknown.
+            _fail_lost_again(w, batch, lost, unknown=doubt)
             return
+        # Spaced as reconnects are: a network or proxy whose sessions pass the connect and
+        # drop is waited out within ``reconnect``, not run through in a tenth of a second.
+        time.sleep(delay)
+        delay = min(delay * 2, RERUN_DELAY_MAX)
         for r in batch:
             r.result = None
             r.error = None
 
 
-def _reconnect_and_check(w: Writer, deadline: float, proof: tuple[int, str] | None) -> bool | None:
+def _reconnect_and_check(
+    w: Writer, deadline: float, proof: tuple[int, str] | None, *, wait_head: bool
+) -> bool | None:
     """Reconnect; then whether the row ``proof`` names is durable (False without one: run
-    the batch again).  None: no connection before ``deadline``."""
+    the batch again -- after waiting for the head when ``wait_head``, a COMMIT having been
+    sent).  None: no connection before ``deadline``, or the head still held at it."""
     backend = w.backend
     errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
-    delay = 0.05
+    delay = RERUN_DELAY
     w.head_held = False
     while True:
         with contextlib.suppress(Exception):
@@ -138,7 +161,7 @@ def _reconnect_and_check(w: Writer, deadline: float, proof: tuple[int, str] | No
         try:
             w.conn = backend.connect("writer")
             w.tables = backend.tables(w.conn)
-            if proof is None:
+            if proof is None and not wait_head:
                 return False
             # The lost session may still be inside the transaction, its COMMIT on its way
             # (a network cut: the server has not noticed yet).  Read only once that
@@ -147,11 +170,12 @@ def _reconnect_and_check(w: Writer, deadline: float, proof: tuple[int, str] | No
             # ``idle_in_transaction_session_timeout``, so no longer than ``deadline``
             # (``reconnect_within``): past it, whether the batch landed is unknown
             # (``CommitUnknown``).  A row read before could be missing and land a moment
-            # later: the batch run again would append it twice.
+            # later: the batch run again would append it twice.  With no row to read (a
+            # batch of chunks), the wait still orders the rerun after the lost COMMIT.
             left = deadline - time.monotonic()
             backend.begin(w.conn, barrier=False, wait=max(left, 0.001))
             backend.rollback(w.conn)
-            return w.tables.hash_at(proof[0]) == proof[1]
+            return proof is not None and w.tables.hash_at(proof[0]) == proof[1]
         except errors as exc:
             # The wait ran out (PostgreSQL's lock_timeout aborts the transaction it began):
             # end it, or the connection kept for the next write is stuck in it -- every
@@ -162,7 +186,7 @@ def _reconnect_and_check(w: Writer, deadline: float, proof: tuple[int, str] | No
         if time.monotonic() + delay > deadline:
             return None
         time.sleep(delay)
-        delay = min(delay * 2, 1.0)
+        delay = min(delay * 2, RERUN_DELAY_MAX)
 
 
 def _renew(w: Writer) -> None:
@@ -208,6 +232,23 @@ def _fail_unknown(w: Writer, batch: list[Req[Any]], exc: BaseException) -> None:
     )
 
 
+def _fail_in_doubt(w: Writer, batch: list[Req[Any]], exc: BaseException) -> None:
+    # A rerun refused after an earlier run's COMMIT was lost with no row to read back: that
+    # COMMIT may have landed, whatever this run met.
+    w.forget()
+    if isinstance(exc, JournalError):
+        met = f"write refused: {exc}"
+    else:
+        met = f"write not committed: {w.backend.describe(exc)}"
+    _answer_failed(
+        batch,
+        f"journal {w.backend.where}: the connection was lost while committing an earlier run "
+        f"of this write, then its run again failed ({met}): whether the write is durable is "
+        "unknown until the journal is read again",
+        unknown=True,
+    )
+
+
 def _answer_failed(batch: list[Req[Any]], why: str, *, unknown: bool) -> None:
     """Fail every write of ``batch`` with ``why``: ``CommitUnknown`` when ``unknown`` (a
     result's write: ``ResultStoreUnknown``, a ``ResultStoreFailed`` that carries the doubt),
@@ -218,6 +259,8 @@ def _answer_failed(batch: list[Req[Any]], why: str, *, unknown: bool) -> None:
 
 
 def _fail_unavailable(w: Writer, batch: list[Req[Any]], committing: bool) -> None:
+    """``committing``: a COMMIT was sent, on the last run or an earlier one no re-read could
+    prove (``attempts``)."""
     where, within = w.backend.where, w.backend.reconnect_within
     if committing and w.head_held:
         # A new connection was made: the lost session's transaction, its COMMIT perhaps
@@ -261,10 +304,15 @@ def _fail_lost_again(w: Writer, batch: list[Req[Any]], runs: int, *, unknown: bo
 
 
 def _transaction(
-    w: Writer, batch: list[Req[Any]], barrier: bool, proof: list[tuple[int, str]]
+    w: Writer,
+    batch: list[Req[Any]],
+    barrier: bool,
+    proof: list[tuple[int, str]],
+    deadline: float | None,
 ) -> None:
     """One transaction over the batch; appends (seq, hash) of its last row to ``proof``
-    just before its COMMIT is sent."""
+    just before its COMMIT is sent.  ``deadline``: a rerun's (``attempts``), which also
+    bounds its wait for the head."""
     backend = w.backend
     conn, tables = w.conn, w.tables
     errors = backend.errors
@@ -280,7 +328,11 @@ def _transaction(
         # every call waited that long (its dispatch gate included).  Past it, the write
         # fails, not committed (``JournalWriteError``): nothing of it is durable, so
         # nothing it would have preceded is sent.
+        # A rerun waits only for what is left of the window from the first loss: a failing
+        # write is bounded by ``reconnect`` after it, not by one more ``reconnect`` per run.
         wait = backend.reconnect_within if backend.shared else None
+        if wait is not None and deadline is not None:
+            wait = max(deadline - time.monotonic(), 0.001)
         want = backend.begin(conn, barrier=barrier, wait=wait)
         seq, h = tables.head()
         if seq != w.known_head or len(w.projectors) > _PROJECTOR_CACHE:

@@ -432,18 +432,19 @@ def terminate_on_insert(
     kind: str | None,
     *,
     sleep: float = 0.0,
-    first_only: bool = False,
+    times: int | None = None,
     table: str = "events",
     at_commit: bool = False,
 ) -> None:
     """A trigger that ends its own session (``pg_terminate_backend(pg_backend_pid())``) on each
     insert into ``table`` (of an event of ``kind``; None: any row) -- a backend killed by what a
     batch writes, while new connections succeed -- after holding it ``sleep`` seconds; with
-    ``first_only``, on the first such insert alone (later ones are written); with
+    ``times``, on the first ``times`` such inserts alone (later ones are written); with
     ``at_commit``, when the transaction commits (a deferred constraint trigger: the session is
     lost with its COMMIT sent).  ``lost_runs`` counts the inserts it met (a sequence: no
     rollback undoes it).  ``DROP TRIGGER poison ON <table>`` ends it."""
-    once = "nextval('poison_runs') = 1" if first_only else "nextval('poison_runs') > 0"
+    ends = "> 0" if times is None else f"<= {int(times)}"
+    once = f"nextval('poison_runs') {ends}"
     cluster.sql("CREATE SEQUENCE poison_runs", database)
     cluster.sql(
         "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "

@@ -35,10 +35,11 @@ TOTAL = 1.0  # seconds: the target's total timeout, the call's deadline
 LIMIT = 30
 POST = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
 
-# (first run only, held for, [journal] reconnect, lease margin, code, stage or None)
+# (runs it stalls (None: every one), held for, [journal] reconnect, lease margin, code,
+#  stage or None)
 ROWS = {
-    "write_failed": (False, 1.5, 0.5, 5.0, "SETUP_FAILED", "journal"),
-    "lease_lost": (True, 2.5, 5.0, 1.0, "LEASE_LOST", None),
+    "write_failed": (None, 1.5, 0.5, 5.0, "SETUP_FAILED", "journal"),
+    "lease_lost": (1, 2.5, 5.0, 1.0, "LEASE_LOST", None),
 }
 
 
@@ -46,7 +47,7 @@ ROWS = {
 async def test_a_journal_stall_at_the_gate_past_the_deadline_is_answered_as_the_journal(
     tmp_path: Path, pg: Cluster, pg_url: str, token: str, row: str
 ) -> None:
-    first_only, held, reconnect, margin, code, stage = ROWS[row]
+    times, held, reconnect, margin, code, stage = ROWS[row]
     journal = {
         "url": pg_url,
         "key_file": str(tmp_path / "k"),
@@ -59,7 +60,7 @@ async def test_a_journal_stall_at_the_gate_past_the_deadline_is_answered_as_the_
         settings = EngineSettings(lease_margin=margin)
         async with Broker.open(config=config, settings=settings) as broker:
             terminate_on_insert(
-                pg, pg_url.rsplit("/", 1)[1], "DISPATCH_STARTED", sleep=held, first_only=first_only
+                pg, pg_url.rsplit("/", 1)[1], "DISPATCH_STARTED", sleep=held, times=times
             )
             with trio.fail_after(LIMIT):
                 env: dict[str, Any] = await broker.call(POST)
