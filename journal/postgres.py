@@ -437,6 +437,8 @@ class PostgresBackend:
             schema = self._refuse_newer(conn)
             if role == "tool":
                 self._checked[id(conn)] = schema
+            if role in ("writer", "reader"):
+                self._refuse_standby(conn)
             if role == "writer":
                 self._refuse_not_durable(conn)
         except psycopg.Error as exc:
@@ -477,6 +479,23 @@ class PostgresBackend:
 
     def bound_waits(self, conn: Any, seconds: float) -> None:
         conn.execute(f"SET lock_timeout = {max(1, int(seconds * 1000))}")
+
+    def _refuse_standby(self, conn: Any) -> None:
+        """A writer refuses a server in recovery (a hot standby a multi-host URL, a proxy or a
+        failover reached): its advisory lock is its own, not the primary's chain head, and a
+        re-read after a lost commit there could miss a COMMIT that landed on the primary (not
+        yet replayed) and claim "not committed".  Away, as a server starting up is: the
+        reconnect goes on within ``reconnect_within`` and takes the primary when it answers.
+        The writing journal's own reader too: a call's record read behind the writer's
+        commits (a DISPATCH_STARTED not yet replayed) is not the record.  A ``tool`` (an
+        auditor's ``journal verify``) may read a standby.
+        Unqualified, so a test can stand a function of the journal's schema in for it
+        (``search_path`` listing ``pg_catalog`` after it)."""
+        if conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
+            raise JournalUnavailable(
+                f"journal {self.where}: the server is a standby in recovery (read-only); a "
+                "broker writes only to the primary"
+            )
 
     def _refuse_not_durable(self, conn: Any) -> None:
         """A writer refuses a server that would acknowledge a commit it may lose in a crash:
