@@ -12,7 +12,10 @@ The stall: a trigger holds DISPATCH_STARTED's insert, then ends its own session
   journal's SETUP_FAILED, stage ``journal``;
 - the first run only, held past the lease: the rerun finds the lease run out and records
   LEASE_LOST in the gate's transaction: the answer is LEASE_LOST.
-Nothing is sent either way."""
+Nothing is sent either way.  A caller's deadline shorter than the target's falls the same
+way: the answer is the journal's SETUP_FAILED, not CALLER_CANCELLED -- the caller did not stop
+the attempt, the journal did (its write failed after the deadline) -- and it is what the
+record holds."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster, terminate_on_insert
 
-from .helpers import event_kinds, http_target, write_config
+from .helpers import assert_error, event_kinds, http_target, write_config
 
 TOTAL = 1.0  # seconds: the target's total timeout, the call's deadline
 LIMIT = 30
@@ -76,3 +79,39 @@ async def test_a_journal_stall_at_the_gate_past_the_deadline_is_answered_as_the_
     else:
         assert E.LEASE_LOST in kinds and env["evidence"]["stale_workers"], env
         assert "it sent nothing" in error["message"], error
+
+
+async def test_a_journal_stall_past_a_callers_shorter_deadline_is_answered_as_the_journal(
+    tmp_path: Path, pg: Cluster, pg_url: str, token: str
+) -> None:
+    """The caller's timeout (1 s) is shorter than the target's (5 s), so a deadline falling
+    before dispatch would be the caller's (CALLER_CANCELLED).  Here it falls while the gate's
+    DISPATCH_STARTED is held and then fails (every run lost, ``reconnect`` 0.5 s): the
+    journal stopped the attempt -- SETUP_FAILED stage ``journal``, not_attempted, backoff --
+    and the envelope says exactly what the durable record says."""
+    journal = {
+        "url": pg_url,
+        "key_file": str(tmp_path / "k"),
+        "signing_key": str(tmp_path / "s"),
+        "reconnect": 0.5,
+    }
+    async with HostileServer.running(scripts.serve(Reply(201, body=b"{}"))) as srv:
+        target = http_target(srv.url, timeout={"connect": 5.0, "total": 5.0})
+        config = load_config(write_config(tmp_path, {"api": target}, journal=journal))
+        settings = EngineSettings(lease_margin=5.0)
+        async with Broker.open(config=config, settings=settings) as broker:
+            terminate_on_insert(pg, pg_url.rsplit("/", 1)[1], "DISPATCH_STARTED", sleep=1.5)
+            with trio.fail_after(LIMIT):
+                env: dict[str, Any] = await broker.call(POST, timeout=TOTAL)
+            kinds = event_kinds(broker, env["invocation_id"])
+            assert_error(
+                broker,
+                env,
+                phase="connection_setup",
+                outcome="not_attempted",
+                retry="backoff",
+                code="SETUP_FAILED",
+            )
+    assert srv.requests == [] and E.DISPATCH_STARTED not in kinds, kinds
+    assert [a["stage"] for a in env["evidence"]["attempts"]] == ["journal"], env
+    assert "journal" in env["error"]["message"], env
