@@ -33,7 +33,7 @@ from affidavit.journal import (
     ResultStoreUnknown,
     commit,
 )
-from affidavit.journal.postgres import PostgresBackend
+from affidavit.journal.postgres import _LOCK, PostgresBackend
 from affidavit.journal.requests import Batch
 from tests.postgres import Cluster, Proxy, lost_runs, terminate_on_insert
 
@@ -254,3 +254,44 @@ def test_describe_gives_the_servers_primary_words_never_the_detail_quoting_value
     assert canary in str(info.value)  # the driver's full text quotes it
     said = PostgresBackend(pg_url).describe(info.value)
     assert "duplicate key" in said and canary not in said, said
+
+
+async def test_a_rerun_waits_for_the_head_only_what_is_left_of_reconnect(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """The connection is cut and new ones refused for 1.5 s of a 2 s ``reconnect``; once one
+    is made, another session holds the chain head.  The rerun waits for the head what is left
+    of the window (~0.5 s) and fails, not committed, about ``reconnect`` after the loss --
+    not a whole ``reconnect`` more (3.5 s: each rerun's wait was a full ``reconnect``)."""
+    keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
+    events = until_dispatch("inv-1")
+    proxy = Proxy(pg.port)
+    try:
+        async with Journal.open(proxy.url(pg, pg_url), reconnect_within=2.0, **keys) as j:
+            for ev in events[:3]:
+                await j.append(ev)
+            with psycopg.connect(pg_url, autocommit=True) as holder:
+                holder.execute("BEGIN")
+                holder.execute(
+                    "SELECT pg_advisory_xact_lock(%s, hashtext(current_schema()))", (_LOCK,)
+                )
+                proxy.cut()
+
+                async def restore_later() -> None:
+                    await trio.sleep(1.5)
+                    proxy.restore()
+
+                started = time.monotonic()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(restore_later)
+                    with trio.fail_after(LIMIT), pytest.raises(JournalWriteError) as info:
+                        await j.append(events[3], barrier=True)
+                elapsed = time.monotonic() - started
+                holder.execute("ROLLBACK")
+    finally:
+        proxy.close()
+    assert not isinstance(info.value, CommitUnknown), info.value
+    assert "chain head" in str(info.value) and "not committed" in str(info.value), info.value
+    # The window ends 2 s after the loss; 3 s leaves a second for a loaded machine, and a full
+    # second ``reconnect`` (the bug) ends past 3.5 s.
+    assert 1.5 <= elapsed < 3.0, elapsed
