@@ -110,12 +110,7 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
                 return
             committing = w.committing
             lost += 1
-            # The driver's words, never the rows: which batch kept losing its session.
-            log.warning(
-                "journal %s: the connection was lost %s (%s): run %d of at most %d",
-                backend.where, "while committing" if committing else "during a write",
-                backend.describe(exc), lost, LOST_RUNS,
-            )  # fmt: skip
+            words = backend.describe(exc)  # the driver's, never the rows
         w.forget()
         if deadline is None:
             deadline = time.monotonic() + backend.reconnect_within
@@ -129,6 +124,15 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
             head = proof[-1]
             w.signed_head = head
             return
+        # A new connection, and the batch not committed on the lost one: which batch keeps
+        # losing its session, one warning per run lost so.  Not when no new connection could
+        # be made (the write's failure says so; a CLI's stderr is its one line) nor when a
+        # re-read proved the lost COMMIT landed.
+        log.warning(
+            "journal %s: the connection was lost %s (%s): run %d of at most %d",
+            backend.where, "while committing" if committing else "during a write",
+            words, lost, LOST_RUNS,
+        )  # fmt: skip
         if lost >= LOST_RUNS or time.monotonic() + delay >= deadline:
             # Reconnecting succeeds, the batch's session is lost again: the bound is
             # ``reconnect`` from the first loss, and ``LOST_RUNS`` runs.  A re-read that found
