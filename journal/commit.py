@@ -34,6 +34,7 @@ import trio
 from . import checkpoints
 from .connect import recorded_keys
 from .errors import (
+    CommitUnknown,
     HeadHeld,
     JournalError,
     JournalReplaced,
@@ -76,16 +77,19 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
     writes: the writer reconnects -- within ``Backend.reconnect_within`` -- and, if the
     transaction had not committed, runs the batch again from the head it then finds -- while
     ``reconnect_within`` from the first loss lasts (a rerun's wait for the head included), at
-    most ``LOST_RUNS`` runs, spaced as reconnects are.  If the COMMIT had been sent, the new
-    connection first waits for the head (the lost session's transaction ended, its COMMIT
-    landed or not) and reads whether its last row is there: the writes succeed only if a
-    re-read proves them durable (so the engine never dispatches on a DISPATCH_STARTED it
-    cannot prove), and fail with ``CommitUnknown`` when no re-read is possible.  A COMMIT sent
-    with no row to read back (a batch of result chunks, leases) leaves a doubt no later run
-    clears but its own commit: the batch, run again, fails ``CommitUnknown`` however its later
-    runs end.  A COMMIT that raised on SQLite fails its writes ``CommitUnknown`` too, unless
-    its error says the -wal write failed (``Backend.commit_may_have_landed``): no re-read can
-    tell, the frames it wrote to the -wal being visible only to the open after a crash."""
+    most ``LOST_RUNS`` runs, spaced as reconnects are from the second lost run on.  If the
+    COMMIT had been sent, the new connection first waits for the head (the lost session's
+    transaction ended, its COMMIT landed or not) and reads whether its last row is there: the
+    writes succeed only if a re-read proves them durable (so the engine never dispatches on a
+    DISPATCH_STARTED it cannot prove), and fail with ``CommitUnknown`` when no re-read is
+    possible.  A COMMIT sent with no row to read back (a batch of result chunks, auditor
+    copies, ``chunk_owners``, a reclaim -- a lease always writes an event row) leaves a doubt
+    no later run clears but its own commit: the batch, run again, fails ``CommitUnknown``
+    however its later runs end, and a later run that commits answers the writes it refused (a
+    chunk whose attempt closed meanwhile) unknown too.  A COMMIT that raised on SQLite fails
+    its writes ``CommitUnknown`` too, unless its error says the -wal write failed
+    (``Backend.commit_may_have_landed``): no re-read can tell, the frames it wrote to the -wal
+    being visible only to the open after a crash."""
     backend = w.backend
     errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
     deadline: float | None = None
@@ -96,6 +100,8 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
         proof: list[tuple[int, str]] = []
         try:
             _transaction(w, batch, barrier, proof, deadline)
+            if doubt:
+                _refusals_in_doubt(w, batch)
             return
         except errors as exc:
             if not backend.lost(exc):
@@ -118,32 +124,37 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
         doubt = doubt or (committing and last is None)
         durable = _reconnect_and_check(w, deadline, last, wait_head=committing)
         if durable is None:
-            _fail_unavailable(w, batch, committing or doubt)
+            _fail_unavailable(w, batch, committing=committing, doubt=doubt)
             return
         if durable:
             head = proof[-1]
             w.signed_head = head
             return
-        # A new connection, and the batch not committed on the lost one: which batch keeps
-        # losing its session, one warning per run lost so.  Not when no new connection could
-        # be made (the write's failure says so; a CLI's stderr is its one line) nor when a
-        # re-read proved the lost COMMIT landed.
-        log.warning(
-            "journal %s: the connection was lost %s (%s): run %d of at most %d",
-            backend.where, "while committing" if committing else "during a write",
-            words, lost, LOST_RUNS,
-        )  # fmt: skip
-        if lost >= LOST_RUNS or time.monotonic() + delay >= deadline:
+        # A new connection, and the batch not committed on the lost one.  One lost run is a
+        # restart or a cut ridden out (the reconnect loop waited it out): said by nothing --
+        # an embedded ``affidavit call``'s stderr is its one line.  From the second lost run
+        # on, which batch keeps losing its session, one warning per run, with the driver's
+        # words.  Not when a re-read proved the lost COMMIT landed.
+        if lost >= 2:
+            log.warning(
+                "journal %s: the connection was lost %s (%s): run %d of at most %d",
+                backend.where, "while committing" if committing else "during a write",
+                words, lost, LOST_RUNS,
+            )  # fmt: skip
+        left = deadline - time.monotonic()
+        if lost >= LOST_RUNS or left <= 0:
             # Reconnecting succeeds, the batch's session is lost again: the bound is
             # ``reconnect`` from the first loss, and ``LOST_RUNS`` runs.  A re-read that found
             # the batch's last row absent proves that run not committed; a COMMIT sent with no
             # row to read back, on this run or an earlier one, is unknown.
             _fail_lost_again(w, batch, lost, unknown=doubt)
             return
-        # Spaced as reconnects are: a network or proxy whose sessions pass the connect and
-        # drop is waited out within ``reconnect``, not run through in a tenth of a second.
-        time.sleep(delay)
-        delay = min(delay * 2, RERUN_DELAY_MAX)
+        if lost >= 2:
+            # Spaced as reconnects are: a network or proxy whose sessions pass the connect and
+            # drop is waited out within ``reconnect``, not run through in a tenth of a second.
+            # Not after the first loss: the reconnect that followed it already waited.
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, RERUN_DELAY_MAX)
         for r in batch:
             r.result = None
             r.error = None
@@ -253,6 +264,20 @@ def _fail_in_doubt(w: Writer, batch: list[Req[Any]], exc: BaseException) -> None
     )
 
 
+def _refusals_in_doubt(w: Writer, batch: list[Req[Any]]) -> None:
+    """A run committed after an earlier run's COMMIT was lost with no row to read back: a write
+    it refused (a chunk whose attempt recovery closed meanwhile, say) may be durable from that
+    earlier COMMIT -- unknown, never "not stored"."""
+    for r in batch:
+        if r.error is not None and not isinstance(r.error, CommitUnknown):
+            why = (
+                f"journal {w.backend.where}: the connection was lost while committing an "
+                f"earlier run of this write, then its run again refused it ({r.error}): "
+                "whether the write is durable is unknown until the journal is read again"
+            )
+            r.error = write_error(r, why, unknown=True)
+
+
 def _answer_failed(batch: list[Req[Any]], why: str, *, unknown: bool) -> None:
     """Fail every write of ``batch`` with ``why``: ``CommitUnknown`` when ``unknown`` (a
     result's write: ``ResultStoreUnknown``, a ``ResultStoreFailed`` that carries the doubt),
@@ -262,9 +287,9 @@ def _answer_failed(batch: list[Req[Any]], why: str, *, unknown: bool) -> None:
         r.error = write_error(r, why, unknown=unknown)
 
 
-def _fail_unavailable(w: Writer, batch: list[Req[Any]], committing: bool) -> None:
-    """``committing``: a COMMIT was sent, on the last run or an earlier one no re-read could
-    prove (``attempts``)."""
+def _fail_unavailable(w: Writer, batch: list[Req[Any]], *, committing: bool, doubt: bool) -> None:
+    """``committing``: the last run's COMMIT was sent; ``doubt``: an earlier run's COMMIT was
+    sent that no re-read could prove (``attempts``)."""
     where, within = w.backend.where, w.backend.reconnect_within
     if committing and w.head_held:
         # A new connection was made: the lost session's transaction, its COMMIT perhaps
@@ -275,10 +300,11 @@ def _fail_unavailable(w: Writer, batch: list[Req[Any]], committing: bool) -> Non
             f"({within:g}s) ran out: whether the write is durable is unknown until the "
             "journal is read again"
         )
-    elif committing:
+    elif committing or doubt:
+        run = "" if committing else " an earlier run of this write"
         why = (
-            f"journal {where}: the connection was lost while committing and no new one "
-            f"could be made within {within:g}s: whether the write is durable is unknown "
+            f"journal {where}: the connection was lost while committing{run} and no new "
+            f"one could be made within {within:g}s: whether the write is durable is unknown "
             "until the journal is read again"
         )
     else:
@@ -286,7 +312,7 @@ def _fail_unavailable(w: Writer, batch: list[Req[Any]], committing: bool) -> Non
             f"journal {where}: the connection was lost and no new one could be made within "
             f"{within:g}s: write not committed"
         )
-    _answer_failed(batch, why, unknown=committing)
+    _answer_failed(batch, why, unknown=committing or doubt)
 
 
 def _fail_lost_again(w: Writer, batch: list[Req[Any]], runs: int, *, unknown: bool) -> None:
