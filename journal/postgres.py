@@ -370,6 +370,13 @@ def _head_held(ms: int) -> str:
     )
 
 
+def _in_recovery(conn: Any) -> bool:
+    """Whether the server is in recovery (a hot standby).  Catalog functions are named with
+    their schema throughout: a function of the journal's schema, or one a ``search_path``
+    puts first, never stands in for them."""
+    return bool(conn.execute("SELECT pg_catalog.pg_is_in_recovery()").fetchone()[0])
+
+
 class PostgresBackend:
     kind = "postgresql"
     shared = True
@@ -488,10 +495,8 @@ class PostgresBackend:
         reconnect goes on within ``reconnect_within`` and takes the primary when it answers.
         The writing journal's own reader too: a call's record read behind the writer's
         commits (a DISPATCH_STARTED not yet replayed) is not the record.  A ``tool`` (an
-        auditor's ``journal verify``) may read a standby.
-        Unqualified, so a test can stand a function of the journal's schema in for it
-        (``search_path`` listing ``pg_catalog`` after it)."""
-        if conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
+        auditor's ``journal verify``) may read a standby."""
+        if _in_recovery(conn):
             raise JournalUnavailable(
                 f"journal {self.where}: the server is a standby in recovery (read-only); a "
                 "broker writes only to the primary"
@@ -504,7 +509,8 @@ class PostgresBackend:
         (crash recovery empties it); ``synchronous_commit`` is set per transaction
         (``begin``), so what is checked is that a transaction can ask for it."""
         fsync, fpw = conn.execute(
-            "SELECT current_setting('fsync'), current_setting('full_page_writes')"
+            "SELECT pg_catalog.current_setting('fsync'), "
+            "pg_catalog.current_setting('full_page_writes')"
         ).fetchone()
         for name, value in (("fsync", fsync), ("full_page_writes", fpw)):
             if value != "on":
@@ -707,7 +713,9 @@ class PostgresBackend:
         try:
             conn.execute(f"SET lock_timeout = {int(self.index_wait_ms)}")
             mine = conn.execute(
-                "SELECT pg_try_advisory_lock(%s, hashtext(current_schema()))", (_INDEX_LOCK,)
+                "SELECT pg_catalog.pg_try_advisory_lock("
+                "%s, pg_catalog.hashtext(pg_catalog.current_schema()))",
+                (_INDEX_LOCK,),
             ).fetchone()
             if not mine or not mine[0]:
                 log.info(
@@ -756,7 +764,8 @@ class PostgresBackend:
         try:
             conn.execute(
                 f"BEGIN; SET LOCAL synchronous_commit = {sync}; {limit}"
-                f"SELECT pg_advisory_xact_lock({_LOCK}, hashtext(current_schema()))"
+                f"SELECT pg_catalog.pg_advisory_xact_lock({_LOCK}, "
+                "pg_catalog.hashtext(pg_catalog.current_schema()))"
             )
         except psycopg.errors.LockNotAvailable:
             if ms is None:

@@ -6,10 +6,9 @@ there can miss a COMMIT that landed on the primary (not yet replayed) and claim 
 committed".  The writer treats such a server as away -- the reconnect goes on within
 ``[journal] reconnect`` -- and takes the primary when one answers.
 
-A real standby needs a second cluster and replication; here the server's answer is forced: a
-``pg_is_in_recovery()`` of the database's ``public`` schema, which a ``search_path`` listing
-``pg_catalog`` after it puts in front of the catalog's, answers what the test's database-level
-setting ``affidavit_test.standby`` says -- for each new session, as a failover would."""
+A real standby needs a second cluster and replication; here the server's answer is forced in
+Python (``journal.postgres._in_recovery`` patched): what ``_STANDBY`` says, asked on each new
+session as the real query is -- as a failover would."""
 
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ from affidavit.journal import (
     JournalReader,
     JournalUnavailable,
     JournalWriteError,
+    postgres,
 )
 from tests.postgres import Cluster
 
@@ -32,20 +32,32 @@ from .helpers import until_dispatch
 LIMIT = 30
 
 
-def _standby(pg: Cluster, database: str, on: bool) -> None:
-    """New sessions of ``database`` find the server in recovery (``on``) or not."""
-    value = "on" if on else "off"
-    pg.sql(f"ALTER DATABASE {database} SET affidavit_test.standby = '{value}'")
+_STANDBY = [False]
 
 
-def _forceable(pg: Cluster, database: str) -> None:
-    pg.sql(
-        "CREATE FUNCTION public.pg_is_in_recovery() RETURNS boolean LANGUAGE sql AS "
-        "$$ SELECT current_setting('affidavit_test.standby', true) = 'on' $$",
-        database,
-    )
-    pg.sql(f'ALTER DATABASE {database} SET search_path = "$user", public, pg_catalog')
-    _standby(pg, database, False)
+@pytest.fixture(autouse=True)
+def _forceable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """New sessions find the server in recovery while ``_STANDBY[0]``, else ask it."""
+    real = postgres._in_recovery
+    _STANDBY[0] = False
+    monkeypatch.setattr(postgres, "_in_recovery", lambda conn: _STANDBY[0] or real(conn))
+
+
+def _standby(on: bool) -> None:
+    _STANDBY[0] = on
+
+
+async def test_a_journal_opened_on_a_server_in_recovery_is_refused_at_once(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The first connection is not retried (only reconnects are): an open that reaches a
+    standby is refused ``JournalUnavailable``, saying so, and nothing is written there."""
+    keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
+    _standby(True)
+    with pytest.raises(JournalUnavailable, match="standby in recovery") as info:
+        async with Journal.open(pg_url, reconnect_within=5.0, **keys):
+            pass
+    assert "broker writes only to the primary" in str(info.value), info.value
 
 
 async def test_a_writer_reconnecting_to_a_server_in_recovery_treats_it_as_away(
@@ -55,20 +67,19 @@ async def test_a_writer_reconnecting_to_a_server_in_recovery_treats_it_as_away(
     recovery: the write fails, not committed, having written nothing there -- never a write
     (or a re-read) on a standby.  Once the primary answers again, the writer writes."""
     database = pg_url.rsplit("/", 1)[1]
-    _forceable(pg, database)
     keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
     events = until_dispatch("inv-1")
     async with Journal.open(pg_url, reconnect_within=1.0, **keys) as j:
         for ev in events[:3]:
             await j.append(ev)
-        _standby(pg, database, True)
+        _standby(True)
         assert pg.terminate(j.write_connection.info.backend_pid, database)
         with trio.fail_after(LIMIT), pytest.raises(JournalWriteError) as info:
             await j.append(events[3], barrier=True)
         assert not isinstance(info.value, CommitUnknown), info.value
         assert "no new one could be made within 1s" in str(info.value), info.value
         assert pg.sql("SELECT count(*) FROM events", database) == [(3,)]
-        _standby(pg, database, False)
+        _standby(False)
         with trio.fail_after(LIMIT):
             stored = await j.append(events[3], barrier=True)
         assert stored.seq == 4
@@ -83,25 +94,24 @@ async def test_a_writer_waits_out_a_standby_within_reconnect(
     ``reconnect``: the write is committed, on the primary -- the standby's answers were the
     database being away, not a write refused."""
     database = pg_url.rsplit("/", 1)[1]
-    _forceable(pg, database)
     keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
     events = until_dispatch("inv-1")
     async with Journal.open(pg_url, reconnect_within=20.0, **keys) as j:
         for ev in events[:3]:
             await j.append(ev)
-        _standby(pg, database, True)
+        _standby(True)
         assert pg.terminate(j.write_connection.info.backend_pid, database)
 
         async def promoted() -> None:
             await trio.sleep(1.0)
-            await trio.to_thread.run_sync(_standby, pg, database, False)
+            _standby(False)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(promoted)
             with trio.fail_after(LIMIT):
                 stored = await j.append(events[3], barrier=True)
-            standby_then = pg.sql("SHOW affidavit_test.standby", database)
-        assert stored.seq == 4 and standby_then == [("off",)], standby_then
+            standby_then = _STANDBY[0]
+        assert stored.seq == 4 and standby_then is False, standby_then
 
 
 async def test_the_writing_journals_reader_refuses_a_standby_and_a_tool_reads_it(
@@ -112,16 +122,15 @@ async def test_the_writing_journals_reader_refuses_a_standby_and_a_tool_reads_it
     ``JournalUnavailable``, which the engine waits out within ``reconnect`` -- and taken once
     the primary answers.  An auditor's read-only reader (``journal verify``) opens it."""
     database = pg_url.rsplit("/", 1)[1]
-    _forceable(pg, database)
     keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
     async with Journal.open(pg_url, reconnect_within=1.0, **keys) as j:
         for ev in until_dispatch("inv-1"):
             await j.append(ev)
-        _standby(pg, database, True)
+        _standby(True)
         assert pg.terminate(j._rconn.info.backend_pid, database)
         with pytest.raises(JournalUnavailable, match="standby in recovery"):
             j.events("inv-1")
         with JournalReader.open(pg_url) as r:
             assert len(r.events("inv-1")) == 4 and r.verify().ok
-        _standby(pg, database, False)
+        _standby(False)
         assert len(j.events("inv-1")) == 4
