@@ -24,6 +24,7 @@ writer's state stays in one object, the code that runs a transaction over it her
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -300,13 +301,16 @@ def _transaction(
             # at exactly that seq (checked above, or this writer's own last commit).
             cp = checkpoints.sign(tables, signer, txn.seq, txn.hash, seq, w.clock())
             proof.append((txn.seq, txn.hash))
-        if barrier:
-            _signal_meanwhile(w, batch)
         hook = w.before_commit
         if hook is not None:
             hook(Batch(len(batch), barrier, want))
+        gate = _signal_meanwhile(w, batch) if barrier else None
         w.committing = True
-        backend.commit(conn)
+        try:
+            backend.commit(conn, None if gate is None else gate.open)
+        finally:
+            if gate is not None:
+                gate.open()  # (a commit that raised before sending its COMMIT)
         w.committing = False
         w.known_head = txn.seq
         if cp is not None:
@@ -321,23 +325,54 @@ def _transaction(
         raise
 
 
-def _signal_meanwhile(w: Writer, batch: list[Req[Any]]) -> None:
+def _signal_meanwhile(w: Writer, batch: list[Req[Any]]) -> _Gate | None:
     """Writer thread, every row of a barrier's transaction written, its COMMIT (the fsync)
     about to be sent: run the ``meanwhile`` of each write in it not refused so far on the
     loop -- the loop, idle while its submitter waits, works during the fsync instead of
     after it.  Once per write (a transaction tried again does not repeat it); a write
-    refused or failed later still answers with its error, ``meanwhile`` having run."""
+    refused or failed later still answers with its error, ``meanwhile`` having run.  Returns
+    the gate the loop waits at before it runs them (None: nothing to run), which the writer
+    opens as it sends the COMMIT (``_Gate``)."""
     ready = [r for r in batch if r.meanwhile is not None and r.error is None]
     if not ready or w.token is None:
-        return
+        return None
     fns: list[Callable[[], None]] = []
     for r in ready:
         fns.append(r.meanwhile)  # type: ignore[arg-type]
         r.meanwhile = None
+    gate = _Gate()
     # FIFO with the ``_done`` queued after the COMMIT: every ``meanwhile`` has run before
     # its submitter is woken.
     with contextlib.suppress(trio.RunFinishedError):
-        w.token.run_sync_soon(_run_meanwhile, fns)
+        w.token.run_sync_soon(_run_meanwhile, fns, gate)
+    return gate
+
+
+class _Gate:
+    """Where the loop waits before it runs a barrier's ``meanwhile``: until the writer sends
+    the COMMIT (``Backend.commit``'s ``sending``), whose execution lets go of the GIL for the
+    fsync.  Issue 15: waking the loop lets go of the GIL too (the wake-up's ``send``), and the
+    loop, woken, often took it there and ran the whole ``meanwhile`` (~0.1 ms) before the
+    writer could send its COMMIT -- one call in four or five at concurrency 1, the fsync then
+    started after the work meant to overlap it.  Waiting here, the loop holds no GIL (a
+    blocking ``Lock.acquire`` releases it), so the writer goes on to the COMMIT at once; the
+    wait lasts the few microseconds between the wake-up and the COMMIT (the rows are written;
+    ``before_commit`` ran before the wake-up, so a hook that blocks never holds the loop).
+    Opened by the writer thread alone, any number of times."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def open(self) -> None:
+        if self._lock.locked():
+            self._lock.release()
+
+    def wait(self) -> None:
+        with self._lock:
+            pass
 
 
 def _refused_before(after: tuple[Req[Any], ...]) -> BaseException | None:
@@ -430,11 +465,12 @@ def _require_covered(w: Writer, tables: Tables, seq: int, h: str) -> None:
         checkpoints.require_covered(tables, w.backend.where, seq, h, w.keys)
 
 
-def _run_meanwhile(fns: list[Callable[[], None]]) -> None:
-    """On the loop (a ``run_sync_soon`` callback, which must not raise): each ``meanwhile``.
-    One that raises anyway only loses its head start -- its submitter does the work after the
-    write, as without one; the exception (which may quote what it was working on) is dropped
-    unlogged."""
+def _run_meanwhile(fns: list[Callable[[], None]], gate: _Gate) -> None:
+    """On the loop (a ``run_sync_soon`` callback, which must not raise): each ``meanwhile``,
+    once the writer sent the COMMIT (``_Gate``).  One that raises anyway only loses its head
+    start -- its submitter does the work after the write, as without one; the exception
+    (which may quote what it was working on) is dropped unlogged."""
+    gate.wait()
     for fn in fns:
         with contextlib.suppress(Exception):
             fn()
