@@ -165,12 +165,7 @@ class Backend(Protocol):
         under, for ``Batch.synchronous``."""
         ...
 
-    def commit(self, conn: Any, sending: Callable[[], None] | None = None) -> None:
-        """End the transaction ``begin`` opened, durable as it said.  ``sending``: called
-        once nothing but the COMMIT itself is left to do -- just before it is sent, so that
-        the work it lets start on the loop (a barrier's ``meanwhile``) overlaps the COMMIT
-        and never the steps before it (``commit._Gate``)."""
-        ...
+    def commit(self, conn: Any) -> None: ...
 
     def between(self, conn: Any) -> None:
         """On the writer's thread between two transactions, once the last one's writers were

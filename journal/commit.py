@@ -301,16 +301,13 @@ def _transaction(
             # at exactly that seq (checked above, or this writer's own last commit).
             cp = checkpoints.sign(tables, signer, txn.seq, txn.hash, seq, w.clock())
             proof.append((txn.seq, txn.hash))
+        if barrier:
+            _signal_meanwhile(w, batch)
         hook = w.before_commit
         if hook is not None:
             hook(Batch(len(batch), barrier, want))
-        gate = _signal_meanwhile(w, batch) if barrier else None
         w.committing = True
-        try:
-            backend.commit(conn, None if gate is None else gate.open)
-        finally:
-            if gate is not None:
-                gate.open()  # (a commit that raised before sending its COMMIT)
+        backend.commit(conn)
         w.committing = False
         w.known_head = txn.seq
         if cp is not None:
@@ -325,40 +322,41 @@ def _transaction(
         raise
 
 
-def _signal_meanwhile(w: Writer, batch: list[Req[Any]]) -> _Gate | None:
+def _signal_meanwhile(w: Writer, batch: list[Req[Any]]) -> None:
     """Writer thread, every row of a barrier's transaction written, its COMMIT (the fsync)
     about to be sent: run the ``meanwhile`` of each write in it not refused so far on the
     loop -- the loop, idle while its submitter waits, works during the fsync instead of
     after it.  Once per write (a transaction tried again does not repeat it); a write
-    refused or failed later still answers with its error, ``meanwhile`` having run.  Returns
-    the gate the loop waits at before it runs them (None: nothing to run), which the writer
-    opens as it sends the COMMIT (``_Gate``)."""
+    refused or failed later still answers with its error, ``meanwhile`` having run.  The
+    loop runs them past a gate the writer opens once the wake-up is sent (``_Gate``)."""
     ready = [r for r in batch if r.meanwhile is not None and r.error is None]
     if not ready or w.token is None:
-        return None
+        return
     fns: list[Callable[[], None]] = []
     for r in ready:
         fns.append(r.meanwhile)  # type: ignore[arg-type]
         r.meanwhile = None
     gate = _Gate()
-    # FIFO with the ``_done`` queued after the COMMIT: every ``meanwhile`` has run before
-    # its submitter is woken.
-    with contextlib.suppress(trio.RunFinishedError):
-        w.token.run_sync_soon(_run_meanwhile, fns, gate)
-    return gate
+    try:
+        # FIFO with the ``_done`` queued after the COMMIT: every ``meanwhile`` has run before
+        # its submitter is woken.
+        with contextlib.suppress(trio.RunFinishedError):
+            w.token.run_sync_soon(_run_meanwhile, fns, gate)
+    finally:
+        gate.open()
 
 
 class _Gate:
-    """Where the loop waits before it runs a barrier's ``meanwhile``: until the writer sends
-    the COMMIT (``Backend.commit``'s ``sending``), whose execution lets go of the GIL for the
-    fsync.  Issue 15: waking the loop lets go of the GIL too (the wake-up's ``send``), and the
-    loop, woken, often took it there and ran the whole ``meanwhile`` (~0.1 ms) before the
-    writer could send its COMMIT -- one call in four or five at concurrency 1, the fsync then
-    started after the work meant to overlap it.  Waiting here, the loop holds no GIL (a
-    blocking ``Lock.acquire`` releases it), so the writer goes on to the COMMIT at once; the
-    wait lasts the few microseconds between the wake-up and the COMMIT (the rows are written;
-    ``before_commit`` ran before the wake-up, so a hook that blocks never holds the loop).
-    Opened by the writer thread alone, any number of times."""
+    """What the loop passes before it runs a barrier's ``meanwhile``: opened by the writer
+    once its wake-up of the loop was sent.  Issue 15: that wake-up's ``send`` lets go of the
+    GIL, and the loop, woken meanwhile, often took it there and ran the whole ``meanwhile``
+    (~0.1 ms) before the writer could go on to send its COMMIT -- one call in four or five
+    at concurrency 1, the fsync then started after the work meant to overlap it.  Taking
+    the GIL that early, the loop now waits here without it (a blocking ``Lock.acquire``
+    releases it) and the writer goes on at once: it opens the gate and reaches the COMMIT,
+    which lets go of the GIL for the fsync, in a few microseconds -- less than the loop
+    takes to wake up again.  Opened before ``before_commit``, so a hook that blocks (the
+    tests that hold a barrier's COMMIT) never holds the loop."""
 
     __slots__ = ("_lock",)
 
@@ -467,7 +465,7 @@ def _require_covered(w: Writer, tables: Tables, seq: int, h: str) -> None:
 
 def _run_meanwhile(fns: list[Callable[[], None]], gate: _Gate) -> None:
     """On the loop (a ``run_sync_soon`` callback, which must not raise): each ``meanwhile``,
-    once the writer sent the COMMIT (``_Gate``).  One that raises anyway only loses its head
+    once the writer opened ``gate``.  One that raises anyway only loses its head
     start -- its submitter does the work after the write, as without one; the exception
     (which may quote what it was working on) is dropped unlogged."""
     gate.wait()

@@ -35,7 +35,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -756,10 +756,8 @@ class PostgresBackend:
         self._pipes[id(conn)] = pipe
         return "FULL" if barrier else "NORMAL"
 
-    def commit(self, conn: Any, sending: Callable[[], None] | None = None) -> None:
+    def commit(self, conn: Any) -> None:
         pipe = self._pipes.pop(id(conn), None)
-        if sending is not None:
-            sending()
         conn.execute("COMMIT")
         if pipe is not None:
             pipe.__exit__(None, None, None)  # sends it and waits: errors of any write surface

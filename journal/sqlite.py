@@ -19,7 +19,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote
@@ -556,15 +556,13 @@ class SqliteBackend:
         conn.execute("BEGIN IMMEDIATE")
         return want
 
-    def commit(self, conn: Any, sending: Callable[[], None] | None = None) -> None:
+    def commit(self, conn: Any) -> None:
         checkpointer = self._checkpointers.get(id(conn))
         pages: int | None = None
         if checkpointer is not None:
             # Upkeep only: a size it cannot read must not fail the transaction.
             with contextlib.suppress(Exception):
                 pages = checkpointer.pages(conn)
-        if sending is not None:
-            sending()
         conn.execute("COMMIT")
         if checkpointer is not None:
             # The COMMIT landed: whatever waking the checkpointer raises (no thread to be had)

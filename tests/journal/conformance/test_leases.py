@@ -499,40 +499,6 @@ async def test_a_barrier_runs_its_meanwhile_once_and_a_refused_one_never(place: 
         assert j.events("inv-1")[-1].kind is E.DISPATCH_STARTED
 
 
-async def test_a_barrier_meanwhile_waits_for_its_commit_to_be_sent(place: Place) -> None:
-    """``append(meanwhile=)`` overlaps the barrier's COMMIT, never the steps before it: the loop
-    runs it only once the writer is sending the COMMIT (``Backend.commit``'s ``sending``) --
-    after ``before_commit`` and whatever the backend does first.  Woken earlier, the loop took
-    the GIL and ran the whole ``meanwhile`` while the writer waited to send its COMMIT (issue
-    15: one call in four or five at concurrency 1).  Here the backend dawdles 50 ms before
-    sending: a ``meanwhile`` run in that time is one run too early."""
-    order: list[str] = []
-    async with place.open() as j:
-        *preamble, dispatch = until_dispatch("inv-1")
-        for ev in preamble:
-            await j.append(ev)
-        backend = j.backend
-        commit = backend.commit
-
-        def dawdling(conn: object, sending: object = None) -> None:
-            def sent() -> None:
-                order.append("sending")
-                sending()  # type: ignore[operator]
-
-            time.sleep(0.05)
-            commit(conn, None if sending is None else sent)
-
-        backend.commit = dawdling
-        j.before_commit = lambda batch: order.append("before_commit")
-        try:
-            await j.append(dispatch, meanwhile=lambda: order.append("m"))
-        finally:
-            j.before_commit = None
-            del backend.commit
-        assert order == ["before_commit", "sending", "m"]
-        assert j.events("inv-1")[-1].kind is E.DISPATCH_STARTED
-
-
 async def test_a_lease_refusal_says_nothing_of_the_recorded_holder(place: Place) -> None:
     """Canary: a recorded holder is ``hostname:pid:hex`` -- where the broker runs -- and callers
     see only its keyed tag (``JournalReader.holder_tag``).  ``LeaseBusy`` and ``LeaseLost`` carry
