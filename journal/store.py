@@ -302,7 +302,9 @@ class Journal(JournalReader):
 
     # -- reads served from the writer's projections -------------------------------------------
 
-    def record(self, invocation_id: str, now: float | None = None) -> Record | None:
+    def record(
+        self, invocation_id: str, now: float | None = None, *, as_committed: bool = False
+    ) -> Record | None:
         """As ``JournalReader.record``; for an invocation this writer has folded, answered from
         its projection without reading the events back -- but only when that projection is the
         journal's state: called on the trio thread while no batch is in the writer thread, and
@@ -311,9 +313,19 @@ class Journal(JournalReader):
         projection folds the same stored events a reader would (attrs decoded from their stored
         JSON).  The owner of a SQLite journal (``exclusive``: the daemon) skips reading the
         last seq: its lock keeps every other writer out, so this writer's last commit is the
-        head (one read per call fewer on the daemon's thread, issue 15)."""
+        head (one read per call fewer on the daemon's thread, issue 15).
+
+        ``as_committed``: the record as this writer's last commit left it, without reading the
+        last seq either -- the answer of a call whose barrier that commit just made durable
+        (``Recorder.record``).  Each transaction starts from the file's head and catches up
+        with rows another writer appended before it (``commit._catch_up``), so every fact in
+        the projection is durable and none before that commit is missing; a row another
+        process appends later is in the next read, not in this answer (issue 15: the read of
+        the last seq was ~30 us of a call's critical path, embedded)."""
         p = self._writer.committed_projector(invocation_id)
-        if p is not None and (self.exclusive or self.head()[0] == self._writer.known_head):
+        if p is not None and (
+            as_committed or self.exclusive or self.head()[0] == self._writer.known_head
+        ):
             at = self._now(now, f"the record of invocation {invocation_id}")
             return self.current(p.record(at), at)
         return super().record(invocation_id, now)

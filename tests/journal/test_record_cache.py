@@ -103,6 +103,41 @@ async def test_another_writer_appending_makes_record_read_the_file(path: Path) -
         assert r.verify().ok
 
 
+async def test_the_record_as_committed_reads_nothing_and_is_the_last_commits(
+    path: Path,
+) -> None:
+    """``record(as_committed=True)`` -- a call's answer right after its barrier -- is this
+    writer's projection as of its last commit, with no read at all: not the events, not the
+    file's last seq (``head``).  A row another writer appends later is not in it; a plain
+    ``record`` reads it."""
+    async with Journal.open(path) as mine, Journal.open(path) as other:
+        reads = ReadCounter(mine)
+        heads = 0
+        head = mine.head
+
+        def counted() -> tuple[int, str]:
+            nonlocal heads
+            heads += 1
+            return head()
+
+        mine.head = counted  # type: ignore[method-assign]
+        for ev in until_dispatch("x"):
+            await mine.append(ev)
+        assert mine.record("x", now=0.0, as_committed=True) == _fresh(path, "x")
+        assert (heads, reads.reads) == (0, 0)
+        await other.append(Event(E.REQUEST_SENT, "x"))
+        kept = mine.record("x", now=0.0, as_committed=True)
+        assert kept is not None and kept.events == 4
+        assert (heads, reads.reads) == (0, 0)
+        fresh = mine.record("x", now=0.0)
+        assert fresh is not None and fresh.events == 5
+        assert fresh == _fresh(path, "x")
+        assert (heads, reads.reads) == (1, 1)
+        # Not folded by this writer: read as any record is.
+        assert mine.record("nobody", as_committed=True) is None
+        assert reads.reads == 2
+
+
 async def test_a_batch_in_the_writer_thread_is_not_visible_to_record(path: Path) -> None:
     entered, release = threading.Event(), threading.Event()
     async with Journal.open(path) as j:
