@@ -300,8 +300,9 @@ class Recorder:
         idempotency key's retention is recorded in: the database's on a shared journal
         (docs/journal.md, "Clocks"), this broker's own on SQLite.  A delivery of it still
         queued (``deliver_later``) is waited for first: the record shows it.
-        ``as_committed``: a call's own record right after its barrier -- as this broker's last
-        commit left it, no read of the journal's head (``Journal.record``)."""
+        ``as_committed``: a call's own record right after the barrier that made it final -- a
+        snapshot as of this broker's last commit, no read of the journal's head, on SQLite
+        (``Journal.record`` says when it is taken)."""
         await self.settle()
         if self._delivering:
             await self.delivered(iid)
