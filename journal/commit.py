@@ -53,6 +53,11 @@ __all__ = ["attempts"]
 _PROJECTOR_CACHE = 50_000
 """Past this many cached projections, the writer starts over (``_catch_up``)."""
 
+GATE_WAIT = 0.002
+"""Seconds the loop waits at most at a barrier's ``_Gate`` before it runs the ``meanwhile``
+anyway: the writer opens it microseconds after the wake-up it sent, so this bound only
+matters if a gate is ever opened late (a slowdown, never a loop that stops)."""
+
 
 def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
     """Run the batch in one transaction.  A storage fault fails every write in it.  A lost
@@ -301,6 +306,9 @@ def _transaction(
             # at exactly that seq (checked above, or this writer's own last commit).
             cp = checkpoints.sign(tables, signer, txn.seq, txn.hash, seq, w.clock())
             proof.append((txn.seq, txn.hash))
+        # What the COMMIT's backend reads first (SQLite's page count lets go of the GIL), read
+        # before the loop is woken: from the gate's opening, nothing but the COMMIT is left.
+        backend.prepare_commit(conn)
         if barrier:
             _signal_meanwhile(w, batch)
         hook = w.before_commit
@@ -348,29 +356,36 @@ def _signal_meanwhile(w: Writer, batch: list[Req[Any]]) -> None:
 
 class _Gate:
     """What the loop passes before it runs a barrier's ``meanwhile``: opened by the writer
-    once its wake-up of the loop was sent.  Issue 15: that wake-up's ``send`` lets go of the
-    GIL, and the loop, woken meanwhile, often took it there and ran the whole ``meanwhile``
-    (~0.1 ms) before the writer could go on to send its COMMIT -- one call in four or five
-    at concurrency 1, the fsync then started after the work meant to overlap it.  Taking
-    the GIL that early, the loop now waits here without it (a blocking ``Lock.acquire``
-    releases it) and the writer goes on at once: it opens the gate and reaches the COMMIT,
-    which lets go of the GIL for the fsync, in a few microseconds -- less than the loop
-    takes to wake up again.  Opened before ``before_commit``, so a hook that blocks (the
-    tests that hold a barrier's COMMIT) never holds the loop."""
+    once its wake-up of the loop was sent and nothing but the COMMIT is left
+    (``Backend.prepare_commit`` read what the COMMIT needs first).  Issue 15: that wake-up's
+    ``send`` lets go of the GIL, and the loop, woken meanwhile, often took it there and ran
+    the whole ``meanwhile`` (~0.1 ms) before the writer could go on to send its COMMIT -- the
+    fsync then started after the work meant to overlap it.  Taking the GIL that early, the
+    loop now waits here without it (a blocking ``Lock.acquire`` releases it) and the writer
+    goes on at once: it opens the gate and reaches the COMMIT, which lets go of the GIL for
+    the fsync.  Opened before ``before_commit``, so a hook that blocks (the tests that hold a
+    barrier's COMMIT) never holds the loop.  The wait is bounded (``GATE_WAIT``): the
+    ``meanwhile`` is only a head start, so a gate opened late, or never, costs the loop that
+    long, never its progress.  ``open`` may be called more than once, from any thread."""
 
-    __slots__ = ("_lock",)
+    __slots__ = ("_guard", "_lock", "_opened")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
+        self._guard = threading.Lock()
+        self._opened = False
 
     def open(self) -> None:
-        if self._lock.locked():
-            self._lock.release()
+        with self._guard:
+            if self._opened:
+                return
+            self._opened = True
+        self._lock.release()
 
     def wait(self) -> None:
-        with self._lock:
-            pass
+        if self._lock.acquire(timeout=GATE_WAIT):
+            self._lock.release()
 
 
 def _refused_before(after: tuple[Req[Any], ...]) -> BaseException | None:
