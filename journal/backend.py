@@ -165,15 +165,6 @@ class Backend(Protocol):
         under, for ``Batch.synchronous``."""
         ...
 
-    def prepare_commit(self, conn: Any) -> None:
-        """Writer thread, every row of the transaction written, before a barrier's
-        ``meanwhile`` is signalled: the reads ``commit`` would make before sending the COMMIT
-        (SQLite: the page count its checkpointer wants), so that between that signal and the
-        COMMIT nothing lets go of the GIL (issue 15: the loop, woken, took it there and ran
-        the whole ``meanwhile`` before the fsync started).  Optional for ``commit``: it makes
-        those reads itself when this did not run.  Raises nothing: upkeep only."""
-        ...
-
     def commit(self, conn: Any) -> None: ...
 
     def between(self, conn: Any) -> None:

@@ -24,7 +24,6 @@ writer's state stays in one object, the code that runs a transaction over it her
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -52,11 +51,6 @@ __all__ = ["attempts"]
 
 _PROJECTOR_CACHE = 50_000
 """Past this many cached projections, the writer starts over (``_catch_up``)."""
-
-GATE_WAIT = 0.002
-"""Seconds the loop waits at most at a barrier's ``_Gate`` before it runs the ``meanwhile``
-anyway: the writer opens it microseconds after the wake-up it sent, so this bound only
-matters if a gate is ever opened late (a slowdown, never a loop that stops)."""
 
 
 def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
@@ -306,9 +300,6 @@ def _transaction(
             # at exactly that seq (checked above, or this writer's own last commit).
             cp = checkpoints.sign(tables, signer, txn.seq, txn.hash, seq, w.clock())
             proof.append((txn.seq, txn.hash))
-        # What the COMMIT's backend reads first (SQLite's page count lets go of the GIL), read
-        # before the loop is woken: from the gate's opening, nothing but the COMMIT is left.
-        backend.prepare_commit(conn)
         if barrier:
             _signal_meanwhile(w, batch)
         hook = w.before_commit
@@ -335,8 +326,7 @@ def _signal_meanwhile(w: Writer, batch: list[Req[Any]]) -> None:
     about to be sent: run the ``meanwhile`` of each write in it not refused so far on the
     loop -- the loop, idle while its submitter waits, works during the fsync instead of
     after it.  Once per write (a transaction tried again does not repeat it); a write
-    refused or failed later still answers with its error, ``meanwhile`` having run.  The
-    loop runs them past a gate the writer opens once the wake-up is sent (``_Gate``)."""
+    refused or failed later still answers with its error, ``meanwhile`` having run."""
     ready = [r for r in batch if r.meanwhile is not None and r.error is None]
     if not ready or w.token is None:
         return
@@ -344,48 +334,10 @@ def _signal_meanwhile(w: Writer, batch: list[Req[Any]]) -> None:
     for r in ready:
         fns.append(r.meanwhile)  # type: ignore[arg-type]
         r.meanwhile = None
-    gate = _Gate()
-    try:
-        # FIFO with the ``_done`` queued after the COMMIT: every ``meanwhile`` has run before
-        # its submitter is woken.
-        with contextlib.suppress(trio.RunFinishedError):
-            w.token.run_sync_soon(_run_meanwhile, fns, gate)
-    finally:
-        gate.open()
-
-
-class _Gate:
-    """What the loop passes before it runs a barrier's ``meanwhile``: opened by the writer
-    once its wake-up of the loop was sent and nothing but the COMMIT is left
-    (``Backend.prepare_commit`` read what the COMMIT needs first).  Issue 15: that wake-up's
-    ``send`` lets go of the GIL, and the loop, woken meanwhile, often took it there and ran
-    the whole ``meanwhile`` (~0.1 ms) before the writer could go on to send its COMMIT -- the
-    fsync then started after the work meant to overlap it.  Taking the GIL that early, the
-    loop now waits here without it (a blocking ``Lock.acquire`` releases it) and the writer
-    goes on at once: it opens the gate and reaches the COMMIT, which lets go of the GIL for
-    the fsync.  Opened before ``before_commit``, so a hook that blocks (the tests that hold a
-    barrier's COMMIT) never holds the loop.  The wait is bounded (``GATE_WAIT``): the
-    ``meanwhile`` is only a head start, so a gate opened late, or never, costs the loop that
-    long, never its progress.  ``open`` may be called more than once, from any thread."""
-
-    __slots__ = ("_guard", "_lock", "_opened")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
-        self._guard = threading.Lock()
-        self._opened = False
-
-    def open(self) -> None:
-        with self._guard:
-            if self._opened:
-                return
-            self._opened = True
-        self._lock.release()
-
-    def wait(self) -> None:
-        if self._lock.acquire(timeout=GATE_WAIT):
-            self._lock.release()
+    # FIFO with the ``_done`` queued after the COMMIT: every ``meanwhile`` has run before
+    # its submitter is woken.
+    with contextlib.suppress(trio.RunFinishedError):
+        w.token.run_sync_soon(_run_meanwhile, fns)
 
 
 def _refused_before(after: tuple[Req[Any], ...]) -> BaseException | None:
@@ -478,12 +430,11 @@ def _require_covered(w: Writer, tables: Tables, seq: int, h: str) -> None:
         checkpoints.require_covered(tables, w.backend.where, seq, h, w.keys)
 
 
-def _run_meanwhile(fns: list[Callable[[], None]], gate: _Gate) -> None:
-    """On the loop (a ``run_sync_soon`` callback, which must not raise): each ``meanwhile``,
-    once the writer opened ``gate``.  One that raises anyway only loses its head
-    start -- its submitter does the work after the write, as without one; the exception
-    (which may quote what it was working on) is dropped unlogged."""
-    gate.wait()
+def _run_meanwhile(fns: list[Callable[[], None]]) -> None:
+    """On the loop (a ``run_sync_soon`` callback, which must not raise): each ``meanwhile``.
+    One that raises anyway only loses its head start -- its submitter does the work after the
+    write, as without one; the exception (which may quote what it was working on) is dropped
+    unlogged."""
     for fn in fns:
         with contextlib.suppress(Exception):
             fn()

@@ -756,9 +756,6 @@ class PostgresBackend:
         self._pipes[id(conn)] = pipe
         return "FULL" if barrier else "NORMAL"
 
-    def prepare_commit(self, conn: Any) -> None:
-        pass  # nothing to read before the COMMIT
-
     def commit(self, conn: Any) -> None:
         pipe = self._pipes.pop(id(conn), None)
         conn.execute("COMMIT")

@@ -301,7 +301,6 @@ class SqliteBackend:
         self.segments: Path | None = Path(f"{self.path}.results")
         self._sync: dict[int, str] = {}
         self._checkpointers: dict[int, _Checkpointer] = {}
-        self._pages: dict[int, int | None] = {}  # ``prepare_commit``'s, for ``commit``
         self.sole = False
         """This process holds the journal's writer lock exclusive (``writer_lock``: the daemon):
         no other writer, of this version or an earlier one, has it open."""
@@ -461,7 +460,6 @@ class SqliteBackend:
     def close(self, conn: Any) -> None:
         self._checked.pop(id(conn), None)
         checkpointer = self._checkpointers.pop(id(conn), None)
-        self._pages.pop(id(conn), None)
         if checkpointer is not None:
             checkpointer.close()
             try:
@@ -558,26 +556,13 @@ class SqliteBackend:
         conn.execute("BEGIN IMMEDIATE")
         return want
 
-    def prepare_commit(self, conn: Any) -> None:
-        checkpointer = self._checkpointers.get(id(conn))
-        if checkpointer is not None:
-            self._pages[id(conn)] = self._read_pages(checkpointer, conn)
-
-    @staticmethod
-    def _read_pages(checkpointer: _Checkpointer, conn: Any) -> int | None:
-        # Upkeep only: a size it cannot read must not fail the transaction.
-        with contextlib.suppress(Exception):
-            return checkpointer.pages(conn)
-        return None
-
     def commit(self, conn: Any) -> None:
         checkpointer = self._checkpointers.get(id(conn))
         pages: int | None = None
         if checkpointer is not None:
-            if id(conn) in self._pages:  # read by ``prepare_commit``, this transaction
-                pages = self._pages.pop(id(conn))
-            else:
-                pages = self._read_pages(checkpointer, conn)
+            # Upkeep only: a size it cannot read must not fail the transaction.
+            with contextlib.suppress(Exception):
+                pages = checkpointer.pages(conn)
         conn.execute("COMMIT")
         if checkpointer is not None:
             # The COMMIT landed: whatever waking the checkpointer raises (no thread to be had)
@@ -592,7 +577,6 @@ class SqliteBackend:
             checkpointer.catch_up(conn)
 
     def rollback(self, conn: Any) -> None:
-        self._pages.pop(id(conn), None)
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
