@@ -512,11 +512,13 @@ class Writer:
     def committed_projector(self, invocation_id: str) -> Projector | None:
         """The invocation's projection as of this writer's last commit, when the writer may
         vouch for it: called on the trio thread while no batch is in the writer thread, with a
-        committed head known.  (The caller still checks that the file's last seq is that head:
-        another process may append to the same file.)  Not an empty fold: a transaction folds
-        an id before its first row is checked (``Txn.insert``, a batch's ``preload``), and a
-        refused first row leaves that fold cached -- a record of a call never written, where
-        the file has none."""
+        committed head known.  It is the journal's state only while the file's last seq is
+        that head -- another process may append to the same file -- so ``Journal.record``
+        checks that, except where this commit is the answer asked for (``as_committed``: a
+        snapshot as of it) or no other writer can exist (``exclusive``).  Not an empty fold:
+        a transaction folds an id before its first row is checked (``Txn.insert``, a batch's
+        ``preload``), and a refused first row leaves that fold cached -- a record of a call
+        never written, where the file has none."""
         p = self.projectors.get(invocation_id)
         if (
             p is not None

@@ -267,7 +267,8 @@ async def _commit(
         return await _store_failed(
             engine, complete, exc if isinstance(exc, CommitUnknown) else None
         )
-    record = await recorder.record(iid)
+    # As the commit of RESULT_COMMITTED left it: the answer to the call that made it durable.
+    record = await recorder.record(iid, as_committed=True)
     if reading is None:
         kept = sink.kept()
     if kept is None:

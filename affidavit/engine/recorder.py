@@ -293,16 +293,21 @@ class Recorder:
                     if pending.get(key) is entry:
                         del pending[key]
 
-    async def record(self, iid: str, now: float | None = None) -> Record:
+    async def record(
+        self, iid: str, now: float | None = None, *, as_committed: bool = False
+    ) -> Record:
         """The invocation's record, its hint computed at ``now``, else now by the clock its
         idempotency key's retention is recorded in: the database's on a shared journal
         (docs/journal.md, "Clocks"), this broker's own on SQLite.  A delivery of it still
-        queued (``deliver_later``) is waited for first: the record shows it."""
+        queued (``deliver_later``) is waited for first: the record shows it.
+        ``as_committed``: a call's own record right after the barrier that made it final -- a
+        snapshot as of this broker's last commit, no read of the journal's head, on SQLite
+        (``Journal.record`` says when it is taken)."""
         await self.settle()
         if self._delivering:
             await self.delivered(iid)
         journal = self.journal
-        record = await self.read(lambda: journal.record(iid, now=now))
+        record = await self.read(lambda: journal.record(iid, now=now, as_committed=as_committed))
         assert record is not None, iid
         return record
 
@@ -342,7 +347,7 @@ class Recorder:
     async def finish(self, iid: str, event: Event) -> dict[str, Any]:
         """Append the call's last event as a barrier and render the durable record."""
         await self.append(event, barrier=True)
-        return self.envelope(await self.record(iid))
+        return self.envelope(await self.record(iid, as_committed=True))
 
     def envelope(
         self,

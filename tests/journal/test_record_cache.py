@@ -4,6 +4,7 @@ writer thread, a batch failed.  Every answer must equal a fresh reader's fold of
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,11 +13,13 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.journal import Batch, Journal, JournalReader
+from affidavit.journal import Batch, CommitUnknown, Journal, JournalReader
 from affidavit.statemachine import Event, Record
 from affidavit.statemachine import EventKind as E
 
 from .helpers import happy, interrupted, until_dispatch
+
+SQLITE_IOERR_FSYNC = 10 | (4 << 8)
 
 
 def _fresh(path: Path, iid: str) -> Record | None:
@@ -101,6 +104,125 @@ async def test_another_writer_appending_makes_record_read_the_file(path: Path) -
         assert reads.reads == 2
     with JournalReader.open(path) as r:
         assert r.verify().ok
+
+
+class HeadCounter:
+    """Counts the reads of the journal's last seq (``Journal.head``) on one journal."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.heads = 0
+        inner = journal.head
+
+        def counted() -> tuple[int, str]:
+            self.heads += 1
+            return inner()
+
+        journal.head = counted  # type: ignore[method-assign]
+
+
+OBSERVED = Event(E.PROTOCOL_OBSERVED, "x", {"protocol": "http", "state": "s"})
+
+
+async def test_the_record_as_committed_after_a_final_barrier_is_that_commits_snapshot(
+    path: Path,
+) -> None:
+    """``record(as_committed=True)`` right after the barrier that made the record final is
+    this writer's projection as of that commit, with no read at all: not the events, not the
+    journal's last seq.  A row another writer commits later is not in it; a plain ``record``
+    reads it."""
+    async with Journal.open(path) as mine, Journal.open(path) as other:
+        reads, heads = ReadCounter(mine), HeadCounter(mine)
+        for ev in interrupted("x"):
+            await mine.append(ev, barrier=True)
+        got = mine.record("x", now=0.0, as_committed=True)
+        assert got is not None and got.final and got == _fresh(path, "x")
+        assert (heads.heads, reads.reads) == (0, 0)
+        await other.append(OBSERVED)
+        kept = mine.record("x", now=0.0, as_committed=True)
+        assert kept == got
+        assert (heads.heads, reads.reads) == (0, 0)
+        fresh = mine.record("x", now=0.0)
+        assert fresh is not None and fresh.events == 6 and fresh == _fresh(path, "x")
+        assert (heads.heads, reads.reads) == (1, 1)
+        # Not folded by this writer: read as any record is.
+        assert mine.record("nobody", as_committed=True) is None
+        assert reads.reads == 2
+
+
+async def test_the_record_as_committed_reads_the_head_unless_it_is_final(path: Path) -> None:
+    """Before a final barrier another writer may still append to the record (a stale lease's
+    ATTEMPT_INTERRUPTED): ``as_committed`` then reads the head as a plain ``record`` does."""
+    async with Journal.open(path) as mine, Journal.open(path) as other:
+        heads = HeadCounter(mine)
+        for ev in until_dispatch("x"):
+            await mine.append(ev, barrier=True)
+        await other.append(Event(E.ATTEMPT_INTERRUPTED, "x", {"code": "REMOTE_OUTCOME_UNKNOWN"}))
+        got = mine.record("x", now=0.0, as_committed=True)
+        assert got is not None and got.final and got == _fresh(path, "x")
+        assert heads.heads == 1
+
+
+async def test_the_record_as_committed_reads_the_head_on_a_shared_journal(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a shared journal (PostgreSQL, several brokers at once) the snapshot is not taken:
+    the head is read as for any record."""
+    async with Journal.open(path) as mine, Journal.open(path) as other:
+        for ev in interrupted("x"):
+            await mine.append(ev, barrier=True)
+        await other.append(OBSERVED)
+        heads = HeadCounter(mine)
+        monkeypatch.setattr(mine.backend, "shared", True)
+        got = mine.record("x", now=0.0, as_committed=True)
+        assert got is not None and got.events == 6 and got == _fresh(path, "x")
+        assert heads.heads == 1
+
+
+async def test_the_record_as_committed_after_a_failed_final_barrier_is_the_files(
+    path: Path,
+) -> None:
+    """The final barrier failed (nothing of it committed): its row is never served."""
+    async with Journal.open(path) as j:
+        reads = ReadCounter(j)
+        *first, last = interrupted("x")
+        for ev in first:
+            await j.append(ev, barrier=True)
+
+        def fail(_: Batch) -> None:
+            raise RuntimeError("writer bug in the middle of a batch")
+
+        j.before_commit = fail
+        with pytest.raises(Exception, match="writer bug"):
+            await j.append(last, barrier=True)
+        j.before_commit = None
+        got = j.record("x", now=0.0, as_committed=True)
+        assert got is not None and not got.final and got == _fresh(path, "x")
+        assert reads.reads == 1
+
+
+async def test_the_record_as_committed_after_a_commit_unknown_is_the_files(path: Path) -> None:
+    """The final barrier's COMMIT raised after it landed (its sync failed: ``CommitUnknown``):
+    the answer is read from the file, never the writer's projection of a commit unproven."""
+    async with Journal.open(path) as j:
+        reads = ReadCounter(j)
+        *first, last = interrupted("x")
+        for ev in first:
+            await j.append(ev, barrier=True)
+        commit = j.backend.commit
+
+        def landed_then_fails(conn: Any) -> None:
+            j.backend.commit = commit  # type: ignore[method-assign]
+            commit(conn)
+            exc = sqlite3.OperationalError("disk I/O error")
+            exc.sqlite_errorcode = SQLITE_IOERR_FSYNC  # type: ignore[attr-defined]
+            raise exc
+
+        j.backend.commit = landed_then_fails  # type: ignore[method-assign]
+        with pytest.raises(CommitUnknown):
+            await j.append(last, barrier=True)
+        got = j.record("x", now=0.0, as_committed=True)
+        assert got is not None and got == _fresh(path, "x")
+        assert reads.reads == 1
 
 
 async def test_a_batch_in_the_writer_thread_is_not_visible_to_record(path: Path) -> None:
