@@ -20,7 +20,7 @@ The modules, by role (``store.py``'s docstring says how they fit together):
                     transaction, another writer caught up with, a lost connection survived
     txn.py          one transaction: projection check, hash chain, queued rows
     leases.py       lease and idempotency writes (checked inside the writer's transaction)
-    boot.py         a lease's end by the boot clock (CLOCK_BOOTTIME), judged on the same boot
+    boot.py         a lease's end, a key's binding, by the boot clock (CLOCK_BOOTTIME)
     results.py      result chunks, the completeness marker, reading a result back verified
                     (whole, or chunk by chunk: ``ResultStream``) -- the names of these two:
     results_read.py   the marker checked against its event, a result opened verified
@@ -58,7 +58,7 @@ on every backend, and one conformance suite (tests/journal/conformance/) runs on
 from typing import TYPE_CHECKING, Any
 
 from .backend import Backend, is_url
-from .boot import boot_lapsed, boot_stamp
+from .boot import boot_lapsed, boot_mark, boot_stamp
 from .chain import GENESIS
 from .errors import (
     ApprovalLapsed,
@@ -184,6 +184,7 @@ __all__ = [
     "StreamInfo",
     "VerifyReport",
     "boot_lapsed",
+    "boot_mark",
     "boot_stamp",
     "config_exposure",
     "directory_exposures",

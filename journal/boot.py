@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["BOOT_ID", "boot_lapsed", "boot_stamp"]
+__all__ = ["BOOT_ID", "boot_elapsed", "boot_lapsed", "boot_mark", "boot_stamp"]
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 SLACK = 5.0
@@ -66,6 +66,35 @@ def boot_stamp(ttl: float) -> dict[str, object] | None:
     if boot is None or now is None:
         return None
     return {"id": boot, "expires_at": now + ttl}
+
+
+def boot_mark() -> dict[str, object] | None:
+    """This moment by this boot's clock: ``{"id": boot id, "at": CLOCK_BOOTTIME seconds}`` --
+    or None where the host has no such clock.  An idempotency key records it with its expiry
+    (``operation.idempotency.boot``): how long ago it was bound, read back on this boot, is
+    not moved by a wall clock stepped back (``boot_elapsed``)."""
+    boot, now = _boot_id(), _boot_now()
+    if boot is None or now is None:
+        return None
+    return {"id": boot, "at": now}
+
+
+def boot_elapsed(mark: object) -> float | None:
+    """Seconds since ``mark`` (``boot_mark``'s, read back from a journal -- whoever wrote it) by
+    this boot's clock; None when it cannot say: no mark, a malformed one, another boot's or
+    host's, no such clock here, or a mark ahead of the clock (forged, or a process restored
+    into another time namespace).  A mark further back than it really was only makes its key
+    look older: a reader takes the larger of this and the wall clock's reading, so a mark can
+    make a key's judgment stricter, never laxer."""
+    if not isinstance(mark, Mapping):
+        return None
+    boot, at = mark.get("id"), mark.get("at")
+    if type(boot) is not str or not isinstance(at, (int, float)) or isinstance(at, bool):
+        return None
+    now = _boot_now()
+    if now is None or not math.isfinite(at) or boot != _boot_id() or at > now:
+        return None
+    return now - at
 
 
 def boot_lapsed(stamp: object, length: float | None) -> bool | None:

@@ -17,12 +17,21 @@ too, which a wall clock stepped forward does not move.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
-from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Record, Retry, send_window
+from affidavit.statemachine import (
+    Event,
+    EventKind,
+    ImpossibleEvent,
+    Record,
+    Retry,
+    key_moment,
+    send_window,
+)
 
 from . import bindings
-from .boot import boot_stamp
+from .boot import boot_elapsed, boot_stamp
 from .errors import (
     IdempotencyMismatch,
     IdempotencyRecord,
@@ -206,11 +215,20 @@ def acquire_op(
         # lease's end is the last moment this retry sends, so it is judged with none after.
         # With the default timeout the hint at ``now`` decides it; a longer lease (the
         # service's lease_margin raised since) is refused here.
-        window = send_window(record.idempotency)
+        # The key's age is judged at its moment (``key_moment``): by the boot clock its binding
+        # recorded when that says it is older than the clock read here does -- a wall clock
+        # stepped back re-opened a retention the remote had closed, and the same key was sent
+        # again; by a clock reading before the binding, no retention is left to judge.
+        idem = record.idempotency
+        window = send_window(idem)
+        moment = key_moment(idem, now, boot_elapsed(idem.get("boot") if idem else None))
         if (
             same_key
             and record.retry is Retry.SAME_IDEMPOTENCY_KEY
-            and proj.record(now + ttl - window).retry is not Retry.SAME_IDEMPOTENCY_KEY
+            and (
+                math.isinf(moment)
+                or proj.record(moment + ttl - window).retry is not Retry.SAME_IDEMPOTENCY_KEY
+            )
         ):
             return Fail(KeyRetentionPassed(invocation_id, now + ttl, lease=ttl))
         # A live lease is busy to everyone, its holder's other tasks too: the holder names a

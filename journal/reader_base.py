@@ -15,10 +15,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from affidavit.statemachine import Record, within_send_window
+from affidavit.statemachine import Record, key_moment, within_send_window
 
 from . import checkpoints
 from .backend import Backend, open_backend
+from .boot import boot_elapsed
 from .errors import JournalError, JournalUnavailable, ReadFailed
 from .names import beside, refuse_left_beside
 from .rows import AlteredRow
@@ -214,12 +215,19 @@ class ReaderBase:
 
     def current(self, record: Record, now: float) -> Record:
         """``record`` with its key-bound hints judged by the lease a retry would take now
-        (``send_windows``), at ``now``: the record itself when nothing is known of it."""
-        windows = self.send_windows
-        if windows is None or record.idempotency is None or record.target is None:
+        (``send_windows``), at the key's moment (``key_moment``: ``now``, or later by the boot
+        clock its binding recorded -- a wall clock stepped back re-opens no retention; before
+        the binding, none is left): the record itself when nothing is known of it."""
+        idem = record.idempotency
+        if idem is None:
             return record
-        window = windows.get(record.target)
-        return record if window is None else within_send_window(record, now, window)
+        windows = self.send_windows
+        target = record.target
+        window = None if windows is None or target is None else windows.get(target)
+        moment = key_moment(idem, now, boot_elapsed(idem.get("boot")))
+        if window is None and moment <= now:
+            return record
+        return within_send_window(record, now, 0.0 if window is None else window, moment)
 
     def _now(self, now: float | None, purpose: str) -> float:
         """When a read computes its records' retry hints: ``now`` if the caller gives its

@@ -41,6 +41,7 @@ from .retry import (
     Operation,
     compute_retry,
     decide,
+    key_moment,
     send_window,
     within_send_window,
 )
@@ -103,6 +104,7 @@ __all__ = [
     "hashes_withheld",
     "in_progress_error",
     "invocation_of",
+    "key_moment",
     "lease_lost_error",
     "open_query",
     "operation_id",

@@ -40,7 +40,9 @@ class EventKind(StrEnum):
     call that fenced it, not by its asker, it holds no result). The contract: key, scope, header,
     retention_s, expires_at (when the remote forgets the key) and send_window (seconds a retry with
     the target's default timeout may send: its lease; the hint says same_idempotency_key only while
-    the key outlasts it -- absent from older records, which judge the key at the moment itself).
+    the key outlasts it -- absent from older records, which judge the key at the moment itself),
+    boot ({id, at}: the binding's moment by the boot clock, ``journal/boot.py``; a wall clock
+    stepped back cannot make the key look younger on that boot -- ``key_moment``).
     took_over, when this call took over an invocation whose key its binder bound and then stopped
     before recording anything (nothing was sent under it): why its binder is gone (``only_writer``:
     this broker is the journal's only writer; ``send_by_passed``: the binder's own send deadline,

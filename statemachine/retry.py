@@ -11,6 +11,7 @@ but it must not upgrade an unsafe hint.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -26,6 +27,7 @@ __all__ = [
     "Operation",
     "compute_retry",
     "decide",
+    "key_moment",
     "send_window",
     "static_retry_hint",
     "within_send_window",
@@ -228,21 +230,56 @@ def send_window(idempotency: Mapping[str, Any] | None) -> float:
     return float(window) if window is not None else 0.0
 
 
-def within_send_window(record: Record, now: float, window: float) -> Record:
+def key_moment(idempotency: Mapping[str, Any] | None, now: float, elapsed: float | None) -> float:
+    """The moment an idempotency key is judged at when the clock reads ``now``: the key's age
+    by the wall clock alone can be undone by a step back (an NTP step, a VM restored), which
+    re-opened a retention window the remote had already closed -- a same-key resend, a second
+    effect.  The key was bound at ``expires_at - retention_s`` (by the clock ``now`` is read
+    from: the database's on a shared journal); ``elapsed``: seconds since then by a clock that
+    does not step (``journal/boot.py``: the boot clock, on the boot that bound it; None
+    otherwise).  The key is then at least that old: the later of ``now`` and the binding plus
+    ``elapsed``.  A ``now`` before the binding is a clock stepped back past it: how much of
+    the retention is left is unknown, so infinity (no hint resting on the key; ``reconcile``).
+    A record naming no retention (an older one) is judged at ``now``, as before."""
+    if not idempotency:
+        return now
+    expires, retention = idempotency.get("expires_at"), idempotency.get("retention_s")
+    if not isinstance(expires, (int, float)) or not isinstance(retention, (int, float)):
+        return now
+    if isinstance(expires, bool) or isinstance(retention, bool):
+        return now
+    bound = float(expires) - float(retention)
+    if now < bound - CLOCK_ROUNDING_S:
+        return math.inf
+    return now if elapsed is None else max(now, bound + elapsed)
+
+
+CLOCK_ROUNDING_S = 0.001
+"""How far ``now`` may read before a key's binding moment and still be taken for it: that moment
+is recomputed as ``expires_at - retention_s``, which rounds."""
+
+
+def within_send_window(
+    record: Record, now: float, window: float, moment: float | None = None
+) -> Record:
     """``record`` with the hints that rest on its idempotency key judged for a retry whose lease
     is ``window`` seconds from ``now`` -- the lease a same-key retry takes under the current
     settings (``[service] lease_margin`` raised since the record was accepted: longer than the
-    ``send_window`` it recorded).  ``journal/leases.py`` refuses a same-key lease the key could
-    not outlast, judged by that current lease; a hint judged by the shorter recorded window
-    would invite exactly that refused retry.  Only ever more conservative: a hint that needs
-    the key usable (``same_idempotency_key``; ``backoff`` of a throttled, non-idempotent
-    request) becomes ``reconcile`` when the key would not outlast ``window``; a window no
-    longer than the recorded one changes nothing (the record's own hint already judged it)."""
+    ``send_window`` it recorded) -- and at ``moment`` (``key_moment``: the key's age by a clock
+    that does not step) when that is later than ``now``.  ``journal/leases.py`` refuses a
+    same-key lease the key could not outlast, judged by that current lease and that moment; a
+    hint judged by the shorter recorded window, or by a wall clock stepped back, would invite
+    exactly that refused retry.  Only ever more conservative: a hint that needs the key usable
+    (``same_idempotency_key``; ``backoff`` of a throttled, non-idempotent request) becomes
+    ``reconcile`` when the key would not outlast ``window``; a window no longer than the
+    recorded one at ``now`` itself changes nothing (the record's own hint already judged it)."""
     idem = record.idempotency
-    if idem is None or window <= send_window(idem):
+    at = now if moment is None else max(now, moment)
+    if idem is None or (window <= send_window(idem) and at <= now):
         return record
     expires = idem.get("expires_at")
-    if expires is None or _key_usable(True, float(expires), now + window):
+    end = at + max(window, send_window(idem))
+    if expires is None or _key_usable(True, float(expires), end):
         return record
     retry = _without_key(record.retry, record.code, record.idempotent)
     items = record.items

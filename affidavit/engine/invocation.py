@@ -28,6 +28,7 @@ from affidavit.journal import (
     KeyRetentionPassed,
     Lease,
     LeaseBusy,
+    boot_mark,
     boot_stamp,
 )
 from affidavit.protocols import Binding, Prepared
@@ -186,6 +187,11 @@ async def start(
                 # its hint says same_idempotency_key only while the key outlasts that.
                 "send_window": engine.lease_ttl(target, None),
             }
+            # When it was bound by the boot clock too: a wall clock stepped back later
+            # cannot make the key look younger to a reader on this boot (``key_moment``).
+            mark = boot_mark()
+            if mark is not None:
+                idem["boot"] = mark
         else:
             # The caller's own identifier of the effect (SSH): bound here, so the same key
             # names the same invocation, but no remote deduplicates on it -- it never makes a

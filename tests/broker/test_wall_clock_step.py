@@ -129,6 +129,11 @@ async def test_another_broker_on_the_host_judges_a_lease_by_the_boot_clock(
             monkeypatch.undo()
             iid = envs["a"]["invocation_id"]
             kinds = event_kinds(b, iid)
+            # The key's binding by the boot clock too (``key_moment``): a wall clock stepped
+            # back later cannot make it look younger (tests/journal/test_key_clock_step.py).
+            accepted = next(e for e in b.events(iid) if e.kind is E.ACTION_ACCEPTED)
+            mark = accepted.attrs["operation"]["idempotency"]["boot"]
+            assert mark["id"] == boot._boot_id() and isinstance(mark["at"], float)
         if not CASES[case]:
             assert envs["b"]["error"]["code"] == "IN_PROGRESS", envs["b"]
             assert "error" not in envs["a"], envs["a"]
