@@ -15,6 +15,7 @@ __all__ = [
     "IdempotencyMismatch",
     "IdempotencyRecord",
     "JournalError",
+    "JournalLost",
     "JournalNotDurable",
     "JournalReplaced",
     "JournalUnavailable",
@@ -137,6 +138,19 @@ class SigningRecordsRemoved(JournalError):
     No broker adopts it and ``verify --accept-unsigned`` does not accept it."""
 
     code = "SIGNING_RECORDS_REMOVED"
+
+
+class JournalLost(JournalError):
+    """A SQLite file that holds no journal (no ``events`` table) beside files only a journal
+    made there leaves: its key files or result segments (``SqliteBackend.create``).  Its
+    ``-wal`` was lost (removed with the ``-shm``, a backup that copied the main file alone):
+    every commit since the last checkpoint went with it, the schema too.  Made anew there, a
+    broker re-signed with the old keys, ``verify`` said "intact: 0 events", a same-key POST was
+    sent again and start-up compaction deleted the only surviving sealed segment files as
+    unreferenced.  So no schema is made there: the message names the files and the way out
+    (restore the ``-wal`` or a backup; or move those files away to start a new journal)."""
+
+    code = "JOURNAL_LOST"
 
 
 class ResultUnverified(JournalError):

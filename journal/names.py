@@ -16,13 +16,14 @@ URLs are not paths and never come here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 from pathlib import Path
 
-from .errors import JournalError
+from .errors import JournalError, JournalLost
 
-__all__ = ["beside", "journal_file", "refuse_left_beside"]
+__all__ = ["beside", "journal_file", "refuse_left_beside", "refuse_lost"]
 
 
 def journal_file(path: str | os.PathLike[str]) -> Path:
@@ -58,4 +59,38 @@ def refuse_left_beside(
         "the journal again",
         public=f"the journal's {what} is beside another name of the journal file than the "
         "file's own; the operator must move it",
+    )
+
+
+MADE_BESIDE = (".key", ".signing.key")
+"""The files beside a journal only a journal made there leaves (``refuse_lost``): its default
+key files (``bind_keys`` makes them with its schema), and its segment directory when not
+empty."""
+
+
+def refuse_lost(given: str | os.PathLike[str], where: str) -> None:
+    """``JournalLost`` if the file ``given`` names holds no journal (the caller found no
+    ``events`` table) yet files only a journal made there leaves are beside it: its ``-wal``
+    was lost, with every commit since the last checkpoint, the schema too.  Never a new journal
+    signed with the old keys (``verify`` would say intact, a same-key call send again, a
+    compaction delete the surviving segment files).  Operator words name the files and the way
+    out; public words none."""
+    left = [p for p in (beside(given, s) for s in MADE_BESIDE) if os.path.lexists(p)]
+    segments = beside(given, ".results")
+    with contextlib.suppress(OSError):
+        if segments.is_dir() and any(segments.iterdir()):
+            left.append(segments)
+    if not left:
+        return
+    names = ", ".join(str(p) for p in left)
+    moves = " ".join(shlex.quote(str(p)) for p in left)
+    raise JournalLost(
+        f"journal {where} holds no journal, but {names} of a journal made there "
+        f"{'is' if len(left) == 1 else 'are'} beside it: its -wal was lost (every commit since "
+        "the last checkpoint goes with it) -- restore the -wal (or a backup of the journal "
+        "with its -wal) and open it again; nothing was created. To start a new journal there "
+        f"deliberately, move {'it' if len(left) == 1 else 'them'} away first (`mkdir old && "
+        f"mv {moves} old/`)",
+        public="the journal file holds no journal but its key files or segments are beside "
+        "it (its -wal was lost); the operator must restore it",
     )

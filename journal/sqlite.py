@@ -27,7 +27,7 @@ from urllib.parse import quote
 from .errors import JournalError, JournalReplaced, JournalWriteError, ReadFailed
 from .exposure import journal_exposures, warn_exposed
 from .lock import WriterLock
-from .names import journal_file, refuse_left_beside
+from .names import journal_file, refuse_left_beside, refuse_lost
 from .rows import FOLD_COLUMNS
 from .segment_tables import SEGMENT_LOCKS, SEGMENT_SQL, SegmentTables
 from .signing import Checkpoint
@@ -484,6 +484,8 @@ class SqliteBackend:
         linked = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'linked_calls'"
         ).fetchone()
+        if fresh:  # a new journal -- or one whose -wal (and the schema in it) was lost
+            refuse_lost(self.file, self.where)
         building = _unbuilt(conn, SESSION_INDEX, self.where)
         started = time.monotonic()
         # executescript() would COMMIT first; run the statements inside our transaction.

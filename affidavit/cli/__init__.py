@@ -205,11 +205,14 @@ def journal_refusal(
     crash: the message names the setting and the fix), ``JOURNAL_REPLACED`` (the SQLite file
     at the path is not the one this process writes: ``JournalReplaced``),
     ``SIGNING_RECORDS_REMOVED`` (a journal that looks from before signing but was written by
-    a signing broker: ``SigningRecordsRemoved``, never adopted) or
+    a signing broker: ``SigningRecordsRemoved``, never adopted), ``JOURNAL_LOST`` (a SQLite
+    file holding no journal beside its key files or segments: its -wal was lost,
+    ``JournalLost``; no schema is made there) or
     ``JOURNAL_UNUSABLE`` (the file, its directory or a key cannot be used as this user: the
     message names it and the fix)."""
     from affidavit.journal import (
         JournalLocked,
+        JournalLost,
         JournalNotDurable,
         JournalReplaced,
         JournalUnavailable,
@@ -233,6 +236,8 @@ def journal_refusal(
             code = "JOURNAL_UNAVAILABLE"
         elif isinstance(exc, SigningRecordsRemoved):
             code = SigningRecordsRemoved.code
+        elif isinstance(exc, JournalLost):
+            code = JournalLost.code
         else:
             code = "JOURNAL_UNUSABLE"
     return UsageError(str(exc) if message is None else message, code=code)
