@@ -33,6 +33,9 @@ from .names import beside, journal_file
 __all__ = ["JournalLocked", "WriterLock", "lock_path", "refuse_root_on_theirs"]
 
 _MAX_OWNER = 4096
+_TRIES = 3
+"""Times a writer opens and locks ``<journal>.lock`` anew when the file it locked is no longer
+the one at the path (removed or replaced between the open and the flock)."""
 
 
 class JournalLocked(JournalError):
@@ -214,22 +217,30 @@ class WriterLock:
         _refuse_other_names(journal, real)
         path = lock_path(real)
         mode = fcntl.LOCK_EX if owner is not None else fcntl.LOCK_SH
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
+        for _ in range(_TRIES):
+            fd = _open_lock(path)
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            except OSError as exc:
+                held = _read_owner(fd)
+                os.close(fd)
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise JournalError(f"cannot lock {path}: {exc.strerror}") from None
+                raise _refusal(journal, held, owner is not None) from None
+            try:
+                placed = _in_place(fd, path)
+            except BaseException:
+                os.close(fd)
+                raise
+            if placed:
+                break
+            os.close(fd)  # locked a file no longer at the path: it keeps no one out
+        else:
             raise JournalError(
-                f"cannot open the journal's lock {path}: {exc.strerror} (its directory must "
-                "exist and be writable by this user: fix that, or name another journal with "
-                "[journal] path or --journal)"
-            ) from None
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        except OSError as exc:
-            held = _read_owner(fd)
-            os.close(fd)
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise JournalError(f"cannot lock {path}: {exc.strerror}") from None
-            raise _refusal(journal, held, owner is not None) from None
+                f"the journal's lock {path} was replaced or removed each time it was taken "
+                f"({_TRIES} times): something is removing it -- stop that, then open the "
+                "journal again"
+            )
         try:
             beside_name = _hold_beside_name(journal, path, fd, mode, owner is not None)
         except BaseException:
@@ -239,6 +250,14 @@ class WriterLock:
             if held_fd is not None:
                 _describe(held_fd, owner)
         return cls(fd, path, exclusive=owner is not None, beside_name=beside_name)
+
+    def in_place(self) -> bool:
+        """Whether the file this lock holds is still the one at its path: removed (or replaced)
+        since, it keeps no one out -- the next writer creates a new file there and locks that,
+        a second owner beside this one.  Nothing at the path (or a lock let go) is False; a
+        ``stat`` that fails otherwise raises its ``OSError``: not a replacement."""
+        fd = self._fd
+        return fd is not None and _in_place(fd, self.path)
 
     def release(self) -> None:
         """Let go (of ``<given>.lock`` too, when held).  An owner clears its description
@@ -254,6 +273,27 @@ class WriterLock:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, 0)
             os.close(fd)
+
+
+def _open_lock(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise JournalError(
+            f"cannot open the journal's lock {path}: {exc.strerror} (its directory must "
+            "exist and be writable by this user: fix that, or name another journal with "
+            "[journal] path or --journal)"
+        ) from None
+
+
+def _in_place(fd: int, path: Path) -> bool:
+    """The file open as ``fd`` is the one at ``path`` (``os.stat``: the open followed a link
+    there too).  Nothing there is False; another ``stat`` error propagates."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return os.path.samestat(os.fstat(fd), st)
 
 
 def _describe(fd: int, owner: str | None) -> None:

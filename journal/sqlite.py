@@ -308,6 +308,9 @@ class SqliteBackend:
         self._checked: dict[int, tuple[int, int, int]] = {}
         """A ``tool`` connection's file (device, inode) and schema cookie when it was checked."""
         self._writer_file: tuple[int, int] | None = None
+        self._lock: WriterLock | None = None
+        """The writer lock this process holds (``writer_lock``), checked still in place with
+        the file at each writer transaction (``_require_lock``)."""
         """The (device, inode) of the file the first writer connection opened, read just
         before it was opened (``require_writer_file``); None: no writer here."""
 
@@ -426,6 +429,32 @@ class SqliteBackend:
             ) from None
         if not writes:
             raise self._replaced()
+        self._require_lock(ReadFailed)
+
+    def _require_lock(self, failed: type[JournalError]) -> None:
+        """``JournalReplaced`` if the writer lock this process holds is no longer the file at
+        ``<journal>.lock`` (deleted, or replaced): it keeps no one out any more -- a second
+        owner's start made a new lock file there, took it, and its recovery closed this
+        daemon's live call while this one went on writing (``WriterLock.in_place``).  Its
+        writes stop here: restarted, it takes the lock at the path again, or is told who holds
+        it.  A ``stat`` that fails otherwise raises ``failed`` (nothing was written)."""
+        lock = self._lock
+        if lock is None:
+            return
+        try:
+            placed = lock.in_place()
+        except OSError as exc:
+            raise failed(
+                f"journal {self.where}: its writer lock {lock.path} could not be checked "
+                f"({exc.strerror or type(exc).__name__}); nothing was written"
+            ) from None
+        if not placed:
+            raise JournalReplaced(
+                f"journal {self.where}: its writer lock {lock.path} is not the file this broker "
+                "locked (removed or replaced since): another writer may have taken the journal "
+                "beside it, so nothing is written here (JOURNAL_REPLACED); stop this broker "
+                "and start it again"
+            )
 
     def _replaced(self) -> JournalReplaced:
         return JournalReplaced(
@@ -551,6 +580,7 @@ class SqliteBackend:
         if not writes:
             self._fold_wal(conn, wait=False)
             raise self._replaced()
+        self._require_lock(JournalWriteError)
         want = "FULL" if barrier else "NORMAL"
         if self._sync.get(id(conn), "FULL") != want:
             conn.execute(f"PRAGMA synchronous={want}")
@@ -618,6 +648,7 @@ class SqliteBackend:
     def writer_lock(self, owner: str | None, keys: Sequence[Path] = ()) -> WriterLock:
         lock = WriterLock.acquire(self.file, owner, keys=keys, real=self.real)
         self.sole = lock.exclusive
+        self._lock = lock
         return lock
 
 
