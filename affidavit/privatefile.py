@@ -27,12 +27,14 @@ Symlinks are followed, as for ``[journal] key_file`` and ``signing_key`` (a moun
 often a symlink); the file the link names is what is checked.  Every message names the path and
 what is wrong with it, never a byte of the contents.
 
-Writing one is ``write_private_file``: the vault's files and the journal's key files alike.
+Writing one is ``write_private_file``: the vault's files and the journal's key files alike;
+``remove_leftovers`` removes the temp files a crash left of one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import shlex
@@ -49,6 +51,7 @@ __all__ = [
     "FileRefused",
     "is_serving",
     "read_small_file",
+    "remove_leftovers",
     "root_copy",
     "run_as_owner",
     "serving",
@@ -284,34 +287,143 @@ def _read_open(
 
 
 def write_private_file(path: Path, data: bytes, *, replace: bool = True, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` through a 0600 temp file beside it: written, fsynced, then
-    renamed over ``path`` (``replace``) or linked to it, never replacing one
+    """Write ``data`` to ``path``, written and fsynced before it has the name, then put in
+    place: renamed over ``path`` (``replace``) or linked to it, never replacing one
     (``FileExistsError``: a key is never clobbered), and the directory fsynced -- so a crash
     leaves the old file or the whole new one, never a torn or short one, and a name the
-    journal records survives with it.  A write that fails leaves nothing behind (the temp file
-    is removed), so a retry is not blocked by a short file.  The secret never sits in a
-    wider-mode file; ``mode`` (a public key's 0644) is set on the temp file whatever the umask,
-    before it has a byte."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    journal records survives with it.  The secret never sits in a wider-mode file; ``mode``
+    (a public key's 0644) is set whatever the umask, before the file has a byte.
+
+    Where the platform allows (Linux ``O_TMPFILE``, linked in through ``/proc/self/fd``), the
+    file has no name until it is whole: a process killed mid-write (SIGKILL at its fsync) leaves
+    nothing behind -- the temp file of an interrupted ``vault unlock`` held the derived vault
+    key, and copied into place it opened the vault without the passphrase.  ``replace`` still
+    takes a temp name for the instant between the link and the rename (no call replaces a name
+    with an unnamed file).  Elsewhere (no ``O_TMPFILE``, or the file system refuses it) a named
+    0600 temp file beside it, as before, removed when the write fails; a crash can leave it,
+    which ``remove_leftovers`` (run by the vault's lock, unlock and open and by key creation)
+    removes."""
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            if mode != 0o600:
-                os.fchmod(fh.fileno(), mode)
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if replace:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)  # (EEXIST: FileExistsError, the temp file removed below)
-            os.unlink(tmp)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
-    try:
+        if not _write_unnamed(dfd, path.name, data, replace, mode):
+            _write_named(dfd, path.name, data, replace, mode)
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+_UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT})
+"""What ``open(O_TMPFILE)`` or its link through ``/proc`` answers where the kernel, the file
+system or the mount (no ``/proc``) does not support it: the named temp file is used instead."""
+
+
+def _write_unnamed(dfd: int, name: str, data: bytes, replace: bool, mode: int) -> bool:
+    """``write_private_file`` through an unnamed file in the directory ``dfd``; False (nothing
+    written, nothing left) where that is not supported."""
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None:
+        return False
+    try:
+        fd = os.open(".", flag | os.O_WRONLY | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno in _UNSUPPORTED:
+            return False
+        raise
+    try:
+        _fill(fd, data, mode)
+        target = _tmp_name(name) if replace else name
+        try:
+            # linkat(AT_SYMLINK_FOLLOW) of the descriptor's /proc name: a dst_dir_fd makes
+            # Python call linkat, not link (which would not follow the /proc link).
+            os.link(f"/proc/self/fd/{fd}", target, dst_dir_fd=dfd, follow_symlinks=True)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            if exc.errno in _UNSUPPORTED:
+                return False
+            raise
+    finally:
+        os.close(fd)
+    if replace:
+        try:
+            os.replace(target, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(target, dir_fd=dfd)
+            raise
+    return True
+
+
+def _write_named(dfd: int, name: str, data: bytes, replace: bool, mode: int) -> None:
+    """``write_private_file`` through a 0600 temp file beside ``name``, removed if the write
+    fails (a retry is then not blocked by a short file)."""
+    tmp = _tmp_name(name)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    try:
+        try:
+            _fill(fd, data, mode)
+        finally:
+            os.close(fd)
+        if replace:
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        else:
+            os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+            os.unlink(tmp, dir_fd=dfd)  # (EEXIST: FileExistsError, the temp file removed below)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dfd)
+        raise
+
+
+def _fill(fd: int, data: bytes, mode: int) -> None:
+    if mode != 0o600:
+        os.fchmod(fd, mode)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
+
+
+_TMP_HEX = 12
+"""Hex digits of a temp name's random part: ``.<name>.<12 hex>.tmp``."""
+
+
+def _tmp_name(name: str) -> str:
+    return f".{name}.{secrets.token_hex(_TMP_HEX // 2)}.tmp"
+
+
+def remove_leftovers(path: Path) -> int:
+    """Remove the temp files ``write_private_file`` names for ``path`` that a crash left beside
+    it (a killed ``vault unlock``'s held the derived vault key): only names of exactly that
+    pattern (``.<name>.<12 lowercase hex>.tmp``), regular files this user owns, judged and
+    removed by name in the directory (``lstat``: a link there is never followed, and removing
+    it removes the link).  Returns how many went.  Run where no write of the same file can be
+    in flight, or that write fails (a named temp file only exists where ``O_TMPFILE`` is
+    not used, and for an instant of ``replace``): the vault under its lock; key creation
+    inside the journal's first write transaction.  A directory that cannot be read is left."""
+    prefix, uid, removed = f".{path.name}.", os.geteuid(), 0
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        for entry in os.listdir(dfd):
+            middle = entry[len(prefix) : -len(".tmp")]
+            if not (entry.startswith(prefix) and entry.endswith(".tmp")) or not _hex(middle):
+                continue
+            try:
+                st = os.stat(entry, dir_fd=dfd, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
+                    os.unlink(entry, dir_fd=dfd)
+                    removed += 1
+            except OSError:
+                continue
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+    return removed
+
+
+def _hex(text: str) -> bool:
+    return len(text) == _TMP_HEX and all(c in "0123456789abcdef" for c in text)

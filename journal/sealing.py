@@ -39,6 +39,7 @@ from affidavit.privatefile import (
     FileMissing,
     FileRefused,
     read_small_file,
+    remove_leftovers,
     write_private_file,
 )
 
@@ -113,7 +114,12 @@ def write_secret_file(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     byte (a public key's ``mode`` 0644 whatever the umask), its directory fsynced -- the journal
     records the key's id with ``synchronous=FULL``, so a crash must not keep the journal and
     lose its key -- and nothing left behind by a write that fails
-    (``privatefile.write_private_file``)."""
+    (``privatefile.write_private_file``: on Linux an unnamed file linked into place, so a
+    crash leaves none).  A temp file an earlier creation's crash left beside it (where that
+    could not be used) is removed first (``privatefile.remove_leftovers``): it may hold a
+    private key.  One process creates a key file at a time (a journal's inside its first write
+    transaction; an auditor pair by the operator's command), so no write of it is in flight."""
+    remove_leftovers(path)
     write_private_file(path, data, replace=False, mode=mode)
 
 

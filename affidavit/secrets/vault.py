@@ -55,7 +55,13 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from affidavit.privatefile import FileMissing, FileRefused, read_small_file, write_private_file
+from affidavit.privatefile import (
+    FileMissing,
+    FileRefused,
+    read_small_file,
+    remove_leftovers,
+    write_private_file,
+)
 
 __all__ = [
     "MAX_VAULT_BYTES",
@@ -217,6 +223,7 @@ class Vault:
     def open(cls, path: str | Path) -> Vault:
         vault = cls(Path(path))
         vault._read_header()
+        vault._sweep()
         return vault
 
     # -- locking --------------------------------------------------------------------------
@@ -228,17 +235,22 @@ class Vault:
         if not hmac.compare_digest(_check_value(key), header.check):
             raise WrongPassphrase(f"{self.path}: wrong passphrase")
         self._decrypt(header, key, self._read_raw())  # tampering is reported at unlock already
-        try:
-            write_private_file(self.unlock_path, _UNLOCK_MAGIC + header.salt + key)
-        except OSError as exc:
-            raise VaultError(
-                f"{self.unlock_path}: cannot write the unlock file: {exc.strerror}"
-            ) from None
+        with self._exclusive():
+            self._remove_leftovers()
+            try:
+                write_private_file(self.unlock_path, _UNLOCK_MAGIC + header.salt + key)
+            except OSError as exc:
+                raise VaultError(
+                    f"{self.unlock_path}: cannot write the unlock file: {exc.strerror}"
+                ) from None
 
     def lock(self) -> None:
-        """Forget the stored key (every process sees the vault locked from now on)."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.unlock_path)
+        """Forget the stored key (every process sees the vault locked from now on) -- and any
+        copy of it an interrupted ``unlock`` left in a temp file (``_remove_leftovers``)."""
+        with self._exclusive():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.unlock_path)
+            self._remove_leftovers()
 
     @property
     def is_locked(self) -> bool:
@@ -316,6 +328,23 @@ class Vault:
             yield
         finally:
             os.close(fd)
+
+    def _remove_leftovers(self) -> None:
+        """The temp files a killed write of the vault or its unlock file left (``privatefile.
+        remove_leftovers``: a killed ``unlock``'s held the derived key, which copied into place
+        opened the vault without the passphrase).  Called under ``_exclusive``, which every
+        write of either file holds, so no write in flight loses its temp file."""
+        remove_leftovers(self.unlock_path)
+        remove_leftovers(self.path)
+
+    def _sweep(self) -> None:
+        """``_remove_leftovers`` at an open, when the lock can be had: a reader in a directory
+        it cannot write (no lock file to make) reads the vault as before."""
+        try:
+            with self._exclusive():
+                self._remove_leftovers()
+        except VaultError:
+            pass
 
     def _read_raw(self) -> bytes:
         # Read inside the event loop on every vault: reference: never block on a FIFO, never
