@@ -28,7 +28,7 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
-GOLDEN = "527b1ea0451cf2fea621c40386d1607b5f47115603d0641de1f97444286850da"
+GOLDEN = "dc931261c9282288989d9a21c79d808c0ee810ba5a4f54da64e006baa9fdfb54"
 
 TOKEN = "tok-equivalence-0123456789abcdef"
 
@@ -47,14 +47,15 @@ _VARYING = frozenset(
         "sealed_summary_sha256",
         "summary_sha256",
         "lease_boot",
+        "boot",
         "requester",
     }
 )
 """Keys whose values change from run to run: times, the peer, and what is keyed by the
 journal's random key or covers what is (the stored result's marker and sealed summary -- the
-summary itself is in the envelope), the machine's boot id (``lease_boot``) and the uid running
-the tests (``requester``).  Each is replaced by a placeholder naming the key and the
-value's type: the type stays pinned."""
+summary itself is in the envelope), the machine's boot id (``lease_boot``; an idempotency key's
+``boot`` mark) and the uid running the tests (``requester``).  Each is replaced by a
+placeholder naming the key and the value's type: the type stays pinned."""
 
 _HMAC = re.compile(r"hmac-sha256:(?:[0-9a-f]{64}|[0-9a-f]{32})(?![0-9a-f])")
 """A digest keyed by the journal's random key (a config hash, a holder tag: 64 hex; a
