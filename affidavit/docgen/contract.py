@@ -221,8 +221,11 @@ def _retry_sections() -> list[str]:
         "event, a record's "
         "hint can only become more conservative (a usable key runs out; nothing makes a "
         "hint more permissive as time passes): no read says a same-key resend is safe after "
-        "the remote may have forgotten the key. A listing computes all of its hints at one "
-        "moment.",
+        "the remote may have forgotten the key. Nor does a clock stepped back: a key is "
+        "judged at the later of the clock's reading and its binding plus the boot-clock time "
+        "elapsed since (on the boot that bound it), and a reading from before its binding "
+        "leaves no retention known -- `reconcile` ([journal](journal.md#clocks), "
+        "`statemachine.key_moment`). A listing computes all of its hints at one moment.",
         "",
         "A record that rests in no final state (an attempt runs, waits for an operator, or its "
         "broker stopped and no read has closed it yet) is shown with `fetch_result` by every "
