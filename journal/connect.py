@@ -24,6 +24,7 @@ import base64
 import binascii
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from . import checkpoints
 from .backend import Backend
@@ -65,22 +66,36 @@ def bind_keys(
     signing_key_file: Path,
     clock: Callable[[], float],
     schema: str | None,
+    made: list[Path],
 ) -> tuple[BrokerKey, SigningKey]:
     """Inside the writer's first transaction, after ``Backend.create``: the sealing key and
     this broker's signing key, each checked against (or recorded in) the journal.  ``schema``:
-    the one the journal recorded before (``create``'s answer)."""
-    key = _broker_key(backend, tables, key_file)
+    the one the journal recorded before (``create``'s answer).  ``made``: each key file
+    created here is added to it -- the caller removes them if the transaction rolls back
+    (nothing recorded their ids; left, they would mark a journal that never was)."""
+    key = _broker_key(backend, tables, key_file, made)
     if backend.multi_signer:
-        signer = _register(backend, tables, signing_key_file)
+        signer = _register(backend, tables, signing_key_file, made)
     else:
-        signer = _single_signer(backend, tables, signing_key_file, clock, schema)
+        signer = _single_signer(backend, tables, signing_key_file, clock, schema, made)
     return key, signer
 
 
-def _broker_key(backend: Backend, tables: Tables, key_file: Path) -> BrokerKey:
+K = TypeVar("K", BrokerKey, SigningKey)
+
+
+def _load_or_create(kind: type[K], path: Path, made: list[Path]) -> K:
+    if path.exists():
+        return kind.load(path)
+    created = kind.create(path)
+    made.append(path)
+    return created
+
+
+def _broker_key(backend: Backend, tables: Tables, key_file: Path, made: list[Path]) -> BrokerKey:
     recorded = tables.meta("key_id")
     if recorded is None:
-        key = BrokerKey.load(key_file) if key_file.exists() else BrokerKey.create(key_file)
+        key = _load_or_create(BrokerKey, key_file, made)
         tables.insert_meta("key_id", key.key_id)
         return key
     if not key_file.exists():
@@ -109,10 +124,10 @@ def _recorded_key_missing(what: str, key_file: Path, where: str, setting: str) -
     )
 
 
-def _register(backend: Backend, tables: Tables, key_file: Path) -> SigningKey:
+def _register(backend: Backend, tables: Tables, key_file: Path, made: list[Path]) -> SigningKey:
     """A shared journal: this broker's key, registered if it is new to the journal.  A journal
     with rows must still end in a checkpoint some registered key signed."""
-    signer = SigningKey.load(key_file) if key_file.exists() else SigningKey.create(key_file)
+    signer = _load_or_create(SigningKey, key_file, made)
     keys = recorded_keys(tables)
     if signer.key_id not in keys:
         raw = base64.b64encode(signer.public_raw).decode("ascii")
@@ -130,6 +145,7 @@ def _single_signer(
     key_file: Path,
     clock: Callable[[], float],
     schema: str | None,
+    made: list[Path],
 ) -> SigningKey:
     where = backend.where
     seq, h = tables.head()
@@ -150,7 +166,7 @@ def _single_signer(
         return signer
     if seq:
         _refuse_removed(tables, where, key_file, schema)
-    signer = SigningKey.load(key_file) if key_file.exists() else SigningKey.create(key_file)
+    signer = _load_or_create(SigningKey, key_file, made)
     tables.insert_meta("signing_key_id", signer.key_id)
     tables.insert_meta("signing_public_key", base64.b64encode(signer.public_raw).decode("ascii"))
     if seq:

@@ -70,8 +70,10 @@ empty."""
 
 def refuse_lost(given: str | os.PathLike[str], where: str) -> None:
     """``JournalLost`` if the file ``given`` names holds no journal (the caller found no
-    ``events`` table) yet files only a journal made there leaves are beside it: its ``-wal``
-    was lost, with every commit since the last checkpoint, the schema too.  Never a new journal
+    ``events`` table, in a file that held SQLite's header before this open: a first open
+    finds it absent or empty, and is not asked) yet files only a journal made there leaves
+    are beside it: its ``-wal`` was lost, with every commit since the last checkpoint, the
+    schema too -- or a first open was killed before it committed.  Never a new journal
     signed with the old keys (``verify`` would say intact, a same-key call send again, a
     compaction delete the surviving segment files).  Operator words name the files and the way
     out; public words none."""
@@ -87,8 +89,9 @@ def refuse_lost(given: str | os.PathLike[str], where: str) -> None:
     raise JournalLost(
         f"journal {where} holds no journal, but {names} of a journal made there "
         f"{'is' if len(left) == 1 else 'are'} beside it: its -wal was lost (every commit since "
-        "the last checkpoint goes with it) -- restore the -wal (or a backup of the journal "
-        "with its -wal) and open it again; nothing was created. To start a new journal there "
+        "the last checkpoint goes with it), or its first open never committed -- restore the "
+        "-wal (or a backup of the journal with its -wal) and open it again; nothing was "
+        "created. To start a new journal there "
         f"deliberately, move {'it' if len(left) == 1 else 'them'} away first (`mkdir old && "
         f"mv {moves} old/`)",
         public="the journal file holds no journal but its key files or segments are beside "

@@ -308,11 +308,14 @@ class SqliteBackend:
         self._checked: dict[int, tuple[int, int, int]] = {}
         """A ``tool`` connection's file (device, inode) and schema cookie when it was checked."""
         self._writer_file: tuple[int, int] | None = None
+        """The (device, inode) of the file the first writer connection opened, read just
+        before it was opened (``require_writer_file``); None: no writer here."""
+        self._was_new = False
+        """The file was absent or empty before the first writer connection opened it: no
+        journal, so no lost -wal either (``create``: ``refuse_lost`` not asked)."""
         self._lock: WriterLock | None = None
         """The writer lock this process holds (``writer_lock``), checked still in place with
         the file at each writer transaction (``_require_lock``)."""
-        """The (device, inode) of the file the first writer connection opened, read just
-        before it was opened (``require_writer_file``); None: no writer here."""
 
     def tables(self, conn: Any) -> Tables:
         return SqliteTables(conn, self.segments)
@@ -327,6 +330,13 @@ class SqliteBackend:
     def _connect(self, role: str) -> sqlite3.Connection:
         path, real = self.file, self.real  # (named as given; opened as resolved once)
         if role == "writer":
+            if self._writer_file is None:  # (a lost -wal leaves at least SQLite's header)
+                try:
+                    self._was_new = real.stat().st_size == 0
+                except FileNotFoundError:
+                    self._was_new = True
+                except OSError:
+                    self._was_new = False
             # Made first (0600) so that it can be read before SQLite opens it: a file put in
             # its place in between -- or a link given re-pointed since the lock was taken
             # beside ``real`` -- is then found replaced at the first transaction, never taken
@@ -513,7 +523,7 @@ class SqliteBackend:
         linked = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'linked_calls'"
         ).fetchone()
-        if fresh:  # a new journal -- or one whose -wal (and the schema in it) was lost
+        if fresh and not self._was_new:  # a -wal (and the schema in it) lost, or a new one
             refuse_lost(self.file, self.where)
         building = _unbuilt(conn, SESSION_INDEX, self.where)
         started = time.monotonic()

@@ -210,16 +210,32 @@ class Journal(JournalReader):
     def _bind(self, key_file: Path, signing_key_file: Path) -> tuple[BrokerKey, SigningKey]:
         """Create or upgrade the schema and bind the keys, in one transaction."""
         backend, writer = self.backend, self._writer
+        made: list[Path] = []
+        committing = False
         backend.begin(writer.conn, barrier=True)
         try:
             schema = backend.create(writer.conn)
             bound = bind_keys(
-                backend, writer.tables, key_file, signing_key_file, self._clock, schema
+                backend, writer.tables, key_file, signing_key_file, self._clock, schema, made
             )
+            committing = True
             backend.commit(writer.conn)
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(Exception):
                 backend.rollback(writer.conn)
+            # The key files this transaction made: no row records their ids, and left beside
+            # the journal they would mark it as one whose -wal was lost (``names.refuse_lost``)
+            # -- the corrected retry refused.  A COMMIT that raised and may have landed keeps
+            # them: the journal may record their ids.
+            landed = committing and (
+                not isinstance(exc, backend.errors)
+                or backend.commit_may_have_landed(exc)
+                or backend.lost(exc)
+            )
+            if not landed:
+                for path in made:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
             raise
         return bound
 

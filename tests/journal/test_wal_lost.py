@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from affidavit.journal import Journal, JournalLost
+from affidavit.journal import Journal, JournalError, JournalLost
+from affidavit.journal.sealing import BrokerKey
+from affidavit.journal.signing import SigningKey
 from tests.broker.helpers import TOKEN_ENV, http_target, run_cli, write_config
 
 from .helpers import happy
@@ -107,10 +109,15 @@ def test_the_command_line_answers_journal_lost_in_one_line(lost: Path) -> None:
     assert "events" not in _tables(lost)
 
 
-async def test_segment_files_beside_an_empty_file_are_refused_too(tmp_path: Path) -> None:
+async def test_segment_files_beside_a_file_with_no_schema_are_refused_too(tmp_path: Path) -> None:
     """A journal whose key files are configured elsewhere still leaves its long results'
-    segment files beside it: those alone refuse a new schema."""
+    segment files beside it: those alone refuse a new schema in a file SQLite wrote before
+    (WAL mode is in its header from the first open: a lost -wal leaves at least that)."""
     db = tmp_path / "j.db"
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.close()
+    assert db.stat().st_size >= 4096
     segments = Path(f"{db}.results")
     segments.mkdir(mode=0o700)
     (segments / "seg-1").write_bytes(b"sealed")
@@ -136,3 +143,33 @@ async def test_a_new_journal_and_its_reopening_are_unchanged(tmp_path: Path) -> 
         await j.append(happy("inv-1")[0])
     async with Journal.open(db) as j:
         assert [e.kind for e in j.events("inv-1")] == [happy("inv-1")[0].kind]
+
+
+async def test_a_failed_first_open_leaves_no_key_file_and_the_retry_opens(tmp_path: Path) -> None:
+    """The first open made ``<path>.key`` and then failed (its signing key's directory is not
+    there): the rollback takes the key file it made with it -- nothing recorded its id -- so
+    the corrected open is a first open, not a journal whose -wal was lost."""
+    db = tmp_path / "j.db"
+    with pytest.raises(JournalError, match="signing key"):
+        async with Journal.open(db, signing_key=tmp_path / "nodir" / "s.key"):
+            pass
+    assert not Path(f"{db}.key").exists()
+    async with Journal.open(db) as j:
+        await j.append(happy("inv-1")[0])
+        assert j.verify().ok
+
+
+async def test_key_files_placed_before_the_first_open_are_used(tmp_path: Path) -> None:
+    """Key files an operator made at the default paths before the journal's first start are
+    the journal's keys ("created 0600 if absent"): not refused as a lost journal's."""
+    db = tmp_path / "j.db"
+    key = BrokerKey.create(Path(f"{db}.key"))
+    signer = SigningKey.create(Path(f"{db}.signing.key"))
+    async with Journal.open(db) as j:
+        await j.append(happy("inv-1")[0])
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        meta = dict(conn.execute("SELECT name, value FROM meta").fetchall())
+    finally:
+        conn.close()
+    assert meta["key_id"] == key.key_id and meta["signing_key_id"] == signer.key_id
