@@ -17,6 +17,9 @@ a daemon's start-up reclaim:
 * Only bytes no ``result_segments`` row names, whatever the row's record: a reference of a
   committed result, or one left by hand, keeps its range.  A row whose numbers are not sane
   keeps the whole segment.
+* Only a segment last written before the journal's newest row (``spare_after``): one written
+  later holds bytes whose commits, if any, are not in the journal -- in a ``-wal`` that was lost
+  (``opened.py``), or still to come -- and is left whole.
 * A segment no row names is removed (``unlink``, then the directory synced); else its tail past
   the last named byte is cut (``ftruncate``) and, on Linux, the unnamed blocks between are
   punched out (``fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)``: the offsets of the
@@ -103,6 +106,10 @@ class Compaction:
     absent: bool = False
     """No segment directory (no long result was ever stored in a file): nothing to compact,
     nothing looked at -- not "0 files looked at"."""
+    spared: int = 0
+    """Files last written after the journal's newest row (``spare_after``): left whole -- the
+    commits naming their bytes may be in a lost ``-wal`` (``opened.py``); a later reclaim,
+    once newer rows are there, takes what no row names."""
 
 
 def refusal_message(where: str, code: str = UNPROVEN) -> str:
@@ -142,9 +149,11 @@ def compact(
     *,
     proven: bool,
     dry_run: bool = False,
+    spare_after: float | None = None,
 ) -> Compaction:
     """Compact every segment file in ``directory`` that no live writer holds; ``read_refs``
-    answers the (segment, pos, size) reference rows of the named segments.  ``proven``: no
+    answers the (segment, pos, size) reference rows of the named segments.  ``spare_after``:
+    the newest row's time -- a segment modified later is left whole (``spared``).  ``proven``: no
     writer that leaves its segments unlocked can be writing (``SEGMENT_LOCKS``); if not, a
     directory with segment files is refused (``UNPROVEN``, none touched) -- one without is
     not: the files listed here are the only ones a compaction takes, so none is nothing to
@@ -157,7 +166,7 @@ def compact(
     if names and not proven:
         return Compaction(0, 0, 0, 0, refused=UNPROVEN)
     holes = probe_holes(directory) if names else False
-    seen = removed = busy = returned = 0
+    seen = removed = busy = returned = spared = 0
     for start in range(0, len(names), _GROUP):
         held: dict[str, int] = {}
         try:
@@ -166,6 +175,9 @@ def compact(
                 seen += 1
                 if fd is None:
                     busy += 1
+                elif fd >= 0 and spare_after is not None and os.fstat(fd).st_mtime > spare_after:
+                    os.close(fd)
+                    spared += 1
                 elif fd >= 0:
                     held[name] = fd
             _step("locked")
@@ -188,7 +200,7 @@ def compact(
         finally:
             for fd in held.values():
                 os.close(fd)
-    return Compaction(seen, removed, busy, returned, holes)
+    return Compaction(seen, removed, busy, returned, holes, spared=spared)
 
 
 def _lock(path: Path) -> int | None:
@@ -240,8 +252,12 @@ def _compact_one(
         if punch is not None:
             freed += sum(_data(fd, a, b) for a, b in gaps)
         return 0, freed
+    # Each change keeps the segment's times: its mtime is when its writer last wrote it,
+    # which ``spare_after`` judges (a compaction's own change never makes a segment spared).
+    times = (st.st_atime_ns, st.st_mtime_ns)
     if end < size:
         os.ftruncate(fd, end)
+        os.utime(fd, ns=times)
         _step("truncated")
     if punch is not None:
         for a, b in gaps:
@@ -249,6 +265,7 @@ def _compact_one(
                 if ctypes.get_errno() in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                     break  # not on this filesystem: the gaps stay
                 raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+            os.utime(fd, ns=times)
             _step("punched")
     os.fsync(fd)
     return 0, max(allocated - os.fstat(fd).st_blocks * 512, 0)

@@ -720,7 +720,8 @@ class Journal(JournalReader):
         connection opened (and closed) here, in the calling thread -- refused (``refused``,
         nothing touched) where there are segment files while a writer of an earlier affidavit,
         which leaves its segments unlocked, may still write the journal (no ``SEGMENT_LOCKS``:
-        ``compact.py``)."""
+        ``compact.py``).  A segment written after the newest row is spared (``spare_after``):
+        the commits naming its bytes may be in a lost -wal (``opened.py``)."""
         backend, what = self.backend, "the result segments' references"
         conn = backend.connect("tool")
 
@@ -730,7 +731,15 @@ class Journal(JournalReader):
 
         try:
             proven = backend.tables(conn).meta(SEGMENT_LOCKS) is not None
-            return compact.compact(backend.segments, read_refs, proven=proven, dry_run=dry_run)
+            newest = conn.execute("SELECT at FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+            try:  # (no row, or one altered to hold no time: every segment spared)
+                after = float(newest[0]) if newest else 0.0
+            except (TypeError, ValueError):
+                after = 0.0
+            after = after if math.isfinite(after) else 0.0
+            return compact.compact(
+                backend.segments, read_refs, proven=proven, dry_run=dry_run, spare_after=after
+            )
         except backend.errors as exc:
             raise self._error(what, exc) from None
         except OSError as exc:

@@ -179,6 +179,11 @@ def _report(args: argparse.Namespace, done: Reclamation, where: str) -> None:
             f"{seg['files']} file(s) looked at, {seg['removed']} removed whole"
             + (f", {seg['busy']} left (held by a running writer)" if seg["busy"] else "")
             + (
+                f", {seg['spared']} left (written after the journal's newest row)"
+                if seg["spared"]
+                else ""
+            )
+            + (
                 "; holes punched between committed chunks"
                 if seg["holes"]
                 else "; this filesystem cannot punch holes: only whole files and tails count"
@@ -201,6 +206,7 @@ def _segments(done: Reclamation, where: str) -> dict[str, Any] | None:
         "files": c.segments,
         "removed": c.removed,
         "busy": c.busy,
+        "spared": c.spared,
         "bytes": c.bytes,
         "holes": c.holes,
     }
