@@ -246,11 +246,20 @@ class Vault:
 
     def lock(self) -> None:
         """Forget the stored key (every process sees the vault locked from now on) -- and any
-        copy of it an interrupted ``unlock`` left in a temp file (``_remove_leftovers``)."""
-        with self._exclusive():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.unlock_path)
-            self._remove_leftovers()
+        copy of it an interrupted ``unlock`` left in a temp file (``_remove_leftovers``).  The
+        unlock file goes first, without the lock: a lock file that cannot be opened (its path
+        made a directory, a read-only directory) or a holder that keeps it must not leave the
+        key on disk; the leftovers are then removed under the lock, as best it can (``_sweep``:
+        an ``unlock`` writing meanwhile keeps its temp file)."""
+        try:
+            os.unlink(self.unlock_path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise VaultError(
+                f"{self.unlock_path}: cannot remove the unlock file: {exc.strerror}"
+            ) from None
+        self._sweep()
 
     @property
     def is_locked(self) -> bool:

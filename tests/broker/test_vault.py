@@ -7,11 +7,13 @@ and ``affidavit vault …`` are separate processes, so the CLI tests run a real 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +96,35 @@ def test_lock_in_one_instance_locks_every_other(vault: Vault) -> None:
     assert vault.get("api") == (CANARY, 1)
     vault.lock()
     vault.lock()  # idempotent
+
+
+def test_lock_forgets_the_key_even_when_the_lock_file_cannot_be_opened(vault: Vault) -> None:
+    """The unlock file goes before the vault's lock is taken: a lock file that cannot be
+    opened (here its path is a directory) or a holder that keeps it never leaves the key on
+    disk after ``vault lock`` answered."""
+    os.unlink(vault.lock_path)
+    vault.lock_path.mkdir()
+    assert vault.unlock_path.exists()
+    vault.lock()
+    assert not vault.unlock_path.exists()
+    assert Vault.open(vault.path).is_locked
+
+
+def test_lock_forgets_the_key_while_another_holds_the_vaults_lock(vault: Vault) -> None:
+    fd = os.open(vault.lock_path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        done = threading.Thread(target=vault.lock, daemon=True)
+        done.start()
+        deadline = time.monotonic() + 10
+        while vault.unlock_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not vault.unlock_path.exists()  # gone while the holder still holds the lock
+        assert done.is_alive()  # (the leftovers' sweep waits for it)
+    finally:
+        os.close(fd)
+    done.join(timeout=10)
+    assert not done.is_alive()
 
 
 def test_wrong_passphrase_is_a_clear_error(vault: Vault) -> None:
