@@ -21,6 +21,7 @@ import fcntl
 import os
 import shlex
 import stat
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -188,6 +189,13 @@ def _theirs(path: Path) -> bool:
         return False
 
 
+FRESH_EVERY = 60.0
+"""Seconds between two touches of a held lock file's times (``WriterLock``): an age-based
+cleaner of a temporary directory (systemd-tmpfiles, tmpreaper) removes a file none of whose
+times moved for days -- a lock under ``/tmp`` never written again would go, and every write
+after be refused ``JOURNAL_REPLACED`` until a restart."""
+
+
 class WriterLock:
     def __init__(
         self, fd: int, path: Path, *, exclusive: bool, beside_name: int | None = None
@@ -196,6 +204,19 @@ class WriterLock:
         self._beside_name = beside_name  # (``<given>.lock``, held with it: ``_hold_beside_name``)
         self.path = path
         self.exclusive = exclusive
+        self._released = threading.Event()
+        self._keeper = threading.Thread(
+            target=self._keep_fresh, args=(fd,), name="affidavit-journal-lock", daemon=True
+        )
+        self._keeper.start()
+
+    def _keep_fresh(self, fd: int) -> None:
+        """Touch the lock file's times every ``FRESH_EVERY`` seconds while it is held (the
+        descriptor's: a file put at the path meanwhile is not touched); an error -- a file
+        this user may not touch -- leaves it for the next time."""
+        while not self._released.wait(FRESH_EVERY):
+            with contextlib.suppress(OSError):
+                os.utime(fd)
 
     @classmethod
     def acquire(
@@ -264,6 +285,9 @@ class WriterLock:
         first; a shared holder only closes -- it never takes the lock exclusive on its way out,
         not even for an instant: an embedded writer opening the journal in that instant was
         refused as if a daemon owned it."""
+        self._released.set()
+        if self._keeper is not threading.current_thread():
+            self._keeper.join()  # (before its descriptor is closed: never a reused number)
         fds = (self._beside_name, self._fd)
         self._fd = self._beside_name = None
         for fd in fds:

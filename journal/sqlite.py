@@ -599,23 +599,40 @@ class SqliteBackend:
         pass  # the session index is built in the opening transaction (``create``)
 
     def begin(self, conn: Any, *, barrier: bool, wait: float | None = None) -> str:
-        try:
-            writes = self.writes_path()
-        except OSError as exc:  # before the transaction: a refusal writes nothing
-            raise JournalWriteError(
-                f"journal {self.where}: the file at its path could not be checked "
-                f"({exc.strerror or type(exc).__name__}); nothing was written"
-            ) from None
-        if not writes:
-            self._fold_wal(conn, wait=False)
-            raise self._replaced()
-        self._require_lock(JournalWriteError)
+        self._refuse_unless_writing(conn)  # (spares waiting for the write lock when so)
         want = "FULL" if barrier else "NORMAL"
         if self._sync.get(id(conn), "FULL") != want:
             conn.execute(f"PRAGMA synchronous={want}")
             self._sync[id(conn)] = want
         conn.execute("BEGIN IMMEDIATE")
+        # Again, under SQLite's write lock: a second writer makes its lock file before its
+        # first commit, so a lock or file replaced while this one waited is seen here, before
+        # anything is written -- race-free.
+        try:
+            self._refuse_unless_writing(conn, started=True)
+        except BaseException:
+            self.rollback(conn)
+            raise
         return want
+
+    def _refuse_unless_writing(self, conn: Any, *, started: bool = False) -> None:
+        """``JournalReplaced`` unless the file at the path is this writer's and its lock still
+        the file at ``<journal>.lock``; a ``stat`` that fails otherwise is a
+        ``JournalWriteError`` (nothing was written).  A replaced file's WAL is folded into the
+        one held (``_fold_wal``) -- after the rollback, when the transaction ``started``."""
+        try:
+            writes = self.writes_path()
+        except OSError as exc:  # a refusal writes nothing
+            raise JournalWriteError(
+                f"journal {self.where}: the file at its path could not be checked "
+                f"({exc.strerror or type(exc).__name__}); nothing was written"
+            ) from None
+        if not writes:
+            if started:
+                self.rollback(conn)
+            self._fold_wal(conn, wait=False)
+            raise self._replaced()
+        self._require_lock(JournalWriteError)
 
     def commit(self, conn: Any) -> None:
         checkpointer = self._checkpointers.get(id(conn))

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
 
 from affidavit.journal import Journal, JournalError, JournalLocked, JournalReplaced
 from affidavit.journal import lock as lock_module
@@ -101,3 +105,66 @@ async def test_a_lock_removed_each_time_it_is_taken_is_refused(
     monkeypatch.setattr(lock_module.fcntl, "flock", _flock_after(os.unlink, path, 1_000))
     with pytest.raises(JournalError, match="replaced or removed each time"):
         WriterLock.acquire(db, owner=OWNER)
+
+
+@pytest.mark.parametrize("what", ["lock", "file"])
+async def test_a_lock_or_file_replaced_while_waiting_for_the_write_lock_writes_nothing(
+    tmp_path: Path, what: str
+) -> None:
+    """The check is made again under SQLite's write lock: a lock (or journal file) replaced
+    after the check before ``BEGIN IMMEDIATE`` and before that transaction got the write lock
+    -- while another connection held it -- is seen before anything is written."""
+    db = tmp_path / "j.db"
+    first, second = happy("inv-1")[:2]
+    async with Journal.open(db, owner=OWNER) as j:
+        await j.append(first)
+        backend: Any = j.backend
+        checked = threading.Event()
+        check = backend._require_lock
+
+        def noted(failed: type[JournalError]) -> None:
+            check(failed)
+            checked.set()
+
+        backend._require_lock = noted
+        blocker = sqlite3.connect(db, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # the write lock, held
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def append() -> None:
+                    with pytest.raises(JournalReplaced):
+                        await j.append(second)
+
+                nursery.start_soon(append)
+                with trio.fail_after(10):
+                    await trio.to_thread.run_sync(checked.wait)  # checked, now waiting
+                if what == "lock":
+                    os.unlink(lock_path(db))
+                else:
+                    (tmp_path / "other").write_bytes(b"")
+                    os.rename(tmp_path / "other", db)
+                blocker.execute("ROLLBACK")
+        finally:
+            blocker.close()
+        assert [e.kind for e in j.events("inv-1")] == [first.kind]  # nothing written
+
+
+async def test_a_held_lock_files_times_are_kept_fresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An age-based cleaner of a temporary directory (systemd-tmpfiles) removes a file whose
+    times have not moved for days: a held lock's are touched every ``FRESH_EVERY`` seconds
+    (60; shortened here), and no longer once it is let go."""
+    monkeypatch.setattr(lock_module, "FRESH_EVERY", 0.02)
+    db = tmp_path / "j.db"
+    path = lock_path(db)
+    async with Journal.open(db, owner=OWNER):
+        os.utime(path, (1_000_000, 1_000_000))  # days old
+        with trio.fail_after(10):
+            while path.stat().st_mtime == 1_000_000:
+                await trio.sleep(0.01)
+        assert path.stat().st_atime > 1_000_000
+    os.utime(path, (1_000_000, 1_000_000))
+    await trio.sleep(0.1)
+    assert path.stat().st_mtime == 1_000_000  # let go: not touched any more
