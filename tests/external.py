@@ -62,6 +62,7 @@ __all__ = [
     "on_free_port",
     "on_free_port_async",
     "port_taken",
+    "require_boot_clock",
     "require_file",
     "require_module",
     "require_posix_acl",
@@ -166,6 +167,17 @@ def require_glibc(reason: str = "glibc's allocator only") -> None:
         version = None
     if not sys.platform.startswith("linux") or not version:
         _skip_or_fail(reason, f"{sys.platform}, no glibc version")
+
+
+def require_boot_clock() -> None:
+    """Tests of a key's or lease's age by the boot clock (``journal/boot.py``): a host with no
+    ``CLOCK_BOOTTIME`` or no boot id (not Linux) skips them with the reason ``needs
+    CLOCK_BOOTTIME and a boot id (Linux)``, a failure when ``AFFIDAVIT_REQUIRE_PROGRAMS=1``
+    (CI runs on Linux, which has both)."""
+    from affidavit.journal.boot import boot_mark
+
+    if boot_mark() is None:
+        _skip_or_fail("needs CLOCK_BOOTTIME and a boot id (Linux)", f"none on {sys.platform}")
 
 
 BUILD_TIMEOUT = 60.0

@@ -167,6 +167,25 @@ def test_a_test_needing_root_skips_with_the_reason_or_fails_when_required(
     require_root()  # root: nothing to skip
 
 
+def test_a_host_without_a_boot_clock_skips_with_the_reason_or_fails_when_required(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The key-age tests by the boot clock (``journal/boot.py``): the same rule, a kernel
+    feature for a program."""
+    import time
+
+    from tests.external import require_boot_clock
+
+    require_boot_clock()  # (this host: Linux, nothing to skip)
+    monkeypatch.delattr(time, "CLOCK_BOOTTIME", raising=False)
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="needs CLOCK_BOOTTIME"):
+        require_boot_clock()
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="needs CLOCK_BOOTTIME"):
+        require_boot_clock()
+
+
 def test_a_missing_python_package_of_an_extra_skips_or_fails_by_the_same_rule(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

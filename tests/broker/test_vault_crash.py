@@ -24,10 +24,12 @@ from affidavit import privatefile
 from affidavit.journal import Journal
 from affidavit.privatefile import write_private_file
 from affidavit.secrets.vault import PASSPHRASE_ENV, Vault, VaultLocked
+from tests.external import require_root
 
 PASS = "correct horse battery staple"
 FAST = 10  # scrypt N = 2**10
 LEFTOVER = "0123456789ab"  # a temp name's 12 hex digits
+NOBODY = 65534  # another uid
 
 # Unlock in a child process whose first fsync kills it (SIGKILL): the write of the unlock file,
 # killed after its bytes were written and before they had a name.
@@ -96,6 +98,18 @@ def test_vault_lock_removes_a_leftover_temp_file_and_nothing_else(
     assert not left.exists()
     assert link.is_symlink() and outside.read_bytes() == b"not the vault's"
     assert all(o.read_bytes() == b"someone else's" for o in others)
+
+
+def test_a_leftover_another_user_owns_is_left(vault: Vault) -> None:
+    """Only this user's temp files go: one of the pattern another uid owns (chowned to nobody
+    here: CI runs as root) is not this broker's to remove."""
+    require_root()
+    theirs = _leftover(vault.unlock_path, b"someone else's")
+    os.chown(theirs, NOBODY, NOBODY)
+    mine = _leftover(vault.path, b"an older vault")
+    assert privatefile.remove_leftovers(vault.unlock_path) == 0
+    assert privatefile.remove_leftovers(vault.path) == 1
+    assert theirs.read_bytes() == b"someone else's" and not mine.exists()
 
 
 def test_unlock_and_open_remove_leftovers_of_the_vault_and_its_unlock_file(vault: Vault) -> None:

@@ -22,6 +22,7 @@ import pytest
 from affidavit.journal import Journal, KeyRetentionPassed, boot, boot_mark
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
+from tests.external import require_boot_clock
 
 from .helpers import FINGERPRINT, interrupted
 
@@ -66,6 +67,11 @@ def _hint(j: Journal, iid: str) -> str:
     return record.retry
 
 
+@pytest.fixture(autouse=True)
+def _boot_clock() -> None:
+    require_boot_clock()
+
+
 def _boot_later(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     now = boot._boot_now()
     assert now is not None
@@ -89,7 +95,7 @@ async def test_a_clock_stepped_back_never_reopens_a_keys_retention(
     wall, boot_on, other_boot = CASES[case]
     clock = Clock()
     mark = boot_mark()
-    assert mark is not None, "this host has no boot clock"
+    assert mark is not None
     async with Journal.open(tmp_path / "j.db", clock=clock) as j:
         await _record_unknown(j, "inv-1", mark)
         assert _hint(j, "inv-1") == "same_idempotency_key"  # just bound: a same-key retry
@@ -129,6 +135,9 @@ async def test_a_forged_boot_mark_ahead_of_the_clock_makes_no_key_younger(
     mark = boot_mark()
     assert mark is not None
     forged = {**mark, "at": float(mark["at"]) + HOUR}  # type: ignore[arg-type]
+    elapsed = boot.boot_elapsed(mark)
+    assert elapsed is not None and elapsed >= 0  # the true mark is read
+    assert boot.boot_elapsed(forged) is None  # the forged one is not: no younger key
     async with Journal.open(tmp_path / "j.db", clock=clock) as j:
         await _record_unknown(j, "inv-1", forged)
         clock.now = T0 + 200.0
