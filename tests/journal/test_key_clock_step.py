@@ -142,3 +142,20 @@ async def test_a_forged_boot_mark_ahead_of_the_clock_makes_no_key_younger(
         await _record_unknown(j, "inv-1", forged)
         clock.now = T0 + 200.0
         assert _hint(j, "inv-1") == "reconcile"
+
+
+async def test_a_hint_made_reconcile_by_a_clock_before_the_binding_comes_back_once_past_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one way a hint becomes more permissive as time passes (docs/contract.md, 'When the
+    hint is computed'): a clock reading before the key's binding knows no retention --
+    ``reconcile`` -- and once it reads past the binding again, a key still usable is
+    ``same_idempotency_key`` again; never past what the boot clock says elapsed."""
+    clock = Clock()
+    async with Journal.open(tmp_path / "j.db", clock=clock) as j:
+        await _record_unknown(j, "inv-1", boot_mark())
+        clock.now = T0 - HOUR  # stepped back (a failover to a server whose clock is behind)
+        _boot_later(monkeypatch, 5.0)
+        assert _hint(j, "inv-1") == "reconcile"
+        clock.now = T0 + 5.0  # corrected
+        assert _hint(j, "inv-1") == "same_idempotency_key"
