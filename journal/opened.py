@@ -12,13 +12,9 @@ in the main file tells.  This marker does:
 * A close -- of a writer or of the writing journal's reader -- removes the marker only when the
   ``-wal`` is gone after it: SQLite itself removed it, every commit is in the main file.  One of
   two embedded writers closing leaves the ``-wal`` to the other, and the marker with it.
-* The marker records the journal file's state (size, mtime) when a writer opened it
-  and after each checkpoint a writer made (``record``).  An open that finds the marker, no
-  ``-wal``, and a journal file with a database in it, as the marker recorded it, is refused
-  ``JournalLost`` (``JOURNAL_LOST``): the -wal of a journal that was open was lost -- killed,
-  then the ``-wal`` removed.  A file changed since was checkpointed by another SQLite program
-  (the ``sqlite3`` shell after a crash), which removes a ``-wal`` only once every frame of it
-  is in the file: not a loss.  Nothing is opened, so nothing
+* An open that finds the marker and no ``-wal`` beside a journal file with a database in it
+  (more than 0 bytes) is refused ``JournalLost`` (``JOURNAL_LOST``): the -wal of a journal
+  that was open was lost -- killed, then the ``-wal`` removed.  Nothing is opened, so nothing
   (start-up reclaim included) touches the segment files.  A read-only open (``verify``, the
   views) is refused the same way (``refuse_read_if_lost``): SQLite makes an empty ``-wal``
   for it, after which the loss no longer shows -- as it does not after any other SQLite
@@ -41,7 +37,7 @@ from pathlib import Path
 from .errors import JournalError, JournalLost
 from .names import beside
 
-__all__ = ["MARKER", "closing", "opening", "record", "refuse_read_if_lost"]
+__all__ = ["MARKER", "closing", "opening", "refuse_read_if_lost"]
 
 MARKER = ".open"
 _TRIES = 3
@@ -80,55 +76,11 @@ def _in_place(fd: int, path: Path) -> bool:
     return (held.st_dev, held.st_ino) == (st.st_dev, st.st_ino)
 
 
-def _state(real: Path) -> bytes:
-    """The journal file as the marker records it: size and mtime (ns), empty if unread -- not
-    its inode: a copy that kept its times (``cp -a``, a backup restored) is the same file."""
+def _holds_database(real: Path) -> bool:
     try:
-        st = real.stat()
-    except OSError:
-        return b""
-    return f"{st.st_size} {st.st_mtime_ns}\n".encode("ascii")
-
-
-def _write_state(fd: int, real: Path) -> None:
-    with contextlib.suppress(OSError):
-        data = _state(real)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
-
-
-def _lost_here(fd: int, real: Path) -> bool:
-    """The marker ``fd`` (locked) says the -wal was lost: the file holds a database, its
-    ``-wal`` is gone, and the file is as a writer of this journal last left it (``record``: no
-    other program's checkpoint has written it since -- one that did copied every frame of the
-    -wal into it before removing it).  A marker recording nothing (a writer killed while it
-    opened) counts as unchanged."""
-    try:
-        if real.stat().st_size == 0 or os.path.lexists(_wal(real)):
-            return False
-        recorded = os.pread(fd, 128, 0)
-    except OSError:
+        return real.stat().st_size > 0
+    except FileNotFoundError:
         return False
-    return not recorded or recorded == _state(real)
-
-
-def record(real: Path) -> None:
-    """After a writer's checkpoint copied frames into the journal file ``real``: the file's
-    state into the marker (``_lost_here``).  Never waits: a marker another open or close
-    holds this instant is recorded at the next checkpoint."""
-    marker = beside(real, MARKER)
-    try:
-        fd = os.open(marker, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if _in_place(fd, marker):
-            _write_state(fd, real)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -162,14 +114,13 @@ def opening(real: Path, where: str) -> Iterator[None]:
                 continue  # a close removed it while this open waited
             if made:
                 _sync(fd, marker, where)
-            elif _lost_here(fd, real):
+            elif _holds_database(real) and not os.path.lexists(_wal(real)):
                 raise _lost(real, where, marker)
             try:
                 yield
             except BaseException:
                 _remove_unless_wal(real, fd, marker)  # (the open failed: what a close does)
                 raise
-            _write_state(fd, real)
             return
         finally:
             os.close(fd)  # (the lock with it)
@@ -188,7 +139,8 @@ def refuse_read_if_lost(real: Path, where: str) -> None:
     try:
         with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_SH)  # (not during a close's removal of both)
-        if _in_place(fd, marker) and _lost_here(fd, real):
+        lost = _in_place(fd, marker) and _holds_database(real)
+        if lost and not os.path.lexists(_wal(real)):
             raise _lost(real, where, marker)
     finally:
         os.close(fd)
@@ -226,9 +178,8 @@ def _remove_unless_wal(real: Path, fd: int, marker: Path) -> None:
 def _lost(real: Path, where: str, marker: Path) -> JournalLost:
     return JournalLost(
         f"journal {where}: its -wal ({_wal(real)}) is gone, but {marker} says the journal was "
-        "open and never closed, and no checkpoint wrote the file since: the -wal was lost "
-        "with every commit since the last checkpoint, if it held any (what is left still "
-        "verifies, shorter) -- restore the -wal (or a backup of the "
+        "open and never closed: the -wal was lost with every commit since the last checkpoint "
+        "(what is left still verifies, shorter) -- restore the -wal (or a backup of the "
         "journal with its -wal) and open it again; nothing was opened and no segment file "
         "touched. To go on with what is left, knowingly, remove the marker "
         f"(`rm {marker}`) and run `affidavit journal verify` against an anchor kept elsewhere",

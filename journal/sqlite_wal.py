@@ -11,7 +11,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from . import opened
 from .errors import JournalError
 
 __all__ = ["BUSY_TIMEOUT_MS", "CHECKPOINT_COMMITS", "CHECKPOINT_PAGES", "commit_frame_unwritten"]
@@ -132,20 +131,18 @@ class _Checkpointer:
                         # with the writer's WAL (an error of the check: not this time).
                         if not self._writes_path():
                             continue
-                        fresh = sqlite3.connect(str(self._path), isolation_level=None)
+                        opened = sqlite3.connect(str(self._path), isolation_level=None)
                         try:
                             same = self._writes_path()
                         except OSError:
                             same = False
                         if not same:
-                            fresh.close()
+                            opened.close()
                             continue
-                        conn = fresh
+                        conn = opened
                         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
                     busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                     self._copied_all = not busy and frames == copied
-                    if copied:
-                        opened.record(self._path)
         finally:
             if conn is not None:
                 conn.close()
@@ -159,7 +156,6 @@ class _Checkpointer:
         self._copied_all = False
         with contextlib.suppress(sqlite3.Error):
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-            opened.record(self._path)
 
     def close(self) -> None:
         """Stop the thread (after the checkpoint it is running, if any)."""

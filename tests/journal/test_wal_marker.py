@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
-from affidavit.journal import Journal, JournalLost, opened, sqlite_wal
+from affidavit.journal import Journal, JournalLost
 from affidavit.journal import compact as compact_mod
 from affidavit.journal.backend import open_backend
 from affidavit.journal.reader import JournalReader
@@ -41,34 +40,13 @@ def _left_without_wal(db: Path, to: Path) -> Path:
     return to / "j.db"
 
 
-async def test_the_writers_checkpoints_are_recorded_in_the_marker(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The checkpoint thread (woken at every commit here) records the file it wrote."""
-    monkeypatch.setattr(sqlite_wal, "CHECKPOINT_COMMITS", 1)
-    db = tmp_path / "j.db"
-    async with Journal.open(db) as j:
-        opened_as = _marker(db).read_bytes()
-        for event in happy("inv-1"):
-            await j.append(event)
-        with trio.fail_after(10):
-            while _marker(db).read_bytes() in (opened_as, b""):
-                await trio.sleep(0.01)
-        with trio.fail_after(10):
-            while _marker(db).read_bytes() != opened._state(db):
-                await trio.sleep(0.01)
-
-
 async def test_a_wal_lost_after_a_checkpoint_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "j.db"
     async with Journal.open(db) as j:
         for event in happy("inv-1"):
             await j.append(event)
         assert _marker(db).exists()
-        # inv-1 copied into the file, as the writer's checkpoint thread does (and records it:
-        # test_the_writers_checkpoints_are_recorded_in_the_marker)
-        sql(db, "PRAGMA wal_checkpoint(PASSIVE)")
-        opened.record(db)
+        sql(db, "PRAGMA wal_checkpoint(PASSIVE)")  # inv-1 now in the main file
         for event in happy("inv-2"):
             await j.append(event)  # in the -wal alone
         lost = _left_without_wal(db, tmp_path / "copy")
@@ -89,27 +67,6 @@ async def test_a_wal_lost_after_a_checkpoint_is_refused(tmp_path: Path) -> None:
             pass
     # What the refusal saw: the schema and inv-1 survived, inv-2 did not.
     assert sql(lost, "SELECT DISTINCT invocation_id FROM events") == [("inv-1",)]
-
-
-async def test_a_wal_another_sqlite_program_checkpointed_and_removed_is_no_loss(
-    tmp_path: Path,
-) -> None:
-    """Killed (its files copied as they are, -wal included), then opened and closed by another
-    SQLite program (the ``sqlite3`` shell): it copied every frame into the file and removed
-    the -wal.  The file changed since the marker recorded it: no loss, the journal opens."""
-    db = tmp_path / "j.db"
-    async with Journal.open(db) as j:
-        for event in happy("inv-1"):
-            await j.append(event)
-        copy = tmp_path / "copy"
-        _left_without_wal(db, copy)
-        shutil.copy2(f"{db}-wal", copy / "j.db-wal")
-    killed = copy / "j.db"
-    assert sql(killed, "SELECT count(*) FROM events") == [(len(happy("inv-1")),)]
-    assert not Path(f"{killed}-wal").exists() and _marker(killed).exists()
-    async with Journal.open(killed) as j:
-        assert len(list(j.events("inv-1"))) == len(happy("inv-1"))
-        assert j.verify().ok
 
 
 async def test_the_way_out_is_to_remove_the_marker_knowingly(tmp_path: Path) -> None:
