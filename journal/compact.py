@@ -19,7 +19,7 @@ a daemon's start-up reclaim:
   keeps the whole segment.
 * Only a segment last written before the journal's newest row (``spare_after``): one written
   later holds bytes whose commits, if any, are not in the journal -- in a ``-wal`` that was lost
-  (``opened.py``), or still to come -- and is left whole.
+  (the only sealed copy of their bytes left), or still to come -- and is left whole.
 * A segment no row names is removed (``unlink``, then the directory synced); else its tail past
   the last named byte is cut (``ftruncate``) and, on Linux, the unnamed blocks between are
   punched out (``fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)``: the offsets of the
@@ -108,7 +108,7 @@ class Compaction:
     nothing looked at -- not "0 files looked at"."""
     spared: int = 0
     """Files last written after the journal's newest row (``spare_after``): left whole -- the
-    commits naming their bytes may be in a lost ``-wal`` (``opened.py``); a later reclaim,
+    commits naming their bytes may be in a lost ``-wal``; a later reclaim,
     once newer rows are there, takes what no row names."""
 
 

@@ -455,8 +455,7 @@ def journal_files(path: Path) -> list[tuple[Path, str, Rule]]:
     the segment files in its results directory: the journal and its ``-wal`` and ``-shm`` --
     beside the file a link at ``path`` names, where SQLite keeps them (its unix VFS resolves
     links) -- and the files the broker keeps beside that file too (``names.py``): its writer
-    lock ``<path>.lock`` (``lock.lock_path``), its open marker ``<path>.open`` (``opened.py``),
-    the console's login tokens' directory
+    lock ``<path>.lock`` (``lock.lock_path``), the console's login tokens' directory
     ``<path>.console-tokens`` (``console.auth.token_dir``, which holds it to this rule too:
     the daemon's user's, 0700) and its long results' directory ``<path>.results``
     (``segments.py``), last; each with what a
@@ -468,7 +467,6 @@ def journal_files(path: Path) -> list[tuple[Path, str, Rule]]:
         for suffix, what in JOURNAL_FILES
     ]
     files.append((Path(f"{real}.lock"), "journal lock file", PRIVATE))
-    files.append((Path(f"{real}.open"), "journal open marker", PRIVATE))
     files.append((Path(f"{real}.console-tokens"), "console token directory", PRIVATE_DIR))
     files.append((Path(f"{real}.results"), "result segment directory", PRIVATE_DIR))
     return files

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote
 
-from . import opened
 from .errors import JournalError, JournalReplaced, JournalWriteError, ReadFailed
 from .exposure import journal_exposures, warn_exposed
 from .lock import WriterLock
@@ -314,9 +313,6 @@ class SqliteBackend:
         self._was_new = False
         """The file was absent or empty before the first writer connection opened it: no
         journal, so no lost -wal either (``create``: ``refuse_lost`` not asked)."""
-        self._marked = False
-        """A writer connection here opened the journal under its open marker (``opened.py``):
-        the close of it or of the writing journal's reader may remove the marker."""
         self._lock: WriterLock | None = None
         """The writer lock this process holds (``writer_lock``), checked still in place with
         the file at each writer transaction (``_require_lock``)."""
@@ -350,9 +346,7 @@ class SqliteBackend:
                 made = real.stat()
             except OSError:  # (no directory, ...: said by the open, as it always was)
                 made = None
-            with opened.opening(real, self.where):
-                conn = _connect_writer(real)
-            self._marked = True
+            conn = _connect_writer(real)
             if self._writer_file is None:
                 try:
                     made = made or real.stat()
@@ -363,10 +357,7 @@ class SqliteBackend:
             self._checkpointers[id(conn)] = _Checkpointer(real, self.writes_path)
             return conn
         if role == "reader":
-            # (The writing journal's reader opens it first: its first read would make an empty
-            # -wal where a lost one was, which the writer's open then could not tell.)
-            opened.refuse_read_if_lost(real, self.where)
-            create_private(real)
+            create_private(real)  # (the writing journal's reader opens it first)
             try:
                 conn = sqlite3.connect(str(real), isolation_level=None, check_same_thread=False)
                 conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
@@ -383,7 +374,6 @@ class SqliteBackend:
                 f"no journal at {path} (create it with `affidavit init`, or name the right one "
                 "with [journal] path or --journal)"
             )
-        opened.refuse_read_if_lost(real, self.where)
         uri = f"file:{quote(str(real))}?mode=ro"
         try:
             # connect() itself fails on a directory or an unopenable file ("disk I/O
@@ -507,16 +497,7 @@ class SqliteBackend:
         conn.execute(f"PRAGMA busy_timeout={max(1, int(seconds * 1000))}")
 
     def close(self, conn: Any) -> None:
-        if self._checked.pop(id(conn), None) is not None:
-            conn.close()  # (read-only: never checkpoints, never removes the -wal)
-            return
-        if not self._marked:  # (no writer here opened the journal under its marker)
-            self._close(conn)
-            return
-        with opened.closing(self.real):  # (a writer's, or its reader, maybe the last)
-            self._close(conn)
-
-    def _close(self, conn: Any) -> None:
+        self._checked.pop(id(conn), None)
         checkpointer = self._checkpointers.pop(id(conn), None)
         if checkpointer is not None:
             checkpointer.close()

@@ -721,7 +721,7 @@ class Journal(JournalReader):
         nothing touched) where there are segment files while a writer of an earlier affidavit,
         which leaves its segments unlocked, may still write the journal (no ``SEGMENT_LOCKS``:
         ``compact.py``).  A segment written after the newest row is spared (``spare_after``):
-        the commits naming its bytes may be in a lost -wal (``opened.py``)."""
+        the commits naming its bytes may be in a lost -wal."""
         backend, what = self.backend, "the result segments' references"
         conn = backend.connect("tool")
 
