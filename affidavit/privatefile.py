@@ -286,7 +286,13 @@ def _read_open(
         raise FileRefused(f"cannot read file ({exc.strerror})") from None
 
 
-def write_private_file(path: Path, data: bytes, *, replace: bool = True, mode: int = 0o600) -> None:
+FileId = tuple[int, int]
+"""A file's (``st_dev``, ``st_ino``): which file a name led to."""
+
+
+def write_private_file(
+    path: Path, data: bytes, *, replace: bool = True, mode: int = 0o600
+) -> FileId:
     """Write ``data`` to ``path``, written and fsynced before it has the name, then put in
     place: renamed over ``path`` (``replace``) or linked to it, never replacing one
     (``FileExistsError``: a key is never clobbered), and the directory fsynced -- so a crash
@@ -302,14 +308,34 @@ def write_private_file(path: Path, data: bytes, *, replace: bool = True, mode: i
     with an unnamed file).  Elsewhere (no ``O_TMPFILE``, or the file system refuses it) a named
     0600 temp file beside it, as before, removed when the write fails; a crash can leave it,
     which ``remove_leftovers`` (run by the vault's lock, unlock and open and by key creation)
-    removes."""
+    removes.  Answers the written file's ``FileId`` (``unlink_if_made``)."""
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        if not _write_unnamed(dfd, path.name, data, replace, mode):
-            _write_named(dfd, path.name, data, replace, mode)
+        made = _write_unnamed(dfd, path.name, data, replace, mode)
+        if made is None:
+            made = _write_named(dfd, path.name, data, replace, mode)
         os.fsync(dfd)
     finally:
         os.close(dfd)
+    return made
+
+
+def unlink_if_made(path: Path, made: FileId) -> bool:
+    """Remove ``path`` only while it still names the file ``write_private_file`` answered
+    ``made`` for (``replace=False``: created exclusively there, never one that was already
+    there): a file another process put at the name since -- a key path shared with another
+    journal -- is left.  False: nothing removed (another file there, or none)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if (st.st_dev, st.st_ino) != made:
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 _UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT})
@@ -317,20 +343,20 @@ _UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.EN
 system or the mount (no ``/proc``) does not support it: the named temp file is used instead."""
 
 
-def _write_unnamed(dfd: int, name: str, data: bytes, replace: bool, mode: int) -> bool:
-    """``write_private_file`` through an unnamed file in the directory ``dfd``; False (nothing
+def _write_unnamed(dfd: int, name: str, data: bytes, replace: bool, mode: int) -> FileId | None:
+    """``write_private_file`` through an unnamed file in the directory ``dfd``; None (nothing
     written, nothing left) where that is not supported."""
     flag = getattr(os, "O_TMPFILE", None)
     if flag is None:
-        return False
+        return None
     try:
         fd = os.open(".", flag | os.O_WRONLY | os.O_CLOEXEC, 0o600, dir_fd=dfd)
     except OSError as exc:
         if exc.errno in _UNSUPPORTED:
-            return False
+            return None
         raise
     try:
-        _fill(fd, data, mode)
+        made = _fill(fd, data, mode)
         target = _tmp_name(name) if replace else name
         try:
             # linkat(AT_SYMLINK_FOLLOW) of the descriptor's /proc name: a dst_dir_fd makes
@@ -340,7 +366,7 @@ def _write_unnamed(dfd: int, name: str, data: bytes, replace: bool, mode: int) -
             raise
         except OSError as exc:
             if exc.errno in _UNSUPPORTED:
-                return False
+                return None
             raise
     finally:
         os.close(fd)
@@ -351,17 +377,17 @@ def _write_unnamed(dfd: int, name: str, data: bytes, replace: bool, mode: int) -
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(target, dir_fd=dfd)
             raise
-    return True
+    return made
 
 
-def _write_named(dfd: int, name: str, data: bytes, replace: bool, mode: int) -> None:
+def _write_named(dfd: int, name: str, data: bytes, replace: bool, mode: int) -> FileId:
     """``write_private_file`` through a 0600 temp file beside ``name``, removed if the write
     fails (a retry is then not blocked by a short file)."""
     tmp = _tmp_name(name)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dfd)
     try:
         try:
-            _fill(fd, data, mode)
+            made = _fill(fd, data, mode)
         finally:
             os.close(fd)
         if replace:
@@ -373,15 +399,18 @@ def _write_named(dfd: int, name: str, data: bytes, replace: bool, mode: int) -> 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=dfd)
         raise
+    return made
 
 
-def _fill(fd: int, data: bytes, mode: int) -> None:
+def _fill(fd: int, data: bytes, mode: int) -> FileId:
     if mode != 0o600:
         os.fchmod(fd, mode)
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
     os.fsync(fd)
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino)
 
 
 _TMP_HEX = 12

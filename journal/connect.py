@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from affidavit.privatefile import FileId
+
 from . import checkpoints
 from .backend import Backend
 from .checkpoints import Keys
@@ -34,7 +36,10 @@ from .sealing import BrokerKey
 from .signing import SigningKey, key_id_of
 from .tables import Tables
 
-__all__ = ["REGISTERED", "bind_keys", "recorded_keys"]
+__all__ = ["REGISTERED", "Made", "bind_keys", "recorded_keys"]
+
+Made = list[tuple[Path, FileId]]
+"""The key files a first transaction created, each with the ``FileId`` it created."""
 
 REGISTERED = "signing_key:"
 """Meta names of registered signing keys: ``signing_key:<key id>`` -> base64 of the raw key."""
@@ -66,13 +71,15 @@ def bind_keys(
     signing_key_file: Path,
     clock: Callable[[], float],
     schema: str | None,
-    made: list[Path],
+    made: Made,
 ) -> tuple[BrokerKey, SigningKey]:
     """Inside the writer's first transaction, after ``Backend.create``: the sealing key and
     this broker's signing key, each checked against (or recorded in) the journal.  ``schema``:
     the one the journal recorded before (``create``'s answer).  ``made``: each key file
-    created here is added to it -- the caller removes them if the transaction rolls back
-    (nothing recorded their ids; left, they would mark a journal that never was)."""
+    created here (exclusively: never one already there) is added to it with its ``FileId`` --
+    the caller removes them if the transaction rolls back, each only while its path still
+    names that file (``privatefile.unlink_if_made``: nothing recorded their ids; left, they
+    would mark a journal that never was)."""
     key = _broker_key(backend, tables, key_file, made)
     if backend.multi_signer:
         signer = _register(backend, tables, signing_key_file, made)
@@ -84,15 +91,13 @@ def bind_keys(
 K = TypeVar("K", BrokerKey, SigningKey)
 
 
-def _load_or_create(kind: type[K], path: Path, made: list[Path]) -> K:
+def _load_or_create(kind: type[K], path: Path, made: Made) -> K:
     if path.exists():
         return kind.load(path)
-    created = kind.create(path)
-    made.append(path)
-    return created
+    return kind.create(path, made)
 
 
-def _broker_key(backend: Backend, tables: Tables, key_file: Path, made: list[Path]) -> BrokerKey:
+def _broker_key(backend: Backend, tables: Tables, key_file: Path, made: Made) -> BrokerKey:
     recorded = tables.meta("key_id")
     if recorded is None:
         key = _load_or_create(BrokerKey, key_file, made)
@@ -124,7 +129,7 @@ def _recorded_key_missing(what: str, key_file: Path, where: str, setting: str) -
     )
 
 
-def _register(backend: Backend, tables: Tables, key_file: Path, made: list[Path]) -> SigningKey:
+def _register(backend: Backend, tables: Tables, key_file: Path, made: Made) -> SigningKey:
     """A shared journal: this broker's key, registered if it is new to the journal.  A journal
     with rows must still end in a checkpoint some registered key signed."""
     signer = _load_or_create(SigningKey, key_file, made)
@@ -145,7 +150,7 @@ def _single_signer(
     key_file: Path,
     clock: Callable[[], float],
     schema: str | None,
-    made: list[Path],
+    made: Made,
 ) -> SigningKey:
     where = backend.where
     seq, h = tables.head()

@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from affidavit.privatefile import (
     FileExposed,
+    FileId,
     FileMissing,
     FileRefused,
     read_small_file,
@@ -109,7 +110,7 @@ random_bytes = _RandomPool().take
 """``random_bytes(n)``: ``n`` fresh random bytes from the OS (see ``_RandomPool``)."""
 
 
-def write_secret_file(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+def write_secret_file(path: Path, data: bytes, *, mode: int = 0o600) -> FileId:
     """A new key file, durably: never replacing one (``FileExistsError``), 0600 from the first
     byte (a public key's ``mode`` 0644 whatever the umask), its directory fsynced -- the journal
     records the key's id with ``synchronous=FULL``, so a crash must not keep the journal and
@@ -118,9 +119,10 @@ def write_secret_file(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     crash leaves none).  A temp file an earlier creation's crash left beside it (where that
     could not be used) is removed first (``privatefile.remove_leftovers``): it may hold a
     private key.  One process creates a key file at a time (a journal's inside its first write
-    transaction; an auditor pair by the operator's command), so no write of it is in flight."""
+    transaction; an auditor pair by the operator's command), so no write of it is in flight.
+    Answers the new file's ``FileId``."""
     remove_leftovers(path)
-    write_private_file(path, data, replace=False, mode=mode)
+    return write_private_file(path, data, replace=False, mode=mode)
 
 
 def read_secret_file(path: Path, what: str, *, private: bool = True) -> bytes:
@@ -173,16 +175,24 @@ class BrokerKey:
         configured credential reference (``credential-version:<ref>``), bounded (``_LABELS``)."""
 
     @classmethod
-    def create(cls, path: str | os.PathLike[str]) -> BrokerKey:
+    def create(
+        cls, path: str | os.PathLike[str], made: list[tuple[Path, FileId]] | None = None
+    ) -> BrokerKey:
+        """A new key file at ``path`` (never one that is there); ``made`` gets its
+        (path, ``FileId``)."""
         p = Path(path)
         key = AESGCM.generate_key(bit_length=256)
         try:
-            write_secret_file(p, (_KEY_HEADER + base64.b64encode(key).decode() + "\n").encode())
+            ident = write_secret_file(
+                p, (_KEY_HEADER + base64.b64encode(key).decode() + "\n").encode()
+            )
         except OSError as exc:
             raise JournalError(
                 f"cannot create broker key file {p}: {exc.strerror}",
                 public=f"cannot create broker key file: {exc.strerror}",
             ) from None
+        if made is not None:
+            made.append((p, ident))
         return cls(key, p)
 
     @classmethod

@@ -31,6 +31,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from affidavit.privatefile import FileId
 from affidavit.statemachine.events import unfrozen_twin
 
 from .chain import canonical_json, json_string
@@ -169,7 +170,11 @@ class SigningKey:
         self._signer = crypto_sign
 
     @classmethod
-    def create(cls, path: str | os.PathLike[str]) -> SigningKey:
+    def create(
+        cls, path: str | os.PathLike[str], made: list[tuple[Path, FileId]] | None = None
+    ) -> SigningKey:
+        """A new key file at ``path`` (never one that is there); ``made`` gets its
+        (path, ``FileId``)."""
         p = Path(path)
         priv = Ed25519PrivateKey.generate()
         pem = priv.private_bytes(
@@ -178,9 +183,11 @@ class SigningKey:
             serialization.NoEncryption(),
         )
         try:
-            write_secret_file(p, pem)
+            ident = write_secret_file(p, pem)
         except OSError as exc:
             raise JournalError(f"cannot create signing key file {p}: {exc.strerror}") from None
+        if made is not None:
+            made.append((p, ident))
         return cls(priv, p)
 
     @classmethod

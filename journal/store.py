@@ -28,13 +28,14 @@ from typing import Any
 
 import trio
 
+from affidavit.privatefile import unlink_if_made
 from affidavit.statemachine import BARRIER_KINDS, Event, EventKind, Record
 
 from . import compact, leases, reclaim, results
 from .backend import Lock, open_backend
 from .chain import canonical_json
 from .checkpoints import Keys
-from .connect import bind_keys
+from .connect import Made, bind_keys
 from .errors import ApprovalLapsed, CommitUnknown, IdempotencyRecord, JournalError, Lease
 from .names import refuse_left_beside
 from .reader import JournalReader, default_signing_key
@@ -210,7 +211,7 @@ class Journal(JournalReader):
     def _bind(self, key_file: Path, signing_key_file: Path) -> tuple[BrokerKey, SigningKey]:
         """Create or upgrade the schema and bind the keys, in one transaction."""
         backend, writer = self.backend, self._writer
-        made: list[Path] = []
+        made: Made = []
         committing = False
         backend.begin(writer.conn, barrier=True)
         try:
@@ -232,10 +233,10 @@ class Journal(JournalReader):
                 or backend.commit_may_have_landed(exc)
                 or backend.lost(exc)
             )
-            if not landed:
-                for path in made:
+            if not landed:  # (each only while its path names the file made: none shared)
+                for path, ident in made:
                     with contextlib.suppress(OSError):
-                        path.unlink()
+                        unlink_if_made(path, ident)
             raise
         return bound
 

@@ -159,6 +159,27 @@ async def test_a_failed_first_open_leaves_no_key_file_and_the_retry_opens(tmp_pa
         assert j.verify().ok
 
 
+async def test_a_failed_first_open_leaves_a_key_file_put_in_place_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rollback removes only the file it created: one another journal sharing the key path
+    put there meanwhile (renamed over it) is that journal's key, and stays."""
+    db = tmp_path / "j.db"
+    theirs = tmp_path / "theirs.key"
+    BrokerKey.create(theirs)
+    kept = theirs.read_bytes()
+
+    def replaced_then_fail(path: Path, made: object = None) -> SigningKey:
+        os.replace(theirs, f"{db}.key")  # (the sealing key this open made, replaced)
+        raise JournalError("cannot create signing key file: injected")
+
+    monkeypatch.setattr(SigningKey, "create", replaced_then_fail)
+    with pytest.raises(JournalError, match="injected"):
+        async with Journal.open(db):
+            pass
+    assert Path(f"{db}.key").read_bytes() == kept
+
+
 async def test_key_files_placed_before_the_first_open_are_used(tmp_path: Path) -> None:
     """Key files an operator made at the default paths before the journal's first start are
     the journal's keys ("created 0600 if absent"): not refused as a lost journal's."""
