@@ -79,9 +79,13 @@ class JournalReader(ViewingReader, ProvingReader):
 
     # -- events and records -------------------------------------------------------------------
 
-    def events(self, invocation_id: str) -> list[Event]:
+    def events(self, invocation_id: str, *, through: int | None = None) -> list[Event]:
+        """The invocation's events by seq; ``through``: only those whose seq is at most it --
+        what a record held when that seq was written, read without the rows after it (an
+        operation's submission, ``accepted_seq``: not the polls that follow)."""
+
         def read(t: Tables) -> list[Event]:
-            rows = t.invocation_events(invocation_id)
+            rows = t.invocation_events(invocation_id, through)
             try:
                 return [event_from_row(r) for r in rows]
             finally:

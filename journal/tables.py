@@ -83,6 +83,10 @@ SQL: dict[str, str] = {
     "insert_event": f"INSERT INTO events ({EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
     "invocation_events": f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE invocation_id = ? "
     "ORDER BY seq",
+    # Its rows up to a seq (``Tables.invocation_events``' ``through``): a range of
+    # ``events_invocation``, whatever came after (an operation's polls) left unread.
+    "invocation_events_through": f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE "
+    "invocation_id = ? AND seq <= ? ORDER BY seq",
     # The attrs of an invocation's rows naming a call (``Tables.attrs_naming``): a claim's
     # check (``journal/txn``) seeks ``linked_calls``' key, never reads the rest of the record.
     "attrs_naming": "SELECT e.attrs FROM linked_calls AS c JOIN events AS e ON e.seq = c.seq "
@@ -307,8 +311,10 @@ class Tables:
                 return read
             after = rows[-1][0]
 
-    def invocation_events(self, iid: str) -> Iterator[Any]:
-        return self.rows("invocation_events", (iid,))
+    def invocation_events(self, iid: str, through: int | None = None) -> Iterator[Any]:
+        if through is None:
+            return self.rows("invocation_events", (iid,))
+        return self.rows("invocation_events_through", (iid, max(0, min(through, _LAST_SEQ))))
 
     def stored_linked_calls(self) -> Iterator[Any] | None:
         """Every ``linked_calls`` row (invocation_id, call_sha256, seq), by seq, for ``verify``;

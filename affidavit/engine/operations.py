@@ -143,7 +143,14 @@ async def poll(
     contracts = contracts_of(target) if target is not None else None
     if target is None or contracts is None or target.kind != record.protocol:
         raise OperationError(f"the target of {op_id} is no longer configured as it was")
-    moved = engine.snapshot.moved(engine.journal.events(record.invocation_id), target)
+    # The submission's PREFLIGHT_VALIDATED (its one, before the job was accepted): read through
+    # ``accepted_seq``, never the polls recorded since -- a poll costs the same at the
+    # thousandth as at the first.
+    accepted = op.get("accepted_seq")
+    through = accepted if isinstance(accepted, int) else None
+    moved = engine.snapshot.moved(
+        engine.journal.events(record.invocation_id, through=through), target
+    )
     if moved is not None:
         # The poll runs against the target as configured now: another origin, credential or
         # scope reads another account's job (ConfigSnapshot.moved).  Nothing is sent.

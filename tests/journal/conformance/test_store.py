@@ -345,3 +345,30 @@ async def test_an_event_the_database_cannot_store_fails_alone_not_its_batch(
         assert [e.kind for e in j.events("bad")] == []
         assert all(len(j.events(f"good-{i}")) == 1 for i in range(8))
         assert j.verify().ok
+
+
+async def test_events_through_a_seq_are_the_records_rows_up_to_it_and_no_later(
+    place: Place,
+) -> None:
+    # An operation's submission is read through its ``accepted_seq``, not the polls after it:
+    # the rows up to the seq, by seq, on every backend; another invocation's rows between them
+    # are not its; a seq before its first row reads none, and any seq a caller names is an
+    # answer (the largest a database stores and past it, below the first), never a driver error.
+    async with place.open() as j:
+        rows = happy("inv-1")
+        mine = [await j.append(ev) for ev in rows[:3]]
+        other = await j.append(accepted("inv-2"))
+        mine += [await j.append(ev) for ev in rows[3:]]
+        through = mine[3].seq
+        assert other.seq < through < mine[-1].seq
+        read = j.events("inv-1", through=through)
+        assert [e.seq for e in read] == [e.seq for e in mine[:4]]
+        assert [e.kind for e in read] == [e.kind for e in rows[:4]]
+        assert read == j.events("inv-1")[:4]
+        assert j.events("inv-1", through=0) == []
+        assert j.events("inv-1", through=-(2**70)) == []
+        assert [e.seq for e in j.events("inv-1", through=2**70)] == [e.seq for e in mine]
+        assert [e.seq for e in j.events("inv-2", through=through)] == [other.seq]
+        assert j.events("inv-2", through=other.seq - 1) == []
+    with place.reader() as r:
+        assert [e.seq for e in r.events("inv-1", through=through)] == [e.seq for e in mine[:4]]
