@@ -217,6 +217,24 @@ class ViewingReader(ReaderBase):
 
         return self._read(run, "the sessions view")
 
+    def summarized_session_page(
+        self,
+        summary: SessionSummary,
+        limit: int,
+        readable: Callable[[str | None], bool] | None = None,
+    ) -> tuple[dict[str, Any], AsOf]:
+        """A page of ``summarized_sessions`` -- the ``limit`` sessions seen last, in the view's
+        order, ``{"sessions", "limit", "total", "truncated"}`` as ``summary_newest.newest_page``
+        cuts it -- from the order ``summary`` keeps (``SessionSummary.session_page``: the
+        entries shown are built, not every session's), and what it is as of."""
+        at = self._clock()
+
+        def run(t: Tables) -> tuple[dict[str, Any], AsOf]:
+            with self.snapshot():
+                return summary.session_page(t, at, limit, readable)
+
+        return self._read(run, "the sessions view")
+
     def summarized_tallies(
         self,
         summary: SessionSummary,

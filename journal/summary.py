@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 from affidavit.statemachine import ImpossibleEvent, Record, fold_runs
 
 from .rows import AlteredRow, close_rows, fold_events, noting_firsts, unfoldable
+from .summary_newest import NewestSessions, newest_page
 from .tables import Tables
 
 __all__ = ["AsOf", "Page", "SessionSummary"]
@@ -87,15 +88,21 @@ class _Session:
         "actions",
         "counts",
         "first_seen",
+        "heaped",
         "last_seen",
         "members",
         "minpos",
         "name",
+        "order",
+        "stamp",
         "targets",
     )
 
-    def __init__(self, name: str | None, first_at: float, last_at: float) -> None:
+    def __init__(self, name: str | None, first_at: float, last_at: float, order: int) -> None:
         self.name = name
+        self.order = order  # its index in the view's order of sessions (``NewestSessions``)
+        self.stamp = 0
+        self.heaped: float | None = None
         self.actions = 0
         self.counts: dict[str, int] = {}
         self.minpos: dict[str, int] = {}  # outcome -> pos of its first invocation (key order)
@@ -188,10 +195,12 @@ class _State:
         "hash",
         "invs",
         "keys",
+        "newest",
         "sessions",
         "tallies",
         "targets",
         "through",
+        "touched",
     )
 
     def __init__(self) -> None:
@@ -211,6 +220,15 @@ class _State:
         """``tallies`` of each target's invocations (a caller's metrics: ``tallies``)."""
         self.keys: dict[Hashable, Hashable] = {}
         """Each distinct tally, once: an invocation holds that one, not a copy."""
+        self.newest = NewestSessions()
+        """The sessions by when they were seen last (a page of the newest: ``session_page``)."""
+        self.touched: set[_Session] = set()
+        """Sessions added or changed since ``newest`` was last told (``settle``)."""
+
+    def settle(self) -> None:
+        """Tell ``newest`` of the sessions added or changed since it was last told."""
+        self.newest.moved(self.touched, len(self.sessions))
+        self.touched.clear()
 
     def retally(self, inv: _Inv, new: Hashable) -> None:
         """``inv`` (counted, or new: its ``tally`` None) has the tally ``new`` now."""
@@ -234,8 +252,10 @@ class _State:
         self.retally(inv, tally)
         s = self.sessions.get(inv.session)
         if s is None:
-            s = self.sessions[inv.session] = _Session(inv.session, first_at, inv.last_at)
+            s = _Session(inv.session, first_at, inv.last_at, len(self.sessions))
+            self.sessions[inv.session] = s
         s.add(inv, first_at)
+        self.touched.add(s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,12 +314,29 @@ class SessionSummary:
         with self._lock:
             state = self._refresh(tables, now)
             as_of = self._as_of(state)
+            return _entries(state, _asked(readable, state.targets)), as_of
+
+    def session_page(
+        self,
+        tables: Tables,
+        now: float,
+        limit: int,
+        readable: Callable[[str | None], bool] | None = None,
+    ) -> tuple[dict[str, Any], AsOf]:
+        """``newest_page(sessions(tables, now, readable)[0], limit)`` and what it is as of:
+        the ``limit`` sessions seen last, from the kept order (``NewestSessions``: only the
+        entries shown are built, O(limit x log sessions)) -- unless ``readable`` refuses a
+        target some invocation is on: a session's entry is then of its readable invocations
+        only, whose last time the kept order does not hold, and every entry is built and
+        sorted (O(sessions)).  Call inside one read transaction."""
+        with self._lock:
+            state = self._refresh(tables, now)
+            as_of = self._as_of(state)
             ok = _asked(readable, state.targets)
             if ok is None:
-                return [s.entry() for s in state.sessions.values()], as_of
-            shown = [e for s in state.sessions.values() if (e := s.entry_of(ok)) is not None]
-            shown.sort(key=lambda e: e[0])  # (the filtered view's order of first appearance)
-            return [entry for _, entry in shown], as_of
+                page = state.newest.page(limit, len(state.sessions), state.sessions.values)
+                return page, as_of
+            return newest_page(_entries(state, ok), limit), as_of
 
     def tallies(
         self,
@@ -454,6 +491,7 @@ class SessionSummary:
             except _Rebuild:
                 state = self._build(tables, head, now)
         state.through, state.hash = head, head_hash
+        state.settle()
         self._state = state
         return state
 
@@ -495,7 +533,9 @@ class SessionSummary:
             else:
                 seen.append((known, inv, tally))
         for known, inv, tally in seen:
-            state.sessions[known.session].change(known, inv.outcome, inv.last_at)
+            member = state.sessions[known.session]
+            member.change(known, inv.outcome, inv.last_at)
+            state.touched.add(member)
             if tally != known.tally:
                 state.retally(known, tally)
         fresh.sort(key=lambda f: f[1].pos)
@@ -505,6 +545,16 @@ class SessionSummary:
 
 class _Rebuild(Exception):
     pass
+
+
+def _entries(state: _State, ok: dict[str | None, bool] | None) -> list[dict[str, Any]]:
+    """The sessions' entries in the view's order; ``ok`` (``_asked``): of the invocations on a
+    target it says yes to only, a session with none of them left out."""
+    if ok is None:
+        return [s.entry() for s in state.sessions.values()]
+    shown = [e for s in state.sessions.values() if (e := s.entry_of(ok)) is not None]
+    shown.sort(key=lambda e: e[0])  # (the filtered view's order of first appearance)
+    return [entry for _, entry in shown]
 
 
 def _newest_first(inv: _Inv) -> int:

@@ -283,9 +283,9 @@ def journal_sessions(reader: JournalReader, summary: SessionSummary | None) -> d
     as_of: AsOf | None = None  # (folded now)
     try:
         if summary is None:
-            sessions = reader.sessions()
-        else:
-            sessions, as_of = reader.summarized_sessions(summary)
+            page = newest_sessions(reader.sessions(), MAX_ROWS)
+        else:  # (the page from the order the summary keeps: not every session's entry)
+            page, as_of = reader.summarized_session_page(summary, MAX_ROWS)
     except AlteredRow as exc:
         return {
             "sessions": [],
@@ -294,11 +294,11 @@ def journal_sessions(reader: JournalReader, summary: SessionSummary | None) -> d
             "sessions_as_of": None,
         }
     marker = None if as_of is None else as_of.to_json()
-    return {**_newest_sessions(sessions), "sessions_error": None, "sessions_as_of": marker}
-
-
-def _newest_sessions(sessions: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ``MAX_ROWS`` sessions seen last (any agent can name as many as it likes), in the
-    reader's order, and how many there are (``views.newest_sessions``)."""
-    page = newest_sessions(sessions, MAX_ROWS)
-    return {"sessions": page["sessions"], "sessions_total": page["total"]}
+    # The ``MAX_ROWS`` sessions seen last (any agent can name as many as it likes), in the
+    # reader's order, and how many there are.
+    return {
+        "sessions": page["sessions"],
+        "sessions_total": page["total"],
+        "sessions_error": None,
+        "sessions_as_of": marker,
+    }

@@ -82,7 +82,6 @@ from affidavit.views import (
     actions_page,
     metrics_key,
     metrics_of,
-    newest_sessions,
     prometheus_text,
     record_json_encoder,
     record_view,
@@ -508,11 +507,12 @@ class Api:
         limit = _limit_param(req, SESSIONS_LIMIT, MAX_SESSIONS_LIMIT)
         summary = self.summary
 
-        # Cut to the page in the reading thread too: sorting many sessions is the agents' to
-        # make long, and the event loop is every client's.
+        # Cut to the page in the reading thread too, from the order the summary keeps (only
+        # the entries shown are built: the agents name as many sessions as they like), and the
+        # event loop is every client's.
         def view(j: JournalReader) -> dict[str, Any]:
-            sessions, as_of = j.summarized_sessions(summary, self.broker.callable_target)
-            return {**newest_sessions(sessions, limit), "as_of": _as_of(as_of)}
+            page, as_of = j.summarized_session_page(summary, limit, self.broker.callable_target)
+            return {**page, "as_of": _as_of(as_of)}
 
         page = await self._read(view, "the sessions view", self.asker(req), summarized=True)
         # Encoded off the loop once the kept views' turn is released (the next view's read

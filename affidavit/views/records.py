@@ -428,14 +428,12 @@ def actions_page(
 def newest_sessions(sessions: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     """A page of ``JournalReader.sessions``: the ``limit`` seen last (``last_seen``; the later
     one of a tie), in the reader's order -- ``{"sessions", "limit", "total", "truncated"}``.
-    A caller names its sessions (an agent, as many as it likes): an answer holds a page."""
-    shown = sessions
-    if len(sessions) > limit:
-        order = sorted(range(len(sessions)), key=lambda i: (sessions[i].get("last_seen") or 0, i))
-        keep = sorted(order[len(order) - limit :])
-        shown = [sessions[i] for i in keep]
-    truncated = len(shown) < len(sessions)
-    return {"sessions": shown, "limit": limit, "total": len(sessions), "truncated": truncated}
+    A caller names its sessions (an agent, as many as it likes): an answer holds a page.  The
+    journal's cut (``summary_newest.newest_page``), which a kept summary's page
+    (``JournalReader.summarized_session_page``) answers without building every entry."""
+    from affidavit.journal.summary_newest import newest_page  # (the views load no journal)
+
+    return newest_page(sessions, limit)
 
 
 def metrics(records: Iterable[Record]) -> dict[str, Any]:

@@ -8,6 +8,16 @@ in a fresh process with its peak RSS; the summary's last body is checked against
 ``PATH``: a journal built by ``tests/benchmarks/actions_view.py --build-only --journal PATH
 --events 1000000``, copied (with its key files) to a temporary directory first: the copy is
 appended to, ``PATH`` only read.  A script, not a test.
+
+    .venv/bin/python tests/benchmarks/sessions_summary.py --sessions 50000 [--ab OLD_CHECKOUT]
+
+``--sessions N``: a page of the sessions seen last (the console's 500, ``/v1/sessions``' 100)
+from a kept summary over a journal of N invocations, each naming a session of its own (one
+agent naming a new session per refused call, audit 49): the median page with nothing
+appended since the last, and with one invocation appended before each.  ``--ab DIR``: the
+same, in one run, from a checkout from before (``git archive main | tar -x -C DIR``: there the
+page was cut from every session's entry, ``views.newest_sessions``), each in a process of its
+own on a copy of one journal, with whether both answered the same pages before the appends.
 """
 
 from __future__ import annotations
@@ -22,8 +32,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+if "--src" in sys.argv:  # an --ab child: the journal and views of another checkout
+    import http_overhead
+
+    http_overhead._use_source(Path(sys.argv[sys.argv.index("--src") + 1]))
 sys.path.insert(0, str(ROOT))
 
 
@@ -77,12 +93,122 @@ def one(journal: str, how: str, rounds: int) -> None:
     print(json.dumps(out))
 
 
+async def _many_sessions(journal: str, n: int) -> None:
+    from affidavit.journal import Journal
+    from affidavit.statemachine import Event
+    from affidavit.statemachine import EventKind as E
+
+    op = {"target": "t", "protocol": "http", "fingerprint": "sha256:aa", "budget": 1}
+    refused = {"code": "INVALID_TARGET", "field": "target"}
+    async with Journal.open(journal) as w:
+        for start in range(0, n, 5000):
+            rows = []
+            for i in range(start, min(n, start + 5000)):
+                attrs = {"operation": op, "session": f"s{i:07d}-" + "x" * 100}
+                rows += [(Event(E.ACTION_ACCEPTED, f"act_{i}", attrs), None)]
+                rows += [(Event(E.PREFLIGHT_FAILED, f"act_{i}", refused), None)]
+            await (await w.post_many(rows)).wait()
+
+
+def page_child(journal: str, rounds: int) -> None:
+    """A page from a kept summary, as this checkout's console and daemon cut it."""
+    import hashlib
+
+    import trio
+
+    from affidavit.daemon.http import json_body
+    from affidavit.journal import Journal, JournalReader, SessionSummary
+    from affidavit.statemachine import Event
+    from affidavit.statemachine import EventKind as E
+    from affidavit.views import metrics_key, newest_sessions
+
+    summary = SessionSummary(metrics_key)
+    kept = hasattr(JournalReader, "summarized_session_page")
+
+    def page(j: Any, limit: int) -> dict[str, Any]:
+        if kept:
+            return dict(j.summarized_session_page(summary, limit)[0])
+        return dict(newest_sessions(j.summarized_sessions(summary)[0], limit))
+
+    async def append(n: int) -> None:
+        async with Journal.open(journal) as w:
+            op = {"target": "t", "protocol": "http", "fingerprint": "sha256:aa", "budget": 1}
+            attrs = {"operation": op, "session": f"later-{n}"}
+            await w.append(Event(E.ACTION_ACCEPTED, f"act_later_{n}", attrs))
+
+    out: dict[str, Any] = {}
+    digest = hashlib.sha256()
+    with JournalReader.open(journal) as j:
+        page(j, 100)  # the first fold
+        for limit in (500, 100):
+            times = []
+            for _ in range(rounds):
+                t = time.perf_counter()
+                body = json_body(page(j, limit))
+                times.append(time.perf_counter() - t)
+            out[f"idle_{limit}"] = statistics.median(times)
+            digest.update(body)
+    times = []
+    for n in range(rounds):
+        trio.run(append, n)
+        with JournalReader.open(journal) as j:
+            t = time.perf_counter()
+            json_body(page(j, 100))  # (times of its own: not compared between checkouts)
+            times.append(time.perf_counter() - t)
+    out["appended_100"] = statistics.median(times)
+    out["digest"] = digest.hexdigest()
+    print(json.dumps(out))
+
+
+def pages_ab(n: int, rounds: int, old: str | None) -> None:
+    import trio
+
+    with tempfile.TemporaryDirectory() as d:
+        built = Path(d) / "built" / "journal.db"
+        built.parent.mkdir()
+        t = time.perf_counter()
+        trio.run(_many_sessions, str(built), n)
+        print(f"{n} invocations, each its own session, written in {time.perf_counter() - t:.0f} s")
+        runs = {}
+        for src in [None, old] if old else [None]:
+            copy = Path(d) / ("old" if src else "new")
+            shutil.copytree(built.parent, copy)
+            cmd = [sys.executable, __file__, "--journal", str(copy / built.name),
+                   "--page-child", "--rounds", str(rounds)]  # fmt: skip
+            if src is not None:
+                cmd += ["--src", src]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            runs["this tree" if src is None else "@" + Path(src).name] = json.loads(out)
+    print(f"{'checkout':>14} {'page 500 ms':>12} {'page 100 ms':>12} {'after append':>13}")
+    for name, r in runs.items():
+        print(f"{name:>14} {r['idle_500'] * 1e3:>12.2f} {r['idle_100'] * 1e3:>12.2f} "
+              f"{r['appended_100'] * 1e3:>13.2f}")  # fmt: skip
+    if old:
+        new, was = runs.values()
+        print(f"old/new: page 500 {was['idle_500'] / new['idle_500']:.0f}x, page 100 "
+              f"{was['idle_100'] / new['idle_100']:.0f}x, after an append "
+              f"{was['appended_100'] / new['appended_100']:.0f}x; "
+              f"same bodies: {was['digest'] == new['digest']}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--journal", required=True)
+    parser.add_argument("--journal")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--how")
+    parser.add_argument("--sessions", type=int, help="a journal of N sessions, built here")
+    parser.add_argument("--ab", metavar="OLD_CHECKOUT", help="with --sessions: also OLD (A/B)")
+    parser.add_argument("--page-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--src", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.page_child:
+        page_child(args.journal, args.rounds)
+        return
+    if args.sessions:
+        pages_ab(args.sessions, args.rounds, args.ab)
+        return
+    if not args.journal:
+        parser.error("--journal or --sessions is required")
     if args.how:
         one(args.journal, args.how, args.rounds)
         return

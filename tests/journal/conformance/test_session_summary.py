@@ -23,7 +23,7 @@ from affidavit.journal import AsOf, JournalError, SessionSummary
 from affidavit.journal.tables import Tables
 from affidavit.statemachine import Event, ImpossibleEvent, Projector
 from affidavit.statemachine import EventKind as E
-from affidavit.views import metrics, metrics_key, metrics_of
+from affidavit.views import metrics, metrics_key, metrics_of, newest_sessions
 from tests.statemachine.lifecycle_helpers import make_event, operation, valid_moves
 
 from ..helpers import Ticking, happy, interrupted
@@ -83,7 +83,20 @@ def _both(place: Place, summary: SessionSummary) -> tuple[Any, Any]:
     assert one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters(), summary))) == (
         full_page
     )
+    # A page of the sessions seen last (``/v1/sessions``, the console's journal page): the
+    # kept order's page is the full fold's cut (a clock set back moves a session down), and a
+    # caller's of the sessions on targets it may read the cut of its kept entries.
+    for limit in (0, 1, 2, 5, -1):
+        full_cut = one(lambda r, n=limit: newest_sessions(r.sessions(), n))
+        assert one(lambda r, n=limit: r.summarized_session_page(summary, n)[0]) == full_cut
+        mine = one(lambda r, n=limit: newest_sessions(r.summarized_sessions(summary, _no)[0], n))
+        assert one(lambda r, n=limit: r.summarized_session_page(summary, n, _no)[0]) == mine
     return one(lambda r: r.sessions()), one(lambda r: r.summarized_sessions(summary)[0])
+
+
+def _no(target: str | None) -> bool:
+    """A caller that may read no target's records."""
+    return False
 
 
 def _ids(page: tuple[list[Any], int]) -> tuple[list[str], int]:
