@@ -93,6 +93,23 @@ class JournalReader(ViewingReader, ProvingReader):
 
         return self._read(read, f"the record of invocation {invocation_id}")
 
+    def events_naming(self, invocation_id: str, call: str) -> list[Event]:
+        """The invocation's events, by seq, whose attrs name the linked call ``call`` (a query
+        or a poll: ``statemachine.LINKED_ATTRS``), found through ``linked_calls`` (SQLite
+        schema 11, PostgreSQL schema 5: every writer's open adds it) -- one seek, whatever
+        the record's length.  Derived, not chained: ``verify`` holds the table to the events
+        (a row someone removed from it is not found here); a caller still checks each event's
+        attrs for what it looks for."""
+
+        def read(t: Tables) -> list[Event]:
+            rows = t.events_naming(invocation_id, call)
+            try:
+                return [event_from_row(r) for r in rows]
+            finally:
+                close_rows(rows)
+
+        return self._read(read, f"the record of invocation {invocation_id}")
+
     def record(self, invocation_id: str, now: float | None = None) -> Record | None:
         """The invocation's record, its retry hint computed at ``now`` -- by default ``now()``
         as it is read (the database's clock on a shared journal, else this reader's), its

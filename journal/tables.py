@@ -95,6 +95,12 @@ SQL: dict[str, str] = {
     # The key is the whole row: a row already there is exactly the one meant (inserted ahead
     # of its event by someone granted INSERT), not a reason to refuse the batch; a different
     # row beside it is ``verify``'s to report.
+    # The rows themselves (``Tables.events_naming``): an open poll's claim found without
+    # reading the polls before it.
+    "events_naming": "SELECT "
+    + ", ".join(f"e.{c}" for c in EVENT_READ_COLUMNS.split(", "))
+    + " FROM linked_calls AS c JOIN events AS e ON e.seq = c.seq AND e.invocation_id = "
+    "c.invocation_id WHERE c.invocation_id = ? AND c.call_sha256 = ? ORDER BY c.seq",
     "insert_linked_calls": "INSERT INTO linked_calls (invocation_id, call_sha256, seq) "
     "VALUES (?,?,?) ON CONFLICT DO NOTHING",
     # ``verify``'s read, a window of seqs at a time (``Tables.stored_linked_calls``).
@@ -347,6 +353,11 @@ class Tables:
         attribute (``linked_calls``; the caller decodes and checks each): one index seek, the
         same cost whatever the record's length."""
         return self.rows("attrs_naming", (iid, call_key(call)))
+
+    def events_naming(self, iid: str, call: str) -> Iterator[Any]:
+        """``iid``'s rows (``EVENT_READ_COLUMNS``, by seq) whose attrs name ``call`` under a
+        linked attribute (``attrs_naming``'s seek; the caller checks each row's attrs)."""
+        return self.rows("events_naming", (iid, call_key(call)))
 
     def events_of(self, iids: Sequence[str]) -> Iterator[Any]:
         """The events of several invocations (``EVENT_READ_COLUMNS``), by seq: one query for

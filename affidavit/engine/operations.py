@@ -280,7 +280,8 @@ async def _earlier(
         return None
     iid = record.invocation_id
     claim = None
-    for event in engine.journal.events(iid):
+    # (the rows naming the poll alone: not the operation's earlier polls)
+    for event in engine.journal.events_naming(iid, poll_id):
         if event.attrs.get("poll_invocation") == poll_id and event.attrs.get("open"):
             claim = event
             break

@@ -2,7 +2,10 @@
 the scripted HTTP server (a 202), then polls it ``--polls`` times (the job stays running); the
 mean latency of the first and the last ``--window`` polls, and their ratio.  Every poll adds a
 row to the submission's record; a poll that re-reads that whole record (as one did before it
-read the submission only through the job's ``accepted_seq``) grows with them.
+read the submission only through the job's ``accepted_seq``) grows with them.  Then a row
+naming another asker's poll as open (as an approval-covered poll's claim does) is appended,
+and ``--window`` more polls each take that poll up -- POLL_PENDING, nothing asked: their mean
+("pending"), which found the claim by reading the record (before ``events_naming``).
 
     python tests/benchmarks/poll_cost.py [--polls 4000] [--window 100] [--ab OLD_CHECKOUT]
 
@@ -31,6 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 
 async def _measure(polls: int, window: int) -> dict[str, float]:
+    from affidavit.engine import OperationError
+    from affidavit.engine.operations import ASKING
+    from affidavit.statemachine import Event, EventKind
     from tests.broker.helpers import TOKEN_ENV, http_target, open_broker, write_config
     from tests.broker.test_operations import JOBS, SUBMIT, job_api
     from tests.http.hostile import HostileServer, scripts
@@ -48,10 +54,25 @@ async def _measure(polls: int, window: int) -> dict[str, float]:
                     answer = await broker.poll_operation(op)
                     took.append(time.perf_counter() - start)
                     assert answer["poll"] is not None, answer
-                rows = len(broker.events(env["invocation_id"]))
+                iid = env["invocation_id"]
+                rows = len(broker.events(iid))
+                claim = {"operation_id": op, "poll_invocation": "act_claimed", "code": None}
+                claim |= {"reason": ASKING, "open": True, "expires_at": time.time() + 3600}
+                event = Event(EventKind.OPERATION_POLL_FAILED, iid, claim)
+                await broker.journal.append(event, barrier=True)
+                pending = []
+                for _ in range(window):
+                    start = time.perf_counter()
+                    try:
+                        await broker.poll_operation(op)
+                    except OperationError as exc:
+                        assert exc.code == "POLL_PENDING", exc
+                    else:
+                        raise AssertionError("the open poll was not taken up")
+                    pending.append(time.perf_counter() - start)
     first = sum(took[:window]) / window
     last = sum(took[-window:]) / window
-    return {"first": first, "last": last, "rows": rows}
+    return {"first": first, "last": last, "rows": rows, "pending": sum(pending) / window}
 
 
 def _child(polls: int, window: int, src: str | None) -> dict[str, float]:
@@ -81,13 +102,16 @@ def main() -> None:
     if args.ab:
         runs["@" + Path(args.ab).name] = _child(args.polls, window, args.ab)
     print(f"{args.polls} polls of one job; mean poll latency of the first and last {window}")
-    print(f"{'checkout':>16} {'first ms':>9} {'last ms':>9} {'last/first':>11} {'rows':>6}")
+    print(f"{'checkout':>16} {'first ms':>9} {'last ms':>9} {'last/first':>11} {'rows':>6} "
+          f"{'pending ms':>11}")  # fmt: skip
     for name, got in runs.items():
         print(f"{name:>16} {got['first'] * 1e3:>9.2f} {got['last'] * 1e3:>9.2f} "
-              f"{got['last'] / got['first']:>11.1f} {int(got['rows']):>6}")  # fmt: skip
+              f"{got['last'] / got['first']:>11.1f} {int(got['rows']):>6} "
+              f"{got['pending'] * 1e3:>11.2f}")  # fmt: skip
     if args.ab:
         new, old = runs["this tree"], runs["@" + Path(args.ab).name]
-        print(f"last {window} polls: old/new {old['last'] / new['last']:.1f}x")
+        print(f"last {window} polls: old/new {old['last'] / new['last']:.1f}x; pending: "
+              f"{old['pending'] / new['pending']:.1f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

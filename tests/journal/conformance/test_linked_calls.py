@@ -599,3 +599,41 @@ def test_a_fill_failing_partway_leaves_the_schema_before_and_no_table(
 
     _run(place, refused)
     assert place.rows("SELECT count(*) FROM linked_calls") == [(10,)]
+
+
+def test_the_rows_naming_a_call_are_read_through_linked_calls_alone(place: Place) -> None:
+    """``JournalReader.events_naming`` (an operation's open poll found without reading the
+    polls before it): the record's rows naming the call, by seq, as ``events`` reads them --
+    not the rows naming another call, nor another record's naming the same call; a call no row
+    names reads none.  Found through the table alone: a row someone removed from it is not
+    found (``verify`` reports that removal)."""
+    other = "act_x2"
+    stored: list[Event] = []
+
+    async def body(j: Journal) -> None:
+        for event in [*interrupted(IID), *interrupted(other)]:
+            await j.append(event)
+        stored.append(await j.append(_claim(QUERY)))
+        stored.append(await j.append(_row(QUERY, code=None, reason="read")))
+        await j.append(_claim("act_q2"))
+        await j.append(query_claim(other, QUERY))
+        stored.append(await j.append(_row("act_q2", code=None, reason="read")))
+        stored.append(await j.append(_row(QUERY, code="APPROVAL_DENIED", reason="read")))
+        del stored[2]  # (names act_q2)
+        assert j.events_naming(IID, QUERY) == [e for e in j.events(IID) if e.seq in
+                                                {s.seq for s in stored}]  # fmt: skip
+
+    _run(place, body)
+    with place.reader() as r:
+        found = r.events_naming(IID, QUERY)
+        assert [e.seq for e in found] == [e.seq for e in stored]
+        assert all(e.attrs["query_invocation"] == QUERY for e in found)
+        assert [e.seq for e in r.events_naming(IID, "act_q2")] == [
+            e.seq for e in r.events(IID) if e.attrs.get("query_invocation") == "act_q2"
+        ]
+        assert r.events_naming(IID, "act_none") == []
+        assert [e.invocation_id for e in r.events_naming(other, QUERY)] == [other]
+    drop = () if place.kind == "postgresql" else ("DROP TRIGGER linked_calls_no_delete",)
+    place.tamper(*drop, f"DELETE FROM linked_calls WHERE seq = {stored[0].seq}")
+    with place.reader() as r:
+        assert [e.seq for e in r.events_naming(IID, QUERY)] == [e.seq for e in stored[1:]]
