@@ -15,7 +15,7 @@ accepted) stays as recorded.  A poll never re-sends the submission.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from affidavit.protocols.actions import ActionInvalid, parse_action
@@ -144,8 +144,8 @@ async def poll(
     if target is None or contracts is None or target.kind != record.protocol:
         raise OperationError(f"the target of {op_id} is no longer configured as it was")
     # The submission's PREFLIGHT_VALIDATED (its one, before the job was accepted): read through
-    # ``accepted_seq``, never the polls recorded since -- a poll costs the same at the
-    # thousandth as at the first.
+    # ``accepted_seq``, never the polls recorded since.  (``find`` still folds the whole record
+    # unless this writer's copy of it is current: ``Journal.record``.)
     accepted = op.get("accepted_seq")
     through = accepted if isinstance(accepted, int) else None
     moved = engine.snapshot.moved(
@@ -279,12 +279,13 @@ async def _earlier(
     if not isinstance(poll_id, str):
         return None
     iid = record.invocation_id
-    claim = None
-    # (the rows naming the poll alone: not the operation's earlier polls)
-    for event in engine.journal.events_naming(iid, poll_id):
-        if event.attrs.get("poll_invocation") == poll_id and event.attrs.get("open"):
-            claim = event
-            break
+    # The rows naming the poll alone (not the operation's earlier polls); the record once when
+    # ``linked_calls`` names no claim of the poll the chain says is open (a row of the derived
+    # table removed: ``verify`` reports it) -- a claim missed would close the poll as unsent and
+    # ask again.
+    claim = _open_claim(engine.journal.events_naming(iid, poll_id), poll_id)
+    if claim is None:
+        claim = _open_claim(engine.journal.events(iid), poll_id)
     return await take_up(
         engine,
         poll_id,
@@ -295,6 +296,14 @@ async def _earlier(
         pending=_pending(op_id, poll_id),
         close=_closer(engine, record, op_id, poll_id),
     )
+
+
+def _open_claim(events: Iterable[Event], poll_id: str) -> Event | None:
+    """The first of ``events`` opening ``poll_id`` (its claim, ``_claim``); None if none."""
+    for event in events:
+        if event.attrs.get("poll_invocation") == poll_id and event.attrs.get("open"):
+            return event
+    return None
 
 
 def _closer(engine: Engine, record: Record, op_id: str, poll_id: str) -> Close:

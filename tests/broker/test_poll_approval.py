@@ -10,6 +10,7 @@ it once approved, or folds the answer the dispatcher got.  What the server recei
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -185,3 +186,33 @@ async def test_a_poll_awaiting_approval_at_the_upgrade_is_taken_up(
         assert answer["poll"]["invocation_id"] == poll_id
         assert (answer["operation"]["state"], answer["operation"]["polls"]) == ("succeeded", 1)
     assert _gets(srv) == 1
+
+
+async def test_an_open_poll_linked_calls_does_not_name_is_found_in_the_record(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The open poll's claim is sought through ``linked_calls`` (derived, not chained); with its
+    # row gone from that table (``events_naming`` finds nothing: test_linked_calls has verify
+    # report the removal) the claim is read from the record once.  Before, an older broker's
+    # claim still being asked (no call written yet, its deadline ahead) was found by nobody,
+    # closed as unsent and a second poll asked: a second card, a second query.
+    from affidavit.engine.ids import new_invocation_id
+
+    async with _jobs(tmp_path) as (srv, broker, op_id):
+        iid = _submission(op_id)
+        poll_id = new_invocation_id()
+        attrs = {"operation_id": op_id, "poll_invocation": poll_id, "code": None}
+        claim = {**attrs, "reason": ASKING, "open": True, "expires_at": time.time() + 3600}
+        with trio.fail_after(LIMIT):
+            await broker.journal.append(
+                Event(EventKind.OPERATION_POLL_FAILED, iid, claim), barrier=True
+            )
+        monkeypatch.setattr(broker.journal, "events_naming", lambda iid, call: [])
+        with trio.fail_after(LIMIT), pytest.raises(OperationError) as refused:
+            await broker.poll_operation(op_id)
+        assert refused.value.code == "POLL_PENDING" and poll_id in str(refused.value)
+        assert broker.approvals() == []  # nothing asked
+        submission = broker.record(iid)
+        assert submission is not None and submission.operation is not None
+        assert submission.operation["open_poll"] == poll_id
+    assert _gets(srv) == 0

@@ -606,7 +606,7 @@ def test_the_rows_naming_a_call_are_read_through_linked_calls_alone(place: Place
     polls before it): the record's rows naming the call, by seq, as ``events`` reads them --
     not the rows naming another call, nor another record's naming the same call; a call no row
     names reads none.  Found through the table alone: a row someone removed from it is not
-    found (``verify`` reports that removal)."""
+    found, and ``verify`` reports that removal."""
     other = "act_x2"
     stored: list[Event] = []
 
@@ -636,4 +636,10 @@ def test_the_rows_naming_a_call_are_read_through_linked_calls_alone(place: Place
     drop = () if place.kind == "postgresql" else ("DROP TRIGGER linked_calls_no_delete",)
     place.tamper(*drop, f"DELETE FROM linked_calls WHERE seq = {stored[0].seq}")
     with place.reader() as r:
+        # Not found through the table: the caller falls back to the record
+        # (``operations._earlier``, test_poll_approval), and ``verify`` reports the removal.
         assert [e.seq for e in r.events_naming(IID, QUERY)] == [e.seq for e in stored[1:]]
+        report = r.verify()
+    assert not report.ok
+    assert report.first_bad_seq == stored[0].seq, report
+    assert "linked_calls" in report.reason, report.reason
