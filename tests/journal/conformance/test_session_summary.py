@@ -89,14 +89,25 @@ def _both(place: Place, summary: SessionSummary) -> tuple[Any, Any]:
     for limit in (0, 1, 2, 5, -1):
         full_cut = one(lambda r, n=limit: newest_sessions(r.sessions(), n))
         assert one(lambda r, n=limit: r.summarized_session_page(summary, n)[0]) == full_cut
-        mine = one(lambda r, n=limit: newest_sessions(r.summarized_sessions(summary, _no)[0], n))
-        assert one(lambda r, n=limit: r.summarized_session_page(summary, n, _no)[0]) == mine
+        for readable in (_no, _payments):
+            mine = one(
+                lambda r, n=limit, ok=readable: newest_sessions(
+                    r.summarized_sessions(summary, ok)[0], n
+                )
+            )
+            page = one(lambda r, n=limit, ok=readable: r.summarized_session_page(summary, n, ok)[0])
+            assert page == mine, readable
     return one(lambda r: r.sessions()), one(lambda r: r.summarized_sessions(summary)[0])
 
 
 def _no(target: str | None) -> bool:
     """A caller that may read no target's records."""
     return False
+
+
+def _payments(target: str | None) -> bool:
+    """A caller that may read one of the two targets' records (``_walk``: "other" too)."""
+    return target == "payments"
 
 
 def _ids(page: tuple[list[Any], int]) -> tuple[list[str], int]:
@@ -128,6 +139,8 @@ async def _walk(place: Place, data: st.DataObject, summary: SessionSummary) -> i
             if p is None:
                 batch = data.draw(st.sampled_from([None, ["a", "b"]]))  # (items counted)
                 attrs: dict[str, Any] = {"operation": operation(budget=3, batch=batch)}
+                if data.draw(st.booleans()):  # (a target ``_payments`` refuses)
+                    attrs["operation"]["target"] = "other"
                 if sessions[k] is not None:
                     attrs["session"] = sessions[k]
                 event = Event(E.ACTION_ACCEPTED, f"act-{k}", attrs)
@@ -495,3 +508,25 @@ def test_a_sessions_metrics_are_its_kept_counts_once_a_fold_is_kept(place: Place
         assert kept["invocations"] == 5
     full, kept_all = _both(place, summary)
     assert kept_all == full
+
+
+def test_a_callers_page_leaves_out_the_newest_session_it_may_not_read(place: Place) -> None:
+    """A caller reading one of two targets: the session seen last is on the other, so its page
+    is cut from its readable sessions alone -- the same as the full fold's of its records."""
+    hidden = happy("inv-h", "hidden")
+    op = {**hidden[0].attrs["operation"], "target": "other"}  # type: ignore[dict-item]
+    hidden[0] = Event(E.ACTION_ACCEPTED, "inv-h", {**hidden[0].attrs, "operation": op})
+    _fill(place, [happy("inv-a", "alice"), happy("inv-b", "bob"), hidden])
+    summary = SessionSummary(metrics_key)
+    with place.reader() as r:
+        for limit, shown in ((1, ["bob"]), (2, ["alice", "bob"])):
+            page = r.summarized_session_page(summary, limit, _payments)[0]
+            assert [s["session"] for s in page["sessions"]] == shown, page
+            assert (page["total"], page["truncated"]) == (2, limit < 2), page
+            full = [
+                s for s in r.sessions() if s["session"] != "hidden"
+            ]  # (each session here is on one target)
+            assert page == newest_sessions(full, limit)
+            assert r.summarized_session_page(summary, limit)[0]["sessions"][-1]["session"] == (
+                "hidden"
+            )
