@@ -530,3 +530,26 @@ def test_a_callers_page_leaves_out_the_newest_session_it_may_not_read(place: Pla
             assert r.summarized_session_page(summary, limit)[0]["sessions"][-1]["session"] == (
                 "hidden"
             )
+
+
+def test_a_page_of_the_newest_sessions_builds_only_the_entries_it_shows(
+    place: Place, monkeypatch: Any
+) -> None:
+    from affidavit.journal import summary as kept
+
+    _fill(place, [happy(f"inv-{i}", f"s-{i}") for i in range(12)])
+    summary = SessionSummary(metrics_key)
+    real, built = kept._Session.entry, [0]
+
+    def entry(self: Any) -> dict[str, Any]:
+        built[0] += 1
+        return real(self)
+
+    with place.reader() as r:
+        full = r.summarized_sessions(summary)[0]  # (folded once, every entry built)
+        monkeypatch.setattr(kept._Session, "entry", entry)
+        for limit in (1, 5):
+            built[0] = 0
+            page = r.summarized_session_page(summary, limit)[0]
+            assert built[0] == limit
+            assert page == newest_sessions(full, limit)
