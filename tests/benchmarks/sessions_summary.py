@@ -160,6 +160,57 @@ def page_child(journal: str, rounds: int) -> None:
     print(json.dumps(out))
 
 
+def memory(n: int) -> None:
+    """``--memory``: what the kept order of the sessions costs (``NewestSessions``' heap) beside
+    the whole summary over ``n`` sessions, traced (``tracemalloc``): after the first fold, the
+    fold's peak, the heap's own objects (list, entry tuples, their floats and ints), and the peak
+    of making the heap again once stale entries outnumber the sessions (every session seen
+    again three times, as later invocations naming them would).  With ``--src DIR``: that
+    checkout's summary (from before the kept order: the first two alone)."""
+    import sys as _sys
+    import tracemalloc
+
+    import trio
+
+    from affidavit.journal import JournalReader, SessionSummary
+    from affidavit.views import metrics_key
+
+    with tempfile.TemporaryDirectory() as d:
+        journal = str(Path(d) / "journal.db")
+        trio.run(_many_sessions, journal, n)
+        summary = SessionSummary(metrics_key)
+        tracemalloc.start()
+        with JournalReader.open(journal) as j:
+            j.summarized_sessions(summary)  # the first fold (no entry kept: a list built)
+        after, fold_peak = tracemalloc.get_traced_memory()
+        mb = 1 / 2**20
+        print(f"{n} sessions: summary traced {after * mb:.1f} MB after the first fold (its peak "
+              f"{fold_peak * mb:.1f} MB)")  # fmt: skip
+        state = summary._state
+        if not hasattr(state, "newest"):  # (a checkout from before the kept order: --src)
+            return
+        heap = state.newest._heap
+        own = _sys.getsizeof(heap) + sum(
+            _sys.getsizeof(e) + _sys.getsizeof(e[0]) + _sys.getsizeof(e[1]) + _sys.getsizeof(e[2])
+            for e in heap
+        )
+        entries = len(heap)
+        del heap  # (not to keep the list the clean-up replaces)
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        sessions = list(state.sessions.values())
+        for _ in range(3):
+            for kept in sessions:
+                kept.last_seen += 1.0
+            state.newest.moved(sessions, len(sessions))
+        rebuilt, rebuild_peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    print(f"the heap's own objects {own * mb:.1f} MB ({entries} entries); three moves of every "
+          f"session and the heap made again: traced {(rebuilt - base) * mb:+.1f} MB after, peak "
+          f"{(rebuild_peak - base) * mb:+.1f} MB over before; "
+          f"{len(state.newest._heap)} entries left")  # fmt: skip
+
+
 def pages_ab(n: int, rounds: int, old: str | None) -> None:
     import trio
 
@@ -198,11 +249,17 @@ def main() -> None:
     parser.add_argument("--how")
     parser.add_argument("--sessions", type=int, help="a journal of N sessions, built here")
     parser.add_argument("--ab", metavar="OLD_CHECKOUT", help="with --sessions: also OLD (A/B)")
+    parser.add_argument(
+        "--memory", action="store_true", help="with --sessions: traced sizes (--src: of SRC)"
+    )
     parser.add_argument("--page-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--src", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.page_child:
         page_child(args.journal, args.rounds)
+        return
+    if args.sessions and args.memory:
+        memory(args.sessions)
         return
     if args.sessions:
         pages_ab(args.sessions, args.rounds, args.ab)
