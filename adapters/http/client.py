@@ -27,7 +27,7 @@ from .exchange import HopRefused, HopResult, exchange
 from .pool import Pool
 from .redirects import REFUSED_WITHOUT_CREDENTIAL, Plan, carries_credential, next_hop
 from .request import HttpRequest, secret_values
-from .urls import BadUrl, parse_url
+from .urls import BadUrl, loopback_host, parse_url
 
 __all__ = ["HttpClient"]
 
@@ -237,12 +237,19 @@ async def _result(
 
 
 def _attribution(res: HopResult, proxy_status: list[dict[str, Any]] | None) -> str | None:
-    """What attributes a forward proxy's complete answer to the origin (docs/proxies.md, "The
-    evidence"): only the proxy's socket was observed, so the record says on whose word it is
-    the origin's -- the proxy's RFC 9209 ``received-status``, or the operator's trust in the
-    proxy (``trust_forward_proxy``, which a broker target needs for a forward proxy)."""
-    if res.hop_summary["via_proxy"] is None or not res.hop_summary["origin"].startswith("http:"):
-        return None  # direct, or a CONNECT tunnel: TLS authenticates the origin's answer
+    """What attributes a complete answer nothing authenticates to the origin (docs/proxies.md,
+    "The evidence"): through a forward proxy only the proxy's socket was observed, so the record
+    says on whose word it is the origin's -- the proxy's RFC 9209 ``received-status``, or the
+    operator's trust in the proxy (``trust_forward_proxy``, which a broker target needs for a
+    forward proxy); straight from an ``http://`` origin off the machine, the operator's trust
+    in the network on the way (``trust_cleartext``, which such a target needs: anyone on the
+    path could have written it)."""
+    origin: str = res.hop_summary["origin"]
+    if not origin.startswith("http:"):
+        return None  # TLS authenticates the origin's answer (directly or through a tunnel)
+    if res.hop_summary["via_proxy"] is None:
+        host = origin[len("http://") :].rsplit(":", 1)[0]  # ``scheme://host:port`` (Url.origin)
+        return None if loopback_host(host) else "trusted_cleartext"
     if any(m.get("received_status") == res.status for m in proxy_status or ()):
         return "received_status"
     return "trusted_forward_proxy"

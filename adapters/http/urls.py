@@ -6,6 +6,8 @@ Error texts name the problem, never the URL: its query may carry the credential.
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import re
 import urllib.parse
 from collections.abc import Callable
@@ -16,6 +18,7 @@ __all__ = [
     "Url",
     "drop_fragment",
     "join_url",
+    "loopback_host",
     "parse_url",
     "query_values",
     "set_query",
@@ -73,7 +76,10 @@ def parse_url(url: str, *, schemes: frozenset[str] = frozenset({"http", "https"}
     ASCII only.  A redirect's Location is the one URL a remote writes: a space or control
     character would not encode in a request line, and a non-ASCII host would be compared by
     one IDNA standard (the target's policy, IDNA 2003) and resolved by another (trio, UTS 46):
-    ``faß`` is ``fass`` to one and ``xn--fa-hia`` to the other."""
+    ``faß`` is ``fass`` to one and ``xn--fa-hia`` to the other.  A host ending in ``.`` is
+    refused too, as a target's url refuses it (``affidavit.schema.check_host``): the policy
+    would compare the name without the dot while the connection resolved ``intranet.``, not
+    the ``intranet`` the target names (no search list), and sent the dotted name as SNI."""
     if not _VISIBLE_ASCII.fullmatch(url):
         raise BadUrl("URL must be visible ASCII")
     try:
@@ -86,11 +92,28 @@ def parse_url(url: str, *, schemes: frozenset[str] = frozenset({"http", "https"}
         raise BadUrl("URL scheme must be " + " or ".join(sorted(schemes)))
     if not parts.hostname:
         raise BadUrl("URL has no host")
+    if parts.hostname.endswith("."):
+        raise BadUrl("URL host must not end in a dot")
     if parts.username is not None or parts.password is not None:
         raise BadUrl("URL must not carry userinfo")
     path = parts.path or "/"
     pq = f"{path}?{parts.query}" if parts.query else path
     return Url(scheme, parts.hostname, port or (443 if scheme == "https" else 80), pq)
+
+
+@functools.lru_cache(maxsize=256)  # a host name is no secret; asked once per direct answer
+def loopback_host(host: str) -> bool:
+    """``localhost``, an address in 127.0.0.0/8 or ``::1`` (an IPv4-mapped 127.x too): a host
+    whose traffic does not leave the machine, the one place plain HTTP carries a credential
+    without ``trust_cleartext`` (docs/security.md, "Cleartext targets")."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def query_values(url: str, name: str | None) -> list[str]:

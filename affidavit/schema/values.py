@@ -18,7 +18,7 @@ __all__ = [
 ]
 
 _HOST_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,61}[A-Za-z0-9_])?"
-_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?")
+_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_HOST_LABEL}(?:\.{_HOST_LABEL})*")
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)([dhms]))+")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
@@ -55,18 +55,39 @@ def duration_setting(r: Read, *, zero: bool = False) -> float:
 
 
 def check_host(host: str) -> str:
-    """Validate and normalize a host name or IP literal (lower-case, IDNA for names)."""
+    """Validate and normalize a host name or IP literal (names lower-cased): the one rule for
+    every host a setting names -- an HTTP target's url, its proxy and redirect origins, an SSH
+    target's host -- and for a redirect's Location (``origin_of``).
+
+    A name beyond ASCII is refused, not converted: Python's ``idna`` codec is IDNA 2003, which
+    maps ``faß.de`` to ``fass.de`` and drops a joiner (``ab\u200dc`` is ``abc``), where
+    registries and browsers (IDNA 2008, UTS #46) mean ``xn--fa-hia.de`` -- another domain, which
+    would get the credential.  The operator writes the ``xn--`` form.  A trailing dot is refused
+    too: ``intranet.`` is another DNS query than ``intranet`` (no search list), and ``localhost.``
+    no name TLS may send (RFC 6066 §3: no trailing dot in SNI) -- compared without it and
+    connected to with it, one name would be two hosts."""
     try:
         return str(ipaddress.ip_address(host))
     except ValueError:
         pass
-    try:
-        ascii_host = host.encode("idna").decode("ascii") if not host.isascii() else host
-    except UnicodeError:
-        raise ValueError("is not a valid host name") from None
-    if not _HOSTNAME.fullmatch(ascii_host):
+    if not host.isascii():
+        raise ValueError(NON_ASCII_HOST)
+    if host.endswith("."):
+        raise ValueError(TRAILING_DOT_HOST)
+    if not _HOSTNAME.fullmatch(host):
         raise ValueError("is not a valid host name")
-    return ascii_host.lower().rstrip(".")
+    return host.lower()
+
+
+NON_ASCII_HOST = (
+    'has a host name beyond ASCII: write its IDNA 2008 form ("xn--...", as a registry or '
+    "browser shows it); the broker does not convert names (Python's codec is IDNA 2003, which "
+    "maps some to another domain: faß.de to fass.de)"
+)
+TRAILING_DOT_HOST = (
+    'has a host name ending in ".": write it without the dot (a resolver looks the dotted '
+    "name up without its search list, and TLS may not send it)"
+)
 
 
 def host_for_url(host: str) -> str:

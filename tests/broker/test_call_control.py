@@ -91,7 +91,7 @@ async def test_a_withdrawal_just_before_connecting_still_sends_nothing(
         assert control.withdraw() is True
 
     async with HostileServer.running(scripts.held(Reply(200))) as srv:
-        target = http_target(f"http://api.test:{srv.port}")
+        target = http_target(f"http://api.test:{srv.port}", trust_cleartext=True)
         with custom_resolver(FakeResolver({"api.test": "127.0.0.1"}, on_lookup)):
             async with open_broker(write_config(tmp_path, {"api": target})) as broker:
                 with trio.fail_after(LIMIT):

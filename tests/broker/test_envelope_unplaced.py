@@ -66,7 +66,9 @@ async def test_a_dispatch_the_journal_refuses_does_not_name_it(
     home = _home(tmp_path)
     async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
         port = srv.url.rsplit(":", 1)[1]
-        cfg = write_config(home, {"api": http_target(f"http://api.test:{port}")})
+        cfg = write_config(
+            home, {"api": http_target(f"http://api.test:{port}", trust_cleartext=True)}
+        )
         with custom_resolver(FakeResolver({"api.test": "127.0.0.1"}, on_lookup=_slow)):
             with trio.fail_after(LIMIT):
                 async with open_broker(cfg) as broker:

@@ -376,6 +376,7 @@ ROWS: dict[str, Row] = {
     "dns-failure-is-setup-not-attempted-each-attempt-recorded": Row(
         ("connection_setup", "not_attempted", "backoff", "DNS_FAILED"),
         url="http://no-such-host.test:8080",
+        target={"trust_cleartext": True},
         names={},
         then=_dns_looked_up_twice,
     ),

@@ -471,7 +471,7 @@ async def test_config_changed_between_validation_and_dispatch_is_refused_unsent(
     the write): the gate re-checks the bound snapshot and refuses — validation/not_attempted,
     CONFIG_CHANGED — rather than silently running the new definition."""
     async with HostileServer.running(scripts.serve(Reply(200))) as srv:
-        cfg = _cfg(tmp_path, f"http://api.test:{srv.port}")
+        cfg = _cfg(tmp_path, f"http://api.test:{srv.port}", trust_cleartext=True)
 
         async def edit(_name: str) -> None:
             _rewrite(cfg, '"POST", "PUT"', '"POST", "PUT", "DELETE"')
@@ -503,8 +503,8 @@ async def test_config_edit_elsewhere_does_not_change_the_bound_target(
         cfg = write_config(
             tmp_path,
             {
-                "api": http_target(f"http://api.test:{srv.port}"),
-                "other": http_target("http://other.test:1"),
+                "api": http_target(f"http://api.test:{srv.port}", trust_cleartext=True),
+                "other": http_target("http://other.test:1", trust_cleartext=True),
             },
         )
 

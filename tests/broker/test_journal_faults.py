@@ -268,7 +268,9 @@ async def test_dispatch_that_cannot_be_recorded_is_not_sent_and_says_connection_
 
     async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
         port = srv.url.rsplit(":", 1)[1]
-        cfg = write_config(tmp_path, {"api": http_target(f"http://api.test:{port}")})
+        cfg = write_config(
+            tmp_path, {"api": http_target(f"http://api.test:{port}", trust_cleartext=True)}
+        )
         with custom_resolver(FakeResolver({"api.test": "127.0.0.1"}, on_lookup=slow)):
             with trio.fail_after(LIMIT):
                 async with open_broker(cfg) as broker:
@@ -304,7 +306,9 @@ async def test_a_dispatch_refused_once_names_the_journal_not_a_transport(
 
     async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
         port = srv.url.rsplit(":", 1)[1]
-        cfg = write_config(tmp_path, {"api": http_target(f"http://api.test:{port}")})
+        cfg = write_config(
+            tmp_path, {"api": http_target(f"http://api.test:{port}", trust_cleartext=True)}
+        )
         with custom_resolver(FakeResolver({"api.test": "127.0.0.1"}, on_lookup=slow)):
             with trio.fail_after(LIMIT):
                 async with open_broker(cfg) as broker:

@@ -30,9 +30,11 @@ from tests.http.hostile import HostileServer, Peer, Reply, scripts
 
 from .helpers import (
     TOKEN_ENV,
+    FakeResolver,
     assert_error,
     assert_ok,
     closed_port,
+    custom_resolver,
     http_target,
     open_broker,
     write_config,
@@ -44,11 +46,12 @@ PROXY = "http://127.0.0.1:3128"
 
 
 async def _call(
-    tmp_path: Path, origin: str, proxy: str, action: dict[str, Any]
+    tmp_path: Path, origin: str, proxy: str, action: dict[str, Any], **target: Any
 ) -> tuple[dict[str, Any], list[Any]]:
-    """One call to ``origin`` through ``proxy``; (envelope, the invocation's events)."""
+    """One call to ``origin`` through ``proxy`` (``target``: more settings); (envelope, the
+    invocation's events)."""
     cfg = write_config(
-        tmp_path, {"api": http_target(origin, proxy=proxy, trust_forward_proxy=True)}
+        tmp_path, {"api": http_target(origin, proxy=proxy, trust_forward_proxy=True, **target)}
     )
     async with open_broker(cfg) as broker:
         with trio.fail_after(LIMIT):
@@ -144,7 +147,9 @@ async def test_a_forward_proxys_own_500_is_never_the_origins_committed_result(
     tmp_path: Path, token: str
 ) -> None:
     async with HostileServer.running(scripts.forward_proxy(error=500)) as proxy:
-        env, events = await _call(tmp_path, "http://origin.invalid:8080", proxy.url, POST)
+        env, events = await _call(
+            tmp_path, "http://origin.invalid:8080", proxy.url, POST, trust_cleartext=True
+        )
     assert env["error"]["code"] == "REMOTE_OUTCOME_UNKNOWN"  # not REMOTE_ERROR
     assert env["evidence"]["outcome"] == "unknown"
     assert env["evidence"]["evidence_from"] == {
@@ -243,6 +248,26 @@ async def test_a_direct_response_names_the_origin(tmp_path: Path, token: str) ->
                 env = await broker.call(GET)
             assert_ok(broker, env)
     assert env["evidence"]["evidence_from"] == {"hop": "origin", "status": 200}
+
+
+async def test_a_direct_cleartext_answer_names_the_operators_trust(
+    tmp_path: Path, token: str
+) -> None:
+    """Straight from an http:// origin off the machine, nothing authenticates the answer: it
+    counts as the origin's on the operator's ``trust_cleartext``, and says so."""
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"hi"))) as origin:
+        url = f"http://api.test:{origin.port}"
+        cfg = write_config(tmp_path, {"api": http_target(url, trust_cleartext=True)})
+        with custom_resolver(FakeResolver({"api.test": "127.0.0.1"})):
+            async with open_broker(cfg) as broker:
+                with trio.fail_after(LIMIT):
+                    env = await broker.call(GET)
+                assert_ok(broker, env)
+    assert env["evidence"]["evidence_from"] == {
+        "hop": "origin",
+        "status": 200,
+        "attribution": "trusted_cleartext",
+    }
 
 
 # -- a real forward proxy: Debian's tinyproxy ---------------------------------------------------

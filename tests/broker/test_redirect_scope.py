@@ -76,6 +76,7 @@ async def test_a_non_ascii_redirect_host_never_takes_the_credential_elsewhere(
                             f"http://fass.test:{first.port}/api",
                             credential="env:X",
                             follow_redirects=True,
+                            trust_cleartext=True,
                         )
                     },
                 )
@@ -97,6 +98,72 @@ async def test_a_non_ascii_redirect_host_never_takes_the_credential_elsewhere(
     assert res.facts["status"] == 302
     assert res.facts["redirect_not_followed"]["reason"] == "URL must be visible ASCII"
     assert resolver.lookups == ["fass.test"] and other.connections == 0
+
+
+async def test_a_trailing_dot_redirect_host_never_takes_the_credential_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """``http://intranet.:PORT`` is the target's origin to a comparison without the dot, but
+    another DNS query (no search list) to the connection: the resolver here answers it with
+    another server.  Not followed: the 307 is the result."""
+    async with (
+        HostileServer.running(scripts.serve(Reply(200, body=b"elsewhere"))) as other,
+        HostileServer.running(scripts.serve(Reply(200))) as first,
+    ):
+        first.script = scripts.redirect(f"http://intranet.:{first.port}/api/next")
+        resolver = PortResolver({"intranet": first.port, "intranet.": other.port})
+        target = http_target(
+            f"http://intranet:{first.port}/api",
+            credential="env:X",
+            follow_redirects=True,
+            trust_cleartext=True,
+        )
+        cfg = load_config(write_config(tmp_path, {"t": target}))
+        action = parse_action({"target": "t", "method": "GET", "path": "/start"}, cfg)
+        prepared = HttpBinding().prepare(
+            action, cfg.targets["t"], Credential("env:X", SECRET.encode(), "v1"), None
+        )
+        previous = trio.socket.set_custom_hostname_resolver(resolver)
+        try:
+            async with HttpClient() as client:
+                with trio.fail_after(10):
+                    res = await client.perform(prepared.request, FakeEngine().ctx)
+        finally:
+            trio.socket.set_custom_hostname_resolver(previous)
+    assert res.facts["status"] == 307
+    assert res.facts["redirect_not_followed"]["reason"] == "URL host must not end in a dot"
+    assert resolver.lookups == ["intranet"] and other.connections == 0
+    # and the binding's own policy does not count it as the target's origin either
+    assert prepared.request.redirect_policy is not None
+    assert not prepared.request.redirect_policy(
+        "GET", f"http://intranet.:{first.port}/api/x"
+    ).allowed
+
+
+def test_a_redirect_from_https_to_http_on_the_same_host_drops_the_credential(
+    tmp_path: Path,
+) -> None:
+    """The scheme is part of the origin: ``http://`` on the target's host is another origin --
+    followed only when listed in ``redirect_origins``, and never with the credential (so no
+    redirect carries it in clear past ``trust_cleartext``)."""
+    for listed, allowed in (([], False), (["http://api.example.com"], True)):
+        target = http_target(
+            "https://api.example.com/api",
+            credential="env:X",
+            follow_redirects=True,
+            redirect_origins=listed,
+        )
+        cfg = load_config(write_config(tmp_path, {"t": target}))
+        action = parse_action({"target": "t", "method": "GET", "path": "/x"}, cfg)
+        policy = (
+            HttpBinding()
+            .prepare(action, cfg.targets["t"], Credential("env:X", SECRET.encode(), "v1"), None)
+            .request.redirect_policy
+        )
+        assert policy is not None
+        decision = policy("GET", "http://api.example.com/api/next")
+        assert (decision.allowed, decision.keep_credential) == (allowed, False)
+        assert policy("GET", "https://api.example.com/api/next").keep_credential
 
 
 def _policy(tmp_path: Path) -> Any:

@@ -1,9 +1,10 @@
 """An HTTP target's settings, each declared once (``HTTP_TARGET``), and the normalized value the
 engine binds (``HttpTarget``).
 
-The URL is normalized (lower-case scheme and host, IDNA for names, default port dropped, base
-path without duplicate or trailing slashes) and its origin kept with the port explicit, so that
-two spellings of one target bind the same snapshot and redirects compare origins exactly.
+The URL is normalized (lower-case scheme and host -- ASCII only, no trailing dot:
+``check_host`` --, default port dropped, base path without duplicate or trailing slashes) and its
+origin kept with the port explicit, so that two spellings of one target bind the same snapshot
+and redirects compare origins exactly.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from affidavit.adapters.http.urls import split_url
+from affidavit.adapters.http.urls import loopback_host, split_url
 from affidavit.schema import (
     COMMON,
     MISSING,
@@ -90,6 +91,10 @@ class HttpTarget:
     """True: the operator accepts an ``http://`` target's forward proxy, which sees the request
     (credential included) in clear and could write any answer itself: its 2xx/3xx count as the
     origin's (docs/proxies.md).  None otherwise (unset: not part of the snapshot)."""
+    trust_cleartext: Literal[True] | None
+    """True: the operator accepts an ``http://`` url whose host is not loopback -- the credential
+    and every answer cross the network in clear, readable and forgeable on the way
+    (docs/security.md, "Cleartext targets").  None otherwise (unset: not in the snapshot)."""
     follow_redirects: bool
     redirect_origins: frozenset[str]
     """Other origins a followed redirect may go to (normalized ``scheme://host:port``), never
@@ -275,6 +280,29 @@ def _trust_forward_proxy(r: Read) -> Literal[True] | None:
     return True if trusted else None
 
 
+CLEARTEXT_UNTRUSTED = (
+    "an http:// url whose host is not loopback sends the credential in clear over the network, "
+    "where anyone on the path reads it and can write the answer; set trust_cleartext = true to "
+    "accept that, or use https://"
+)
+
+
+def _trust_cleartext(r: Read) -> Literal[True] | None:
+    """An ``http://`` url off the machine only with ``trust_cleartext = true``, as a forward
+    proxy needs ``trust_forward_proxy`` (the credential is injected into every request: every
+    target has one)."""
+    trusted = r.boolean()
+    origin: str = r.values["origin"]
+    cleartext = origin.startswith("http://") and not loopback_host(
+        origin.split("://", 1)[1].rsplit(":", 1)[0]
+    )
+    if cleartext and not trusted:
+        raise ConfigError(r.section.path("url"), CLEARTEXT_UNTRUSTED)
+    if trusted and not cleartext:
+        raise r.error("only applies to an http:// url whose host is not loopback")
+    return True if trusted else None
+
+
 def _redirect_origins(r: Read) -> frozenset[str]:
     out: set[str] = set()
     first_http: int | None = None
@@ -401,6 +429,15 @@ HTTP_TARGET = TargetSchema(
             doc="`true`: accept a forward proxy -- the `proxy` of an http:// url or of an "
             "http:// redirect origin -- which sees the credential and whose 2xx/3xx count as "
             "the origin's (see [proxies](proxies.md))",
+        ),
+        Field(
+            "trust_cleartext",
+            _trust_cleartext,
+            default=False,
+            unset_omitted=True,
+            doc="`true`: accept an http:// url whose host is not loopback (127.0.0.0/8, `::1`, "
+            "`localhost`): the credential and the answers cross the network in clear (see "
+            "[security](security.md#cleartext-targets))",
         ),
         Field(
             "follow_redirects",
