@@ -32,6 +32,7 @@ from affidavit.statemachine import Code
 from .classify import header_value, parse_proxy_status
 from .receive_buffer import client_connection
 from .request import HttpRequest, Timeouts
+from .trust import Trust
 from .urls import BadUrl, Url, parse_url
 
 __all__ = [
@@ -51,7 +52,9 @@ log = logging.getLogger("affidavit.adapters.http")
 READ_SIZE = 65536
 
 PoolKey = tuple[str, str, int, str | None, str | None]
-"""(scheme, host, port, proxy, CA file): connections are reused only under the same key."""
+"""(scheme, host, port, proxy, trust): connections are reused only under the same key.  The
+trust is the ``sha256:`` of the CA file's bytes the TLS session was verified with (``Trust``),
+None for the system store and for plain HTTP."""
 
 
 def check_trio_tls(make_stream: Callable[..., object] = trio.SSLStream) -> None:
@@ -305,11 +308,13 @@ async def open_connection(
     target: Url,
     key: PoolKey,
     *,
-    ssl_context: Callable[[str | None], ssl.SSLContext],
+    trust: Callable[[str | None], Trust],
     new_id: Callable[[], str],
 ) -> Connection:
     """A fresh connection to ``target`` (through ``request.proxy`` if set), set up to the point
-    where the request may be written.  ``new_id`` names it once its socket is connected."""
+    where the request may be written.  ``new_id`` names it once its socket is connected; its
+    pool key is ``key`` with the trust its TLS session was verified with (``trust(ca_file)``
+    read at the handshake: the file may have changed since ``key`` was made)."""
     t = request.timeouts
     proxy: Url | None = None
     if request.proxy is not None:
@@ -368,7 +373,8 @@ async def open_connection(
             await _tunnel(ctx, hop, stream, target, proxy, t)
         peer = None
         if target.scheme == "https":
-            stream, peer = await _tls(ctx, hop, stream, target, request.ca_file, ssl_context, t)
+            stream, peer = await _tls(ctx, hop, stream, target, request.ca_file, trust, t)
+            key = (*key[:4], peer.get("ca_sha256"))
     except BaseException:
         await trio.aclose_forcefully(stream)
         raise
@@ -445,11 +451,11 @@ async def _tls(
     stream: trio.abc.Stream,
     target: Url,
     ca_file: str | None,
-    ssl_context: Callable[[str | None], ssl.SSLContext],
+    trust: Callable[[str | None], Trust],
     t: Timeouts,
 ) -> tuple[trio.SSLStream[trio.abc.Stream], dict[str, Any]]:
     try:
-        sslctx = ssl_context(ca_file)
+        used = trust(ca_file)
     except (OSError, ssl.SSLError) as e:
         raise setup_failed(
             ctx,
@@ -465,7 +471,7 @@ async def _tls(
     # https_compatible=False on purpose: a TCP FIN without TLS close_notify must not pass
     # for the end of a close-delimited body (seed: never declare a result complete without
     # "a protocol-specific close that proves completion").
-    tls = trio.SSLStream(stream, sslctx, server_hostname=target.host, https_compatible=False)
+    tls = trio.SSLStream(stream, used.context, server_hostname=target.host, https_compatible=False)
     try:
         with trio.fail_after(t.connect):
             await tls.do_handshake()
@@ -499,6 +505,8 @@ async def _tls(
         "verified_hostname": target.host,
         "trust": "ca_file" if ca_file else "system",
     }
+    if used.ca_sha256 is not None:
+        peer["ca_sha256"] = used.ca_sha256  # the bytes verified with, as the account records
     step(ctx, "tls", {"hop": hop, "peer": peer})
     return tls, peer
 

@@ -1,4 +1,6 @@
-"""The connection pool: idle keep-alive connections per (scheme, host, port, proxy, CA file).
+"""The connection pool: idle keep-alive connections per (scheme, host, port, proxy, trust) --
+the trust being the CA file's content, not its path (``trust.py``): a connection verified under
+one content is not reused for a call made once the file holds another.
 
 A pooled connection is reused only if it has stayed silent while idle (``looks_stale``: socket
 not readable, TLS buffers empty) and not beyond ``idle_timeout``; either check failing discards
@@ -19,6 +21,7 @@ from affidavit.adapters.base import AttemptContext
 
 from .connect import Connection, PoolKey, open_connection, step
 from .request import HttpRequest
+from .trust import TrustStore
 from .urls import Url
 
 __all__ = ["Pool"]
@@ -31,7 +34,7 @@ class Pool:
         self._max_idle = max_per_origin
         self._idle_timeout = idle_timeout
         self._idle: dict[PoolKey, list[Connection]] = {}
-        self._ssl: dict[str | None, ssl.SSLContext] = {}
+        self.trust = TrustStore()
         self._next_id = 0
         self.closed = False
 
@@ -45,14 +48,15 @@ class Pool:
     def idle_connections(self) -> int:
         return sum(len(v) for v in self._idle.values())
 
-    def ssl_context(self, ca_file: str | None) -> ssl.SSLContext:
-        ctx = self._ssl.get(ca_file)
-        if ctx is None:
-            # Verification on, host name checked (create_default_context's defaults); a custom
-            # CA file per target replaces the system store for that target only.
-            ctx = ssl.create_default_context(cafile=ca_file)
-            self._ssl[ca_file] = ctx
-        return ctx
+    def _trust_key(self, target: Url, ca_file: str | None) -> str | None:
+        """The trust part of a pool key for a new call (``PoolKey``): what the CA file holds
+        now.  A file unusable now matches no pooled connection; the handshake reports it."""
+        if target.scheme != "https" or ca_file is None:
+            return None
+        try:
+            return self.trust.get(ca_file).ca_sha256
+        except (OSError, ssl.SSLError):
+            return "unusable"
 
     def _new_id(self) -> str:
         self._next_id += 1
@@ -75,7 +79,8 @@ class Pool:
         self, request: HttpRequest, ctx: AttemptContext, hop: int, target: Url
     ) -> tuple[Connection, bool]:
         """A connection to ``target`` and whether it is a reused one."""
-        key: PoolKey = (target.scheme, target.host, target.port, request.proxy, request.ca_file)
+        trust = self._trust_key(target, request.ca_file)
+        key: PoolKey = (target.scheme, target.host, target.port, request.proxy, trust)
         idle = self._idle.get(key, [])
         now = trio.current_time()
         while idle:
@@ -110,6 +115,6 @@ class Pool:
             log.debug("reusing connection %s to %s", conn.id, origin)
             return conn, True
         conn = await open_connection(
-            request, ctx, hop, target, key, ssl_context=self.ssl_context, new_id=self._new_id
+            request, ctx, hop, target, key, trust=self.trust.get, new_id=self._new_id
         )
         return conn, False

@@ -27,6 +27,7 @@ from typing import Any
 
 import trio
 
+from affidavit.adapters.http.trust import ENV_IGNORED
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
 from tests.external import require_root
 
@@ -111,7 +112,14 @@ class ChildExited(AssertionError):
 
 
 def daemon_env(token: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AFFIDAVIT_")}
+    """This process's environment without ``AFFIDAVIT_*`` nor the TLS variables the broker
+    ignores (``ENV_IGNORED``: a machine that sets ``SSL_CERT_FILE`` would give every daemon a
+    start-up warning that tests asserting a quiet start would fail on)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("AFFIDAVIT_") and k not in ENV_IGNORED
+    }
     if token is not None:
         env[TOKEN_ENV] = token
     return env
@@ -141,16 +149,18 @@ def launch(
     token: str | None,
     command: Sequence[str] | None = None,
     journal: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> DaemonProc:
     """Start ``affidavit serve --config CONFIG`` (or ``command``: it ``as_user``, or a script
-    that runs it) with its output in ``log``; wait for nothing."""
+    that runs it) with its output in ``log`` and ``env`` (else ``daemon_env(token)``) as its
+    environment; wait for nothing."""
     with log.open("ab") as out:
         proc = subprocess.Popen(
             list(command or [PYTHON, "-m", "affidavit", "serve", "--config", str(config)]),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=out,
-            env=daemon_env(token),
+            env=dict(env) if env is not None else daemon_env(token),
         )
     return DaemonProc(config, socket, journal or config.parent / "journal.db", log, proc)
 
@@ -162,9 +172,10 @@ async def start_daemon(
     token: str | None,
     command: Sequence[str] | None = None,
     journal: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> DaemonProc:
     """``launch``, and wait (bounded, watching it) until its socket answers ``/v1/health``."""
-    daemon = launch(config, socket, log, token, command, journal)
+    daemon = launch(config, socket, log, token, command, journal, env)
     try:
         await wait_until(
             lambda: _answers(daemon), "the daemon answers on its socket", HUNG, watch=[daemon]
