@@ -40,6 +40,7 @@ from affidavit.config import (
     parse_config,
     read_config,
     snapshot,
+    trust_anchors,
 )
 from affidavit.statemachine import KEYED_PREFIX, Event, EventKind
 
@@ -58,7 +59,7 @@ class ConfigSnapshot:
         self.config = config
         self._digest = digest
         self._hashes: dict[str, tuple[Any, str]] = {}
-        self._accounts: dict[str, tuple[Any, str]] = {}
+        self._accounts: dict[str, tuple[Any, tuple[Path, ...], tuple[Any, ...], str]] = {}
         self._seen: _Seen | None = None
         """The file as ``changed`` last read it -- at first, the bytes ``config`` was parsed
         from (``Config.source_digest``), with no stat: the first re-check reads the file and
@@ -82,12 +83,26 @@ class ConfigSnapshot:
 
     def account_hash(self, target: Any) -> str:
         """The keyed hash of the account ``target`` reaches (``affidavit.schema.account``),
-        computed once per target value, like ``hash``."""
+        computed once per target value and content of the files it trusts: the account holds
+        a CA file's digest, and the HTTP driver trusts the file as it is at each handshake
+        (adapters/http/trust.py), so a file edited in place is another account from then on.
+        A file's stat vouches for its bytes as the config file's does (``_stat_key``,
+        ``SETTLED_NS``): an unsettled or missing one is read again at every call."""
         cached = self._accounts.get(target.name)
-        if cached is not None and cached[0] is target:
-            return cached[1]
+        if (
+            cached is not None
+            and cached[0] is target
+            and (not cached[1] or tuple(_stat_key(p) for p in cached[1]) == cached[2])
+        ):
+            return cached[3]
+        began = time.time_ns()
+        paths = tuple(path for path, _what in trust_anchors(target))
+        keys = tuple(_stat_key(path) for path in paths)
         value = KEYED_PREFIX + self._digest(_ACCOUNT, canonical_json(account(target)))
-        self._accounts[target.name] = (target, value)
+        if all(k is not None and began - k[2] > SETTLED_NS for k in keys):
+            self._accounts[target.name] = (target, paths, keys, value)
+        else:
+            self._accounts.pop(target.name, None)
         return value
 
     def judging_hash(self, target: Any) -> str:

@@ -22,13 +22,15 @@ from typing import Any
 
 import pytest
 import trio
+import trustme
 
 import affidavit.engine.invocation as invocation
+import affidavit.engine.snapshot as engine_snapshot
 from affidavit.approvals import OperatorError
 from affidavit.config import account, canonical_json, load_config, snapshot
 from affidavit.engine import OperationError
 from affidavit.statemachine import EventKind as E
-from tests.http.hostile import HostileServer, Received, Reply, scripts
+from tests.http.hostile import HostileServer, Received, Reply, make_tls, scripts
 
 from .approvalkit import PaymentsApi, reconcile_target, verify_ok
 from .helpers import as_written_before, event_kinds, http_target, open_broker, write_config
@@ -297,3 +299,36 @@ async def test_the_recorded_account_hash_is_keyed(tmp_path: Path, token: str) ->
         assert recorded == b._engine.snapshot.account_hash(target)
     plain = hashlib.sha256(canonical_json(account(target))).hexdigest()
     assert recorded.startswith("hmac-sha256:") and plain not in recorded
+
+
+@pytest.mark.parametrize("settled", [False, True], ids=["fresh_file", "settled_file"])
+async def test_a_ca_file_edited_in_place_is_recorded_as_the_account_it_trusts(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, settled: bool
+) -> None:
+    """The driver trusts a CA file as it holds it at the handshake (adapters/http/trust.py), so
+    the account a call records is the file's content at that call, not at the target's first:
+    edited in place under one config, the next call records another ``account_hash`` -- and
+    its dispatch the digest of the bytes TLS verified with (``peer.ca_sha256``).  Whether the
+    file's stat vouched for the first read (``settled``: as if its ctime lay 2 s back) or not."""
+    if settled:
+        monkeypatch.setattr(engine_snapshot, "SETTLED_NS", -(10**18))
+    tls = make_tls(tmp_path)
+    ca = Path(tls.ca_file)
+    get = {"target": "api", "method": "GET", "path": "/x"}
+    async with (
+        HostileServer.running(scripts.serve(Reply(200)), tls=tls.good) as srv,
+        open_broker(write_config(tmp_path, {"api": http_target(srv.url, ca_file=str(ca))})) as b,
+    ):
+        seen = []
+        for _ in range(2):
+            digest = "sha256:" + hashlib.sha256(ca.read_bytes()).hexdigest()
+            with trio.fail_after(LIMIT):
+                env = await b.call(get)
+            events = b.events(env["invocation_id"])
+            validated = next(e for e in events if e.kind is E.PREFLIGHT_VALIDATED)
+            started = next(e for e in events if e.kind is E.DISPATCH_STARTED)
+            assert started.attrs["peer"]["ca_sha256"] == digest
+            seen.append(validated.attrs["account_hash"])
+            # the same CA, and one more beside it: the server still verifies, the content moved
+            ca.write_bytes(ca.read_bytes() + trustme.CA().cert_pem.bytes())
+    assert seen[0] != seen[1]
