@@ -9,8 +9,8 @@ here by hand (``client_context``) and ``env_ignored`` names the variables for th
 warning.
 
 A CA file is read again whenever its identity moved (device, inode, ctime, mtime, size) or its
-last read was too recent for the stat to vouch for the bytes (``SETTLED_NS``, as the config
-snapshot does: affidavit/engine/snapshot.py); the context is built from the bytes read and kept
+last read was too recent for the stat to vouch for the bytes (``SETTLED_NS``: one rule with the
+config snapshot, adapters/filestat.py); the context is built from the bytes read and kept
 per their digest, which the connection's evidence records (``ca_sha256``) and its pool key
 holds: a connection made under one content is never reused for a call under another, and a file
 replaced or deleted since is what the next connection sees (docs/configuration.md, ``ca_file``).
@@ -28,6 +28,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from affidavit.adapters.filestat import SETTLED_NS, identity
+
 __all__ = ["ENV_IGNORED", "MAX_CA_FILE", "Trust", "TrustStore", "client_context", "env_ignored"]
 
 ENV_IGNORED = ("SSL_CERT_FILE", "SSL_CERT_DIR", "SSLKEYLOGFILE")
@@ -35,10 +37,6 @@ ENV_IGNORED = ("SSL_CERT_FILE", "SSL_CERT_DIR", "SSLKEYLOGFILE")
 
 MAX_CA_FILE = 16 << 20
 """A CA bundle larger than this is refused (the system's is about 200 KiB)."""
-
-SETTLED_NS = 2_000_000_000
-"""How long before a read the file's ctime must lie for its stat to vouch for the bytes read (a
-same-size write in the clock tick of the read leaves every stat field as it was)."""
 
 _PEM_BLOCK = re.compile(
     rb"-----BEGIN [A-Z0-9 ]+-----\r?\n[A-Za-z0-9+/=\r\n\t ]*-----END [A-Z0-9 ]+-----"
@@ -105,7 +103,7 @@ class TrustStore:
             return self._system
         seen = self._files.get(ca_file)
         st = os.stat(ca_file)
-        if seen is not None and seen.settled and seen.key == _key(st):
+        if seen is not None and seen.settled and seen.key == identity(st):
             return seen.trust
         began = time.time_ns()
         data, st = _read(ca_file)
@@ -118,15 +116,11 @@ class TrustStore:
                 raise OSError(errno.EINVAL, "no certificate in the CA file")
             context = self._contexts[digest] = client_context(blocks)
         trust = Trust(digest, context)
-        self._files[ca_file] = _Read(_key(st), began - st.st_ctime_ns > SETTLED_NS, trust)
+        self._files[ca_file] = _Read(identity(st), began - st.st_ctime_ns > SETTLED_NS, trust)
         if seen is not None and seen.trust.ca_sha256 != digest:  # keep one context per path
             held = {r.trust.ca_sha256 for r in self._files.values()}
             self._contexts = {d: c for d, c in self._contexts.items() if d in held}
         return trust
-
-
-def _key(st: os.stat_result) -> tuple[int, ...]:
-    return (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size)
 
 
 def _read(path: str) -> tuple[bytes, os.stat_result]:

@@ -24,7 +24,6 @@ to match -- a timeout, or the ``reconcile`` setting itself, may be added or chan
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,6 +32,9 @@ from typing import Any
 
 import trio
 
+from affidavit.adapters.filestat import SETTLED_NS
+from affidavit.adapters.filestat import identity as _key
+from affidavit.adapters.filestat import stat_key as _stat_key
 from affidavit.config import (
     Config,
     account,
@@ -170,23 +172,6 @@ class ConfigSnapshot:
         return value != expected_hash
 
 
-SETTLED_NS = 2_000_000_000
-"""How long before a read the file's ctime must lie for its stat to vouch for the bytes read.
-
-The stat ``changed`` keys on is ``_stat_key``: device and inode (a rename over the file, or a
-replacement, is another inode), ctime (which no user-space call sets back: ``cp -p``, ``rsync
--t`` and ``touch -r`` restore the mtime, not the ctime), mtime and size.  Even that misses one
-case: a timestamp is taken from a clock that may tick only every few milliseconds (Linux's
-coarse clock, one jiffy, before multigrain timestamps; a network file system's server clock),
-so a same-size write in place in the tick of the read leaves every field as the read saw it,
-and the broker would keep the content of a half-done edit for good.  As git does with a
-"racily clean" index entry, a read is trusted only once the file's ctime lies this far before
-it: until then every dispatch reads the file again (a read and a digest, no parse unless the
-bytes moved) -- for at most this long after an edit.  2 s covers any local tick, FAT's 2 s
-mtime and a server clock some way off ours; a server clock behind ours by more than that can
-still make a fresh stat look settled."""
-
-
 @dataclass(frozen=True)
 class _Seen:
     """The config file as last read: its ``_stat_key`` (None: not read), whether that stat
@@ -198,18 +183,6 @@ class _Seen:
     digest: bytes
     config: Config | None
     hashes: dict[str, str] = field(default_factory=dict)
-
-
-def _stat_key(path: Path) -> tuple[int, ...] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return _key(st)
-
-
-def _key(st: os.stat_result) -> tuple[int, ...]:
-    return (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size)
 
 
 def _read(path: Path, previous: _Seen | None) -> _Seen:

@@ -4,7 +4,7 @@ write") sees every edit, including one that keeps the file's size and mtime.
 ``cp -p``, ``rsync -t``, ``install -p`` and ``touch -r`` put the old mtime back, and a rename
 over the file may bring one along: keyed on (mtime, size) alone the running broker went on
 dispatching under the config it started with.  The key is the file's identity as the kernel
-keeps it (``affidavit.engine.snapshot._stat_key``: device, inode, ctime, mtime, size); a read
+keeps it (``affidavit.adapters.filestat.stat_key``: device, inode, ctime, mtime, size); a read
 taken in the tick of the file's last change vouches for nothing (``SETTLED_NS``), and the read
 itself is bounded (``affidavit.config.read_config``).
 """
