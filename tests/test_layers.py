@@ -80,7 +80,11 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.views": frozenset({"affidavit.statemachine", "affidavit.journal", "affidavit.text"}),
     # The schema language knows no protocol; protocols declare their target schemas with it,
     # and config finds a target's protocol in the registry — so schema < protocols < config.
-    "affidavit.schema": frozenset({"affidavit.secrets", "affidavit.strictjson"}),
+    # A file a target trusts is hashed for its account as the HTTP driver reads it
+    # (``affidavit.adapters.filestat.read_regular``: bounded, never waiting on a FIFO).
+    "affidavit.schema": frozenset(
+        {"affidavit.secrets", "affidavit.strictjson", "affidavit.adapters"}
+    ),
     # The registry and the common action parsing: they find protocols through entry points,
     # never by importing one (a protocol is added without editing them).
     "affidavit.protocols": frozenset(

@@ -27,7 +27,7 @@ from .exchange import HopRefused, HopResult, exchange
 from .pool import Pool
 from .redirects import REFUSED_WITHOUT_CREDENTIAL, Plan, carries_credential, next_hop
 from .request import HttpRequest, secret_values
-from .urls import BadUrl, loopback_host, parse_url
+from .urls import BadUrl, cleartext_hop, parse_url
 
 __all__ = ["HttpClient"]
 
@@ -120,7 +120,9 @@ class HttpClient:
                     "redirects": before,
                     "redirect_not_followed": {"reason": REFUSED_WITHOUT_CREDENTIAL, **e.summary},
                 }
-                return await _result(stood, ctx, chain, redactor, facts, sink_buffer=True)
+                return await _result(
+                    stood, ctx, chain, redactor, facts, request.trust_cleartext, sink_buffer=True
+                )
             except HopSetupFailed as e:
                 # The next request was never written (seed: each redirect hop is its own
                 # dispatch boundary), so a complete 3xx stands as the result: as for a refusal,
@@ -134,7 +136,9 @@ class HttpClient:
                     "redirects": before,
                     "redirect_not_followed": {"hop": hop, "code": e.code.value, "stage": e.stage},
                 }
-                return await _result(stood, ctx, chain, redactor, facts, sink_buffer=True)
+                return await _result(
+                    stood, ctx, chain, redactor, facts, request.trust_cleartext, sink_buffer=True
+                )
             # Whether this hop's request held the credential: only an answer to one that did
             # is the target's word (engine/readable.py, ``from_elsewhere``).
             res.hop_summary["credential_sent"] = credential
@@ -160,7 +164,7 @@ class HttpClient:
                 )
             if plan.disposition != "follow":
                 extra = {"redirects": redirects, **plan.redirect_facts}
-                return await _result(res, ctx, hops, redactor, extra)
+                return await _result(res, ctx, hops, redactor, extra, request.trust_cleartext)
             assert plan.next_url is not None
             redirects += 1
             step = ctx.machine.fire("follow_redirect")
@@ -180,6 +184,7 @@ async def _result(
     hops: list[dict[str, Any]],
     redactor: Redactor,
     extra: Mapping[str, Any],
+    trust_cleartext: bool,
     *,
     sink_buffer: bool = False,
 ) -> RemoteResult:
@@ -218,7 +223,8 @@ async def _result(
             proxy=res.hop_summary["via_proxy"],
             status=res.status,
             proxy_status=ps,
-            attribution=_attribution(res, proxy_status),  # a word: judged on what was sent
+            # a word: judged on what was sent
+            attribution=_attribution(res, proxy_status, trust_cleartext),
         ),
         "peer": res.peer,
         "body_bytes": res.body_bytes,
@@ -236,20 +242,24 @@ async def _result(
     return RemoteResult(cls.outcome, cls.code, facts, summary, retry, res.hop_summary["hop"])
 
 
-def _attribution(res: HopResult, proxy_status: list[dict[str, Any]] | None) -> str | None:
+def _attribution(
+    res: HopResult, proxy_status: list[dict[str, Any]] | None, trust_cleartext: bool
+) -> str | None:
     """What attributes a complete answer nothing authenticates to the origin (docs/proxies.md,
     "The evidence"): through a forward proxy only the proxy's socket was observed, so the record
     says on whose word it is the origin's -- the proxy's RFC 9209 ``received-status``, or the
     operator's trust in the proxy (``trust_forward_proxy``, which a broker target needs for a
     forward proxy); straight from an ``http://`` origin off the machine, the operator's trust
-    in the network on the way (``trust_cleartext``, which such a target needs: anyone on the
-    path could have written it)."""
+    in the network on the way -- ``trusted_cleartext`` only when the target gave it
+    (``trust_cleartext``, which such a target needs; a redirect there without it is not
+    followed: redirects.py, ``CLEARTEXT_REFUSED``)."""
     origin: str = res.hop_summary["origin"]
     if not origin.startswith("http:"):
         return None  # TLS authenticates the origin's answer (directly or through a tunnel)
     if res.hop_summary["via_proxy"] is None:
-        host = origin[len("http://") :].rsplit(":", 1)[0]  # ``scheme://host:port`` (Url.origin)
-        return None if loopback_host(host) else "trusted_cleartext"
+        if not cleartext_hop(origin, None) or not trust_cleartext:
+            return None  # loopback; or the driver used on its own, asked for no such trust
+        return "trusted_cleartext"
     if any(m.get("received_status") == res.status for m in proxy_status or ()):
         return "received_status"
     return "trusted_forward_proxy"

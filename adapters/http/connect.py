@@ -32,10 +32,11 @@ from affidavit.statemachine import Code
 from .classify import header_value, parse_proxy_status
 from .receive_buffer import client_connection
 from .request import HttpRequest, Timeouts
-from .trust import Trust
-from .urls import BadUrl, Url, parse_url
+from .trust import SYSTEM_STORE_EMPTY, Trust
+from .urls import BadUrl, Url, loopback_host, parse_url
 
 __all__ = [
+    "LOOPBACK_OFF_MACHINE",
     "READ_SIZE",
     "Connection",
     "HopSetupFailed",
@@ -50,6 +51,11 @@ __all__ = [
 log = logging.getLogger("affidavit.adapters.http")
 
 READ_SIZE = 65536
+
+LOOPBACK_OFF_MACHINE = (
+    "a loopback name resolved to an address off the machine: plain HTTP goes there only "
+    "with trust_cleartext"
+)
 
 PoolKey = tuple[str, str, int, str | None, str | None]
 """(scheme, host, port, proxy, trust): connections are reused only under the same key.  The
@@ -338,6 +344,16 @@ async def open_connection(
         ) from None
     if not infos:
         raise setup_failed(ctx, hop, Code.DNS_FAILED, "dns", "no addresses", role=role)
+    if (
+        target.scheme == "http"
+        and not request.trust_cleartext
+        and loopback_host(peer_host.host)
+        and not all(loopback_host(str(info[4][0]).split("%", 1)[0]) for info in infos)
+    ):
+        # Plain HTTP without ``trust_cleartext`` rests on the first hop being loopback; a
+        # name (``localhost``) is loopback only while the resolver says so -- one that
+        # answers an address off the machine would take the credential there in clear.
+        raise setup_failed(ctx, hop, Code.SETUP_FAILED, "dns", LOOPBACK_OFF_MACHINE, role=role)
     step(ctx, "resolve", {"hop": hop, "role": role, "addresses": len(infos)})
     # -- tcp
     sock = None
@@ -373,7 +389,7 @@ async def open_connection(
             await _tunnel(ctx, hop, stream, target, proxy, t)
         peer = None
         if target.scheme == "https":
-            stream, peer = await _tls(ctx, hop, stream, target, request.ca_file, trust, t)
+            stream, peer = await _tls(ctx, hop, stream, target, request, trust)
             key = (*key[:4], peer.get("ca_sha256"))
     except BaseException:
         await trio.aclose_forcefully(stream)
@@ -450,10 +466,10 @@ async def _tls(
     hop: int,
     stream: trio.abc.Stream,
     target: Url,
-    ca_file: str | None,
+    request: HttpRequest,
     trust: Callable[[str | None], Trust],
-    t: Timeouts,
 ) -> tuple[trio.SSLStream[trio.abc.Stream], dict[str, Any]]:
+    ca_file, t = request.ca_file, request.timeouts
     try:
         used = trust(ca_file)
     except (OSError, ssl.SSLError) as e:
@@ -467,6 +483,31 @@ async def _tls(
             # no server and no retry can fix it, only ``ca_file``.  Its path stays out.
             setting="ca_file",
             error=errno_name(e),
+        ) from None
+    if request.ca_sha256 is not None and used.ca_sha256 != request.ca_sha256:
+        # The file was edited between the call's validation (whose account recorded
+        # ``request.ca_sha256``) and this handshake: trusting the new bytes would make the
+        # record name one trust and the connection use another.  Refused before any byte of
+        # the request; the next call records and uses the new content.
+        raise setup_failed(
+            ctx,
+            hop,
+            Code.CERTIFICATE_INVALID,
+            "tls_handshake",
+            "CA file changed since the call was validated",
+            setting="ca_file",
+            error="ca_file_changed",
+        ) from None
+    if used.empty:
+        # The broker's own store, not the peer: no certificate could have passed.
+        raise setup_failed(
+            ctx,
+            hop,
+            Code.CERTIFICATE_INVALID,
+            "tls_handshake",
+            SYSTEM_STORE_EMPTY,
+            setting="ca_file",
+            error="system_store_empty",
         ) from None
     # https_compatible=False on purpose: a TCP FIN without TLS close_notify must not pass
     # for the end of a close-delimited body (seed: never declare a result complete without

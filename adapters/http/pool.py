@@ -48,13 +48,16 @@ class Pool:
     def idle_connections(self) -> int:
         return sum(len(v) for v in self._idle.values())
 
-    def _trust_key(self, target: Url, ca_file: str | None) -> str | None:
-        """The trust part of a pool key for a new call (``PoolKey``): what the CA file holds
-        now.  A file unusable now matches no pooled connection; the handshake reports it."""
-        if target.scheme != "https" or ca_file is None:
+    def _trust_key(self, request: HttpRequest, target: Url) -> str | None:
+        """The trust part of a pool key for a new call (``PoolKey``): the CA file's digest the
+        call was validated with, else what the file holds now.  A file unusable now matches
+        no pooled connection; the handshake reports it."""
+        if target.scheme != "https" or request.ca_file is None:
             return None
+        if request.ca_sha256 is not None:
+            return request.ca_sha256
         try:
-            return self.trust.get(ca_file).ca_sha256
+            return self.trust.get(request.ca_file).ca_sha256
         except (OSError, ssl.SSLError):
             return "unusable"
 
@@ -79,7 +82,7 @@ class Pool:
         self, request: HttpRequest, ctx: AttemptContext, hop: int, target: Url
     ) -> tuple[Connection, bool]:
         """A connection to ``target`` and whether it is a reused one."""
-        trust = self._trust_key(target, request.ca_file)
+        trust = self._trust_key(request, target)
         key: PoolKey = (target.scheme, target.host, target.port, request.proxy, trust)
         idle = self._idle.get(key, [])
         now = trio.current_time()

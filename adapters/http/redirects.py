@@ -34,10 +34,20 @@ from .classify import (
 )
 from .machine import Observation
 from .request import HttpRequest, RedirectDecision
-from .urls import BadUrl, Url, drop_fragment, join_url, parse_url, query_values, set_query
+from .urls import (
+    BadUrl,
+    Url,
+    cleartext_hop,
+    drop_fragment,
+    join_url,
+    parse_url,
+    query_values,
+    set_query,
+)
 
 __all__ = [
     "CHANGES_REQUEST",
+    "CLEARTEXT_REFUSED",
     "REDIRECT_STATUSES",
     "REFUSED_WITHOUT_CREDENTIAL",
     "RESENDS_REQUEST",
@@ -78,6 +88,11 @@ class Plan:
     next_url: str | None = None
     keep_credential: bool = False
     redirect_facts: dict[str, Any] = field(default_factory=dict)
+
+
+CLEARTEXT_REFUSED = "plain HTTP off the machine without trust_cleartext"
+"""``redirect_not_followed.reason`` of a Location to an ``http://`` origin whose first hop is
+not loopback, for a target without ``trust_cleartext``: stable text."""
 
 
 def plan_response(
@@ -154,6 +169,15 @@ def plan_response(
         # hex-dumped, case-changed: following it would send the credential where the policy
         # said it must not go.
         decision = RedirectDecision(False, False, "the Location carries the credential")
+    if (
+        decision.allowed
+        and not request.trust_cleartext
+        and cleartext_hop(new_origin, request.proxy)
+    ):
+        # An answer from plain HTTP off the machine is anyone's on the path: taken as the
+        # origin's only on the operator's word (``trust_cleartext``), never because a listed
+        # origin happened to be http:// (docs/security.md, "Cleartext targets").
+        decision = RedirectDecision(False, False, CLEARTEXT_REFUSED)
     if not decision.allowed:
         plan.redirect_facts = {
             "redirect_not_followed": {

@@ -46,8 +46,17 @@ class HttpRequest:
     credential_query: str | None = None
     """Name of the query parameter carrying the credential."""
     ca_file: str | None = None
+    ca_sha256: str | None = None
+    """``sha256:<hex>`` of the ``ca_file`` bytes the call was validated with (the digest its
+    recorded account holds): the pool key holds it, and a handshake finding other bytes in the
+    file refuses the call before anything is sent (``connect._tls``).  None: the file as it is
+    at the handshake (the driver used on its own)."""
     proxy: str | None = None
     """``http://host:port``: a forward proxy for http:// URLs, a CONNECT tunnel for https://."""
+    trust_cleartext: bool = False
+    """The operator accepts plain HTTP off the machine (``trust_cleartext``): a redirect to an
+    ``http://`` origin whose first hop (the proxy, else the host) is not loopback is followed
+    only with it, and an answer so received is attributed ``trusted_cleartext``."""
     follow_redirects: bool = False
     redirect_policy: Callable[[str, str], RedirectDecision] | None = None
     """(method, absolute url) -> decision; the url passed has the credential query removed."""

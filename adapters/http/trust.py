@@ -23,29 +23,68 @@ import hashlib
 import os
 import re
 import ssl
-import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from affidavit.adapters.filestat import SETTLED_NS, identity
+from affidavit.adapters.filestat import SETTLED_NS, identity, read_regular
 
-__all__ = ["ENV_IGNORED", "MAX_CA_FILE", "Trust", "TrustStore", "client_context", "env_ignored"]
+__all__ = [
+    "ENV_IGNORED",
+    "SYSTEM_STORE_EMPTY",
+    "Trust",
+    "TrustStore",
+    "TrustedCertificate",
+    "client_context",
+    "env_ignored",
+    "pem_certificates",
+    "start_warnings",
+    "system_anchors",
+]
 
 ENV_IGNORED = ("SSL_CERT_FILE", "SSL_CERT_DIR", "SSLKEYLOGFILE")
 """Environment variables Python's or OpenSSL's defaults would read, and the driver does not."""
 
-MAX_CA_FILE = 16 << 20
-"""A CA bundle larger than this is refused (the system's is about 200 KiB)."""
+_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n[A-Za-z0-9+/=\r\n\t ]*-----END \1-----")
 
-_PEM_BLOCK = re.compile(
-    rb"-----BEGIN [A-Z0-9 ]+-----\r?\n[A-Za-z0-9+/=\r\n\t ]*-----END [A-Z0-9 ]+-----"
+TRUSTED_CERTIFICATE = (
+    "holds a TRUSTED CERTIFICATE block (OpenSSL's trust-settings format, `openssl x509 "
+    "-trustout`), which the broker does not read: its trust settings would be dropped or the "
+    "block skipped; write the plain certificates (`openssl x509 -in FILE -out FILE.pem`)"
 )
+NO_CERTIFICATE = "holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+
+
+class TrustedCertificate(ValueError):
+    """A CA file holding a ``TRUSTED CERTIFICATE`` block (``TRUSTED_CERTIFICATE``)."""
+
+
+STRICT_FLAGS = ("VERIFY_X509_STRICT", "VERIFY_X509_PARTIAL_CHAIN")
+"""Set on every context where the ssl module has them, as ``create_default_context`` does from
+Python 3.13 on: RFC 5280 checks on every certificate of the chain (STRICT), and a chain
+verified once it reaches any certificate the store holds (PARTIAL_CHAIN) -- a ``ca_file``
+holding an intermediate or the server's own certificate (a pinned leaf) is trusted as given,
+on every Python version alike, not only from 3.13."""
 
 
 def env_ignored(environ: Mapping[str, str]) -> list[str]:
     """The names of ``ENV_IGNORED`` set in ``environ`` (never their values)."""
     return [name for name in ENV_IGNORED if environ.get(name)]
+
+
+def start_warnings(environ: Mapping[str, str], system_store_used: bool) -> list[str]:
+    """The operator's start-up warnings about TLS trust: each ``ENV_IGNORED`` variable set (its
+    name, never its value: a path of the operator's), and -- when some target relies on the
+    system store (``system_store_used``) -- that store holding no CA certificate
+    (``system_anchors``), whose every call is then refused naming it."""
+    words = [
+        f"{name} is set and ignored: HTTPS targets trust their ca_file or the system store "
+        "OpenSSL was built with, never a bundle or key log the environment names"
+        for name in env_ignored(environ)
+    ]
+    if system_store_used and not system_anchors():
+        words.append(f"HTTPS targets without a ca_file will fail: {SYSTEM_STORE_EMPTY}")
+    return words
 
 
 def client_context(cadata: str | None) -> ssl.SSLContext:
@@ -58,6 +97,8 @@ def client_context(cadata: str | None) -> ssl.SSLContext:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.options |= ssl.OP_NO_RENEGOTIATION
     ctx.keylog_filename = None  # type: ignore[assignment]  # typeshed: str only; None is "off"
+    for flag in STRICT_FLAGS:
+        ctx.verify_flags |= getattr(ssl.VerifyFlags, flag, 0)
     if cadata is not None:
         ctx.load_verify_locations(cadata=cadata)
         return ctx
@@ -71,12 +112,62 @@ def client_context(cadata: str | None) -> ssl.SSLContext:
     return ctx
 
 
+def pem_certificates(data: bytes) -> str:
+    """The PEM certificates of a CA file's bytes, as OpenSSL reads them (text around the blocks
+    skipped); ``TrustedCertificate`` when it holds a block the context would not load as its
+    file path would (the config refuses it at load: protocols/http/target.py), ``ValueError``
+    (``NO_CERTIFICATE``) when it holds no certificate (refused at the handshake)."""
+    blocks = []
+    for m in _PEM_BLOCK.finditer(data):
+        label = m.group(1)
+        if label == b"TRUSTED CERTIFICATE":
+            raise TrustedCertificate(TRUSTED_CERTIFICATE)
+        if label == b"CERTIFICATE":
+            blocks.append(m.group(0))
+    if not blocks:
+        raise ValueError(NO_CERTIFICATE)
+    return b"\n".join(blocks).decode("ascii")
+
+
+SYSTEM_STORE_EMPTY = (
+    "the broker's system trust store (the one OpenSSL was built with) holds no CA "
+    "certificate, so it vouches for no server: give the target a ca_file, or install the "
+    "system's CA certificates"
+)
+
+_HASHED_NAME = re.compile(r"[0-9a-f]{8}\.[0-9]+")
+
+
+def system_anchors() -> bool:
+    """Whether OpenSSL's compiled-in store holds any CA certificate: its ``openssl_cafile``
+    loads at least one, or its ``openssl_capath`` holds a hashed name (``c_rehash``) --
+    looked up lazily by OpenSSL, so counted by name, not loaded."""
+    paths = ssl.get_default_verify_paths()
+    if os.path.isfile(paths.openssl_cafile):
+        probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        try:
+            probe.load_verify_locations(paths.openssl_cafile)
+        except (OSError, ssl.SSLError):
+            pass
+        else:
+            if probe.cert_store_stats()["x509_ca"]:
+                return True
+    try:
+        names = os.listdir(paths.openssl_capath)
+    except OSError:
+        return False
+    return any(_HASHED_NAME.fullmatch(name) for name in names)
+
+
 @dataclass(frozen=True, slots=True)
 class Trust:
     ca_sha256: str | None
     """``sha256:<hex>`` of the CA file's bytes the context trusts (as a target's account
     records it: ``affidavit.schema.content``); None for the system store."""
     context: ssl.SSLContext
+    empty: bool = False
+    """The system store holding no CA certificate (``system_anchors``): the handshake is
+    refused as the broker's fault (``SYSTEM_STORE_EMPTY``), not blamed on the peer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,25 +186,26 @@ class TrustStore:
         self._contexts: dict[str, ssl.SSLContext] = {}
 
     def get(self, ca_file: str | None) -> Trust:
-        """Raises ``OSError`` (missing, not a regular file, too large, no certificate in it) or
-        ``ssl.SSLError`` (a certificate OpenSSL cannot read)."""
+        """Raises ``OSError`` (missing, not a regular file, too large, no certificate in it, a
+        TRUSTED CERTIFICATE block: ``pem_certificates``) or ``ssl.SSLError`` (a certificate
+        OpenSSL cannot read)."""
         if ca_file is None:
             if self._system is None:
-                self._system = Trust(None, client_context(None))
+                self._system = Trust(None, client_context(None), not system_anchors())
             return self._system
         seen = self._files.get(ca_file)
         st = os.stat(ca_file)
         if seen is not None and seen.settled and seen.key == identity(st):
             return seen.trust
         began = time.time_ns()
-        data, st = _read(ca_file)
+        data, st = read_regular(ca_file)
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         context = self._contexts.get(digest)
         if context is None:
-            # Only the PEM blocks, as OpenSSL reads a CA file (text around them is skipped).
-            blocks = b"\n".join(_PEM_BLOCK.findall(data)).decode("ascii")
-            if not blocks:
-                raise OSError(errno.EINVAL, "no certificate in the CA file")
+            try:
+                blocks = pem_certificates(data)
+            except ValueError as e:
+                raise OSError(errno.EINVAL, str(e)) from None
             context = self._contexts[digest] = client_context(blocks)
         trust = Trust(digest, context)
         self._files[ca_file] = _Read(identity(st), began - st.st_ctime_ns > SETTLED_NS, trust)
@@ -121,27 +213,3 @@ class TrustStore:
             held = {r.trust.ca_sha256 for r in self._files.values()}
             self._contexts = {d: c for d, c in self._contexts.items() if d in held}
         return trust
-
-
-def _read(path: str) -> tuple[bytes, os.stat_result]:
-    """The bytes of the regular file at ``path`` and its stat, without blocking on a FIFO."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        if st.st_size > MAX_CA_FILE:
-            raise OSError(errno.EFBIG, "CA file too large")
-        chunks = []
-        left = MAX_CA_FILE + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        if left <= 0:
-            raise OSError(27, "CA file too large")
-        return b"".join(chunks), st
-    finally:
-        os.close(fd)

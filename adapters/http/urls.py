@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "BadUrl",
     "Url",
+    "cleartext_hop",
     "drop_fragment",
     "join_url",
     "loopback_host",
@@ -114,6 +115,16 @@ def loopback_host(host: str) -> bool:
         return False
     mapped = getattr(ip, "ipv4_mapped", None)
     return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def cleartext_hop(origin: str, proxy: str | None) -> bool:
+    """Whether a request to ``origin`` (``scheme://host:port``) leaves the machine in clear:
+    an ``http://`` origin whose first hop -- the forward ``proxy`` (``http://host:port``) if
+    there is one, else the origin's host -- is not loopback (``loopback_host``).  A loopback
+    origin reached through a remote proxy crosses the network to that proxy in clear."""
+    if not origin.startswith("http://"):
+        return False
+    return not loopback_host(parse_url(proxy if proxy is not None else origin).host)
 
 
 def query_values(url: str, name: str | None) -> list[str]:

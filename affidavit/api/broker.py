@@ -21,6 +21,7 @@ envelopes whose phase, outcome and retry hint come from the journal.  Exceptions
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -146,6 +147,24 @@ def _listed(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
+log = logging.getLogger("affidavit.broker")
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(words: Sequence[str]) -> None:
+    """Each of ``words`` on the operator's log once per process (``affidavit serve`` and an
+    embedder's ``Broker.open`` alike; a process opening many brokers says it once), as the
+    journal's exposure warnings are (``warn_exposed``)."""
+    for line in words:
+        with _warned_lock:
+            if line in _warned:
+                continue
+            _warned.add(line)
+        log.warning("%s", line)
+
+
 class Broker:
     def __init__(self, config: Config, journal: Journal, engine: Engine) -> None:
         self.config = config
@@ -199,6 +218,10 @@ class Broker:
         warn_exposed(exposed)  # the operator's log, once a file (`serve` refuses)
         # Only the configured kinds: an HTTP-only config never imports the SSH library.
         bindings: dict[str, Binding] = load_bindings({t.kind for t in config.targets.values()})
+        for kind, binding in bindings.items():
+            _warn_once(
+                binding.start_warnings([t for t in config.targets.values() if t.kind == kind])
+            )
         try:
             async with Journal.open(
                 config.journal.location,

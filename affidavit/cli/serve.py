@@ -119,7 +119,6 @@ def _serve(args: argparse.Namespace) -> int:
             served_through_tls(console[0], config.service.console_public_origin)
         except ValueError as exc:
             raise refusal(str(exc), "INVALID_FIELD", "--console") from None
-    from affidavit.adapters.http.trust import env_ignored
     from affidavit.engine import tune_collector
     from affidavit.heap import keep_freed_buffers
 
@@ -129,12 +128,6 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("affidavit.serve").warning("heap: %s", words)
     for words in _systemd_unready(config):
         logging.getLogger("affidavit.serve").warning("%s", words)
-    for name in env_ignored(os.environ):  # the name only: its value is a path of the operator's
-        logging.getLogger("affidavit.serve").warning(
-            "%s is set and ignored: HTTPS targets trust their ca_file or the system store "
-            "OpenSSL was built with, never a bundle or key log the environment names",
-            name,
-        )
     try:
         # The exposures found above are the ones logged: a journal with thousands of result
         # segments is not listed and stat'ed twice at every start.

@@ -15,6 +15,7 @@ from affidavit.schema import (
     snapshot,
     snapshot_hash,
     trust_anchors,
+    trusted,
 )
 
 from .address import console_address, console_origin, is_loopback, served_through_tls
@@ -61,4 +62,5 @@ __all__ = [
     "snapshot",
     "snapshot_hash",
     "trust_anchors",
+    "trusted",
 ]

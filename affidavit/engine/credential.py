@@ -45,7 +45,9 @@ def prepare_request(
         base_dir=path.parent if path and isinstance(ref, str) and ref.startswith("file:") else None,
         versioner=engine.journal.keyed_digest,
     )
-    prepared = binding.prepare(action, target, credential, key)
+    # The bytes of each file the target trusts as PREFLIGHT_VALIDATED's account recorded them:
+    # the adapter trusts those or refuses (what is recorded is what is used).
+    prepared = binding.prepare(action, target, credential, key, engine.snapshot.trusted(target))
     # A rotated credential's old value leaves the redaction cache now, not when it ages out.
     # (Scoped by the engine: ``release(id(engine))`` when its broker closes.)
     retain((id(engine), target.credential), credential.version, prepared.secrets)

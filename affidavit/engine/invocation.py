@@ -350,14 +350,13 @@ async def start(
         if type(action) is dict or isinstance(action, Mapping)  # (a dict: no ABC check)
         else None
     )
+    # Which remote account the dispatch reaches: what a later query must reach too.  (Its
+    # CA file, when its stat does not vouch for the last read, is read in a worker thread.)
+    account_hash = await engine.snapshot.account_hash_async(target)
     validated = Event(
         E.PREFLIGHT_VALIDATED,
         iid,
-        {
-            "config_hash": engine.snapshot.hash(target),
-            # Which remote account the dispatch reaches: what a later query must reach too.
-            "account_hash": engine.snapshot.account_hash(target),
-        },
+        {"config_hash": engine.snapshot.hash(target), "account_hash": account_hash},
     )
     # A claim heads the preamble: one write, refused as a whole once the claim is (another
     # call of the record it serves is open) -- a claim exists exactly when its call does.

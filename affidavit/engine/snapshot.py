@@ -43,6 +43,7 @@ from affidavit.config import (
     read_config,
     snapshot,
     trust_anchors,
+    trusted,
 )
 from affidavit.statemachine import KEYED_PREFIX, Event, EventKind
 
@@ -61,7 +62,10 @@ class ConfigSnapshot:
         self.config = config
         self._digest = digest
         self._hashes: dict[str, tuple[Any, str]] = {}
-        self._accounts: dict[str, tuple[Any, tuple[Path, ...], tuple[Any, ...], str]] = {}
+        self._accounts: dict[str, _Account] = {}
+        self._trusted: dict[str, tuple[Any, dict[str, str]]] = {}
+        """Per target name, the target value and the digests its last ``account_hash`` read
+        (``trusted``)."""
         self._seen: _Seen | None = None
         """The file as ``changed`` last read it -- at first, the bytes ``config`` was parsed
         from (``Config.source_digest``), with no stat: the first re-check reads the file and
@@ -89,23 +93,52 @@ class ConfigSnapshot:
         a CA file's digest, and the HTTP driver trusts the file as it is at each handshake
         (adapters/http/trust.py), so a file edited in place is another account from then on.
         A file's stat vouches for its bytes as the config file's does (``_stat_key``,
-        ``SETTLED_NS``): an unsettled or missing one is read again at every call."""
-        cached = self._accounts.get(target.name)
-        if (
-            cached is not None
-            and cached[0] is target
-            and (not cached[1] or tuple(_stat_key(p) for p in cached[1]) == cached[2])
-        ):
-            return cached[3]
+        ``SETTLED_NS``): an unsettled or missing one is read again at every call.  Each read is
+        bounded and never waits (``adapters.filestat.read_regular``); on the event loop, use
+        ``account_hash_async``, which reads in a worker thread."""
+        cached = self._cached_account(target)
+        if cached is not None:
+            return cached
         began = time.time_ns()
         paths = tuple(path for path, _what in trust_anchors(target))
         keys = tuple(_stat_key(path) for path in paths)
-        value = KEYED_PREFIX + self._digest(_ACCOUNT, canonical_json(account(target)))
+        held = account(target)
+        value = KEYED_PREFIX + self._digest(_ACCOUNT, canonical_json(held))
+        self._trusted[target.name] = (target, trusted(target, held))
         if all(k is not None and began - k[2] > SETTLED_NS for k in keys):
-            self._accounts[target.name] = (target, paths, keys, value)
+            self._accounts[target.name] = _Account(target, paths, keys, value)
         else:
             self._accounts.pop(target.name, None)
         return value
+
+    async def account_hash_async(self, target: Any) -> str:
+        """``account_hash``, its files read (when its stat does not vouch for the last read) in
+        a worker thread: a CA file on a slow disk or a network file system never stalls the
+        event loop, and so every other call."""
+        cached = self._cached_account(target)
+        if cached is not None:
+            return cached
+        return await trio.to_thread.run_sync(self.account_hash, target)
+
+    def trusted(self, target: Any) -> dict[str, str]:
+        """Each file ``target`` trusts -> the digest of the bytes its last ``account_hash``
+        read (what PREFLIGHT_VALIDATED recorded): the driver trusts exactly these bytes or
+        refuses the call (adapters/http/connect.py, ``_tls``)."""
+        held = self._trusted.get(target.name)
+        if held is None or held[0] is not target:
+            self.account_hash(target)
+            held = self._trusted[target.name]
+        return dict(held[1])
+
+    def _cached_account(self, target: Any) -> str | None:
+        cached = self._accounts.get(target.name)
+        if (
+            cached is not None
+            and cached.target is target
+            and (not cached.paths or tuple(_stat_key(p) for p in cached.paths) == cached.keys)
+        ):
+            return cached.value
+        return None
 
     def judging_hash(self, target: Any) -> str:
         """The keyed hash of what judges a reconciliation query's answer: the target's
@@ -170,6 +203,16 @@ class ConfigSnapshot:
                 return True
             value = seen.hashes[target_name] = self.hash_of(target)
         return value != expected_hash
+
+
+@dataclass(frozen=True, slots=True)
+class _Account:
+    """An ``account_hash`` kept: for ``target``, while the ``paths`` it trusts keep ``keys``."""
+
+    target: Any
+    paths: tuple[Path, ...]
+    keys: tuple[tuple[int, ...] | None, ...]
+    value: str
 
 
 @dataclass(frozen=True)

@@ -150,13 +150,26 @@ class Binding(Protocol):
     table: ProtocolTable
 
     def prepare(
-        self, action: Any, target: Any, credential: Any, idempotency_key: str | None
+        self,
+        action: Any,
+        target: Any,
+        credential: Any,
+        idempotency_key: str | None,
+        trusted: Mapping[str, str],
     ) -> Prepared:
         """Build the adapter request.  Raises ``CredentialError`` if the credential cannot be
-        used (credential_injection phase) — before any connection exists."""
+        used (credential_injection phase) — before any connection exists.  ``trusted``: each
+        file the target trusts (``Field.trust_anchor``, by path) -> the ``sha256:`` of the
+        bytes the call's recorded account was computed from; the adapter trusts those bytes
+        or refuses the call before sending anything."""
         ...
 
     def connect_timeout(self, target: Any) -> float: ...
+
+    def start_warnings(self, targets: Sequence[Any]) -> list[str]:
+        """Words for the operator's log at a broker's start about ``targets`` (this kind's):
+        what the environment asks that the binding ignores, what will make every call fail."""
+        ...
 
     async def perform(self, prepared: Prepared, ctx: AttemptContext) -> RemoteResult: ...
 

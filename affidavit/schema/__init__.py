@@ -34,6 +34,7 @@ from .target import (
     snapshot,
     snapshot_hash,
     trust_anchors,
+    trusted,
 )
 from .values import check_host, duration_setting, host_for_url, host_setting, parse_duration
 
@@ -77,4 +78,5 @@ __all__ = [
     "snapshot",
     "snapshot_hash",
     "trust_anchors",
+    "trusted",
 ]

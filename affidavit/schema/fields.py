@@ -25,6 +25,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar, cast
 
+from affidavit.adapters.filestat import read_regular
+
 from .section import MISSING, ConfigError, Section
 
 __all__ = ["Field", "Key", "LoadContext", "Read", "Schema", "content", "doc_table", "same"]
@@ -117,12 +119,14 @@ def same(value: Any) -> Any:
 
 def content(path: Path | None) -> str | None:
     """A file field's ``account`` part: what the file holds (``sha256:`` of its bytes), not its
-    name -- a CA bundle edited in place trusts other peers.  A file that cannot be read proves
-    nothing about whom it trusted: a fresh value each time, never the same account as any."""
+    name -- a CA bundle edited in place trusts other peers.  Read as the driver reads it
+    (``read_regular``: a regular file, no wait on a FIFO, at most ``MAX_TRUST_FILE``).  A file
+    that cannot be read proves nothing about whom it trusted: a fresh value each time, never
+    the same account as any."""
     if path is None:
         return None
     try:
-        return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        return "sha256:" + hashlib.sha256(read_regular(path)[0]).hexdigest()
     except OSError:
         return "unreadable:" + secrets.token_hex(16)
 

@@ -48,6 +48,7 @@ __all__ = [
     "snapshot",
     "snapshot_hash",
     "trust_anchors",
+    "trusted",
 ]
 
 MAX_BUDGET = 100
@@ -217,6 +218,15 @@ class TargetSchema(Schema[T]):
                     found.append((value, f.trust_anchor))
         return tuple(found)
 
+    def trusted(self, target: T, account: Mapping[str, Any]) -> dict[str, str]:
+        """Each file ``trust_anchors`` names (as a string) -> what ``account`` (this target's
+        ``account``) holds for it: the digest of the bytes that account was computed from."""
+        return {
+            str(getattr(target, f.name)): account[f.name]
+            for f in self.fields
+            if f.trust_anchor and getattr(target, f.name) is not None
+        }
+
     def read_target(self, name: str, section: Section, context: LoadContext) -> T:
         """``section`` is ``targets.<name>``, whose ``kind`` chose this schema."""
         section.seen.add("kind")
@@ -289,6 +299,11 @@ def snapshot(target: object) -> dict[str, Any]:
     bound to.  Credential *references* are included (changing the selected secret must change
     the binding); credential values never are — they are not even loaded here."""
     return schema_of(target).snapshot(target)
+
+
+def trusted(target: object, account: Mapping[str, Any]) -> dict[str, str]:
+    """Each trust-anchor file of ``target`` -> its digest in ``account`` (``account(target)``)."""
+    return schema_of(target).trusted(target, account)
 
 
 def account(target: object) -> dict[str, Any]:

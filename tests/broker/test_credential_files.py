@@ -389,7 +389,7 @@ def test_the_credential_step_reads_a_relative_file_from_the_config_dir_only_for_
     monkeypatch.setenv("AFFIDAVIT_TEST_CRED_DIR", "env-secret-value")
     seen: list[bytes] = []
 
-    def prepare(action: object, target: object, credential: object, key: object) -> object:
+    def prepare(action: object, target: object, credential: object, *_: object) -> object:
         seen.append(credential.value)  # type: ignore[attr-defined]
         return SimpleNamespace(secrets=(credential.value,))  # type: ignore[attr-defined]
 
@@ -399,7 +399,12 @@ def test_the_credential_step_reads_a_relative_file_from_the_config_dir_only_for_
         ("env:AFFIDAVIT_TEST_CRED_DIR", _NoParent(tmp_path / "affidavit.toml")),
         ("file:tok", tmp_path / "affidavit.toml"),
     ):
-        engine = SimpleNamespace(config=SimpleNamespace(path=path), vault=None, journal=journal)
+        engine = SimpleNamespace(
+            config=SimpleNamespace(path=path),
+            vault=None,
+            journal=journal,
+            snapshot=SimpleNamespace(trusted=lambda target: {}),
+        )
         try:
             prepare_request(engine, {}, SimpleNamespace(credential=ref), binding, None)  # type: ignore[arg-type]
         finally:

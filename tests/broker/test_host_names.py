@@ -87,29 +87,69 @@ def test_the_ascii_form_of_a_name_loads_as_written(tmp_path: Path) -> None:
     assert load(tmp_path, {**SSH, "host": "xn--fa-hia.de"}).host == "xn--fa-hia.de"
 
 
+TRUSTED = {"trust_cleartext": True}
+FORWARD = {"trust_forward_proxy": True}
+REMOTE_PROXY = {"proxy": "http://10.0.0.5:3128", **FORWARD}
+LOCAL_PROXY = {"proxy": "http://127.0.0.1:3128", **FORWARD}
+
+
+def redirects(*origins: str) -> dict[str, Any]:
+    return {"follow_redirects": True, "redirect_origins": list(origins)}
+
+
 CLEARTEXT = [
-    # (url, trust_cleartext set, the field refused: None when it loads)
-    ("http://api.example.com/v1", False, "targets.t.url"),
-    ("http://192.0.2.1:8080", False, "targets.t.url"),
-    ("http://[2001:db8::1]:8080", False, "targets.t.url"),
-    ("http://api.example.com/v1", True, None),
-    ("http://127.0.0.1:8080", False, None),
-    ("http://127.3.4.5:8080", False, None),
-    ("http://[::1]:8080", False, None),
-    ("http://localhost:8080", False, None),
-    ("http://localhost:8080", True, "targets.t.trust_cleartext"),
-    ("https://api.example.com", True, "targets.t.trust_cleartext"),
+    # (url, more settings, the field refused: None when it loads).  The first hop decides:
+    # the proxy if set, else the host -- loopback only as an address in 127.0.0.0/8 or ::1
+    # (an IPv4-mapped one too) or the name localhost; 127.1 and 0.0.0.0 (which reach this
+    # machine through inet_aton and the kernel) are not taken for loopback: trust_cleartext.
+    ("http://api.example.com/v1", {}, "targets.t.url"),
+    ("http://192.0.2.1:8080", {}, "targets.t.url"),
+    ("http://[2001:db8::1]:8080", {}, "targets.t.url"),
+    ("http://127.1:8080", {}, "targets.t.url"),
+    ("http://0.0.0.0:8080", {}, "targets.t.url"),
+    ("http://api.example.com/v1", TRUSTED, None),
+    ("http://127.0.0.1:8080", {}, None),
+    ("http://127.3.4.5:8080", {}, None),
+    ("http://[::1]:8080", {}, None),
+    ("http://[::ffff:127.0.0.1]:8080", {}, None),
+    ("http://localhost:8080", {}, None),
+    ("http://localhost:8080", TRUSTED, "targets.t.trust_cleartext"),
+    ("https://api.example.com", TRUSTED, "targets.t.trust_cleartext"),
+    # A loopback url through a remote forward proxy crosses the network in clear to it.
+    ("http://localhost:1", REMOTE_PROXY, "targets.t.url"),
+    ("http://localhost:1", {**REMOTE_PROXY, **TRUSTED}, None),
+    ("http://api.example.com/v1", LOCAL_PROXY, None),
+    ("http://api.example.com/v1", {**LOCAL_PROXY, **TRUSTED}, "targets.t.trust_cleartext"),
+    # A redirect origin off the machine in clear is followed only with trust_cleartext.
+    ("https://api.example.com", {**redirects("http://other.example"), **TRUSTED}, None),
+    ("https://api.example.com", {**redirects("http://127.0.0.1:9"), **TRUSTED},
+     "targets.t.trust_cleartext"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("url", "trusted", "field"), CLEARTEXT)
+@pytest.mark.parametrize(("url", "more", "field"), CLEARTEXT)
 def test_an_http_url_off_the_machine_needs_trust_cleartext(
-    tmp_path: Path, url: str, trusted: bool, field: str | None
+    tmp_path: Path, url: str, more: dict[str, Any], field: str | None
 ) -> None:
-    target = {**HTTP, "url": url, **({"trust_cleartext": True} if trusted else {})}
+    target = {**HTTP, "url": url, **more}
     if field is None:
-        assert load(tmp_path, target).trust_cleartext is (True if trusted else None)
+        assert load(tmp_path, target).trust_cleartext is more.get("trust_cleartext")
     else:
         err = refused(tmp_path, target)
         assert err.field == field
         assert ("trust_cleartext = true" in err.message) is (field == "targets.t.url")
+
+
+def test_a_ca_file_in_the_trusted_certificate_format_is_refused_at_load(tmp_path: Path) -> None:
+    """OpenSSL's ``TRUSTED CERTIFICATE`` blocks are not read by the driver: refused at load with
+    the field's path, not at every call (docs/configuration.md, ``ca_file``)."""
+    import trustme
+
+    pem = trustme.CA().cert_pem.bytes().decode()
+    (tmp_path / "plain.pem").write_text(pem)
+    (tmp_path / "trusted.pem").write_text(
+        pem.replace(" CERTIFICATE-----", " TRUSTED CERTIFICATE-----")
+    )
+    assert load(tmp_path, {**HTTP, "ca_file": "plain.pem"}).ca_file == tmp_path / "plain.pem"
+    err = refused(tmp_path, {**HTTP, "ca_file": "trusted.pem"})
+    assert err.field == "targets.t.ca_file" and "TRUSTED CERTIFICATE" in err.message

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import trio
 
+from affidavit.adapters.http.redirects import CLEARTEXT_REFUSED
 from affidavit.config import load_config
 from affidavit.schema import ConfigError
 from affidavit.statemachine import EventKind
@@ -46,12 +47,11 @@ PROXY = "http://127.0.0.1:3128"
 
 
 async def _call(
-    tmp_path: Path, origin: str, proxy: str, action: dict[str, Any], **target: Any
+    tmp_path: Path, origin: str, proxy: str, action: dict[str, Any]
 ) -> tuple[dict[str, Any], list[Any]]:
-    """One call to ``origin`` through ``proxy`` (``target``: more settings); (envelope, the
-    invocation's events)."""
+    """One call to ``origin`` through ``proxy``; (envelope, the invocation's events)."""
     cfg = write_config(
-        tmp_path, {"api": http_target(origin, proxy=proxy, trust_forward_proxy=True, **target)}
+        tmp_path, {"api": http_target(origin, proxy=proxy, trust_forward_proxy=True)}
     )
     async with open_broker(cfg) as broker:
         with trio.fail_after(LIMIT):
@@ -147,9 +147,7 @@ async def test_a_forward_proxys_own_500_is_never_the_origins_committed_result(
     tmp_path: Path, token: str
 ) -> None:
     async with HostileServer.running(scripts.forward_proxy(error=500)) as proxy:
-        env, events = await _call(
-            tmp_path, "http://origin.invalid:8080", proxy.url, POST, trust_cleartext=True
-        )
+        env, events = await _call(tmp_path, "http://origin.invalid:8080", proxy.url, POST)
     assert env["error"]["code"] == "REMOTE_OUTCOME_UNKNOWN"  # not REMOTE_ERROR
     assert env["evidence"]["outcome"] == "unknown"
     assert env["evidence"]["evidence_from"] == {
@@ -268,6 +266,41 @@ async def test_a_direct_cleartext_answer_names_the_operators_trust(
         "status": 200,
         "attribution": "trusted_cleartext",
     }
+
+
+@pytest.mark.parametrize("trusted", [False, True], ids=["untrusted", "trust_cleartext"])
+async def test_a_redirect_to_cleartext_off_the_machine_claims_no_trust_it_was_not_given(
+    tmp_path: Path, token: str, trusted: bool
+) -> None:
+    """A loopback target whose listed redirect origin is http:// off the machine: without
+    ``trust_cleartext`` the redirect is not followed (the 3xx stands, nothing is asked of that
+    origin) -- it was followed and its answer recorded ``trusted_cleartext``, a trust the
+    operator never gave; with it, followed and attributed so."""
+    async with (
+        HostileServer.running(scripts.serve(Reply(200, body=b"forged"))) as other,
+        HostileServer.running(scripts.serve(Reply(200))) as first,
+    ):
+        first.script = scripts.redirect(f"http://other.test:{other.port}/x")
+        more = {"trust_cleartext": True} if trusted else {}
+        target = http_target(
+            first.url,
+            follow_redirects=True,
+            redirect_origins=[f"http://other.test:{other.port}"],
+            **more,
+        )
+        cfg = write_config(tmp_path, {"api": target})
+        with custom_resolver(FakeResolver({"other.test": "127.0.0.1"})):
+            async with open_broker(cfg) as broker:
+                with trio.fail_after(LIMIT):
+                    env = await broker.call(GET)
+    if trusted:
+        assert env["evidence"]["evidence_from"]["attribution"] == "trusted_cleartext"
+        assert env["result"]["status"] == 200 and len(other.requests) == 1
+    else:
+        assert env["error"]["code"] == "REMOTE_REDIRECTED", env
+        assert env["evidence"]["evidence_from"] == {"hop": "origin", "status": 307}
+        assert env["evidence"]["redirect_not_followed"]["reason"] == CLEARTEXT_REFUSED
+        assert other.requests == []
 
 
 # -- a real forward proxy: Debian's tinyproxy ---------------------------------------------------

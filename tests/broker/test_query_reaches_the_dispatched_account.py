@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,15 @@ from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Received, Reply, make_tls, scripts
 
 from .approvalkit import PaymentsApi, reconcile_target, verify_ok
-from .helpers import as_written_before, event_kinds, http_target, open_broker, write_config
+from .helpers import (
+    FakeResolver,
+    as_written_before,
+    custom_resolver,
+    event_kinds,
+    http_target,
+    open_broker,
+    write_config,
+)
 from .http_rows import IDEM, LIMIT
 
 CHARGE = {
@@ -332,3 +342,98 @@ async def test_a_ca_file_edited_in_place_is_recorded_as_the_account_it_trusts(
             # the same CA, and one more beside it: the server still verifies, the content moved
             ca.write_bytes(ca.read_bytes() + trustme.CA().cert_pem.bytes())
     assert seen[0] != seen[1]
+
+
+async def test_a_ca_file_edited_between_validation_and_the_handshake_refuses_the_call(
+    tmp_path: Path, token: str
+) -> None:
+    """What is recorded is what is used: the CA file replaced after PREFLIGHT_VALIDATED recorded
+    the account of its old content (here: while the origin's name is looked up) is not trusted
+    at the handshake -- even though its new content vouches for the server -- the call refused
+    CERTIFICATE_INVALID naming ``ca_file``, not attempted, nothing sent.  The next call records
+    and uses the new content."""
+    old, new = trustme.CA(), trustme.CA()
+    ca = tmp_path / "ca.pem"
+    old.cert_pem.write_to_path(str(ca))
+
+    async def replace(name: str) -> None:
+        new.cert_pem.write_to_path(str(ca))
+
+    get = {"target": "api", "method": "GET", "path": "/x"}
+    async with HostileServer.running(
+        scripts.serve(Reply(200)), tls=new.issue_cert("api.test")
+    ) as srv:
+        url = f"https://api.test:{srv.port}"
+        cfg = write_config(tmp_path, {"api": http_target(url, ca_file=str(ca))})
+        resolver = FakeResolver({"api.test": "127.0.0.1"}, on_lookup=replace)
+        with custom_resolver(resolver):
+            async with open_broker(cfg) as b:
+                with trio.fail_after(LIMIT):
+                    refused = await b.call(get)
+                assert srv.requests == []
+                resolver.on_lookup = None
+                with trio.fail_after(LIMIT):
+                    done = await b.call(get)
+                events = b.events(done["invocation_id"])
+    assert refused["error"]["code"] == "CERTIFICATE_INVALID", refused
+    assert refused["error"]["phase"] == "connection_setup"
+    assert refused["evidence"]["outcome"] == "not_attempted"
+    assert refused["error"]["field"] == "targets.api.ca_file"
+    assert "error" not in done, done
+    started = next(e for e in events if e.kind is E.DISPATCH_STARTED)
+    assert (
+        started.attrs["peer"]["ca_sha256"]
+        == "sha256:" + hashlib.sha256(ca.read_bytes()).hexdigest()
+    )
+
+
+def test_the_account_reads_a_ca_file_bounded_and_never_waits_on_a_fifo(tmp_path: Path) -> None:
+    """``account_hash`` reads the CA file as the driver does (``read_regular``): a FIFO put in
+    its place is unreadable at once (it never waits for a writer, which froze the broker), and
+    a file past 16 MiB is unreadable, never read whole."""
+    tls = make_tls(tmp_path)
+    ca = Path(tls.ca_file)
+    target = _https(tmp_path, ca_file=str(ca))
+    assert account(target)["ca_file"].startswith("sha256:")
+    ca.unlink()
+    os.mkfifo(ca)
+    answers: list[str] = []
+    reader = threading.Thread(
+        target=lambda: answers.append(account(target)["ca_file"]), daemon=True
+    )
+    reader.start()
+    reader.join(5)
+    assert not reader.is_alive(), "blocked on the FIFO"
+    assert answers[0].startswith("unreadable:")
+    ca.unlink()
+    with ca.open("wb") as f:
+        f.truncate((16 << 20) + 1)  # sparse: no 16 MiB written
+    assert account(target)["ca_file"].startswith("unreadable:")
+
+
+async def test_the_account_reads_its_ca_file_off_the_event_loop(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CA file is read for the recorded account in a worker thread, never on the event loop
+    every call shares (a slow disk or network file system would stall them all)."""
+    import affidavit.schema.fields as fields
+
+    threads: list[int] = []
+    real = fields.read_regular
+
+    def watched(path: Any, *args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(path, *args)
+
+    monkeypatch.setattr(fields, "read_regular", watched)
+    tls = make_tls(tmp_path)
+    async with (
+        HostileServer.running(scripts.serve(Reply(200)), tls=tls.good) as srv,
+        open_broker(
+            write_config(tmp_path, {"api": http_target(srv.url, ca_file=tls.ca_file)})
+        ) as b,
+    ):
+        with trio.fail_after(LIMIT):
+            env = await b.call({"target": "api", "method": "GET", "path": "/x"})
+        assert "error" not in env, env
+    assert threads and threading.get_ident() not in threads

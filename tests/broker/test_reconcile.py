@@ -495,10 +495,7 @@ async def test_a_forward_proxys_own_404_for_the_query_settles_nothing(
 
     async with HostileServer.running(proxy_script) as proxy:
         cfg = reconcile_target(
-            "http://origin.invalid:8080",
-            proxy=proxy.url,
-            trust_forward_proxy=True,
-            trust_cleartext=True,
+            "http://origin.invalid:8080", proxy=proxy.url, trust_forward_proxy=True
         )
         path = write_config(tmp_path, cfg)
         async with open_broker(path) as b:

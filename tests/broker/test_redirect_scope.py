@@ -83,7 +83,7 @@ async def test_a_non_ascii_redirect_host_never_takes_the_credential_elsewhere(
             )
             action = parse_action({"target": "t", "method": "GET", "path": "/start"}, cfg)
             prepared = HttpBinding().prepare(
-                action, cfg.targets["t"], Credential("env:X", SECRET.encode(), "v1"), None
+                action, cfg.targets["t"], Credential("env:X", SECRET.encode(), "v1"), None, {}
             )
             previous = trio.socket.set_custom_hostname_resolver(resolver)
             try:
@@ -121,7 +121,7 @@ async def test_a_trailing_dot_redirect_host_never_takes_the_credential_elsewhere
         cfg = load_config(write_config(tmp_path, {"t": target}))
         action = parse_action({"target": "t", "method": "GET", "path": "/start"}, cfg)
         prepared = HttpBinding().prepare(
-            action, cfg.targets["t"], Credential("env:X", SECRET.encode(), "v1"), None
+            action, cfg.targets["t"], Credential("env:X", SECRET.encode(), "v1"), None, {}
         )
         previous = trio.socket.set_custom_hostname_resolver(resolver)
         try:
@@ -144,26 +144,37 @@ def test_a_redirect_from_https_to_http_on_the_same_host_drops_the_credential(
     tmp_path: Path,
 ) -> None:
     """The scheme is part of the origin: ``http://`` on the target's host is another origin --
-    followed only when listed in ``redirect_origins``, and never with the credential (so no
-    redirect carries it in clear past ``trust_cleartext``)."""
-    for listed, allowed in (([], False), (["http://api.example.com"], True)):
+    followed only when listed in ``redirect_origins``, and never with the credential (the
+    policy's part, as main had it: pinned here).  New on this branch: off the machine, that
+    listed origin is reached only on the operator's ``trust_cleartext``, which the binding hands
+    the driver (``HttpRequest.trust_cleartext``; the driver refuses the hop without it:
+    tests/http/test_network_trust.py, tests/broker/test_proxy_evidence.py)."""
+    rows = (
+        ([], {}, False),
+        (["http://api.example.com"], {}, True),
+        (["http://api.example.com"], {"trust_cleartext": True}, True),
+    )
+    for listed, more, allowed in rows:
         target = http_target(
             "https://api.example.com/api",
             credential="env:X",
             follow_redirects=True,
             redirect_origins=listed,
+            **more,
         )
         cfg = load_config(write_config(tmp_path, {"t": target}))
         action = parse_action({"target": "t", "method": "GET", "path": "/x"}, cfg)
-        policy = (
+        request = (
             HttpBinding()
-            .prepare(action, cfg.targets["t"], Credential("env:X", SECRET.encode(), "v1"), None)
-            .request.redirect_policy
+            .prepare(action, cfg.targets["t"], Credential("env:X", SECRET.encode(), "v1"), None, {})
+            .request
         )
+        policy = request.redirect_policy
         assert policy is not None
         decision = policy("GET", "http://api.example.com/api/next")
         assert (decision.allowed, decision.keep_credential) == (allowed, False)
         assert policy("GET", "https://api.example.com/api/next").keep_credential
+        assert request.trust_cleartext is bool(more)
 
 
 def _policy(tmp_path: Path) -> Any:
@@ -175,7 +186,7 @@ def _policy(tmp_path: Path) -> Any:
     )
     action = parse_action({"target": "t", "method": "GET", "path": "/x"}, cfg)
     prepared = HttpBinding().prepare(
-        action, cfg.targets["t"], Credential("env:X", SECRET.encode(), "v1"), None
+        action, cfg.targets["t"], Credential("env:X", SECRET.encode(), "v1"), None, {}
     )
     return prepared.request.redirect_policy
 

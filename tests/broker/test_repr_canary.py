@@ -36,7 +36,7 @@ def test_prepared_http_request_repr_hides_the_credential(tmp_path: Path, inject:
     target = cfg.targets["t"]
     action = parse_action({"target": "t", "method": "GET", "path": "/p?q=1"}, cfg)
     credential = Credential("env:X", value.encode(), "v1")
-    prepared = HttpBinding().prepare(action, target, credential, None)
+    prepared = HttpBinding().prepare(action, target, credential, None, {})
     forms = {
         secret,
         value,

@@ -15,7 +15,10 @@ import trustme
 
 from affidavit.adapters.base import SetupError
 from affidavit.adapters.http import HttpClient, HttpRequest, RedirectDecision, Timeouts
+from affidavit.adapters.http.connect import LOOPBACK_OFF_MACHINE
+from affidavit.adapters.http.redirects import CLEARTEXT_REFUSED
 from affidavit.statemachine import Code, Outcome
+from tests.broker.helpers import FakeResolver, closed_port, custom_resolver
 
 from .fakes import FakeEngine
 from .hostile import HostileServer, Reply, TlsFixture, scripts
@@ -73,16 +76,150 @@ async def test_the_environment_names_no_ca_and_no_key_log(
     assert not keylog.exists()
 
 
-def test_the_context_refuses_renegotiation_and_tls_before_1_2() -> None:
+def test_the_context_refuses_renegotiation_and_tls_before_1_2(tls: TlsFixture) -> None:
     """A TLS 1.2 server renegotiating mid-response would present a certificate other than the
-    one ``cert_sha256`` records."""
+    one ``cert_sha256`` records.  Nothing is weaker than ``create_default_context`` on this
+    Python (from 3.13 it sets VERIFY_X509_STRICT and VERIFY_X509_PARTIAL_CHAIN), and both of
+    those are set on every version the ssl module has them: the system and the ca_file
+    contexts alike."""
     from affidavit.adapters.http.trust import TrustStore
 
-    for ctx in (TrustStore().get(None).context,):
+    default = ssl.create_default_context()
+    strict = ssl.VerifyFlags.VERIFY_X509_STRICT | ssl.VerifyFlags.VERIFY_X509_PARTIAL_CHAIN
+    store = TrustStore()
+    for ctx in (store.get(None).context, store.get(tls.ca_file).context):
         assert ctx.options & ssl.OP_NO_RENEGOTIATION
         assert ctx.minimum_version is ssl.TLSVersion.TLSv1_2
         assert ctx.verify_mode is ssl.CERT_REQUIRED and ctx.check_hostname
         assert ctx.keylog_filename is None
+        assert ctx.options & default.options == default.options
+        assert ctx.verify_flags & default.verify_flags == default.verify_flags
+        assert ctx.verify_flags & strict == strict
+        assert [c["name"] for c in ctx.get_ciphers()] == [c["name"] for c in default.get_ciphers()]
+
+
+async def test_a_ca_file_holding_an_intermediate_trusts_what_it_issued(
+    tmp_path: Path, client: HttpClient
+) -> None:
+    """VERIFY_X509_PARTIAL_CHAIN: a ca_file holding an intermediate (not its root) verifies the
+    leaves it issued, on every Python version (docs/configuration.md, ``ca_file``)."""
+    root = trustme.CA()
+    intermediate = root.create_child_ca()
+    ca_file = tmp_path / "intermediate.pem"
+    intermediate.cert_pem.write_to_path(str(ca_file))
+    async with HostileServer.running(
+        scripts.serve(Reply(200)), tls=intermediate.issue_cert("127.0.0.1")
+    ) as srv:
+        _fe, res = await perform(client, get(srv.url + "/", str(ca_file)))
+    assert res.outcome is Outcome.COMMITTED  # type: ignore[attr-defined]
+
+
+async def test_a_ca_file_edited_after_validation_refuses_the_call(
+    tmp_path: Path, client: HttpClient
+) -> None:
+    """What is recorded is what is used: a request validated with one content of its CA file
+    (``ca_sha256``, the digest its account recorded) finding another at the handshake is
+    refused CERTIFICATE_INVALID naming ``ca_file``, before any byte of it is sent -- even when
+    the new content vouches for the server."""
+    old, new = trustme.CA(), trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    old.cert_pem.write_to_path(str(ca_file))
+    validated = "sha256:" + hashlib.sha256(ca_file.read_bytes()).hexdigest()
+    new.cert_pem.write_to_path(str(ca_file))
+    async with HostileServer.running(
+        scripts.serve(Reply(200)), tls=new.issue_cert("127.0.0.1")
+    ) as srv:
+        with pytest.raises(SetupError) as info:
+            await perform(client, get(srv.url + "/", str(ca_file), ca_sha256=validated))
+        assert (info.value.code, info.value.setting) == (Code.CERTIFICATE_INVALID, "ca_file")
+        assert info.value.detail == "CA file changed since the call was validated"
+        assert srv.requests == []
+        now = "sha256:" + hashlib.sha256(ca_file.read_bytes()).hexdigest()
+        _fe, res = await perform(client, get(srv.url + "/", str(ca_file), ca_sha256=now))
+    assert res.outcome is Outcome.COMMITTED  # type: ignore[attr-defined]
+    assert res.facts["peer"]["ca_sha256"] == now  # type: ignore[attr-defined]
+
+
+async def test_an_empty_system_store_is_named_not_blamed_on_the_peer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tls: TlsFixture
+) -> None:
+    """A built-in store holding no CA certificate vouches for no server: the call is refused
+    naming the broker's store and the fix (``ca_file``), before the handshake -- not a
+    certificate the peer got wrong."""
+    from affidavit.adapters.http import trust
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "README").write_text("no certificates\n")
+    paths = ssl.get_default_verify_paths()
+    monkeypatch.setattr(
+        ssl,
+        "get_default_verify_paths",
+        lambda: paths._replace(openssl_cafile=str(empty / "none.pem"), openssl_capath=str(empty)),
+    )
+    assert not trust.system_anchors()
+    async with (
+        HostileServer.running(scripts.serve(Reply(200)), tls=tls.good) as srv,
+        HttpClient() as client,
+    ):
+        with pytest.raises(SetupError) as info:
+            await perform(client, get(srv.url + "/"))
+    assert (info.value.code, info.value.setting) == (Code.CERTIFICATE_INVALID, "ca_file")
+    assert info.value.detail == trust.SYSTEM_STORE_EMPTY
+    assert srv.requests == []
+    words = trust.start_warnings({}, system_store_used=True)
+    assert words == [f"HTTPS targets without a ca_file will fail: {trust.SYSTEM_STORE_EMPTY}"]
+    assert trust.start_warnings({}, system_store_used=False) == []
+
+
+def test_a_settled_ca_file_whose_stat_is_unchanged_is_not_read_again(
+    tls: TlsFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TrustStore.get``: once its last read is settled (``SETTLED_NS``) and the stat has not
+    moved, the kept ``Trust`` is returned without a read; a moved stat reads again."""
+    from affidavit.adapters.http import trust
+
+    reads: list[str] = []
+    real = trust.read_regular
+
+    def counting(path: str) -> tuple[bytes, object]:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(trust, "read_regular", counting)
+    monkeypatch.setattr(trust, "SETTLED_NS", -(10**18))  # any read is settled
+    store = trust.TrustStore()
+    first = store.get(tls.ca_file)
+    assert store.get(tls.ca_file) is first
+    assert reads == [tls.ca_file]
+    Path(tls.ca_file).write_bytes(Path(tls.ca_file).read_bytes() + b"\n")  # size moves
+    assert store.get(tls.ca_file) is not first
+    assert len(reads) == 2
+
+    monkeypatch.setattr(trust, "SETTLED_NS", 10**18)  # no read is settled: read every time
+    store = trust.TrustStore()
+    store.get(tls.ca_file)
+    store.get(tls.ca_file)
+    assert len(reads) == 4
+
+
+async def test_a_trusted_certificate_block_is_refused_naming_ca_file(
+    tmp_path: Path, client: HttpClient, tls: TlsFixture
+) -> None:
+    """OpenSSL's ``TRUSTED CERTIFICATE`` format (trust settings after the certificate) is not
+    read as a plain certificate: a file holding one is unusable (the config refuses it at load:
+    tests/broker/test_host_names.py), never silently stripped or skipped."""
+    pem = Path(tls.ca_file).read_text()
+    trusted = pem.replace("BEGIN CERTIFICATE", "BEGIN TRUSTED CERTIFICATE").replace(
+        "END CERTIFICATE", "END TRUSTED CERTIFICATE"
+    )
+    ca_file = tmp_path / "trusted.pem"
+    ca_file.write_text(pem + trusted)
+    async with HostileServer.running(scripts.serve(Reply(200)), tls=tls.good) as srv:
+        with pytest.raises(SetupError) as info:
+            await perform(client, get(srv.url + "/", str(ca_file)))
+    assert (info.value.code, info.value.setting) == (Code.CERTIFICATE_INVALID, "ca_file")
+    assert srv.requests == []
 
 
 async def test_a_ca_file_replaced_or_deleted_is_what_the_next_call_trusts(
@@ -136,3 +273,54 @@ async def test_a_location_host_with_a_trailing_dot_is_not_followed(client: HttpC
     assert facts["status"] == 307
     assert facts["redirect_not_followed"]["reason"] == "URL host must not end in a dot"
     assert allowed == [] and other.requests == []
+
+
+async def test_a_loopback_name_resolved_off_the_machine_is_not_connected_to() -> None:
+    """Plain HTTP without ``trust_cleartext`` rests on its first hop being loopback: a name
+    (``localhost``) the resolver maps off the machine is refused before any connection -- with
+    ``trust_cleartext`` it is the operator's word.  (No packet leaves: the refused call never
+    connects, and the trusted one's address is a closed loopback port.)"""
+
+    port = closed_port()
+    async with HttpClient() as client:
+        with (
+            custom_resolver(FakeResolver({"localhost": "192.0.2.1"})),
+            pytest.raises(SetupError) as info,
+        ):
+            await perform(client, get(f"http://localhost:{port}/"))
+        assert (info.value.code, info.value.stage) == (Code.SETUP_FAILED, "dns")
+        assert info.value.detail == LOOPBACK_OFF_MACHINE
+        with (
+            custom_resolver(FakeResolver({"localhost": "127.0.0.1"})),
+            pytest.raises(SetupError) as info,
+        ):
+            await perform(client, get(f"http://localhost:{port}/"))
+        assert info.value.code is Code.CONNECTION_REFUSED  # resolved on the machine: tried
+
+
+async def test_a_redirect_to_cleartext_off_the_machine_needs_trust_cleartext() -> None:
+    """A Location to an http:// origin whose first hop is not loopback is followed only with
+    ``trust_cleartext`` (the 3xx stands, ``CLEARTEXT_REFUSED``), and its answer is then
+    attributed ``trusted_cleartext``: never a trust the operator did not give."""
+
+    def policy(method: str, url: str) -> RedirectDecision:
+        return RedirectDecision(True, False, "other origin")
+
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"there"))) as other:
+        location = f"http://other.test:{other.port}/x"
+        async with HostileServer.running(scripts.redirect(location)) as srv:
+            with custom_resolver(FakeResolver({"other.test": "127.0.0.1"})):
+                async with HttpClient() as client:
+                    kw = {"follow_redirects": True, "redirect_policy": policy}
+                    _fe, refused = await perform(client, get(srv.url + "/", **kw))
+                    _fe, trusted = await perform(
+                        client, get(srv.url + "/", trust_cleartext=True, **kw)
+                    )
+    facts = refused.facts  # type: ignore[attr-defined]
+    assert facts["status"] == 307
+    assert facts["redirect_not_followed"]["reason"] == CLEARTEXT_REFUSED
+    assert "attribution" not in facts["evidence_from"]
+    assert len(other.requests) == 1  # the trusted call's only
+    facts = trusted.facts  # type: ignore[attr-defined]
+    assert facts["status"] == 200
+    assert facts["evidence_from"]["attribution"] == "trusted_cleartext"

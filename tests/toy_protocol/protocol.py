@@ -16,7 +16,7 @@ entry point); nothing outside ``tests/toy_protocol/`` names this protocol.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -138,11 +138,19 @@ class ToyBinding:
     kind = "toy"
     table = TOY_TABLE
 
+    def start_warnings(self, targets: Sequence[ToyTarget]) -> list[str]:
+        return []
+
     def connect_timeout(self, target: ToyTarget) -> float:
         return target.timeout.connect
 
     def prepare(
-        self, action: ToyAction, target: ToyTarget, credential: Credential, key: str | None
+        self,
+        action: ToyAction,
+        target: ToyTarget,
+        credential: Credential,
+        key: str | None,
+        trusted: Mapping[str, str],
     ) -> Prepared:
         token = credential.value
         if not token or any(b < 0x21 or b > 0x7E for b in token):

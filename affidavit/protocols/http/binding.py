@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from affidavit import __version__
 from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.adapters.http import HTTP_TABLE, HttpClient, HttpRequest, RedirectDecision, Timeouts
+from affidavit.adapters.http.trust import start_warnings
 from affidavit.adapters.http.urls import split_url
 from affidavit.protocols.spec import Prepared
 from affidavit.secrets.credentials import Credential, apply_query, inject_http
@@ -27,6 +30,16 @@ class HttpBinding:
     def __init__(self) -> None:
         self._client = HttpClient()
 
+    def start_warnings(self, targets: Sequence[HttpTarget]) -> list[str]:
+        """``trust.start_warnings``: the system store is used by a target without a ca_file
+        whose url or a redirect origin is https://."""
+        used = any(
+            t.ca_file is None
+            and any(o.startswith("https://") for o in (t.origin, *t.redirect_origins))
+            for t in targets
+        )
+        return start_warnings(os.environ, used)
+
     def connect_timeout(self, target: HttpTarget) -> float:
         return float(target.timeout.connect)
 
@@ -36,6 +49,7 @@ class HttpBinding:
         target: HttpTarget,
         credential: Credential,
         idempotency_key: str | None,
+        trusted: Mapping[str, str],
     ) -> Prepared:
         injection = inject_http(target.inject, credential)
         path = target.base_path.rstrip("/") + action.path
@@ -75,7 +89,10 @@ class HttpBinding:
             credential_headers=injection.header_names,
             credential_query=injection.query_param,
             ca_file=str(target.ca_file) if target.ca_file else None,
+            # The digest the recorded account holds: the handshake trusts these bytes or none.
+            ca_sha256=trusted[str(target.ca_file)] if target.ca_file else None,
             proxy=target.proxy,
+            trust_cleartext=bool(target.trust_cleartext),
             follow_redirects=target.follow_redirects,
             redirect_policy=redirect_policy,
             idempotent_methods=frozenset(target.idempotent),

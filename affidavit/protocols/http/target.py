@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from affidavit.adapters.http.urls import loopback_host, split_url
+from affidavit.adapters.filestat import read_regular
+from affidavit.adapters.http.trust import TrustedCertificate, pem_certificates
+from affidavit.adapters.http.urls import cleartext_hop, split_url
 from affidavit.schema import (
     COMMON,
     MISSING,
@@ -237,6 +239,16 @@ def _ca_file(r: Read) -> Path | None:
     ca_file = r.resolve_path(raw)
     if not ca_file.is_file():
         raise r.error(f"file not found: {ca_file}")
+    # Read as each handshake will read it (adapters/http/trust.py): a bundle in a format the
+    # driver never loads is refused here, with its field, not at every call.  (A file that
+    # cannot be read now, or holds no certificate, fails its calls naming ca_file, as a file
+    # edited after the load does.)
+    try:
+        pem_certificates(read_regular(ca_file)[0])
+    except TrustedCertificate as exc:
+        raise r.error(str(exc)) from None
+    except (OSError, ValueError):
+        pass
     return ca_file
 
 
@@ -281,25 +293,21 @@ def _trust_forward_proxy(r: Read) -> Literal[True] | None:
 
 
 CLEARTEXT_UNTRUSTED = (
-    "an http:// url whose host is not loopback sends the credential in clear over the network, "
-    "where anyone on the path reads it and can write the answer; set trust_cleartext = true to "
-    "accept that, or use https://"
+    "an http:// url whose first hop (its proxy if set, else its host) is not loopback sends "
+    "the credential in clear over the network, where anyone on the path reads it and can write "
+    "the answer; set trust_cleartext = true to accept that, or use https://"
 )
 
 
 def _trust_cleartext(r: Read) -> Literal[True] | None:
-    """An ``http://`` url off the machine only with ``trust_cleartext = true``, as a forward
-    proxy needs ``trust_forward_proxy`` (the credential is injected into every request: every
-    target has one)."""
+    """An ``http://`` url whose first hop is off the machine (``cleartext_hop``: the proxy if
+    set, else the host) only with ``trust_cleartext = true``, as a forward proxy needs
+    ``trust_forward_proxy`` (the credential is injected into every request: every target has
+    one).  Whether the setting applies at all is checked with ``redirect_origins``: a listed
+    ``http://`` origin off the machine is followed only with it (adapters/http/redirects.py)."""
     trusted = r.boolean()
-    origin: str = r.values["origin"]
-    cleartext = origin.startswith("http://") and not loopback_host(
-        origin.split("://", 1)[1].rsplit(":", 1)[0]
-    )
-    if cleartext and not trusted:
+    if cleartext_hop(r.values["origin"], r.values["proxy"]) and not trusted:
         raise ConfigError(r.section.path("url"), CLEARTEXT_UNTRUSTED)
-    if trusted and not cleartext:
-        raise r.error("only applies to an http:// url whose host is not loopback")
     return True if trusted else None
 
 
@@ -319,6 +327,15 @@ def _redirect_origins(r: Read) -> frozenset[str]:
             first_http = i
     if out and not r.values["follow_redirects"]:
         raise r.error("only applies with follow_redirects = true")
+    proxy = r.values["proxy"]
+    if r.values["trust_cleartext"] and not any(
+        cleartext_hop(o, proxy) for o in (r.values["origin"], *out)
+    ):
+        raise ConfigError(
+            r.section.path("trust_cleartext"),
+            "only applies to an http:// url or redirect origin whose first hop (the proxy if "
+            "set, else the host) is not loopback",
+        )
     # A redirect to an http:// origin goes through the target's proxy as a forward proxy too.
     if r.values["proxy"] is not None and not r.values["origin"].startswith("http://"):
         if first_http is not None and not r.values["trust_forward_proxy"]:
@@ -407,7 +424,8 @@ HTTP_TARGET = TargetSchema(
             _ca_file,
             default=None,
             shown="system trust",
-            doc="PEM bundle to trust instead (https only; must exist)",
+            doc="PEM bundle to trust instead (https only; must exist; `CERTIFICATE` blocks, not "
+            "`TRUSTED CERTIFICATE`)",
             trust_anchor="CA file",
             account=content,  # whom it trusts is what it holds
         ),
@@ -435,8 +453,9 @@ HTTP_TARGET = TargetSchema(
             _trust_cleartext,
             default=False,
             unset_omitted=True,
-            doc="`true`: accept an http:// url whose host is not loopback (127.0.0.0/8, `::1`, "
-            "`localhost`): the credential and the answers cross the network in clear (see "
+            doc="`true`: accept plain HTTP off the machine -- an http:// url or redirect origin "
+            "whose first hop (the proxy if set, else the host) is not loopback (127.0.0.0/8, "
+            "`::1`, `localhost`): the credential and the answers cross the network in clear (see "
             "[security](security.md#cleartext-targets))",
         ),
         Field(

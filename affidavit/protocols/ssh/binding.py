@@ -3,6 +3,7 @@ ssh-python driver (``affidavit.adapters.ssh``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,9 @@ class SshBinding:
     kind = "ssh"
     table = SSH_TABLE
 
+    def start_warnings(self, targets: Sequence[SshTarget]) -> list[str]:
+        return []  # known_hosts and keys are the target's files; nothing is read from elsewhere
+
     def connect_timeout(self, target: SshTarget) -> float:
         return float(target.timeout.connect)
 
@@ -46,6 +50,7 @@ class SshBinding:
         target: SshTarget,
         credential: Credential,
         idempotency_key: str | None,
+        trusted: Mapping[str, str],
     ) -> Prepared:
         kind = "password" if target.auth == "password" else "private_key"
         try:
