@@ -316,11 +316,14 @@ async def test_a_redirect_to_cleartext_off_the_machine_needs_trust_cleartext() -
                     _fe, trusted = await perform(
                         client, get(srv.url + "/", trust_cleartext=True, **kw)
                     )
+                    # the driver asked straight, without the word: no word said
+                    _fe, direct = await perform(client, get(f"http://other.test:{other.port}/"))
     facts = refused.facts  # type: ignore[attr-defined]
     assert facts["status"] == 307
     assert facts["redirect_not_followed"]["reason"] == CLEARTEXT_REFUSED
     assert "attribution" not in facts["evidence_from"]
-    assert len(other.requests) == 1  # the trusted call's only
+    assert len(other.requests) == 2  # the trusted call's and the direct one's
+    assert "attribution" not in direct.facts["evidence_from"]  # type: ignore[attr-defined]
     facts = trusted.facts  # type: ignore[attr-defined]
     assert facts["status"] == 200
     assert facts["evidence_from"]["attribution"] == "trusted_cleartext"
