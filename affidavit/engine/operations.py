@@ -148,7 +148,7 @@ async def poll(
     # unless this writer's copy of it is current: ``Journal.record``.)
     accepted = op.get("accepted_seq")
     through = accepted if isinstance(accepted, int) else None
-    moved = engine.snapshot.moved(
+    moved = await engine.snapshot.moved(
         engine.journal.events(record.invocation_id, through=through), target
     )
     if moved is not None:

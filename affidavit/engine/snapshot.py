@@ -147,7 +147,7 @@ class ConfigSnapshot:
         section = snapshot(target).get("reconcile")
         return KEYED_PREFIX + self._digest(_JUDGING, canonical_json({"reconcile": section}))
 
-    def moved(self, events: Iterable[Event], target: Any) -> str | None:
+    async def moved(self, events: Iterable[Event], target: Any) -> str | None:
         """Why ``target`` as configured now may reach another account than the record of
         ``events`` dispatched to -- its origin, base path, credential reference, idempotency
         scope or whom it trusts to answer (CA file, pinned host keys, proxy) changed since -- or
@@ -162,7 +162,7 @@ class ConfigSnapshot:
             return "the record binds no configuration"
         recorded = validated.get("account_hash")
         if recorded is not None:
-            if recorded == self.account_hash(target):
+            if recorded == await self.account_hash_async(target):
                 return None
             return (
                 "its origin, base path, credential, idempotency scope or whom it trusts to "

@@ -244,7 +244,7 @@ async def query(
             "NO_QUERY", f"the target of {invocation_id} is not configured as it was", 400
         )
     events = engine.journal.events(invocation_id)
-    moved = engine.snapshot.moved(events, target)
+    moved = await engine.snapshot.moved(events, target)
     if moved is not None:
         # The query runs against the target as configured now: another origin, base path,
         # credential or scope observes another account, whose "absent" would settle as

@@ -415,7 +415,9 @@ async def test_the_account_reads_its_ca_file_off_the_event_loop(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The CA file is read for the recorded account in a worker thread, never on the event loop
-    every call shares (a slow disk or network file system would stall them all)."""
+    every call shares (a slow disk or network file system would stall them all) -- at a call,
+    and at the account check of a query or poll.  (The file was just written: its stat does
+    not vouch for a read yet, so each use reads it.)"""
     import affidavit.schema.fields as fields
 
     threads: list[int] = []
@@ -436,4 +438,9 @@ async def test_the_account_reads_its_ca_file_off_the_event_loop(
         with trio.fail_after(LIMIT):
             env = await b.call({"target": "api", "method": "GET", "path": "/x"})
         assert "error" not in env, env
+        assert threads and threading.get_ident() not in threads
+        # and so does the check a reconciliation query or a poll makes first (``moved``)
+        threads.clear()
+        snap, target = b._engine.snapshot, b._engine.config.targets["api"]
+        assert await snap.moved(b.events(env["invocation_id"]), target) is None
     assert threads and threading.get_ident() not in threads
