@@ -32,9 +32,15 @@ Preamble = tuple[tuple[Event, Mapping[str, Any] | None], ...]
 
 
 def prepare_request(
-    engine: Engine, action: Any, target: Any, binding: Binding, key: str | None
+    engine: Engine,
+    action: Any,
+    target: Any,
+    binding: Binding,
+    key: str | None,
+    account_hash: str | None,
 ) -> tuple[Credential, Prepared]:
-    """Resolve the target's credential and prepare the request with it (``CredentialError``)."""
+    """Resolve the target's credential and prepare the request with it (``CredentialError``),
+    trusting the files of the account the call recorded (``account_hash``)."""
     ref = target.credential
     path = engine.config.path
     credential = resolve(
@@ -47,7 +53,8 @@ def prepare_request(
     )
     # The bytes of each file the target trusts as PREFLIGHT_VALIDATED's account recorded them:
     # the adapter trusts those or refuses (what is recorded is what is used).
-    prepared = binding.prepare(action, target, credential, key, engine.snapshot.trusted(target))
+    trusted = engine.snapshot.trusted(target, account_hash)
+    prepared = binding.prepare(action, target, credential, key, trusted)
     # A rotated credential's old value leaves the redaction cache now, not when it ages out.
     # (Scoped by the engine: ``release(id(engine))`` when its broker closes.)
     retain((id(engine), target.credential), credential.version, prepared.secrets)
@@ -75,7 +82,9 @@ async def prepare_after(
     unclear which of its events landed.  ``generation``: the attempt's, named by
     CREDENTIAL_FAILED (a stale worker's is refused: ``attempt.stamped``)."""
     try:
-        return prepare_request(engine, action, target, binding, key)
+        return prepare_request(
+            engine, action, target, binding, key, _recorded_account(engine, iid, preamble)
+        )
     except CredentialError as exc:
         with trio.CancelScope(shield=True):
             refused = await _credential_failed(engine, iid, target, preamble, generation, exc)
@@ -131,3 +140,17 @@ async def _credential_failed(
 
 def _log_failure(iid: str, exc: CredentialError) -> None:
     log.warning("%s: %s: %s", iid, exc.code.value, exc.detail)
+
+
+def _recorded_account(engine: Engine, iid: str, preamble: Preamble) -> str | None:
+    """The ``account_hash`` the call's PREFLIGHT_VALIDATED records: in ``preamble`` when it is
+    about to be written with the credential step (a new call), else in the journal (a retry,
+    a take-over, an approved call resumed); None for a record from before it was recorded."""
+    for event, _payload in preamble:
+        if event.kind is EventKind.PREFLIGHT_VALIDATED:
+            return event.attrs.get("account_hash")
+    validated = None
+    for event in engine.journal.events(iid):
+        if event.kind is EventKind.PREFLIGHT_VALIDATED:
+            validated = event.attrs.get("account_hash")
+    return validated

@@ -63,9 +63,9 @@ class ConfigSnapshot:
         self._digest = digest
         self._hashes: dict[str, tuple[Any, str]] = {}
         self._accounts: dict[str, _Account] = {}
-        self._trusted: dict[str, tuple[Any, dict[str, str]]] = {}
-        """Per target name, the target value and the digests its last ``account_hash`` read
-        (``trusted``)."""
+        self._trusts: dict[str, dict[str, str]] = {}
+        """Per account hash ``account_hash`` computed (the last ``_TRUSTS_KEPT``), the digest
+        of each file it trusts (``trusted``)."""
         self._seen: _Seen | None = None
         """The file as ``changed`` last read it -- at first, the bytes ``config`` was parsed
         from (``Config.source_digest``), with no stat: the first re-check reads the file and
@@ -97,14 +97,17 @@ class ConfigSnapshot:
         bounded and never waits (``adapters.filestat.read_regular``); on the event loop, use
         ``account_hash_async``, which reads in a worker thread."""
         cached = self._cached_account(target)
-        if cached is not None:
+        if cached is not None and cached in self._trusts:
             return cached
         began = time.time_ns()
         paths = tuple(path for path, _what in trust_anchors(target))
         keys = tuple(_stat_key(path) for path in paths)
         held = account(target)
         value = KEYED_PREFIX + self._digest(_ACCOUNT, canonical_json(held))
-        self._trusted[target.name] = (target, trusted(target, held))
+        self._trusts.pop(value, None)  # (re-inserted last: the oldest are dropped first)
+        self._trusts[value] = trusted(target, held)
+        while len(self._trusts) > _TRUSTS_KEPT:
+            del self._trusts[next(iter(self._trusts))]
         if all(k is not None and began - k[2] > SETTLED_NS for k in keys):
             self._accounts[target.name] = _Account(target, paths, keys, value)
         else:
@@ -120,15 +123,21 @@ class ConfigSnapshot:
             return cached
         return await trio.to_thread.run_sync(self.account_hash, target)
 
-    def trusted(self, target: Any) -> dict[str, str]:
-        """Each file ``target`` trusts -> the digest of the bytes its last ``account_hash``
-        read (what PREFLIGHT_VALIDATED recorded): the driver trusts exactly these bytes or
-        refuses the call (adapters/http/connect.py, ``_tls``)."""
-        held = self._trusted.get(target.name)
-        if held is None or held[0] is not target:
-            self.account_hash(target)
-            held = self._trusted[target.name]
-        return dict(held[1])
+    def trusted(self, target: Any, recorded: str | None) -> dict[str, str]:
+        """Each file ``target`` trusts -> the digest of its bytes in the account ``recorded``
+        (the call's PREFLIGHT_VALIDATED ``account_hash``; None: a record from before it was
+        recorded): the driver trusts exactly those bytes or refuses the call unsent
+        (adapters/http/connect.py, ``_tls``).  Kept per account hash as ``account_hash``
+        computed it -- by this call, not by whichever call read the file last.  A record made
+        by another process, or long ago, is compared with the files as they are now (read
+        here, bounded): the same account, their digests; another (a file edited since the
+        call was validated), ``CHANGED`` for each, which no file's bytes match."""
+        if recorded is not None and recorded in self._trusts:
+            return dict(self._trusts[recorded])
+        now = self.account_hash(target)
+        if recorded is None or now == recorded:
+            return dict(self._trusts[now])
+        return {path: CHANGED for path in self._trusts[now]}
 
     def _cached_account(self, target: Any) -> str | None:
         cached = self._accounts.get(target.name)
@@ -203,6 +212,14 @@ class ConfigSnapshot:
                 return True
             value = seen.hashes[target_name] = self.hash_of(target)
         return value != expected_hash
+
+
+_TRUSTS_KEPT = 1024
+"""Account hashes whose trusted files' digests are kept: each is a few paths and digests; a
+call whose account fell out is compared with the files as they are (``trusted``)."""
+
+CHANGED = "changed-since-validated"
+"""The digest ``trusted`` names for a file edited since the call's account was recorded."""
 
 
 @dataclass(frozen=True, slots=True)

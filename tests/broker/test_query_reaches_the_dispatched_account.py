@@ -444,3 +444,37 @@ async def test_the_account_reads_its_ca_file_off_the_event_loop(
         snap, target = b._engine.snapshot, b._engine.config.targets["api"]
         assert await snap.moved(b.events(env["invocation_id"]), target) is None
     assert threads and threading.get_ident() not in threads
+
+
+def test_a_call_trusts_the_ca_bytes_of_its_own_recorded_account(tmp_path: Path) -> None:
+    """``ConfigSnapshot.trusted``: the digests a call's request pins are those of the account
+    *it* recorded -- not of whichever call read the file last (call A validated, the file
+    edited, call B validated: A still pins A's bytes, and is refused at its handshake) -- and
+    for a record another process made, the file as it is now when the account is the same,
+    else ``CHANGED`` (no bytes match: refused unsent)."""
+    from affidavit.engine.snapshot import CHANGED, ConfigSnapshot
+
+    tls = make_tls(tmp_path)
+    ca = Path(tls.ca_file)
+    cfg = load_config(
+        write_config(tmp_path, {"api": http_target("https://127.0.0.1:8443", ca_file=str(ca))})
+    )
+    target = cfg.targets["api"]
+
+    def keyed(label: str, data: bytes) -> str:
+        return hashlib.sha256(label.encode() + data).hexdigest()
+
+    def digest() -> str:
+        return "sha256:" + hashlib.sha256(ca.read_bytes()).hexdigest()
+
+    snap = ConfigSnapshot(cfg, keyed)
+    first, first_digest = snap.account_hash(target), digest()
+    ca.write_bytes(ca.read_bytes() + trustme.CA().cert_pem.bytes())
+    second = snap.account_hash(target)
+    assert first != second
+    assert snap.trusted(target, first) == {str(ca): first_digest}
+    assert snap.trusted(target, second) == {str(ca): digest()}
+    elsewhere = ConfigSnapshot(cfg, keyed)  # another process, or a record long forgotten
+    assert elsewhere.trusted(target, first) == {str(ca): CHANGED}
+    assert elsewhere.trusted(target, second) == {str(ca): digest()}
+    assert elsewhere.trusted(target, None) == {str(ca): digest()}
