@@ -219,12 +219,14 @@ class TargetSchema(Schema[T]):
         return tuple(found)
 
     def trusted(self, target: T, account: Mapping[str, Any]) -> dict[str, str]:
-        """Each file ``trust_anchors`` names (as a string) -> what ``account`` (this target's
-        ``account``) holds for it: the digest of the bytes that account was computed from."""
+        """Each file ``trust_anchors`` names (as a string) whose content the account holds ->
+        what ``account`` (this target's ``account``) holds for it: the digest of the bytes that
+        account was computed from.  (A file read once at load, its content bound another way
+        -- an SSH target's ``known_hosts``, whose keys are ``host_keys`` -- is not named.)"""
         return {
             str(getattr(target, f.name)): account[f.name]
             for f in self.fields
-            if f.trust_anchor and getattr(target, f.name) is not None
+            if f.trust_anchor and f.name in account and getattr(target, f.name) is not None
         }
 
     def read_target(self, name: str, section: Section, context: LoadContext) -> T:

@@ -478,3 +478,17 @@ def test_a_call_trusts_the_ca_bytes_of_its_own_recorded_account(tmp_path: Path) 
     assert elsewhere.trusted(target, first) == {str(ca): CHANGED}
     assert elsewhere.trusted(target, second) == {str(ca): digest()}
     assert elsewhere.trusted(target, None) == {str(ca): digest()}
+
+
+def test_a_known_hosts_file_pins_nothing_at_the_handshake(tmp_path: Path) -> None:
+    """An SSH target's ``known_hosts`` is a trust anchor read once, at load, its keys bound as
+    ``host_keys``: its account holds no digest of it, so no call pins its bytes (``trusted``
+    names only files whose content the account holds) -- such a target's calls prepare."""
+    from affidavit.engine.snapshot import ConfigSnapshot
+
+    (tmp_path / "known_hosts").write_text(f"127.0.0.1 {_PIN}\n")
+    box = {"kind": "ssh", "host": "127.0.0.1", "user": "bob", "credential": "env:T"}
+    cfg = load_config(write_config(tmp_path, {"box": box | {"known_hosts": "known_hosts"}}))
+    snap = ConfigSnapshot(cfg, lambda label, data: hashlib.sha256(data).hexdigest())
+    target = cfg.targets["box"]
+    assert snap.trusted(target, snap.account_hash(target)) == {}
