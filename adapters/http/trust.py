@@ -18,6 +18,7 @@ replaced or deleted since is what the next connection sees (docs/configuration.m
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -122,7 +123,7 @@ def pem_certificates(data: bytes) -> str:
         label = m.group(1)
         if label == b"TRUSTED CERTIFICATE":
             raise TrustedCertificate(TRUSTED_CERTIFICATE)
-        if label == b"CERTIFICATE":
+        if label in (b"CERTIFICATE", b"X509 CERTIFICATE"):  # (the old label OpenSSL reads)
             blocks.append(m.group(0))
     if not blocks:
         raise ValueError(NO_CERTIFICATE)
@@ -138,20 +139,18 @@ SYSTEM_STORE_EMPTY = (
 _HASHED_NAME = re.compile(r"[0-9a-f]{8}\.[0-9]+")
 
 
-def system_anchors() -> bool:
+def system_anchors(built: ssl.SSLContext | None = None) -> bool:
     """Whether OpenSSL's compiled-in store holds any CA certificate: its ``openssl_cafile``
-    loads at least one, or its ``openssl_capath`` holds a hashed name (``c_rehash``) --
-    looked up lazily by OpenSSL, so counted by name, not loaded."""
+    loads at least one (counted in ``built``, a ``client_context(None)``, when given: the
+    bundle is not loaded twice), or its ``openssl_capath`` holds a hashed name (``c_rehash``)
+    -- looked up lazily by OpenSSL, so counted by name, not loaded."""
     paths = ssl.get_default_verify_paths()
-    if os.path.isfile(paths.openssl_cafile):
-        probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        try:
-            probe.load_verify_locations(paths.openssl_cafile)
-        except (OSError, ssl.SSLError):
-            pass
-        else:
-            if probe.cert_store_stats()["x509_ca"]:
-                return True
+    if built is None and os.path.isfile(paths.openssl_cafile):
+        built = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        with contextlib.suppress(OSError, ssl.SSLError):  # unreadable: no anchors from it
+            built.load_verify_locations(paths.openssl_cafile)
+    if built is not None and built.cert_store_stats()["x509_ca"]:
+        return True
     try:
         names = os.listdir(paths.openssl_capath)
     except OSError:
@@ -191,7 +190,8 @@ class TrustStore:
         OpenSSL cannot read)."""
         if ca_file is None:
             if self._system is None:
-                self._system = Trust(None, client_context(None), not system_anchors())
+                system = client_context(None)
+                self._system = Trust(None, system, not system_anchors(system))
             return self._system
         seen = self._files.get(ca_file)
         st = os.stat(ca_file)

@@ -327,3 +327,18 @@ async def test_a_redirect_to_cleartext_off_the_machine_needs_trust_cleartext() -
     facts = trusted.facts  # type: ignore[attr-defined]
     assert facts["status"] == 200
     assert facts["evidence_from"]["attribution"] == "trusted_cleartext"
+
+
+def test_a_ca_file_is_read_as_openssl_reads_a_bundle(tls: TlsFixture) -> None:
+    """``pem_certificates``: CERTIFICATE blocks and the old X509 CERTIFICATE label, text and
+    other blocks (a CRL) around them skipped; no certificate at all is refused."""
+    from affidavit.adapters.http.trust import NO_CERTIFICATE, pem_certificates
+
+    pem = Path(tls.ca_file).read_text()
+    old = pem.replace(" CERTIFICATE-----", " X509 CERTIFICATE-----")
+    crl = "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n"
+    assert pem_certificates(f"comment\n{crl}{old}trailer\n".encode()) == old.strip()
+    assert pem_certificates(pem.encode()) == pem.strip()
+    with pytest.raises(ValueError, match="no PEM certificate") as info:
+        pem_certificates(crl.encode())
+    assert str(info.value) == NO_CERTIFICATE
