@@ -25,7 +25,6 @@ from urllib.parse import urlsplit
 
 import trio
 
-from affidavit.adapters.http.trust import ENV_IGNORED
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
 from affidavit.journal.boot import boot_lapsed
@@ -243,26 +242,18 @@ def raw_kinds(db: Path, iid: str | None = None) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
-def cli_env() -> dict[str, str]:
-    """This process's environment less the TLS variables the broker ignores (``ENV_IGNORED``:
-    a machine that sets ``SSL_CERT_FILE`` would give every command opening a broker with an
-    HTTP target a WARNING on stderr, which tests reading stderr would fail on --
-    tests/daemon/kit.py's ``daemon_env`` likewise)."""
-    return {k: v for k, v in os.environ.items() if k not in ENV_IGNORED}
-
-
 async def affidavit_cli(
     *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None, limit: float = 90
 ) -> Any:
     """Run ``python -m affidavit ARGS`` as a subprocess from trio (the test's peers keep
-    serving meanwhile), within ``limit`` seconds; ``env`` adds to ``cli_env()``."""
+    serving meanwhile), within ``limit`` seconds; ``env`` adds to this process's environment."""
     with trio.fail_after(limit):
         return await trio.run_process(
             [sys.executable, "-m", "affidavit", *args],
             capture_stdout=True,
             capture_stderr=True,
             check=False,
-            env={**cli_env(), **(env or {})},
+            env={**os.environ, **(env or {})},
             cwd=str(cwd) if cwd is not None else None,
         )
 

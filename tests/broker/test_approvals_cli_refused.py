@@ -21,7 +21,7 @@ from affidavit.journal.lock import WriterLock
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .approvalkit import approval_config
-from .helpers import affidavit_cli, cli_env, open_broker
+from .helpers import affidavit_cli, open_broker
 
 CHARGE = {"target": "api", "method": "POST", "path": "/v1/charges", "body": '{"amount": 5}'}
 SERVE = "affidavit serve on /run/a.sock"
@@ -44,7 +44,6 @@ async def _refused(cfg: Path, act: str, iid: str) -> tuple[bytes, bytes]:
             capture_stdout=True,
             capture_stderr=True,
             check=False,
-            env=cli_env(),
         )
     for p in (acted, called):
         assert (p.returncode, p.stdout) == (2, b""), p

@@ -8,6 +8,7 @@ journal could not answer (JOURNAL_UNREADABLE).  Never a traceback.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -24,7 +25,6 @@ from tests.http.hostile import HostileServer, Peer, Script
 from .helpers import (
     TOKEN_ENV,
     affidavit_cli,
-    cli_env,
     http_target,
     open_broker,
     signalled,
@@ -66,7 +66,7 @@ async def test_sigterm_during_a_poll_records_where_it_stood_and_exits_143(
             [sys.executable, "-m", "affidavit", "operation", "poll", op_id, "--config", str(cfg)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env={**cli_env(), TOKEN_ENV: token},
+            env={**os.environ, TOKEN_ENV: token},
         )
         try:
             assert proc.stderr is not None
