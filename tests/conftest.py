@@ -48,6 +48,14 @@ def pytest_configure(config: pytest.Config) -> None:
                 f"{module.__name__} is imported from {where.parent}, not from this checkout "
                 f"({_CHECKOUT}): run `pip install -e .` here (or use this checkout's venv)"
             )
+    # Like the umask: the TLS variables a broker ignores and names in a start-up WARNING
+    # (``ENV_IGNORED``): a machine that sets ``SSL_CERT_FILE`` (a Nix or CI image) would put that
+    # line on the stderr of every command a test runs that opens a broker with an HTTP target.
+    # The tests of those warnings set the variables themselves.
+    from affidavit.adapters.http.trust import ENV_IGNORED
+
+    for name in ENV_IGNORED:
+        os.environ.pop(name, None)
 
 
 AUTO_ENV = "PYTEST_XDIST_AUTO_NUM_WORKERS"
