@@ -24,6 +24,7 @@ import hashlib
 import os
 import re
 import ssl
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,12 +61,15 @@ class TrustedCertificate(ValueError):
     """A CA file holding a ``TRUSTED CERTIFICATE`` block (``TRUSTED_CERTIFICATE``)."""
 
 
-STRICT_FLAGS = ("VERIFY_X509_STRICT", "VERIFY_X509_PARTIAL_CHAIN")
-"""Set on every context where the ssl module has them, as ``create_default_context`` does from
-Python 3.13 on: RFC 5280 checks on every certificate of the chain (STRICT), and a chain
-verified once it reaches any certificate the store holds (PARTIAL_CHAIN) -- a ``ca_file``
-holding an intermediate or the server's own certificate (a pinned leaf) is trusted as given,
-on every Python version alike, not only from 3.13."""
+VERIFY_FLAGS = ssl.VerifyFlags.VERIFY_X509_PARTIAL_CHAIN | (
+    ssl.VerifyFlags.VERIFY_X509_STRICT if sys.version_info >= (3, 13) else 0
+)
+"""PARTIAL_CHAIN on every version: a chain verified once it reaches any certificate the store
+holds -- a ``ca_file`` holding an intermediate or the server's own certificate (a pinned leaf)
+is trusted as given.  STRICT (RFC 5280 checks on every certificate of the chain) exactly where
+Python's own ``create_default_context`` sets it, from 3.13 on: before, a private CA made with
+``openssl req -x509`` and the stock openssl.cnf (no keyUsage, basicConstraints not critical)
+verifies, as it does for any Python client on that version (docs/configuration.md)."""
 
 
 def env_ignored(environ: Mapping[str, str]) -> list[str]:
@@ -98,8 +102,7 @@ def client_context(cadata: str | None) -> ssl.SSLContext:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.options |= ssl.OP_NO_RENEGOTIATION
     ctx.keylog_filename = None  # type: ignore[assignment]  # typeshed: str only; None is "off"
-    for flag in STRICT_FLAGS:
-        ctx.verify_flags |= getattr(ssl.VerifyFlags, flag, 0)
+    ctx.verify_flags |= VERIFY_FLAGS
     if cadata is not None:
         ctx.load_verify_locations(cadata=cadata)
         return ctx

@@ -6,6 +6,7 @@ holds it at the handshake, and a Location's host only as the connection would re
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import ssl
 from pathlib import Path
 
@@ -79,13 +80,14 @@ async def test_the_environment_names_no_ca_and_no_key_log(
 def test_the_context_refuses_renegotiation_and_tls_before_1_2(tls: TlsFixture) -> None:
     """A TLS 1.2 server renegotiating mid-response would present a certificate other than the
     one ``cert_sha256`` records.  Nothing is weaker than ``create_default_context`` on this
-    Python (from 3.13 it sets VERIFY_X509_STRICT and VERIFY_X509_PARTIAL_CHAIN), and both of
-    those are set on every version the ssl module has them: the system and the ca_file
-    contexts alike."""
+    Python (from 3.13 it sets VERIFY_X509_STRICT and VERIFY_X509_PARTIAL_CHAIN); PARTIAL_CHAIN
+    is set on every version, STRICT exactly where Python's default sets it: the system and the
+    ca_file contexts alike."""
     from affidavit.adapters.http.trust import TrustStore
 
     default = ssl.create_default_context()
-    strict = ssl.VerifyFlags.VERIFY_X509_STRICT | ssl.VerifyFlags.VERIFY_X509_PARTIAL_CHAIN
+    strict = ssl.VerifyFlags.VERIFY_X509_STRICT
+    partial = ssl.VerifyFlags.VERIFY_X509_PARTIAL_CHAIN
     store = TrustStore()
     for ctx in (store.get(None).context, store.get(tls.ca_file).context):
         assert ctx.options & ssl.OP_NO_RENEGOTIATION
@@ -94,7 +96,8 @@ def test_the_context_refuses_renegotiation_and_tls_before_1_2(tls: TlsFixture) -
         assert ctx.keylog_filename is None
         assert ctx.options & default.options == default.options
         assert ctx.verify_flags & default.verify_flags == default.verify_flags
-        assert ctx.verify_flags & strict == strict
+        assert ctx.verify_flags & partial == partial
+        assert ctx.verify_flags & strict == default.verify_flags & strict
         assert [c["name"] for c in ctx.get_ciphers()] == [c["name"] for c in default.get_ciphers()]
 
 
@@ -112,6 +115,87 @@ async def test_a_ca_file_holding_an_intermediate_trusts_what_it_issued(
     ) as srv:
         _fe, res = await perform(client, get(srv.url + "/", str(ca_file)))
     assert res.outcome is Outcome.COMMITTED  # type: ignore[attr-defined]
+
+
+class _StockOpensslLeaf:
+    """A leaf issued by a CA as ``openssl req -x509 -subj /CN=CA`` makes it with the stock
+    openssl.cnf: basicConstraints not critical, no keyUsage; the leaf without an Authority Key
+    Identifier.  Stands in for ``trustme.LeafCert`` (``configure_cert``)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        import datetime
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        now = datetime.datetime.now(datetime.UTC)
+        days = datetime.timedelta(days=2)
+        ca_key, leaf_key = (
+            ec.generate_private_key(ec.SECP256R1()),
+            ec.generate_private_key(ec.SECP256R1()),
+        )
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "CA")])
+        ca = (
+            x509.CertificateBuilder()
+            .subject_name(ca_name)
+            .issuer_name(ca_name)
+            .public_key(ca_key.public_key())
+            .serial_number(1)
+            .not_valid_before(now - days)
+            .not_valid_after(now + days)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        leaf = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+            .issuer_name(ca_name)
+            .public_key(leaf_key.public_key())
+            .serial_number(2)
+            .not_valid_before(now - days)
+            .not_valid_after(now + days)
+            .add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                False,
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
+        pem = serialization.Encoding.PEM
+        self.ca_file = tmp_path / "stock-ca.pem"
+        self.ca_file.write_bytes(ca.public_bytes(pem))
+        self._chain = tmp_path / "stock-leaf.pem"
+        self._chain.write_bytes(
+            leaf.public_bytes(pem)
+            + leaf_key.private_bytes(
+                pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+
+    def configure_cert(self, ctx: ssl.SSLContext) -> None:
+        ctx.load_cert_chain(str(self._chain))
+
+
+async def test_a_ca_made_with_stock_openssl_verifies_as_pythons_default_says(
+    tmp_path: Path, client: HttpClient
+) -> None:
+    """VERIFY_X509_STRICT exactly where ``create_default_context`` sets it (3.13+): before, an
+    ordinary private CA (no keyUsage, basicConstraints not critical, no Authority Key
+    Identifier in its leaf) verifies as it does for any client on that Python; from 3.13 on it
+    is refused with OpenSSL's words (docs/configuration.md says how to reissue it)."""
+    stock = _StockOpensslLeaf(tmp_path)
+    strict = ssl.create_default_context().verify_flags & ssl.VerifyFlags.VERIFY_X509_STRICT
+    async with HostileServer.running(scripts.serve(Reply(200)), tls=stock) as srv:  # type: ignore[arg-type]
+        if not strict:
+            _fe, res = await perform(client, get(srv.url + "/", str(stock.ca_file)))
+            assert res.outcome is Outcome.COMMITTED  # type: ignore[attr-defined]
+            return
+        with pytest.raises(SetupError) as info:
+            await perform(client, get(srv.url + "/", str(stock.ca_file)))
+        assert info.value.code is Code.CERTIFICATE_INVALID
+        assert srv.requests == []
 
 
 async def test_a_ca_file_edited_after_validation_refuses_the_call(
