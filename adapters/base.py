@@ -81,7 +81,9 @@ class AttemptContext:
 
 class SetupError(Exception):
     """Connection setup failed before dispatch.  ``code`` must be a connection_setup code (or a
-    credential_injection code when the remote-side credential use failed before dispatch).
+    credential_injection code when the remote-side credential use failed before dispatch), or
+    CONFIG_CHANGED when a setting's content read at set-up (``setting``) is not the one the
+    call's validation recorded: the engine refuses the call as its dispatch gate does.
 
     ``setting``: the target's config key (``ca_file``) when its value -- not the remote, the
     route or the moment -- is why setup failed and fixing it is the way on (a CA file that no

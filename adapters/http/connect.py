@@ -487,24 +487,27 @@ async def _tls(
     if request.ca_sha256 is not None and used.ca_sha256 != request.ca_sha256:
         # The file was edited between the call's validation (whose account recorded
         # ``request.ca_sha256``) and this handshake: trusting the new bytes would make the
-        # record name one trust and the connection use another.  Refused before any byte of
-        # the request; the next call records and uses the new content.
+        # record name one trust and the connection use another.  Refused before any handshake
+        # and any byte of the request: the configuration changed between validation and
+        # dispatch (CONFIG_CHANGED, the engine's refusal); a new invocation records and uses
+        # the new content.
         raise setup_failed(
             ctx,
             hop,
-            Code.CERTIFICATE_INVALID,
+            Code.CONFIG_CHANGED,
             "tls_handshake",
             "CA file changed since the call was validated",
             setting="ca_file",
             error="ca_file_changed",
         ) from None
     if used.empty:
-        # The broker's own store, not the peer: no certificate could have passed.
+        # The broker's own store, not the peer: no certificate could have passed.  A stage of
+        # its own: no handshake was made.
         raise setup_failed(
             ctx,
             hop,
             Code.CERTIFICATE_INVALID,
-            "tls_handshake",
+            "system_trust_store",
             SYSTEM_STORE_EMPTY,
             setting="ca_file",
             error="system_store_empty",

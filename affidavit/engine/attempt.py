@@ -350,6 +350,16 @@ async def _try_once(
         if _dispatched(attempt):
             # An adapter bug must never turn a dispatched attempt into not_attempted.
             return None, _interrupted(iid, Code.REMOTE_OUTCOME_UNKNOWN), False
+        if exc.code is Code.CONFIG_CHANGED:
+            # A setting's content moved since validation recorded it (a CA file edited): the
+            # gate's refusal, not a failed set-up -- nothing was sent, a new invocation reads
+            # it anew.
+            field = f"targets.{attempt.target_name}" + (f".{exc.setting}" if exc.setting else "")
+            return (
+                None,
+                Event(E.PREFLIGHT_FAILED, iid, {"code": exc.code.value, "field": field}),
+                False,
+            )
         attrs = {"stage": exc.stage, "code": exc.code.value}
         # Queued, not awaited (a diagnostic riding along with the next barrier): if a newer
         # lease's attempt is under way or this one was closed, the record refuses it there --

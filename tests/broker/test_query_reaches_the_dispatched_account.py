@@ -31,6 +31,7 @@ import affidavit.engine.snapshot as engine_snapshot
 from affidavit.approvals import OperatorError
 from affidavit.config import account, canonical_json, load_config, snapshot
 from affidavit.engine import OperationError
+from affidavit.statemachine import CODES, Code
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Received, Reply, make_tls, scripts
 
@@ -350,8 +351,8 @@ async def test_a_ca_file_edited_between_validation_and_the_handshake_refuses_the
     """What is recorded is what is used: the CA file replaced after PREFLIGHT_VALIDATED recorded
     the account of its old content (here: while the origin's name is looked up) is not trusted
     at the handshake -- even though its new content vouches for the server -- the call refused
-    CERTIFICATE_INVALID naming ``ca_file``, not attempted, nothing sent.  The next call records
-    and uses the new content."""
+    CONFIG_CHANGED naming ``ca_file`` (no handshake was made: not a certificate the peer got
+    wrong), not attempted, nothing sent.  The next call records and uses the new content."""
     old, new = trustme.CA(), trustme.CA()
     ca = tmp_path / "ca.pem"
     old.cert_pem.write_to_path(str(ca))
@@ -375,10 +376,13 @@ async def test_a_ca_file_edited_between_validation_and_the_handshake_refuses_the
                 with trio.fail_after(LIMIT):
                     done = await b.call(get)
                 events = b.events(done["invocation_id"])
-    assert refused["error"]["code"] == "CERTIFICATE_INVALID", refused
-    assert refused["error"]["phase"] == "connection_setup"
-    assert refused["evidence"]["outcome"] == "not_attempted"
-    assert refused["error"]["field"] == "targets.api.ca_file"
+    error = refused["error"]
+    assert error["code"] == "CONFIG_CHANGED", refused
+    assert (error["phase"], error["outcome"]) == ("validation", "not_attempted")
+    assert error["retry"] == CODES[Code.CONFIG_CHANGED].retry.value
+    assert error["message"] == CODES[Code.CONFIG_CHANGED].meaning
+    assert error["field"] == "targets.api.ca_file"
+    assert refused["evidence"]["dispatch_started"] is False
     assert "error" not in done, done
     started = next(e for e in events if e.kind is E.DISPATCH_STARTED)
     assert (

@@ -86,4 +86,5 @@ async def test_an_empty_system_store_is_warned_of_and_named_by_its_calls(
     assert env["error"]["field"] == "targets.api.ca_file"
     assert env["evidence"]["outcome"] == "not_attempted"
     assert SYSTEM_STORE_EMPTY in env["error"]["message"]
+    assert env["evidence"]["http"]["stage"] == "system_trust_store"  # no handshake was made
     assert srv.requests == []

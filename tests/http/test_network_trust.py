@@ -203,8 +203,8 @@ async def test_a_ca_file_edited_after_validation_refuses_the_call(
 ) -> None:
     """What is recorded is what is used: a request validated with one content of its CA file
     (``ca_sha256``, the digest its account recorded) finding another at the handshake is
-    refused CERTIFICATE_INVALID naming ``ca_file``, before any byte of it is sent -- even when
-    the new content vouches for the server."""
+    refused CONFIG_CHANGED naming ``ca_file`` (the engine's refusal: no handshake was made),
+    before any byte of it is sent -- even when the new content vouches for the server."""
     old, new = trustme.CA(), trustme.CA()
     ca_file = tmp_path / "ca.pem"
     old.cert_pem.write_to_path(str(ca_file))
@@ -215,7 +215,7 @@ async def test_a_ca_file_edited_after_validation_refuses_the_call(
     ) as srv:
         with pytest.raises(SetupError) as info:
             await perform(client, get(srv.url + "/", str(ca_file), ca_sha256=validated))
-        assert (info.value.code, info.value.setting) == (Code.CERTIFICATE_INVALID, "ca_file")
+        assert (info.value.code, info.value.setting) == (Code.CONFIG_CHANGED, "ca_file")
         assert info.value.detail == "CA file changed since the call was validated"
         assert srv.requests == []
         now = "sha256:" + hashlib.sha256(ca_file.read_bytes()).hexdigest()
@@ -249,6 +249,7 @@ async def test_an_empty_system_store_is_named_not_blamed_on_the_peer(
         with pytest.raises(SetupError) as info:
             await perform(client, get(srv.url + "/"))
     assert (info.value.code, info.value.setting) == (Code.CERTIFICATE_INVALID, "ca_file")
+    assert info.value.stage == "system_trust_store"  # no handshake was made
     assert info.value.detail == trust.SYSTEM_STORE_EMPTY
     assert srv.requests == []
     words = trust.start_warnings({}, system_store_used=True)
