@@ -37,10 +37,11 @@ def prepare_request(
     target: Any,
     binding: Binding,
     key: str | None,
-    account_hash: str | None,
+    trusted: Mapping[str, str],
 ) -> tuple[Credential, Prepared]:
     """Resolve the target's credential and prepare the request with it (``CredentialError``),
-    trusting the files of the account the call recorded (``account_hash``)."""
+    trusting the files of the account the call recorded (``trusted``:
+    ``ConfigSnapshot.trusted``)."""
     ref = target.credential
     path = engine.config.path
     credential = resolve(
@@ -51,9 +52,6 @@ def prepare_request(
         base_dir=path.parent if path and isinstance(ref, str) and ref.startswith("file:") else None,
         versioner=engine.journal.keyed_digest,
     )
-    # The bytes of each file the target trusts as PREFLIGHT_VALIDATED's account recorded them:
-    # the adapter trusts those or refuses (what is recorded is what is used).
-    trusted = engine.snapshot.trusted(target, account_hash)
     prepared = binding.prepare(action, target, credential, key, trusted)
     # A rotated credential's old value leaves the redaction cache now, not when it ages out.
     # (Scoped by the engine: ``release(id(engine))`` when its broker closes.)
@@ -82,9 +80,14 @@ async def prepare_after(
     unclear which of its events landed.  ``generation``: the attempt's, named by
     CREDENTIAL_FAILED (a stale worker's is refused: ``attempt.stamped``)."""
     try:
-        return prepare_request(
-            engine, action, target, binding, key, _recorded_account(engine, iid, preamble)
-        )
+        # The bytes of each file the target trusts as PREFLIGHT_VALIDATED's account recorded
+        # them: the adapter trusts those or refuses (what is recorded is what is used).  Held
+        # from the call's own validation, this awaits nothing; a record of another process's
+        # (or one long gone from the cache) reads the files in a worker thread, never on the
+        # loop -- a cancellation there writes the preamble as any failure does, below.
+        recorded = _recorded_account(engine, iid, preamble)
+        trusted = await engine.snapshot.trusted(target, recorded)
+        return prepare_request(engine, action, target, binding, key, trusted)
     except CredentialError as exc:
         with trio.CancelScope(shield=True):
             refused = await _credential_failed(engine, iid, target, preamble, generation, exc)

@@ -24,6 +24,7 @@ to match -- a timeout, or the ``reconcile`` setting itself, may be added or chan
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -66,6 +67,10 @@ class ConfigSnapshot:
         self._trusts: dict[str, dict[str, str]] = {}
         """Per account hash ``account_hash`` computed (the last ``_TRUSTS_KEPT``), the digest
         of each file it trusts (``trusted``)."""
+        self._lock = threading.Lock()
+        """Guards ``_accounts`` and ``_trusts``: ``account_hash`` runs in worker threads
+        (``account_hash_async``, ``trusted``) while the loop reads them.  Held for the
+        dictionaries only, never across a file's read."""
         self._seen: _Seen | None = None
         """The file as ``changed`` last read it -- at first, the bytes ``config`` was parsed
         from (``Config.source_digest``), with no stat: the first re-check reads the file and
@@ -96,23 +101,30 @@ class ConfigSnapshot:
         ``SETTLED_NS``): an unsettled or missing one is read again at every call.  Each read is
         bounded and never waits (``adapters.filestat.read_regular``); on the event loop, use
         ``account_hash_async``, which reads in a worker thread."""
-        cached = self._cached_account(target)
-        if cached is not None and cached in self._trusts:
-            return cached
+        return self._account(target)[0]
+
+    def _account(self, target: Any) -> tuple[str, dict[str, str]]:
+        """``account_hash`` and the digests of the files of that account (``trusted``), taken
+        together under the lock: another thread may drop the entry between two looks."""
+        held = self._held(target)
+        if held is not None:
+            return held
         began = time.time_ns()
         paths = tuple(path for path, _what in trust_anchors(target))
         keys = tuple(_stat_key(path) for path in paths)
-        held = account(target)
-        value = KEYED_PREFIX + self._digest(_ACCOUNT, canonical_json(held))
-        self._trusts.pop(value, None)  # (re-inserted last: the oldest are dropped first)
-        self._trusts[value] = trusted(target, held)
-        while len(self._trusts) > _TRUSTS_KEPT:
-            del self._trusts[next(iter(self._trusts))]
-        if all(k is not None and began - k[2] > SETTLED_NS for k in keys):
-            self._accounts[target.name] = _Account(target, paths, keys, value)
-        else:
-            self._accounts.pop(target.name, None)
-        return value
+        reached = account(target)
+        value = KEYED_PREFIX + self._digest(_ACCOUNT, canonical_json(reached))
+        anchors = trusted(target, reached)
+        with self._lock:
+            self._trusts.pop(value, None)  # (re-inserted last: the oldest are dropped first)
+            self._trusts[value] = anchors
+            while len(self._trusts) > _TRUSTS_KEPT:
+                del self._trusts[next(iter(self._trusts))]
+            if all(k is not None and began - k[2] > SETTLED_NS for k in keys):
+                self._accounts[target.name] = _Account(target, paths, keys, value)
+            else:
+                self._accounts.pop(target.name, None)
+        return value, dict(anchors)
 
     async def account_hash_async(self, target: Any) -> str:
         """``account_hash``, its files read (when its stat does not vouch for the last read) in
@@ -123,7 +135,7 @@ class ConfigSnapshot:
             return cached
         return await trio.to_thread.run_sync(self.account_hash, target)
 
-    def trusted(self, target: Any, recorded: str | None) -> dict[str, str]:
+    async def trusted(self, target: Any, recorded: str | None) -> dict[str, str]:
         """Each file ``target`` trusts -> the digest of its bytes in the account ``recorded``
         (the call's PREFLIGHT_VALIDATED ``account_hash``; None: a record from before it was
         recorded): the driver trusts exactly those bytes or refuses the call unsent
@@ -131,16 +143,36 @@ class ConfigSnapshot:
         computed it -- by this call, not by whichever call read the file last.  A record made
         by another process, or long ago, is compared with the files as they are now (read
         here, bounded): the same account, their digests; another (a file edited since the
-        call was validated), ``CHANGED`` for each, which no file's bytes match."""
-        if recorded is not None and recorded in self._trusts:
-            return dict(self._trusts[recorded])
-        now = self.account_hash(target)
-        if recorded is None or now == recorded:
-            return dict(self._trusts[now])
-        return {path: CHANGED for path in self._trusts[now]}
+        call was validated), ``CHANGED`` for each, which no file's bytes match.  Awaits nothing
+        when the account ``recorded`` is held (the call's own validation just computed it) or
+        the files' stat vouches for the last read; else reads them in a worker thread."""
+        known = self._recorded(recorded)
+        if known is not None:
+            return known
+        held = self._held(target)
+        if held is None:
+            held = await trio.to_thread.run_sync(self._account, target)
+        return _pinned(recorded, *held)
+
+    def _held(self, target: Any) -> tuple[str, dict[str, str]] | None:
+        """``_account`` when its files' stat vouches for the last read (no file read)."""
+        cached = self._cached_account(target)
+        if cached is None:
+            return None
+        with self._lock:
+            anchors = self._trusts.get(cached)
+        return None if anchors is None else (cached, dict(anchors))
+
+    def _recorded(self, recorded: str | None) -> dict[str, str] | None:
+        if recorded is None:
+            return None
+        with self._lock:
+            anchors = self._trusts.get(recorded)
+        return None if anchors is None else dict(anchors)
 
     def _cached_account(self, target: Any) -> str | None:
-        cached = self._accounts.get(target.name)
+        with self._lock:
+            cached = self._accounts.get(target.name)
         if (
             cached is not None
             and cached.target is target
@@ -264,3 +296,12 @@ def _read(path: Path, previous: _Seen | None) -> _Seen:
     except Exception:
         fresh = None
     return _Seen(_key(st), settled, digest, fresh)
+
+
+def _pinned(recorded: str | None, now: str, anchors: dict[str, str]) -> dict[str, str]:
+    """The digests to trust for a call that recorded ``recorded`` when the files are now the
+    account ``now``: theirs when it is the same (or nothing was recorded), else ``CHANGED``
+    for each, which no file's bytes match."""
+    if recorded is None or now == recorded:
+        return anchors
+    return {path: CHANGED for path in anchors}

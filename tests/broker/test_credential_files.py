@@ -406,7 +406,7 @@ def test_the_credential_step_reads_a_relative_file_from_the_config_dir_only_for_
             snapshot=SimpleNamespace(trusted=lambda target, recorded: {}),
         )
         try:
-            prepare_request(engine, {}, SimpleNamespace(credential=ref), binding, None, None)  # type: ignore[arg-type]
+            prepare_request(engine, {}, SimpleNamespace(credential=ref), binding, None, {})  # type: ignore[arg-type]
         finally:
             release(id(engine))  # the credential's redaction plans, as a closing broker does
     assert seen == [b"env-secret-value", CANARY.encode()]

@@ -450,7 +450,9 @@ async def test_the_account_reads_its_ca_file_off_the_event_loop(
     assert threads and threading.get_ident() not in threads
 
 
-def test_a_call_trusts_the_ca_bytes_of_its_own_recorded_account(tmp_path: Path) -> None:
+async def test_a_call_trusts_the_ca_bytes_of_its_own_recorded_account(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``ConfigSnapshot.trusted``: the digests a call's request pins are those of the account
     *it* recorded -- not of whichever call read the file last (call A validated, the file
     edited, call B validated: A still pins A's bytes, and is refused at its handshake) -- and
@@ -476,15 +478,27 @@ def test_a_call_trusts_the_ca_bytes_of_its_own_recorded_account(tmp_path: Path) 
     ca.write_bytes(ca.read_bytes() + trustme.CA().cert_pem.bytes())
     second = snap.account_hash(target)
     assert first != second
-    assert snap.trusted(target, first) == {str(ca): first_digest}
-    assert snap.trusted(target, second) == {str(ca): digest()}
+    assert await snap.trusted(target, first) == {str(ca): first_digest}
+    assert await snap.trusted(target, second) == {str(ca): digest()}
     elsewhere = ConfigSnapshot(cfg, keyed)  # another process, or a record long forgotten
-    assert elsewhere.trusted(target, first) == {str(ca): CHANGED}
-    assert elsewhere.trusted(target, second) == {str(ca): digest()}
-    assert elsewhere.trusted(target, None) == {str(ca): digest()}
+    import affidavit.schema.fields as fields
+
+    threads: list[int] = []
+    real = fields.read_regular
+
+    def watched(path: Any, *args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(path, *args)
+
+    monkeypatch.setattr(fields, "read_regular", watched)
+    assert await elsewhere.trusted(target, first) == {str(ca): CHANGED}
+    # read for the comparison in a worker thread, never on the event loop (review 2 #3)
+    assert threads and threading.get_ident() not in threads
+    assert await elsewhere.trusted(target, second) == {str(ca): digest()}
+    assert await elsewhere.trusted(target, None) == {str(ca): digest()}
 
 
-def test_a_known_hosts_file_pins_nothing_at_the_handshake(tmp_path: Path) -> None:
+async def test_a_known_hosts_file_pins_nothing_at_the_handshake(tmp_path: Path) -> None:
     """An SSH target's ``known_hosts`` is a trust anchor read once, at load, its keys bound as
     ``host_keys``: its account holds no digest of it, so no call pins its bytes (``trusted``
     names only files whose content the account holds) -- such a target's calls prepare."""
@@ -495,4 +509,4 @@ def test_a_known_hosts_file_pins_nothing_at_the_handshake(tmp_path: Path) -> Non
     cfg = load_config(write_config(tmp_path, {"box": box | {"known_hosts": "known_hosts"}}))
     snap = ConfigSnapshot(cfg, lambda label, data: hashlib.sha256(data).hexdigest())
     target = cfg.targets["box"]
-    assert snap.trusted(target, snap.account_hash(target)) == {}
+    assert await snap.trusted(target, snap.account_hash(target)) == {}
