@@ -19,7 +19,7 @@ import os
 import select
 import ssl
 import termios
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -314,13 +314,14 @@ async def open_connection(
     target: Url,
     key: PoolKey,
     *,
-    trust: Callable[[str | None], Trust],
+    trust: Callable[[str | None], Awaitable[Trust]],
     new_id: Callable[[], str],
 ) -> Connection:
     """A fresh connection to ``target`` (through ``request.proxy`` if set), set up to the point
     where the request may be written.  ``new_id`` names it once its socket is connected; its
-    pool key is ``key`` with the trust its TLS session was verified with (``trust(ca_file)``
-    read at the handshake: the file may have changed since ``key`` was made)."""
+    pool key is ``key`` with the trust its TLS session was verified with (``await
+    trust(ca_file)``, resolved just before the TCP connect: the file may have changed since
+    ``key`` was made)."""
     t = request.timeouts
     proxy: Url | None = None
     if request.proxy is not None:
@@ -355,6 +356,7 @@ async def open_connection(
         # answers an address off the machine would take the credential there in clear.
         raise setup_failed(ctx, hop, Code.SETUP_FAILED, "dns", LOOPBACK_OFF_MACHINE, role=role)
     step(ctx, "resolve", {"hop": hop, "role": role, "addresses": len(infos)})
+    used = await _trust(ctx, hop, request, trust) if target.scheme == "https" else None
     # -- tcp
     sock = None
     last: OSError | None = None
@@ -389,7 +391,8 @@ async def open_connection(
             await _tunnel(ctx, hop, stream, target, proxy, t)
         peer = None
         if target.scheme == "https":
-            stream, peer = await _tls(ctx, hop, stream, target, request, trust)
+            assert used is not None
+            stream, peer = await _tls(ctx, hop, stream, target, request, used)
             key = (*key[:4], peer.get("ca_sha256"))
     except BaseException:
         await trio.aclose_forcefully(stream)
@@ -461,17 +464,18 @@ async def _tunnel(
     step(ctx, "tunnel", {"hop": hop, "proxy": proxy.hostport, "status": status})
 
 
-async def _tls(
+async def _trust(
     ctx: AttemptContext,
     hop: int,
-    stream: trio.abc.Stream,
-    target: Url,
     request: HttpRequest,
-    trust: Callable[[str | None], Trust],
-) -> tuple[trio.SSLStream[trio.abc.Stream], dict[str, Any]]:
-    ca_file, t = request.ca_file, request.timeouts
+    trust: Callable[[str | None], Awaitable[Trust]],
+) -> Trust:
+    """What the handshake will trust, resolved before the TCP connect (``TrustStore.resolve``:
+    a CA file read in a worker thread, never on the loop) -- or the call refused, no byte sent
+    and no handshake made."""
+    ca_file = request.ca_file
     try:
-        used = trust(ca_file)
+        used = await trust(ca_file)
     except (OSError, ssl.SSLError) as e:
         raise setup_failed(
             ctx,
@@ -486,7 +490,7 @@ async def _tls(
         ) from None
     if request.ca_sha256 is not None and used.ca_sha256 != request.ca_sha256:
         # The file was edited between the call's validation (whose account recorded
-        # ``request.ca_sha256``) and this handshake: trusting the new bytes would make the
+        # ``request.ca_sha256``) and this connection: trusting the new bytes would make the
         # record name one trust and the connection use another.  Refused before any handshake
         # and any byte of the request: the configuration changed between validation and
         # dispatch (CONFIG_CHANGED, the engine's refusal); a new invocation records and uses
@@ -512,6 +516,18 @@ async def _tls(
             setting="ca_file",
             error="system_store_empty",
         ) from None
+    return used
+
+
+async def _tls(
+    ctx: AttemptContext,
+    hop: int,
+    stream: trio.abc.Stream,
+    target: Url,
+    request: HttpRequest,
+    used: Trust,
+) -> tuple[trio.SSLStream[trio.abc.Stream], dict[str, Any]]:
+    ca_file, t = request.ca_file, request.timeouts
     # https_compatible=False on purpose: a TCP FIN without TLS close_notify must not pass
     # for the end of a close-delimited body (seed: never declare a result complete without
     # "a protocol-specific close that proves completion").

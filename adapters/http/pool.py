@@ -48,7 +48,7 @@ class Pool:
     def idle_connections(self) -> int:
         return sum(len(v) for v in self._idle.values())
 
-    def _trust_key(self, request: HttpRequest, target: Url) -> str | None:
+    async def _trust_key(self, request: HttpRequest, target: Url) -> str | None:
         """The trust part of a pool key for a new call (``PoolKey``): the CA file's digest the
         call was validated with, else what the file holds now.  A file unusable now matches
         no pooled connection; the handshake reports it."""
@@ -57,7 +57,7 @@ class Pool:
         if request.ca_sha256 is not None:
             return request.ca_sha256
         try:
-            return self.trust.get(request.ca_file).ca_sha256
+            return (await self.trust.resolve(request.ca_file)).ca_sha256
         except (OSError, ssl.SSLError):
             return "unusable"
 
@@ -82,7 +82,7 @@ class Pool:
         self, request: HttpRequest, ctx: AttemptContext, hop: int, target: Url
     ) -> tuple[Connection, bool]:
         """A connection to ``target`` and whether it is a reused one."""
-        trust = self._trust_key(request, target)
+        trust = await self._trust_key(request, target)
         key: PoolKey = (target.scheme, target.host, target.port, request.proxy, trust)
         idle = self._idle.get(key, [])
         now = trio.current_time()
@@ -118,6 +118,6 @@ class Pool:
             log.debug("reusing connection %s to %s", conn.id, origin)
             return conn, True
         conn = await open_connection(
-            request, ctx, hop, target, key, trust=self.trust.get, new_id=self._new_id
+            request, ctx, hop, target, key, trust=self.trust.resolve, new_id=self._new_id
         )
         return conn, False

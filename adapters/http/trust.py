@@ -25,9 +25,12 @@ import os
 import re
 import ssl
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+import trio
 
 from affidavit.adapters.filestat import SETTLED_NS, identity, read_regular
 
@@ -180,26 +183,53 @@ class _Read:
 
 
 class TrustStore:
-    """The ``Trust`` of each CA file path (and of the system store), read again when it moved."""
+    """The ``Trust`` of each CA file path (and of the system store), read again when it moved.
+    ``resolve`` on the event loop: a stat there, the read (and the system bundle's first load)
+    in a worker thread; ``get`` itself may run in several threads at once (the lock guards the
+    dictionaries only, never a read: a file on a hung network mount blocks its own call)."""
 
     def __init__(self) -> None:
         self._system: Trust | None = None
         self._files: dict[str, _Read] = {}
         self._contexts: dict[str, ssl.SSLContext] = {}
+        self._lock = threading.Lock()
+
+    async def resolve(self, ca_file: str | None) -> Trust:
+        """``get``, reading only in a worker thread: on the loop, one stat when the last read
+        of the file is settled and its identity unmoved (``held``)."""
+        held = self.held(ca_file)
+        if held is not None:
+            return held
+        return await trio.to_thread.run_sync(self.get, ca_file)
+
+    def held(self, ca_file: str | None) -> Trust | None:
+        """The ``Trust`` the last read made when the file's stat vouches for it, else None (a
+        stat failing says None too: ``get`` reports it)."""
+        if ca_file is None:
+            return self._system
+        seen = self._files.get(ca_file)
+        if seen is None or not seen.settled:
+            return None
+        try:
+            st = os.stat(ca_file)
+        except OSError:
+            return None
+        return seen.trust if seen.key == identity(st) else None
 
     def get(self, ca_file: str | None) -> Trust:
         """Raises ``OSError`` (missing, not a regular file, too large, no certificate in it, a
         TRUSTED CERTIFICATE block: ``pem_certificates``) or ``ssl.SSLError`` (a certificate
         OpenSSL cannot read)."""
+        held = self.held(ca_file)
+        if held is not None:
+            return held
         if ca_file is None:
-            if self._system is None:
-                system = client_context(None)
-                self._system = Trust(None, system, not system_anchors(system))
-            return self._system
-        seen = self._files.get(ca_file)
-        st = os.stat(ca_file)
-        if seen is not None and seen.settled and seen.key == identity(st):
-            return seen.trust
+            system = client_context(None)
+            built = Trust(None, system, not system_anchors(system))
+            with self._lock:
+                if self._system is None:
+                    self._system = built
+                return self._system
         began = time.time_ns()
         data, st = read_regular(ca_file)
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
@@ -209,10 +239,13 @@ class TrustStore:
                 blocks = pem_certificates(data)
             except ValueError as e:
                 raise OSError(errno.EINVAL, str(e)) from None
-            context = self._contexts[digest] = client_context(blocks)
-        trust = Trust(digest, context)
-        self._files[ca_file] = _Read(identity(st), began - st.st_ctime_ns > SETTLED_NS, trust)
-        if seen is not None and seen.trust.ca_sha256 != digest:  # keep one context per path
-            held = {r.trust.ca_sha256 for r in self._files.values()}
-            self._contexts = {d: c for d, c in self._contexts.items() if d in held}
+            context = client_context(blocks)
+        with self._lock:
+            context = self._contexts.setdefault(digest, context)
+            trust = Trust(digest, context)
+            seen = self._files.get(ca_file)
+            self._files[ca_file] = _Read(identity(st), began - st.st_ctime_ns > SETTLED_NS, trust)
+            if seen is not None and seen.trust.ca_sha256 != digest:  # one context per path
+                kept = {r.trust.ca_sha256 for r in self._files.values()}
+                self._contexts = {d: c for d, c in self._contexts.items() if d in kept}
         return trust

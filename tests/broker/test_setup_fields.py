@@ -69,7 +69,7 @@ async def test_an_unusable_ca_file_names_its_config_field_embedded(
             )
             assert rec.field == FIELD
             _setup_refused(env, tls.ca_file, srv)
-            assert srv.connections == 1  # TCP connected; TLS never started
+            assert srv.connections == 0  # refused before the TCP connect: no TLS either
 
 
 async def test_a_certificate_the_ca_does_not_vouch_for_names_no_field(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import ssl
+import threading
 from pathlib import Path
 
 import pytest
@@ -286,6 +287,41 @@ def test_a_settled_ca_file_whose_stat_is_unchanged_is_not_read_again(
     store.get(tls.ca_file)
     store.get(tls.ca_file)
     assert len(reads) == 4
+
+
+async def test_the_driver_reads_a_ca_file_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch, client: HttpClient, tls: TlsFixture
+) -> None:
+    """A CA file whose stat does not vouch for the last read is read in a worker thread before
+    the TCP connect, never on the event loop every call shares (a hung network mount would
+    stall them all); one whose stat vouches for it is not read at all."""
+    from affidavit.adapters.http import trust
+
+    threads: list[int] = []
+    real = trust.read_regular
+
+    def watched(path: str) -> tuple[bytes, object]:
+        threads.append(threading.get_ident())
+        return real(path)
+
+    monkeypatch.setattr(trust, "read_regular", watched)
+    monkeypatch.setattr(trust, "SETTLED_NS", 10**18)  # no read is settled: read every time
+    validated = "sha256:" + hashlib.sha256(Path(tls.ca_file).read_bytes()).hexdigest()
+
+    async def call(ca_sha256: str | None) -> list[int]:
+        """A new connection (a server of its own: no pooled one reused), the reads it made."""
+        threads.clear()
+        async with HostileServer.running(scripts.serve(Reply(200)), tls=tls.good) as srv:
+            _fe, res = await perform(client, get(srv.url + "/", tls.ca_file, ca_sha256=ca_sha256))
+        assert res.outcome is Outcome.COMMITTED  # type: ignore[attr-defined]
+        return list(threads)
+
+    for ca_sha256 in (None, validated):  # the pool key's read (unvalidated) and the call's
+        read = await call(ca_sha256)
+        assert read and threading.get_ident() not in read
+    monkeypatch.setattr(trust, "SETTLED_NS", -(10**18))  # any read is settled
+    assert await call(validated)  # read once more, now settled
+    assert await call(validated) == []  # the stat vouches: no read
 
 
 async def test_a_trusted_certificate_block_is_refused_naming_ca_file(
