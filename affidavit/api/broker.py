@@ -219,9 +219,10 @@ class Broker:
         # Only the configured kinds: an HTTP-only config never imports the SSH library.
         bindings: dict[str, Binding] = load_bindings({t.kind for t in config.targets.values()})
         for kind, binding in bindings.items():
-            _warn_once(
-                binding.start_warnings([t for t in config.targets.values() if t.kind == kind])
-            )
+            # Optional for an out-of-tree protocol written before it existed: no words.
+            words = getattr(binding, "start_warnings", None)
+            if words is not None:
+                _warn_once(words([t for t in config.targets.values() if t.kind == kind]))
         try:
             async with Journal.open(
                 config.journal.location,

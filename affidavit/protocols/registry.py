@@ -18,6 +18,7 @@ HTTP targets never imports the SSH library.  ``registered()`` loads all of them.
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING
 
 from affidavit.statemachine import register as register_table
@@ -110,6 +111,9 @@ def get(kind: str) -> ProtocolSpec | None:
         raise ProtocolLoadError(kind, f"cannot load {eps[0].value} ({exc!r})") from exc
     if not isinstance(loaded, ProtocolSpec) or loaded.kind != kind:
         raise ProtocolLoadError(kind, f"{eps[0].value} is not a ProtocolSpec of that kind")
+    made = loaded.binding
+    if isinstance(made, type) and not _takes_trusted(getattr(made, "prepare", None), None):
+        raise ProtocolLoadError(kind, OLD_PREPARE)
     return register(loaded)
 
 
@@ -130,5 +134,30 @@ def load_bindings(kinds_wanted: set[str] | frozenset[str] | None = None) -> dict
         binding = spec.binding()
         if binding.kind != kind or binding.table is not spec.table:
             raise ProtocolLoadError(kind, "its binding serves another kind or table")
+        if not _takes_trusted(binding.prepare):  # a binding made by a factory, not a class
+            raise ProtocolLoadError(kind, OLD_PREPARE)
         out[kind] = binding
     return out
+
+
+OLD_PREPARE = (
+    "its binding's prepare(action, target, credential, idempotency_key) takes no fifth "
+    "argument, trusted (each file the target trusts -> the sha256 of the bytes the call "
+    "recorded): add it (docs/adding-a-protocol.md)"
+)
+
+
+def _takes_trusted(prepare: object, *leading: object) -> bool:
+    """Whether ``Binding.prepare`` (after ``leading``: ``self`` for a class's function)
+    accepts its five arguments -- an out-of-tree protocol written before ``trusted`` was added
+    takes four: refused when it is loaded (the config naming its kind), never a TypeError at
+    a call."""
+    try:
+        signature = inspect.signature(prepare)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    try:
+        signature.bind(*leading, None, None, None, None, {})
+    except TypeError:
+        return False
+    return True

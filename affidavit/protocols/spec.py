@@ -168,7 +168,8 @@ class Binding(Protocol):
 
     def start_warnings(self, targets: Sequence[Any]) -> list[str]:
         """Words for the operator's log at a broker's start about ``targets`` (this kind's):
-        what the environment asks that the binding ignores, what will make every call fail."""
+        what the environment asks that the binding ignores, what will make every call fail.
+        Optional: a binding without it says nothing at the start."""
         ...
 
     async def perform(self, prepared: Prepared, ctx: AttemptContext) -> RemoteResult: ...

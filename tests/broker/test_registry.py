@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,3 +129,84 @@ def test_a_broken_installed_protocol_is_a_config_error_naming_it(tmp_path: Path)
     ok = _python(code, env)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.strip() == "['broken', 'http', 'ssh']"
+
+
+_OLD_PROTOCOL = """
+import dataclasses
+from tests.toy_protocol.protocol import PROTOCOL as TOY, ToyBinding
+
+class OldBinding(ToyBinding):
+    def prepare(self, action, target, credential, key):
+        raise AssertionError("never called: refused when loaded")
+
+PROTOCOL = dataclasses.replace(TOY, binding=OldBinding)
+"""
+
+
+def test_an_installed_protocol_whose_prepare_takes_no_trusted_is_refused_at_load(
+    tmp_path: Path,
+) -> None:
+    """A protocol written before ``Binding.prepare`` took ``trusted`` (four arguments) is a
+    configuration error naming its kind and the fix when a config names it -- never a
+    TypeError at its first call."""
+    from affidavit.protocols.registry import OLD_PREPARE
+
+    site = tmp_path / "site"
+    info = site / "old_protocol-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: old-protocol\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[affidavit.protocols]\ntoy = old_protocol:PROTOCOL\n")
+    (site / "old_protocol.py").write_text(_OLD_PROTOCOL)
+    here = str(Path(__file__).resolve().parents[2])  # (``tests`` importable: the toy)
+    path = os.pathsep.join(p for p in (str(site), here, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    cfg = tmp_path / "affidavit.toml"
+    cfg.write_text('[targets.x]\nkind = "toy"\nport = 7000\ncredential = "env:T"\n')
+    p = subprocess.run(
+        [sys.executable, "-m", "affidavit", "call", "--config", str(cfg)],
+        input="{}",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    assert p.stderr.strip() == (
+        f"affidavit: CONFIG_INVALID: {cfg}: targets.x.kind: {OLD_PREPARE}"
+    ), p.stderr
+
+
+async def test_a_binding_without_start_warnings_says_nothing_at_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Binding.start_warnings`` is optional: an out-of-tree binding written before it existed
+    opens a broker (no words), never an AttributeError."""
+    import affidavit.api.broker as broker_module
+    from affidavit.api import Broker
+    from affidavit.config import load_config
+
+    from .helpers import http_target, write_config
+
+    real = broker_module.load_bindings
+
+    class Older:
+        """The HTTP binding as a protocol written before ``start_warnings`` would be."""
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "start_warnings":
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+    monkeypatch.setattr(
+        broker_module,
+        "load_bindings",
+        lambda kinds: {k: Older(b) for k, b in real(kinds).items()},
+    )
+    cfg = write_config(tmp_path, {"api": http_target("https://127.0.0.1:9")})
+    async with Broker.open(config=load_config(cfg)) as broker:
+        assert broker is not None
