@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from affidavit.journal import JournalWriteError
+from affidavit.journal import Journal, JournalReader, JournalWriteError
 from affidavit.statemachine import Event, EvidenceSource
 from affidavit.statemachine import EventKind as E
 
 if TYPE_CHECKING:
     from affidavit.journal.writer import Writer
+    from tests.postgres import Cluster
 
 CANARY = "canary-7f3a9c1e-SECRET-do-not-store"
 
@@ -307,3 +309,32 @@ def unstick_handed(writer: Writer) -> None:
     writer._pending.extend(handoff.batch)
     unstick(writer)
     writer._wake_runner()
+
+
+def pg_keys(tmp: Path) -> dict[str, Path]:
+    """The key files of a PostgreSQL journal's one writer ("a")."""
+    return {"key_file": tmp / "shared.key", "signing_key": tmp / "a.signing.key"}
+
+
+async def lose_runs_then_commit(
+    pg: Cluster, pg_url: str, tmp: Path, *, within: float, losses: int, limit: float = 30
+) -> float:
+    """DISPATCH_STARTED whose first ``losses`` runs lose their session (new connections
+    succeeding), the next kept, within ``reconnect`` ``within``: committed once, every row
+    verifiable.  How long the append took."""
+    from tests.postgres import lost_runs, terminate_on_insert
+
+    database = pg_url.rsplit("/", 1)[1]
+    events = until_dispatch("inv-1")
+    async with Journal.open(pg_url, reconnect_within=within, **pg_keys(tmp)) as j:
+        for ev in events[:3]:
+            await j.append(ev)
+        terminate_on_insert(pg, database, "DISPATCH_STARTED", times=losses)
+        started = time.monotonic()
+        with trio.fail_after(limit):
+            stored = await j.append(events[3], barrier=True)
+        elapsed = time.monotonic() - started
+    assert stored.seq == 4 and lost_runs(pg, database) == losses + 1
+    with JournalReader.open(pg_url) as r:
+        assert [e.seq for e in r.events("inv-1")] == [1, 2, 3, 4] and r.verify().ok
+    return elapsed

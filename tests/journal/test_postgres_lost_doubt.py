@@ -17,22 +17,17 @@ import trio
 
 from affidavit.journal import (
     Journal,
-    JournalReader,
     ResultStoreFailed,
     ResultStoreUnknown,
     commit,
     results,
 )
 from affidavit.journal.requests import Batch
-from tests.postgres import Cluster, Proxy, lost_runs, terminate_on_insert
+from tests.postgres import Cluster, Proxy
 
-from .helpers import until_dispatch
+from .helpers import lose_runs_then_commit, pg_keys, until_dispatch
 
 LIMIT = 30
-
-
-def _keys(tmp_path: Path) -> dict[str, Path]:
-    return {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
 
 
 async def _chunk_after_a_lost_commit(
@@ -45,7 +40,7 @@ async def _chunk_after_a_lost_commit(
     calls: list[Batch] = []
     try:
         async with Journal.open(
-            proxy.url(pg, pg_url), reconnect_within=within, **_keys(tmp_path)
+            proxy.url(pg, pg_url), reconnect_within=within, **pg_keys(tmp_path)
         ) as j:
             for ev in until_dispatch("inv-1"):
                 await j.append(ev)
@@ -113,32 +108,13 @@ async def test_a_chunk_refused_by_a_committing_rerun_after_its_lost_commit_is_un
     assert "durable is unknown" in said, said
 
 
-async def _one_loss(pg: Cluster, pg_url: str, tmp_path: Path, within: float) -> float:
-    """DISPATCH_STARTED whose first run loses its session (new connections succeeding), the
-    second kept: committed once.  How long the append took."""
-    database = pg_url.rsplit("/", 1)[1]
-    events = until_dispatch("inv-1")
-    async with Journal.open(pg_url, reconnect_within=within, **_keys(tmp_path)) as j:
-        for ev in events[:3]:
-            await j.append(ev)
-        terminate_on_insert(pg, database, "DISPATCH_STARTED", times=1)
-        started = time.monotonic()
-        with trio.fail_after(LIMIT):
-            stored = await j.append(events[3], barrier=True)
-        elapsed = time.monotonic() - started
-    assert stored.seq == 4 and lost_runs(pg, database) == 2
-    with JournalReader.open(pg_url) as r:
-        assert [e.seq for e in r.events("inv-1")] == [1, 2, 3, 4] and r.verify().ok
-    return elapsed
-
-
 async def test_a_single_lost_run_ridden_out_warns_nothing(
     pg: Cluster, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A restart ridden out: one run lost, the next committed.  No warning (an embedded
     ``affidavit call`` printed it on its stderr, by logging's last-resort handler)."""
     caplog.set_level(logging.WARNING, logger="affidavit.journal")
-    await _one_loss(pg, pg_url, tmp_path, 10.0)
+    await lose_runs_then_commit(pg, pg_url, tmp_path, within=10.0, losses=1)
     said = [r.getMessage() for r in caplog.records if r.name == "affidavit.journal"]
     assert not any("the connection was lost" in m for m in said), said
 
@@ -157,7 +133,7 @@ async def test_a_reconnect_late_in_the_window_still_runs_the_batch_again(
         return durable
 
     monkeypatch.setattr(commit, "_reconnect_and_check", late)
-    await _one_loss(pg, pg_url, tmp_path, 1.0)
+    await lose_runs_then_commit(pg, pg_url, tmp_path, within=1.0, losses=1)
 
 
 async def test_a_rerun_lost_before_its_commit_after_an_earlier_lost_commit_says_so(

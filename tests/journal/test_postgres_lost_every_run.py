@@ -37,7 +37,7 @@ from affidavit.journal.postgres import _LOCK, PostgresBackend
 from affidavit.journal.requests import Batch
 from tests.postgres import Cluster, Proxy, lost_runs, terminate_on_insert
 
-from .helpers import until_dispatch
+from .helpers import lose_runs_then_commit, until_dispatch
 
 CAP = 4
 """``LOST_RUNS`` for the tests that reach it: the real cap (20 runs, spaced up to 1 s) takes
@@ -188,21 +188,8 @@ async def test_sessions_lost_a_few_times_then_kept_within_reconnect_commit_the_b
     the reconnect after the first loss waited already), so six losses are waited out over
     1.55 s at least; unspaced, with the old cap of 5, the write failed in 0.1 s
     while the outage was still being ridden out."""
-    database = pg_url.rsplit("/", 1)[1]
-    keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
-    events = until_dispatch("inv-1")
-    async with Journal.open(pg_url, reconnect_within=30.0, **keys) as j:
-        for ev in events[:3]:
-            await j.append(ev)
-        terminate_on_insert(pg, database, "DISPATCH_STARTED", times=6)
-        started = time.monotonic()
-        with trio.fail_after(LIMIT):
-            stored = await j.append(events[3], barrier=True)
-        elapsed = time.monotonic() - started
-    assert stored.seq == 4 and lost_runs(pg, database) == 7
+    elapsed = await lose_runs_then_commit(pg, pg_url, tmp_path, within=30.0, losses=6)
     assert elapsed >= 0.05 + 0.1 + 0.2 + 0.4 + 0.8, elapsed
-    with JournalReader.open(pg_url) as r:
-        assert [e.seq for e in r.events("inv-1")] == [1, 2, 3, 4] and r.verify().ok
 
 
 async def test_a_lost_commit_with_no_row_to_read_back_stays_in_doubt_after_later_runs(
