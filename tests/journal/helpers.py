@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -316,6 +318,19 @@ def pg_keys(tmp: Path) -> dict[str, Path]:
     return {"key_file": tmp / "shared.key", "signing_key": tmp / "a.signing.key"}
 
 
+@asynccontextmanager
+async def at_dispatch(
+    url: str, tmp: Path, within: float, iid: str = "inv-1"
+) -> AsyncIterator[tuple[Journal, list[Event]]]:
+    """A PostgreSQL journal (writer "a", ``reconnect`` ``within``) holding an invocation's
+    rows up to DISPATCH_STARTED; that row (``events[3]``) is the caller's to write."""
+    events = until_dispatch(iid)
+    async with Journal.open(url, reconnect_within=within, **pg_keys(tmp)) as j:
+        for ev in events[:3]:
+            await j.append(ev)
+        yield j, events
+
+
 async def lose_runs_then_commit(
     pg: Cluster, pg_url: str, tmp: Path, *, within: float, losses: int, limit: float = 30
 ) -> float:
@@ -325,10 +340,7 @@ async def lose_runs_then_commit(
     from tests.postgres import lost_runs, terminate_on_insert
 
     database = pg_url.rsplit("/", 1)[1]
-    events = until_dispatch("inv-1")
-    async with Journal.open(pg_url, reconnect_within=within, **pg_keys(tmp)) as j:
-        for ev in events[:3]:
-            await j.append(ev)
+    async with at_dispatch(pg_url, tmp, within) as (j, events):
         terminate_on_insert(pg, database, "DISPATCH_STARTED", times=losses)
         started = time.monotonic()
         with trio.fail_after(limit):

@@ -37,7 +37,7 @@ from affidavit.journal.postgres import _LOCK, PostgresBackend
 from affidavit.journal.requests import Batch
 from tests.postgres import Cluster, Proxy, lost_runs, terminate_on_insert
 
-from .helpers import lose_runs_then_commit, until_dispatch
+from .helpers import at_dispatch, lose_runs_then_commit, pg_keys, until_dispatch
 
 CAP = 4
 """``LOST_RUNS`` for the tests that reach it: the real cap (20 runs, spaced up to 1 s) takes
@@ -56,13 +56,9 @@ async def _append_lost_every_run(
     what the append raised (None: it succeeded, once the trigger was dropped), after how long,
     and how many runs the trigger counted; then the same writer writes again."""
     database = pg_url.rsplit("/", 1)[1]
-    keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
     iid = "inv-canary-" + secrets.token_hex(8)
-    events = until_dispatch(iid)
     raised: BaseException | None = None
-    async with Journal.open(pg_url, reconnect_within=within, **keys) as j:
-        for ev in events[:3]:
-            await j.append(ev)
+    async with at_dispatch(pg_url, tmp_path, within, iid) as (j, events):
         terminate_on_insert(pg, database, "DISPATCH_STARTED", sleep=sleep)
 
         async def drop_later() -> None:
@@ -151,7 +147,7 @@ async def test_a_batch_whose_commit_is_lost_on_every_run_with_no_row_to_read_bac
     and no row can say whether it landed."""
     monkeypatch.setattr(commit, "LOST_RUNS", CAP)
     database = pg_url.rsplit("/", 1)[1]
-    keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
+    keys = pg_keys(tmp_path)
     async with Journal.open(pg_url, reconnect_within=30.0, **keys) as j:
         for ev in until_dispatch("inv-1"):
             await j.append(ev)
@@ -200,7 +196,7 @@ async def test_a_lost_commit_with_no_row_to_read_back_stays_in_doubt_after_later
     fails unknown -- the first COMMIT may have landed, and did -- never "not committed"
     decided by the last run alone while the chunk is durable."""
     database = pg_url.rsplit("/", 1)[1]
-    keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
+    keys = pg_keys(tmp_path)
     proxy = Proxy(pg.port)
     calls: list[Batch] = []
     try:
@@ -252,13 +248,9 @@ async def test_a_rerun_waits_for_the_head_only_what_is_left_of_reconnect(
     is made, another session holds the chain head.  The rerun waits for the head what is left
     of the window (~1 s) and fails, not committed, about ``reconnect`` after the loss --
     not a whole ``reconnect`` more (5 s: each rerun's wait was a full ``reconnect``)."""
-    keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
-    events = until_dispatch("inv-1")
     proxy = Proxy(pg.port)
     try:
-        async with Journal.open(proxy.url(pg, pg_url), reconnect_within=3.0, **keys) as j:
-            for ev in events[:3]:
-                await j.append(ev)
+        async with at_dispatch(proxy.url(pg, pg_url), tmp_path, 3.0) as (j, events):
             with psycopg.connect(pg_url, autocommit=True) as holder:
                 holder.execute("BEGIN")
                 holder.execute(

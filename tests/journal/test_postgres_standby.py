@@ -27,7 +27,7 @@ from affidavit.journal import (
 )
 from tests.postgres import Cluster
 
-from .helpers import until_dispatch
+from .helpers import at_dispatch, pg_keys, until_dispatch
 
 LIMIT = 30
 
@@ -52,10 +52,9 @@ async def test_a_journal_opened_on_a_server_in_recovery_is_refused_at_once(
 ) -> None:
     """The first connection is not retried (only reconnects are): an open that reaches a
     standby is refused ``JournalUnavailable``, saying so, and nothing is written there."""
-    keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
     _standby(True)
     with pytest.raises(JournalUnavailable, match="standby in recovery") as info:
-        async with Journal.open(pg_url, reconnect_within=5.0, **keys):
+        async with Journal.open(pg_url, reconnect_within=5.0, **pg_keys(tmp_path)):
             pass
     assert "broker writes only to the primary" in str(info.value), info.value
 
@@ -67,11 +66,7 @@ async def test_a_writer_reconnecting_to_a_server_in_recovery_treats_it_as_away(
     recovery: the write fails, not committed, having written nothing there -- never a write
     (or a re-read) on a standby.  Once the primary answers again, the writer writes."""
     database = pg_url.rsplit("/", 1)[1]
-    keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
-    events = until_dispatch("inv-1")
-    async with Journal.open(pg_url, reconnect_within=1.0, **keys) as j:
-        for ev in events[:3]:
-            await j.append(ev)
+    async with at_dispatch(pg_url, tmp_path, 1.0) as (j, events):
         _standby(True)
         assert pg.terminate(j.write_connection.info.backend_pid, database)
         with trio.fail_after(LIMIT), pytest.raises(JournalWriteError) as info:
@@ -94,11 +89,7 @@ async def test_a_writer_waits_out_a_standby_within_reconnect(
     ``reconnect``: the write is committed, on the primary -- the standby's answers were the
     database being away, not a write refused."""
     database = pg_url.rsplit("/", 1)[1]
-    keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
-    events = until_dispatch("inv-1")
-    async with Journal.open(pg_url, reconnect_within=20.0, **keys) as j:
-        for ev in events[:3]:
-            await j.append(ev)
+    async with at_dispatch(pg_url, tmp_path, 20.0) as (j, events):
         _standby(True)
         assert pg.terminate(j.write_connection.info.backend_pid, database)
 
@@ -122,8 +113,7 @@ async def test_the_writing_journals_reader_refuses_a_standby_and_a_tool_reads_it
     ``JournalUnavailable``, which the engine waits out within ``reconnect`` -- and taken once
     the primary answers.  An auditor's read-only reader (``journal verify``) opens it."""
     database = pg_url.rsplit("/", 1)[1]
-    keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
-    async with Journal.open(pg_url, reconnect_within=1.0, **keys) as j:
+    async with Journal.open(pg_url, reconnect_within=1.0, **pg_keys(tmp_path)) as j:
         for ev in until_dispatch("inv-1"):
             await j.append(ev)
         _standby(True)
