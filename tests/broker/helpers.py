@@ -106,6 +106,17 @@ def http_target(url: str, **overrides: Any) -> dict[str, Any]:
     return {k: v for k, v in target.items() if v is not None}
 
 
+def pg_journal(tmp: Path, url: str, **overrides: Any) -> dict[str, Any]:
+    """A ``[journal]`` table on a PostgreSQL journal at ``url``, its key files in ``tmp``;
+    ``overrides`` (``reconnect``, say) added to it."""
+    return {
+        "url": url,
+        "key_file": str(tmp / "k"),
+        "signing_key": str(tmp / "s"),
+        **overrides,
+    }
+
+
 def write_config(
     tmp: Path,
     targets: Mapping[str, Mapping[str, Any]],

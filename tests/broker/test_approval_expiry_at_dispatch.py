@@ -21,7 +21,7 @@ from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .approvalkit import OPS, OPS_UID, approval_config
-from .helpers import assert_error, event_kinds, http_target, open_broker, write_config
+from .helpers import assert_error, event_kinds, http_target, open_broker, pg_journal, write_config
 
 E = EventKind
 LIMIT = 15
@@ -106,12 +106,7 @@ async def test_on_postgresql_a_held_chain_head_past_the_expiry_sends_nothing(
     when DISPATCH_STARTED is written (a broker's lost session) and frees it after the approval
     expired, well within ``[journal] reconnect``.  The write then takes the head -- and is
     refused by the database's clock in its transaction."""
-    journal = {
-        "url": pg_url,
-        "key_file": str(tmp_path / "k"),
-        "signing_key": str(tmp_path / "s"),
-        "reconnect": 10,
-    }
+    journal = pg_journal(tmp_path, pg_url, reconnect=10)
     async with HostileServer.running(scripts.serve(Reply(200, body=b"{}"))) as srv:
         window = {"ttl": f"{TTL:g}s", "wait": f"{TTL:g}s"}
         cfg = write_config(

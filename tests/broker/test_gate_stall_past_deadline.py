@@ -32,7 +32,7 @@ from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster, terminate_on_insert
 
-from .helpers import assert_error, event_kinds, http_target, write_config
+from .helpers import assert_error, event_kinds, http_target, pg_journal, write_config
 
 TOTAL = 1.0  # seconds: the target's total timeout, the call's deadline
 LIMIT = 30
@@ -51,12 +51,7 @@ async def test_a_journal_stall_at_the_gate_past_the_deadline_is_answered_as_the_
     tmp_path: Path, pg: Cluster, pg_url: str, token: str, row: str
 ) -> None:
     times, held, reconnect, margin, code, stage = ROWS[row]
-    journal = {
-        "url": pg_url,
-        "key_file": str(tmp_path / "k"),
-        "signing_key": str(tmp_path / "s"),
-        "reconnect": reconnect,
-    }
+    journal = pg_journal(tmp_path, pg_url, reconnect=reconnect)
     async with HostileServer.running(scripts.serve(Reply(201, body=b"{}"))) as srv:
         target = http_target(srv.url, timeout={"connect": TOTAL, "total": TOTAL})
         config = load_config(write_config(tmp_path, {"api": target}, journal=journal))
@@ -89,12 +84,7 @@ async def test_a_journal_stall_past_a_callers_shorter_deadline_is_answered_as_th
     DISPATCH_STARTED is held and then fails (every run lost, ``reconnect`` 0.5 s): the
     journal stopped the attempt -- SETUP_FAILED stage ``journal``, not_attempted, backoff --
     and the envelope says exactly what the durable record says."""
-    journal = {
-        "url": pg_url,
-        "key_file": str(tmp_path / "k"),
-        "signing_key": str(tmp_path / "s"),
-        "reconnect": 0.5,
-    }
+    journal = pg_journal(tmp_path, pg_url, reconnect=0.5)
     async with HostileServer.running(scripts.serve(Reply(201, body=b"{}"))) as srv:
         target = http_target(srv.url, timeout={"connect": 5.0, "total": 5.0})
         config = load_config(write_config(tmp_path, {"api": target}, journal=journal))

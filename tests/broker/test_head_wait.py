@@ -20,7 +20,7 @@ from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .helpers import http_target, open_broker, write_config
+from .helpers import http_target, open_broker, pg_journal, write_config
 
 WITHIN = 1.0  # seconds: [journal] reconnect
 UNBOUNDED = WITHIN * 3 + 10
@@ -33,12 +33,7 @@ POST = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
 async def test_a_held_chain_head_refuses_the_dispatch_within_reconnect(
     tmp_path: Path, pg_url: str, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    journal = {
-        "url": pg_url,
-        "key_file": str(tmp_path / "k"),
-        "signing_key": str(tmp_path / "s"),
-        "reconnect": WITHIN,
-    }
+    journal = pg_journal(tmp_path, pg_url, reconnect=WITHIN)
     async with HostileServer.running(scripts.serve(Reply(201, body=b"{}"))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)}, journal=journal)
         with psycopg.connect(pg_url, autocommit=True) as other:

@@ -19,7 +19,7 @@ from affidavit.approvals import OperatorError
 from affidavit.engine.ids import new_invocation_id
 from affidavit.statemachine import Event, EventKind
 
-from .helpers import http_target, open_broker, write_config
+from .helpers import http_target, open_broker, pg_journal, write_config
 from .http_rows import LIMIT
 
 E = EventKind
@@ -32,7 +32,7 @@ async def test_a_hidden_record_left_open_is_refused_as_an_unknown_id_and_left_as
     journal = None  # a SQLite file; else a shared database, as another broker's record is
     if backend == "postgresql":
         db = request.getfixturevalue("pg_url")
-        journal = {"url": db, "key_file": str(tmp_path / "k"), "signing_key": str(tmp_path / "s")}
+        journal = pg_journal(tmp_path, db)
     targets = {"api": http_target("http://127.0.0.1:9")}
     cfg = write_config(tmp_path, targets, journal=journal)
     hidden, made_up = new_invocation_id(), new_invocation_id()
