@@ -16,7 +16,7 @@ import trio
 from affidavit.journal import Journal
 
 from .helpers import http_target, open_broker, write_config
-from .test_dispatch_overlap import POST, RawServer, _serve
+from .test_dispatch_overlap import POST, RawServer, broker_on
 
 LIMIT = 20
 
@@ -37,16 +37,10 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
 async def test_a_stored_result_is_answered_from_its_commits_snapshot(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    srv = RawServer()
     with trio.fail_after(LIMIT):
-        async with trio.open_nursery() as servers:
-            (listener,) = await servers.start(_serve, srv)
-            port = listener.socket.getsockname()[1]
-            cfg = write_config(tmp_path, {"api": http_target(f"http://127.0.0.1:{port}")})
-            async with open_broker(cfg) as broker:
-                seen = _spy(monkeypatch)
-                env = await broker.call(POST)
-            servers.cancel_scope.cancel()
+        async with broker_on(RawServer(), tmp_path) as broker:
+            seen = _spy(monkeypatch)
+            env = await broker.call(POST)
     assert env.get("error") is None, env
     assert (env["invocation_id"], True) in seen, seen
 

@@ -8,9 +8,12 @@ the transaction that carries DISPATCH_STARTED, in the writer thread, just before
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
+from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ import pytest
 import trio
 
 from affidavit.adapters.http.machine import HttpExchange
+from affidavit.api.broker import Broker
 from affidavit.journal import Batch, Journal
 
 from .helpers import http_target, open_broker, write_config
@@ -107,8 +111,16 @@ def _spy_encoding(monkeypatch: pytest.MonkeyPatch, hook: AtDispatch) -> list[boo
     return during
 
 
-async def _serve(srv: RawServer, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    await trio.serve_tcp(srv.handle, 0, host="127.0.0.1", task_status=task_status)
+@contextlib.asynccontextmanager
+async def broker_on(srv: RawServer, tmp: Path) -> AsyncIterator[Broker]:
+    """A broker whose target ``api`` is ``srv``, served on a loopback port until it closes."""
+    async with trio.open_nursery() as servers:
+        (listener,) = await servers.start(partial(trio.serve_tcp, srv.handle, 0, host="127.0.0.1"))
+        port = listener.socket.getsockname()[1]
+        cfg = write_config(tmp, {"api": http_target(f"http://127.0.0.1:{port}")})
+        async with open_broker(cfg) as broker:
+            yield broker
+        servers.cancel_scope.cancel()
 
 
 async def _wait_for(event: threading.Event) -> None:
@@ -126,34 +138,29 @@ async def test_no_byte_reaches_the_server_before_dispatch_started_is_durable(
     server sees nothing until the commit is let through; then the call completes as ever."""
     srv = RawServer()
     with trio.fail_after(LIMIT):
-        async with trio.open_nursery() as servers:
-            (listener,) = await servers.start(_serve, srv)
-            port = listener.socket.getsockname()[1]
-            cfg = write_config(tmp_path, {"api": http_target(f"http://127.0.0.1:{port}")})
-            async with open_broker(cfg) as broker:
-                hook = AtDispatch(broker.journal)
-                during = _spy_encoding(monkeypatch, hook)
-                broker.journal.before_commit = hook
-                envs: list[dict[str, Any]] = []
+        async with broker_on(srv, tmp_path) as broker:
+            hook = AtDispatch(broker.journal)
+            during = _spy_encoding(monkeypatch, hook)
+            broker.journal.before_commit = hook
+            envs: list[dict[str, Any]] = []
 
-                async def call() -> None:
-                    envs.append(await broker.call(POST))
+            async def call() -> None:
+                envs.append(await broker.call(POST))
 
-                async with trio.open_nursery() as n:
-                    n.start_soon(call)
-                    try:
-                        await _wait_for(hook.held)
-                        await trio.sleep(0.2)  # room for any early write to arrive
-                        assert len(srv.received) == 1  # connected: setup is not dispatch
-                        assert srv.bytes_received() == 0
-                        assert during == [True]  # made before the barrier's COMMIT
-                    finally:
-                        hook.release.set()
-                broker.journal.before_commit = None
-                (env,) = envs
-                assert "error" not in env, env
-                assert env["evidence"]["dispatch_started"] is True
-            servers.cancel_scope.cancel()
+            async with trio.open_nursery() as n:
+                n.start_soon(call)
+                try:
+                    await _wait_for(hook.held)
+                    await trio.sleep(0.2)  # room for any early write to arrive
+                    assert len(srv.received) == 1  # connected: setup is not dispatch
+                    assert srv.bytes_received() == 0
+                    assert during == [True]  # made before the barrier's COMMIT
+                finally:
+                    hook.release.set()
+            broker.journal.before_commit = None
+            (env,) = envs
+            assert "error" not in env, env
+            assert env["evidence"]["dispatch_started"] is True
     (wire,) = srv.received
     assert wire.startswith(b"POST /charge HTTP/1.1\r\n")
     assert f"Bearer {token}".encode() in wire  # the credential went, once durable
@@ -169,23 +176,18 @@ async def test_a_dispatch_barrier_failing_at_commit_drops_the_head_made_ahead(
     caplog.set_level(logging.DEBUG)
     srv = RawServer()
     with trio.fail_after(LIMIT):
-        async with trio.open_nursery() as servers:
-            (listener,) = await servers.start(_serve, srv)
-            port = listener.socket.getsockname()[1]
-            cfg = write_config(tmp_path, {"api": http_target(f"http://127.0.0.1:{port}")})
-            async with open_broker(cfg) as broker:
-                hook = AtDispatch(broker.journal, fail=True)
-                during = _spy_encoding(monkeypatch, hook)
-                broker.journal.before_commit = hook
-                env = await broker.call(POST)
-                err = env["error"]
-                assert (err["phase"], err["outcome"]) == ("connection_setup", "not_attempted")
-                assert env["evidence"]["dispatch_started"] is False
-                assert during == [True]
-                broker.journal.before_commit = None
-                again = await broker.call(POST)
-                assert "error" not in again, again
-            servers.cancel_scope.cancel()
+        async with broker_on(srv, tmp_path) as broker:
+            hook = AtDispatch(broker.journal, fail=True)
+            during = _spy_encoding(monkeypatch, hook)
+            broker.journal.before_commit = hook
+            env = await broker.call(POST)
+            err = env["error"]
+            assert (err["phase"], err["outcome"]) == ("connection_setup", "not_attempted")
+            assert env["evidence"]["dispatch_started"] is False
+            assert during == [True]
+            broker.journal.before_commit = None
+            again = await broker.call(POST)
+            assert "error" not in again, again
     first, second = srv.received
     assert first == b""  # the head made ahead never left
     assert second.startswith(b"POST /charge HTTP/1.1\r\n")
