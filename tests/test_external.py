@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,22 @@ def test_ci_installs_every_program_and_forbids_the_skip() -> None:
     assert f"export {REQUIRE_ENV}=1" in lines[:pytest_line]
 
 
+def _skips_or_fails(
+    monkeypatch: pytest.MonkeyPatch,
+    check: Callable[[], object],
+    skipped: str,
+    failed: str | None = None,
+) -> None:
+    """The rule of every ``require_*``: ``check`` skips saying ``skipped`` without
+    ``REQUIRE_ENV``, and fails saying ``failed`` (by default the same) with it."""
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match=skipped):
+        check()
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match=skipped if failed is None else failed):
+        check()
+
+
 def test_a_test_needing_root_skips_with_the_reason_or_fails_when_required(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -157,12 +174,7 @@ def test_a_test_needing_root_skips_with_the_reason_or_fails_when_required(
     from tests.external import require_root
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    monkeypatch.delenv(REQUIRE_ENV, raising=False)
-    with pytest.raises(pytest.skip.Exception, match="needs root to switch uid"):
-        require_root()
-    monkeypatch.setenv(REQUIRE_ENV, "1")
-    with pytest.raises(pytest.fail.Exception, match="needs root to switch uid"):
-        require_root()
+    _skips_or_fails(monkeypatch, require_root, "needs root to switch uid")
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     require_root()  # root: nothing to skip
 
@@ -178,12 +190,7 @@ def test_a_host_without_a_boot_clock_skips_with_the_reason_or_fails_when_require
 
     require_boot_clock()  # (this host: Linux, nothing to skip)
     monkeypatch.delattr(time, "CLOCK_BOOTTIME", raising=False)
-    monkeypatch.delenv(REQUIRE_ENV, raising=False)
-    with pytest.raises(pytest.skip.Exception, match="needs CLOCK_BOOTTIME"):
-        require_boot_clock()
-    monkeypatch.setenv(REQUIRE_ENV, "1")
-    with pytest.raises(pytest.fail.Exception, match="needs CLOCK_BOOTTIME"):
-        require_boot_clock()
+    _skips_or_fails(monkeypatch, require_boot_clock, "needs CLOCK_BOOTTIME")
 
 
 def test_a_missing_python_package_of_an_extra_skips_or_fails_by_the_same_rule(
@@ -191,12 +198,12 @@ def test_a_missing_python_package_of_an_extra_skips_or_fails_by_the_same_rule(
 ) -> None:
     from tests.external import require_module
 
-    monkeypatch.delenv(REQUIRE_ENV, raising=False)
-    with pytest.raises(pytest.skip.Exception, match="affidavit_no_such_module not installed"):
-        require_module("affidavit_no_such_module", "dev")
-    monkeypatch.setenv(REQUIRE_ENV, "1")
-    with pytest.raises(pytest.fail.Exception, match=rf"pip install -e '\.\[dev\]'.*{REQUIRE_ENV}"):
-        require_module("affidavit_no_such_module", "dev")
+    _skips_or_fails(
+        monkeypatch,
+        lambda: require_module("affidavit_no_such_module", "dev"),
+        "affidavit_no_such_module not installed",
+        rf"pip install -e '\.\[dev\]'.*{REQUIRE_ENV}",
+    )
     require_module("trio", "dev")  # installed: nothing to skip
 
 
@@ -242,12 +249,7 @@ def test_a_test_needing_posix_acls_skips_with_the_reason_or_fails_when_required(
     base = ((USER_OBJ, 6, 0), (GROUP_OBJ, 0, 0), (OTHER, 0, 0))
     with monkeypatch.context() as m:
         m.setattr(os, "setxattr", unsupported)
-        m.delenv(REQUIRE_ENV, raising=False)
-        with pytest.raises(pytest.skip.Exception, match="needs POSIX ACL support"):
-            require_posix_acl(path, *base)
-        m.setenv(REQUIRE_ENV, "1")
-        with pytest.raises(pytest.fail.Exception, match="needs POSIX ACL support"):
-            require_posix_acl(path, *base)
+        _skips_or_fails(m, lambda: require_posix_acl(path, *base), "needs POSIX ACL support")
     require_posix_acl(path, *base)  # this machine's /tmp takes them (CI's too)
     assert access_entries(path) in (None, ())  # a minimal ACL is the mode bits: none kept
 
