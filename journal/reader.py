@@ -26,15 +26,13 @@ from .reader_proofs import ProvingReader, default_signing_key
 from .reader_views import ViewingReader
 from .rows import (
     AlteredRow,
-    close_rows,
-    event_from_row,
+    events_from_rows,
     idempotency_from_row,
     lease_from_row,
     unfoldable,
 )
 from .sealing import open_audit_payload
 from .signing import Checkpoint
-from .tables import Tables
 
 __all__ = ["JournalReader", "default_signing_key"]
 
@@ -83,15 +81,10 @@ class JournalReader(ViewingReader, ProvingReader):
         """The invocation's events by seq; ``through``: only those whose seq is at most it --
         what a record held when that seq was written, read without the rows after it (an
         operation's submission, ``accepted_seq``: not the polls that follow)."""
-
-        def read(t: Tables) -> list[Event]:
-            rows = t.invocation_events(invocation_id, through)
-            try:
-                return [event_from_row(r) for r in rows]
-            finally:
-                close_rows(rows)
-
-        return self._read(read, f"the record of invocation {invocation_id}")
+        return self._read(
+            lambda t: events_from_rows(t.invocation_events(invocation_id, through)),
+            f"the record of invocation {invocation_id}",
+        )
 
     def events_naming(self, invocation_id: str, call: str) -> list[Event]:
         """The invocation's events, by seq, whose attrs name the linked call ``call`` (a query
@@ -100,15 +93,10 @@ class JournalReader(ViewingReader, ProvingReader):
         the record's length.  Derived, not chained: ``verify`` holds the table to the events
         (a row someone removed from it is not found here); a caller still checks each event's
         attrs for what it looks for."""
-
-        def read(t: Tables) -> list[Event]:
-            rows = t.events_naming(invocation_id, call)
-            try:
-                return [event_from_row(r) for r in rows]
-            finally:
-                close_rows(rows)
-
-        return self._read(read, f"the record of invocation {invocation_id}")
+        return self._read(
+            lambda t: events_from_rows(t.events_naming(invocation_id, call)),
+            f"the record of invocation {invocation_id}",
+        )
 
     def record(self, invocation_id: str, now: float | None = None) -> Record | None:
         """The invocation's record, its retry hint computed at ``now`` -- by default ``now()``

@@ -41,6 +41,7 @@ __all__ = [
     "close_rows",
     "decode_attrs",
     "event_from_row",
+    "events_from_rows",
     "fold_events",
     "idempotency_from_row",
     "index_keys",
@@ -270,6 +271,15 @@ def event_from_row(row: tuple[Any, ...]) -> Event:
     ):
         raise _altered(seq, at, iid, session, kind, source, observer, observer_seq, attrs)
     return event
+
+
+def events_from_rows(rows: Iterable[tuple[Any, ...]]) -> list[Event]:
+    """A ``Tables`` read of event rows as the stored events (``event_from_row``), the row
+    iterator closed whether or not every row could be read (``close_rows``)."""
+    try:
+        return [event_from_row(r) for r in rows]
+    finally:
+        close_rows(rows)
 
 
 class AlteredRow(JournalError):
