@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from unittest import mock
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from affidavit.secrets import redaction_scan
@@ -75,7 +75,10 @@ def _anchorless(redactor: Redactor) -> bytes:
     held = b"".join((*plan.needles_lower, *plan.joined_lower, *(e for e, _ in plan.escapes)))
     held += held.upper() + b"\r\n"
     out = bytes(b for b in range(32, 127) if b not in held)
-    assert out
+    # Values drawn to hold every printable byte between them (hypothesis found one) leave
+    # none: then any byte no needle holds, and an example with none at all is not this test's.
+    out = out or bytes(b for b in range(256) if b not in held)
+    assume(out)
     return out
 
 

@@ -30,7 +30,7 @@ async def test_a_call_whose_record_read_is_declined_is_read_declined(
     monkeypatch.setenv(TOKEN_ENV, token)
     declined: list[str] = []
 
-    def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
+    def record(self: Journal, invocation_id: str, now: Any = None, **kw: Any) -> Any:
         declined.append(invocation_id)
         raise ReadFailed(
             "journal x: the record cannot be read: canceling statement due to statement timeout"

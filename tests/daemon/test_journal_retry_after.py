@@ -43,7 +43,7 @@ async def test_reads_say_when_to_read_again_and_calls_never_do(
 ) -> None:
     monkeypatch.setenv(TOKEN_ENV, token)
 
-    def failing(self: Any, invocation_id: str, now: Any = None) -> Any:
+    def failing(self: Any, invocation_id: str, now: Any = None, **kw: Any) -> Any:
         raise FAILURES[code]()
 
     async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_, socket):

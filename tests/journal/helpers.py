@@ -236,11 +236,11 @@ def decline_record_once(monkeypatch: Any, iid: str) -> list[str]:
     real = Journal.record
     declined: list[str] = []
 
-    def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
+    def record(self: Journal, invocation_id: str, now: Any = None, **kw: Any) -> Any:
         if invocation_id == iid and not declined:
             declined.append(invocation_id)
             raise ReadFailed("canceling statement due to statement timeout")
-        return real(self, invocation_id, now)
+        return real(self, invocation_id, now, **kw)
 
     monkeypatch.setattr(Journal, "record", record)
     return declined
@@ -263,7 +263,7 @@ def decline_every_record(monkeypatch: Any) -> None:
         exc.sqlite_errorcode = 5  # type: ignore[attr-defined]  # SQLITE_BUSY
         raise exc
 
-    def record(self: JournalReader, invocation_id: str, now: Any = None) -> Any:
+    def record(self: JournalReader, invocation_id: str, now: Any = None, **kw: Any) -> Any:
         return self._read(busy, f"the record of invocation {invocation_id}")
 
     monkeypatch.setattr(Journal, "record", record)
@@ -282,10 +282,10 @@ def alter_record(monkeypatch: Any, iid: str, words: str) -> None:
     def altered(_tables: Any) -> Any:
         raise AlteredRow(words)
 
-    def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
+    def record(self: Journal, invocation_id: str, now: Any = None, **kw: Any) -> Any:
         if invocation_id == iid:
             return self._read(altered, f"the record of invocation {iid}")
-        return real(self, invocation_id, now)
+        return real(self, invocation_id, now, **kw)
 
     monkeypatch.setattr(Journal, "record", record)
 

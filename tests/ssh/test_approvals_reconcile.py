@@ -195,7 +195,7 @@ async def test_a_pending_ssh_command_shows_its_stdin_in_the_console(
         small = small[: small.index("</section>")]
         assert f"bob@127.0.0.1:{hostile.port}" in small
         assert re.search(
-            r'data-field="command"><th>command</th>\s*<td class="request">bash<', small
+            r'data-field="command"><th>command</th>\s*<td><code class="request">bash<', small
         )
         assert f"{len(stdin)} bytes" in small
         assert hashlib.sha256(stdin.encode()).hexdigest() in small
