@@ -254,9 +254,9 @@ class PostgresTables(Tables):
             **newest_statements(
                 "count(*) FROM (SELECT invocation_id FROM events{} GROUP BY invocation_id) AS d"
             ),
-            "linked_calls_table": "SELECT count(*) FROM pg_class WHERE oid = "
-            "to_regclass('linked_calls')",
-            "lease_now": "SELECT extract(epoch FROM clock_timestamp())::float8",
+            "linked_calls_table": "SELECT count(*) FROM pg_catalog.pg_class WHERE oid = "
+            "pg_catalog.to_regclass('linked_calls')",
+            "lease_now": "SELECT extract(epoch FROM pg_catalog.clock_timestamp())::float8",
             **OLDER_BINDINGS,
         },
         "%s",
@@ -435,7 +435,9 @@ class PostgresBackend:
                 ms = max(1, int(self.reconnect_within * 1000))
                 conn.execute(f"SET statement_timeout = {ms}")
             if role == "tool":
-                exists = conn.execute("SELECT to_regclass('events') IS NOT NULL").fetchone()
+                exists = conn.execute(
+                    "SELECT pg_catalog.to_regclass('events') IS NOT NULL"
+                ).fetchone()
                 if not exists or not exists[0]:
                     raise JournalError(
                         f"no journal at {self.where} (create it with `affidavit init` or a "
@@ -461,7 +463,7 @@ class PostgresBackend:
         """A journal a newer broker wrote (a schema this one does not know) is neither written
         nor read: what this broker would make of it is not what it holds (as on SQLite).
         Returns the recorded schema (None without one: ``unchanged`` then never holds)."""
-        if not conn.execute("SELECT to_regclass('meta') IS NOT NULL").fetchone()[0]:
+        if not conn.execute("SELECT pg_catalog.to_regclass('meta') IS NOT NULL").fetchone()[0]:
             return None
         row = conn.execute(_SCHEMA_ROW).fetchone()
         recorded = None if row is None else row[0]
@@ -521,8 +523,11 @@ class PostgresBackend:
                     f"ALTER SYSTEM SET {name} = on) and reload the server"
                 )
         unlogged = conn.execute(
-            "SELECT c.relname FROM pg_class c WHERE c.relpersistence <> 'p' AND c.oid = ANY("
-            "ARRAY[" + ", ".join(f"to_regclass('{t}')" for t in _TABLES) + "]) ORDER BY 1"
+            "SELECT c.relname FROM pg_catalog.pg_class c "
+            "WHERE c.relpersistence <> 'p' AND c.oid = ANY("
+            "ARRAY["
+            + ", ".join(f"pg_catalog.to_regclass('{t}')" for t in _TABLES)
+            + "]) ORDER BY 1"
         ).fetchall()
         if unlogged:
             # Crash recovery empties an UNLOGGED table: its acknowledged rows -- the leases and
@@ -564,19 +569,23 @@ class PostgresBackend:
                 self._pipes[id(conn)] = again
 
     def _create(self, conn: Any) -> str | None:
-        have = conn.execute("SELECT to_regclass('meta') IS NOT NULL").fetchone()[0]
+        have = conn.execute("SELECT pg_catalog.to_regclass('meta') IS NOT NULL").fetchone()[0]
         found = None
         if have:
             row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
             found = None if row is None else row[0]
             if row is not None and int(row[0]) >= SCHEMA_VERSION:
                 # Current: a broker role needs no DDL privilege to open it.
-                if conn.execute("SELECT to_regclass('linked_calls') IS NULL").fetchone()[0]:
+                if conn.execute("SELECT pg_catalog.to_regclass('linked_calls') IS NULL").fetchone()[
+                    0
+                ]:
                     self._remake_linked(conn, found)
                 self._refuse_ungranted(conn)
                 self._index_due = self._wants_index(conn)
                 return found
-        linked = conn.execute("SELECT to_regclass('linked_calls') IS NOT NULL").fetchone()[0]
+        linked = conn.execute(
+            "SELECT pg_catalog.to_regclass('linked_calls') IS NOT NULL"
+        ).fetchone()[0]
         try:
             conn.execute(SCHEMA)
         except psycopg.errors.InsufficientPrivilege:
@@ -655,7 +664,7 @@ class PostgresBackend:
                 p
                 for p in needs
                 if not conn.execute(
-                    "SELECT has_table_privilege(current_user, %s, %s)", (table, p)
+                    "SELECT pg_catalog.has_table_privilege(current_user, %s, %s)", (table, p)
                 ).fetchone()[0]
             ]
             if missing:
@@ -674,13 +683,16 @@ class PostgresBackend:
         ``opened``'s.  A broker role that does not own the tables says so and reads the session
         views from the table.  Either way, the same rows."""
         row = conn.execute(
-            "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (SESSION_INDEX,)
+            "SELECT indisvalid FROM pg_catalog.pg_index "
+            "WHERE indexrelid = pg_catalog.to_regclass(%s)",
+            (SESSION_INDEX,),
         ).fetchone()
         if row is not None and row[0]:
             return False
         owner = conn.execute(
-            "SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_class "
-            "WHERE oid = to_regclass('events')"
+            "SELECT pg_catalog.pg_has_role(current_user, relowner, 'USAGE') "
+            "FROM pg_catalog.pg_class "
+            "WHERE oid = pg_catalog.to_regclass('events')"
         ).fetchone()
         if not owner or not owner[0]:
             log.warning(
@@ -724,7 +736,8 @@ class PostgresBackend:
                 )  # fmt: skip
                 return
             row = conn.execute(
-                "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)",
+                "SELECT indisvalid FROM pg_catalog.pg_index "
+                "WHERE indexrelid = pg_catalog.to_regclass(%s)",
                 (SESSION_INDEX,),
             ).fetchone()
             if row is not None and row[0]:

@@ -200,7 +200,7 @@ class TrustStore:
         held = self.held(ca_file)
         if held is not None:
             return held
-        return await trio.to_thread.run_sync(self.get, ca_file)
+        return await trio.to_thread.run_sync(self.get, ca_file, abandon_on_cancel=True)
 
     def held(self, ca_file: str | None) -> Trust | None:
         """The ``Trust`` the last read made when the file's stat vouches for it, else None (a

@@ -74,8 +74,10 @@ async def prepare_after(
     write for the section, issue 15) -- preparing is local and synchronous, so those events
     are queued exactly as if written before it.  If preparing fails, the preamble is written
     here first: a ``CredentialError`` is recorded CREDENTIAL_FAILED and its envelope returned;
-    anything else is raised once the preamble is queued.  Success awaits nothing (no
-    checkpoint: the caller's next write is queued as if in one section with this); each way of
+    anything else is raised once the preamble is queued.  Success awaits nothing when the
+    call's own validation holds its trusted files' account (no checkpoint: the caller's next
+    write is queued as if in one section with this); a record of another process's reads them
+    in a worker thread first, abandoned on cancellation (``ConfigSnapshot.trusted``); each way of
     failing writes in a shielded section of its own -- a caller's cancellation never leaves it
     unclear which of its events landed.  ``generation``: the attempt's, named by
     CREDENTIAL_FAILED (a stale worker's is refused: ``attempt.stamped``)."""

@@ -133,7 +133,7 @@ class ConfigSnapshot:
         cached = self._cached_account(target)
         if cached is not None:
             return cached
-        return await trio.to_thread.run_sync(self.account_hash, target)
+        return await trio.to_thread.run_sync(self.account_hash, target, abandon_on_cancel=True)
 
     async def trusted(self, target: Any, recorded: str | None) -> dict[str, str]:
         """Each file ``target`` trusts -> the digest of its bytes in the account ``recorded``
@@ -151,7 +151,7 @@ class ConfigSnapshot:
             return known
         held = self._held(target)
         if held is None:
-            held = await trio.to_thread.run_sync(self._account, target)
+            held = await trio.to_thread.run_sync(self._account, target, abandon_on_cancel=True)
         return _pinned(recorded, *held)
 
     def _held(self, target: Any) -> tuple[str, dict[str, str]] | None:
