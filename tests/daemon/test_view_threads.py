@@ -83,7 +83,7 @@ async def test_a_flood_of_views_during_the_first_fold_holds_few_threads_and_call
         return real_build(self, *a, **k)
 
     monkeypatch.setattr(SessionSummary, "_build", held_build)
-    for name in ("summarized_sessions", "summarized_tallies"):
+    for name in ("summarized_sessions", "summarized_session_page", "summarized_tallies"):
         real = getattr(JournalReader, name)
 
         def counted(self: JournalReader, *a: Any, _real: Any = real, **k: Any) -> Any:
