@@ -362,9 +362,7 @@ def _write_unnamed(dfd: int, name: str, data: bytes, replace: bool, mode: int) -
             # linkat(AT_SYMLINK_FOLLOW) of the descriptor's /proc name: a dst_dir_fd makes
             # Python call linkat, not link (which would not follow the /proc link).
             os.link(f"/proc/self/fd/{fd}", target, dst_dir_fd=dfd, follow_symlinks=True)
-        except FileExistsError:
-            raise
-        except OSError as exc:
+        except OSError as exc:  # EEXIST among them: not in _UNSUPPORTED, raised
             if exc.errno in _UNSUPPORTED:
                 return None
             raise
