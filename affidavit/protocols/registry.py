@@ -112,7 +112,7 @@ def get(kind: str) -> ProtocolSpec | None:
     if not isinstance(loaded, ProtocolSpec) or loaded.kind != kind:
         raise ProtocolLoadError(kind, f"{eps[0].value} is not a ProtocolSpec of that kind")
     made = loaded.binding
-    if isinstance(made, type) and not _takes_trusted(getattr(made, "prepare", None), None):
+    if isinstance(made, type) and not _takes_trusted(*_prepare_of(made)):
         raise ProtocolLoadError(kind, OLD_PREPARE)
     return register(loaded)
 
@@ -145,6 +145,16 @@ OLD_PREPARE = (
     "argument, trusted (each file the target trusts -> the sha256 of the bytes the call "
     "recorded): add it (docs/adding-a-protocol.md)"
 )
+
+
+def _prepare_of(cls: type) -> tuple[object, ...]:
+    """A binding class's ``prepare`` as ``_takes_trusted`` checks it: a plain function after
+    ``self``; a ``staticmethod`` or ``classmethod`` (its class bound) as a call through an
+    instance sees it, with no ``self`` before the five arguments."""
+    found = inspect.getattr_static(cls, "prepare", None)
+    if isinstance(found, (staticmethod, classmethod)):
+        return (found.__get__(None, cls),)
+    return (getattr(cls, "prepare", None), None)
 
 
 def _takes_trusted(prepare: object, *leading: object) -> bool:

@@ -210,3 +210,61 @@ async def test_a_binding_without_start_warnings_says_nothing_at_the_start(
     cfg = write_config(tmp_path, {"api": http_target("https://127.0.0.1:9")})
     async with Broker.open(config=load_config(cfg)) as broker:
         assert broker is not None
+
+
+def _static_prepare(action: Any, target: Any, credential: Any, key: Any, trusted: Any) -> Any:
+    raise AssertionError("never called")
+
+
+def _old_static_prepare(action: Any, target: Any, credential: Any, key: Any) -> Any:
+    raise AssertionError("never called")
+
+
+def _class_prepare(
+    cls: Any, action: Any, target: Any, credential: Any, key: Any, trusted: Any
+) -> Any:
+    raise AssertionError("never called")
+
+
+def _old_class_prepare(cls: Any, action: Any, target: Any, credential: Any, key: Any) -> Any:
+    raise AssertionError("never called")
+
+
+@pytest.mark.parametrize(
+    ("prepare", "accepted"),
+    [
+        (staticmethod(_static_prepare), True),
+        (classmethod(_class_prepare), True),
+        (staticmethod(_old_static_prepare), False),
+        (classmethod(_old_class_prepare), False),
+    ],
+    ids=["static", "class", "static-four", "class-four"],
+)
+def test_an_installed_binding_whose_prepare_is_a_static_or_class_method_is_judged_by_its_arguments(
+    monkeypatch: pytest.MonkeyPatch, prepare: Any, accepted: bool
+) -> None:
+    """``Binding.prepare`` as a ``staticmethod`` or ``classmethod`` takes no ``self``: with the
+    five arguments it loads, with four it is refused ``OLD_PREPARE`` (a configuration error
+    naming the kind) as a plain method with four is."""
+    from affidavit.protocols import registry
+    from tests.toy_protocol.protocol import PROTOCOL as TOY
+    from tests.toy_protocol.protocol import ToyBinding
+
+    binding = type("InstalledBinding", (ToyBinding,), {"prepare": prepare})
+    spec = dataclasses.replace(TOY, binding=binding)
+
+    class EntryPoint:
+        value = "installed_protocol:PROTOCOL"
+
+        def load(self) -> Any:
+            return spec
+
+    monkeypatch.setattr(registry, "_specs", {})
+    monkeypatch.setattr(registry, "_entry_points", {"toy": [EntryPoint()]})
+    monkeypatch.setattr(registry, "register_table", lambda table: table)  # (no table left behind)
+    if accepted:
+        assert registry.get("toy") is spec
+        return
+    with pytest.raises(registry.ProtocolLoadError) as info:
+        registry.get("toy")
+    assert (info.value.kind, info.value.message) == ("toy", registry.OLD_PREPARE)
