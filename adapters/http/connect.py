@@ -464,6 +464,12 @@ async def _tunnel(
     step(ctx, "tunnel", {"hop": hop, "proxy": proxy.hostport, "status": status})
 
 
+_CA_FILE_STAGE = "ca_file"
+"""The stage of a call refused over its CA file as it is now (unusable, or not the bytes the
+call's account recorded): after DNS, before the TCP connect -- no handshake was made, so never
+``tls_handshake``; a stage of its own, as the empty system store's (``system_trust_store``)."""
+
+
 async def _trust(
     ctx: AttemptContext,
     hop: int,
@@ -481,7 +487,7 @@ async def _trust(
             ctx,
             hop,
             Code.CERTIFICATE_INVALID,
-            "tls_handshake",
+            _CA_FILE_STAGE,
             "CA file unusable",
             # The operator's file (deleted, unreadable or not PEM since the config was loaded):
             # no server and no retry can fix it, only ``ca_file``.  Its path stays out.
@@ -499,7 +505,7 @@ async def _trust(
             ctx,
             hop,
             Code.CONFIG_CHANGED,
-            "tls_handshake",
+            _CA_FILE_STAGE,
             "CA file changed since the call was validated",
             setting="ca_file",
             error="ca_file_changed",

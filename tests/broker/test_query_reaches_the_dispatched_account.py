@@ -371,6 +371,7 @@ async def test_a_ca_file_edited_between_validation_and_the_handshake_refuses_the
             async with open_broker(cfg) as b:
                 with trio.fail_after(LIMIT):
                     refused = await b.call(get)
+                refused_rows = b.events(refused["invocation_id"])
                 assert srv.requests == []
                 resolver.on_lookup = None
                 with trio.fail_after(LIMIT):
@@ -383,6 +384,11 @@ async def test_a_ca_file_edited_between_validation_and_the_handshake_refuses_the
     assert error["message"] == CODES[Code.CONFIG_CHANGED].meaning
     assert error["field"] == "targets.api.ca_file"
     assert refused["evidence"]["dispatch_started"] is False
+    # Stopped at the CA file, before the TCP connect: never at a handshake not made.
+    assert refused["evidence"]["http"]["stage"] == "ca_file", refused
+    [observed] = [e for e in refused_rows if e.kind is E.PROTOCOL_OBSERVED]
+    assert observed.attrs["facts"]["stage"] == "ca_file", refused_rows
+    assert "tls_handshake" not in json.dumps([e.attrs for e in refused_rows])
     assert "error" not in done, done
     started = next(e for e in events if e.kind is E.DISPATCH_STARTED)
     assert (

@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from affidavit.statemachine import EventKind as E
 from tests.daemon.kit import api_target, cli, running_daemon
 from tests.http.hostile import HostileServer, Reply, make_tls, scripts
 
@@ -46,7 +47,19 @@ def _setup_refused(env: dict[str, Any], ca_file: str, srv: HostileServer) -> Non
     assert error["message"] == f"CA file unusable: fix {FIELD}; nothing was sent.", error
     assert ca_file not in json.dumps(env) and "test-ca" not in json.dumps(env)
     assert env["evidence"]["dispatch_started"] is False
+    # Stopped at the CA file, after DNS and before the TCP connect: no handshake was made.
+    assert [a["stage"] for a in env["evidence"]["attempts"]] == ["ca_file"], env
+    assert env["evidence"]["http"]["stage"] == "ca_file", env
     assert srv.requests == []
+
+
+def _setup_refused_rows(broker: Any, iid: str) -> None:
+    """The journal's rows say the stage the envelope says (``ca_file``), never
+    ``tls_handshake``."""
+    rows = broker.events(iid)
+    [failed] = [e for e in rows if e.kind is E.SETUP_FAILED]
+    [observed] = [e for e in rows if e.kind is E.PROTOCOL_OBSERVED]
+    assert failed.attrs["stage"] == observed.attrs["facts"]["stage"] == "ca_file", rows
 
 
 async def test_an_unusable_ca_file_names_its_config_field_embedded(
@@ -69,6 +82,7 @@ async def test_an_unusable_ca_file_names_its_config_field_embedded(
             )
             assert rec.field == FIELD
             _setup_refused(env, tls.ca_file, srv)
+            _setup_refused_rows(broker, env["invocation_id"])
             assert srv.connections == 0  # refused before the TCP connect: no TLS either
 
 
