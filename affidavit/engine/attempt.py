@@ -353,7 +353,11 @@ async def _try_once(
         if exc.code is Code.CONFIG_CHANGED:
             # A setting's content moved since validation recorded it (a CA file edited): the
             # gate's refusal, not a failed set-up -- nothing was sent, a new invocation reads
-            # it anew.
+            # it anew.  Under a granted approval, the gate's answer to any change between the
+            # approval and the dispatch: the approval does not cover what would be trusted.
+            if attempt.grant is not None:
+                refused = _approval_refusal(Code.APPROVAL_STALE)
+                return None, Event(E.PREFLIGHT_FAILED, iid, refused), False
             field = f"targets.{attempt.target_name}" + (f".{exc.setting}" if exc.setting else "")
             return (
                 None,

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import trio
+import trustme
 
 from affidavit.api.broker import Broker
 from affidavit.approvals import Operator, OperatorError
@@ -30,7 +31,7 @@ from affidavit.engine import CallControl
 from affidavit.journal.sealing import BrokerKey
 from affidavit.schema import canonical_json
 from affidavit.statemachine import EventKind
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import HostileServer, Reply, make_tls, scripts
 
 from .approvalkit import OPS, OPS_UID, approval_config, reseal_accepted, verify_ok
 from .helpers import (
@@ -373,6 +374,37 @@ async def test_a_credential_rotated_after_approval_is_approval_stale(tmp_path: P
             await b.dispatch_approved(iid)
             fetched = await b.fetch_result(iid)
             assert fetched is not None and fetched["error"]["code"] == "APPROVAL_STALE"
+            verify_ok(b)
+    assert srv.requests == []
+
+
+async def test_a_ca_file_edited_after_approval_is_approval_stale(
+    tmp_path: Path, token: str
+) -> None:
+    """The target's CA file holding other bytes at the dispatch than when the approval was
+    granted (its account recorded their digest) is a change of the configuration the operator
+    approved: ``APPROVAL_STALE`` at ``approval``, as the gate answers every other change --
+    not ``CONFIG_CHANGED`` -- and nothing is sent, even though the new content still vouches
+    for the server."""
+    tls = make_tls(tmp_path)
+    ca = Path(tls.ca_file)
+    async with HostileServer.running(scripts.serve(OK), tls=tls.good) as srv:
+        cfg = approval_config(tmp_path, srv.url, ca_file=str(ca))
+        async with open_broker(cfg) as b:
+            iid = await _approved_with_caller_gone(b)
+            ca.write_bytes(ca.read_bytes() + trustme.CA().cert_pem.bytes())  # one more CA
+            with trio.fail_after(LIMIT):
+                await b.dispatch_approved(iid)
+            rec = assert_error(
+                b,
+                await b.fetch_result(iid) or {},
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="APPROVAL_STALE",
+            )
+            assert rec.field == "approval"
+            assert E.DISPATCH_STARTED not in event_kinds(b, iid)
             verify_ok(b)
     assert srv.requests == []
 
