@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import trio
 
-from affidavit.adapters.filestat import SETTLED_NS, identity, read_regular
+from affidavit.adapters.filestat import SETTLED_NS, identity, read_regular, stat_key
 
 __all__ = [
     "ENV_IGNORED",
@@ -184,9 +184,10 @@ class _Read:
 
 class TrustStore:
     """The ``Trust`` of each CA file path (and of the system store), read again when it moved.
-    ``resolve`` on the event loop: a stat there, the read (and the system bundle's first load)
-    in a worker thread; ``get`` itself may run in several threads at once (the lock guards the
-    dictionaries only, never a read: a file on a hung network mount blocks its own call)."""
+    ``resolve`` on the event loop: the stat and the read (and the system bundle's first load)
+    in one worker thread; ``get`` itself may run in several threads at once (the lock guards the
+    dictionaries only, never a stat or a read: a file on a hung network mount blocks its own
+    call, abandoned at its deadline, and never the loop)."""
 
     def __init__(self) -> None:
         self._system: Trust | None = None
@@ -195,26 +196,23 @@ class TrustStore:
         self._lock = threading.Lock()
 
     async def resolve(self, ca_file: str | None) -> Trust:
-        """``get``, reading only in a worker thread: on the loop, one stat when the last read
-        of the file is settled and its identity unmoved (``held``)."""
-        held = self.held(ca_file)
-        if held is not None:
-            return held
+        """``get`` in a worker thread, abandoned on cancellation: even the stat that says
+        whether the file moved (``held``) stays off the loop -- a stat on a hung network mount
+        blocks like a read (about 45 us a call more than a stat on the loop:
+        tests/benchmarks/ca_file_lookup.py).  The system store, once loaded, costs no hop."""
+        if ca_file is None and self._system is not None:
+            return self._system
         return await trio.to_thread.run_sync(self.get, ca_file, abandon_on_cancel=True)
 
     def held(self, ca_file: str | None) -> Trust | None:
         """The ``Trust`` the last read made when the file's stat vouches for it, else None (a
-        stat failing says None too: ``get`` reports it)."""
+        stat failing says None too: ``get`` reports it).  Blocking: a worker thread's."""
         if ca_file is None:
             return self._system
         seen = self._files.get(ca_file)
         if seen is None or not seen.settled:
             return None
-        try:
-            st = os.stat(ca_file)
-        except OSError:
-            return None
-        return seen.trust if seen.key == identity(st) else None
+        return seen.trust if seen.key == stat_key(ca_file) else None
 
     def get(self, ca_file: str | None) -> Trust:
         """Raises ``OSError`` (missing, not a regular file, too large, no certificate in it, a

@@ -127,10 +127,11 @@ class ConfigSnapshot:
         return value, dict(anchors)
 
     async def account_hash_async(self, target: Any) -> str:
-        """``account_hash``, its files read (when its stat does not vouch for the last read) in
-        a worker thread: a CA file on a slow disk or a network file system never stalls the
-        event loop, and so every other call."""
-        cached = self._cached_account(target)
+        """``account_hash`` in a worker thread, abandoned on cancellation -- the stat that says
+        whether its files moved as well as their read: a CA file on a slow disk or a hung
+        network mount never stalls the event loop, and so every other call.  A target trusting
+        no file costs no hop once computed (nothing to stat)."""
+        cached = self._unanchored(target)
         if cached is not None:
             return cached
         return await trio.to_thread.run_sync(self.account_hash, target, abandon_on_cancel=True)
@@ -145,11 +146,12 @@ class ConfigSnapshot:
         here, bounded): the same account, their digests; another (a file edited since the
         call was validated), ``CHANGED`` for each, which no file's bytes match.  Awaits nothing
         when the account ``recorded`` is held (the call's own validation just computed it) or
-        the files' stat vouches for the last read; else reads them in a worker thread."""
+        the target trusts no file; else stats them, and reads them when the stat does not
+        vouch for the last read, in one worker thread (abandoned on cancellation)."""
         known = self._recorded(recorded)
         if known is not None:
             return known
-        held = self._held(target)
+        held = self._held(target) if self._unanchored(target) is not None else None
         if held is None:
             held = await trio.to_thread.run_sync(self._account, target, abandon_on_cancel=True)
         return _pinned(recorded, *held)
@@ -169,6 +171,15 @@ class ConfigSnapshot:
         with self._lock:
             anchors = self._trusts.get(recorded)
         return None if anchors is None else dict(anchors)
+
+    def _unanchored(self, target: Any) -> str | None:
+        """The kept ``account_hash`` of ``target`` when it trusts no file: the one answer the
+        loop gives itself, with no stat to make."""
+        with self._lock:
+            cached = self._accounts.get(target.name)
+        if cached is not None and cached.target is target and not cached.paths:
+            return cached.value
+        return None
 
     def _cached_account(self, target: Any) -> str | None:
         with self._lock:
