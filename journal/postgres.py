@@ -620,7 +620,7 @@ class PostgresBackend:
         if found is None or int(found) < 2:
             self.tables(conn).fill_chunk_owners()
         if have and not linked:
-            self._fill_linked(conn)
+            self.tables(conn).index_linked_calls(self.where)
         conn.execute(
             "INSERT INTO meta (name, value) VALUES ('schema', %s) ON CONFLICT (name) DO UPDATE "
             "SET value = excluded.value",
@@ -642,13 +642,7 @@ class PostgresBackend:
                 f"(it makes and fills it again), then, as the owner, run "
                 f"{_GRANT_LINKED.format(role=_role(conn))} (docs/journal.md)"
             ) from None
-        self._fill_linked(conn)
-
-    def _fill_linked(self, conn: Any) -> None:
-        started = time.monotonic()
-        read = self.tables(conn).fill_linked_calls()
-        log.info("journal %s: indexed the linked calls of %d events in %.1f s (once)",
-                 self.where, read, time.monotonic() - started)  # fmt: skip
+        self.tables(conn).index_linked_calls(self.where)
 
     def _refuse_ungranted(self, conn: Any) -> None:
         """A writer whose role may not write ``chunk_owners`` (granted before schema 2 added it)

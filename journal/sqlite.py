@@ -544,14 +544,11 @@ class SqliteBackend:
         if owned is None:  # new, or from before schema 6: name the chunks no marker names
             self.tables(conn).fill_chunk_owners()
         if linked is None and not fresh:  # from before schema 11: index what its rows name
-            started = time.monotonic()
             conn.text_factory = _lenient_text  # a row's bytes that are not UTF-8 fail no open
             try:
-                read = self.tables(conn).fill_linked_calls()
+                self.tables(conn).index_linked_calls(self.where)
             finally:
                 conn.text_factory = str
-            log.info("journal %s: indexed the linked calls of %d events in %.1f s (once)",
-                     self.where, read, time.monotonic() - started)  # fmt: skip
         _add_send_by(conn)
         conn.execute(
             "INSERT INTO meta (name, value) VALUES ('schema', ?) ON CONFLICT (name) DO UPDATE "

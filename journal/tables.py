@@ -14,6 +14,8 @@ style translates them once, when its class is made (``Tables.dialect``).
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -32,6 +34,8 @@ from .signing import Checkpoint
 __all__ = ["CHECKPOINT_COLUMNS", "SQL", "Tables", "newest_statements"]
 
 CHECKPOINT_COLUMNS = "seq, hash, prev, at, adopted, key_id, signature"
+
+log = logging.getLogger("affidavit.journal")
 
 _CHUNKS = {False: "result_chunks", True: "result_audit"}
 
@@ -316,6 +320,14 @@ class Tables:
             if len(rows) < page:
                 return read
             after = rows[-1][0]
+
+    def index_linked_calls(self, where: str) -> None:
+        """``fill_linked_calls``, timed and logged: the once-only step of every backend's
+        upgrade to ``linked_calls`` (``SqliteBackend.create``, ``PostgresBackend.create``)."""
+        started = time.monotonic()
+        read = self.fill_linked_calls()
+        log.info("journal %s: indexed the linked calls of %d events in %.1f s (once)",
+                 where, read, time.monotonic() - started)  # fmt: skip
 
     def invocation_events(self, iid: str, through: int | None = None) -> Iterator[Any]:
         if through is None:

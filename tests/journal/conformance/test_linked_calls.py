@@ -10,6 +10,7 @@ and a row that is not JSON fails nothing.  A broker of the schema before refuses
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import time
 
@@ -255,7 +256,7 @@ def test_a_broker_without_linked_calls_refuses_the_journal(
 
 
 def test_a_journal_from_before_is_read_as_it_is_and_indexed_by_a_writer(
-    place: Place, monkeypatch: pytest.MonkeyPatch
+    place: Place, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     fill = Tables.fill_linked_calls
     monkeypatch.setattr(Tables, "fill_linked_calls", lambda self: fill(self, page=2))  # 4 pages
@@ -276,7 +277,11 @@ def test_a_journal_from_before_is_read_as_it_is_and_indexed_by_a_writer(
         with pytest.raises(ImpossibleEvent, match=NAMED):
             await j.append(_claim(QUERY))
 
-    _run(place, refused)
+    with caplog.at_level(logging.INFO, logger="affidavit.journal"):
+        _run(place, refused)
+    # The upgrade says, once, how many rows it read (``Tables.index_linked_calls``).
+    indexed = f"indexed the linked calls of {len(interrupted(IID)) + 2} events in "
+    assert sum(indexed in r.getMessage() for r in caplog.records) == 1
     now = SQLITE_SCHEMA if place.kind == "sqlite" else PG_SCHEMA
     assert place.rows("SELECT value FROM meta WHERE name = 'schema'") == [(str(now),)]
     assert place.rows("SELECT seq FROM linked_calls ORDER BY seq") == [
