@@ -20,6 +20,8 @@ from affidavit.secrets.credentials import Credential, CredentialError, resolve
 from affidavit.secrets.redaction import retain
 from affidavit.statemachine import Event, EventKind, ImpossibleEvent
 
+from .snapshot import last_validated
+
 log = logging.getLogger("affidavit.engine")
 
 if TYPE_CHECKING:
@@ -154,8 +156,5 @@ def _recorded_account(engine: Engine, iid: str, preamble: Preamble) -> str | Non
     for event, _payload in preamble:
         if event.kind is EventKind.PREFLIGHT_VALIDATED:
             return event.attrs.get("account_hash")
-    validated = None
-    for event in engine.journal.events(iid):
-        if event.kind is EventKind.PREFLIGHT_VALIDATED:
-            validated = event.attrs.get("account_hash")
-    return validated
+    validated = last_validated(engine.journal.events(iid))
+    return None if validated is None else validated.get("account_hash")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from affidavit.config import (
 )
 from affidavit.statemachine import KEYED_PREFIX, Event, EventKind
 
-__all__ = ["ConfigSnapshot"]
+__all__ = ["ConfigSnapshot", "last_validated"]
 
 _PURPOSE = "config-snapshot"
 _ACCOUNT = "config-account"
@@ -206,10 +206,7 @@ class ConfigSnapshot:
         None when it reaches the same.  A record written before ``account_hash`` was recorded
         proves its account only through the whole snapshot: it is the same only while that is
         (a CA file edited in place under the same path is not seen then)."""
-        validated = None
-        for event in events:
-            if event.kind is EventKind.PREFLIGHT_VALIDATED:
-                validated = event.attrs
+        validated = last_validated(events)
         if validated is None:
             return "the record binds no configuration"
         recorded = validated.get("account_hash")
@@ -255,6 +252,16 @@ class ConfigSnapshot:
                 return True
             value = seen.hashes[target_name] = self.hash_of(target)
         return value != expected_hash
+
+
+def last_validated(events: Iterable[Event]) -> Mapping[str, Any] | None:
+    """The attrs of the last PREFLIGHT_VALIDATED in ``events`` (what a dispatch was bound to:
+    ``config_hash``, ``account_hash``), or None when there is none."""
+    validated = None
+    for event in events:
+        if event.kind is EventKind.PREFLIGHT_VALIDATED:
+            validated = event.attrs
+    return validated
 
 
 _TRUSTS_KEPT = 1024
