@@ -218,13 +218,20 @@ def _renew(w: Writer) -> None:
         w.tables = backend.tables(w.conn)
 
 
+def _met(w: Writer, exc: BaseException) -> str:
+    """What a write that failed met, in the words ``_fail`` and ``_fail_in_doubt`` both print:
+    the journal's refusal as it says it, or the storage fault described."""
+    if isinstance(exc, JournalError):
+        return f"write refused: {exc}"
+    return f"write not committed: {w.backend.describe(exc)}"
+
+
 def _fail(w: Writer, batch: list[Req[Any]], exc: BaseException) -> None:
     # A storage fault, or a head this writer must not sign over: nothing is kept.
     w.forget()
-    if isinstance(exc, JournalError):
-        why = f"write refused: {exc}"
-    else:
-        why = f"journal {w.backend.where}: write not committed: {w.backend.describe(exc)}"
+    why = _met(w, exc)
+    if not isinstance(exc, JournalError):  # a storage fault: say which journal
+        why = f"journal {w.backend.where}: {why}"
     replaced = isinstance(exc, JournalReplaced)  # kept: answered as itself (503, no retry)
     for r in batch:
         r.result = None
@@ -251,10 +258,7 @@ def _fail_in_doubt(w: Writer, batch: list[Req[Any]], exc: BaseException) -> None
     # A rerun refused after an earlier run's COMMIT was lost with no row to read back: that
     # COMMIT may have landed, whatever this run met.
     w.forget()
-    if isinstance(exc, JournalError):
-        met = f"write refused: {exc}"
-    else:
-        met = f"write not committed: {w.backend.describe(exc)}"
+    met = _met(w, exc)
     _answer_failed(
         batch,
         f"journal {w.backend.where}: the connection was lost while committing an earlier run "

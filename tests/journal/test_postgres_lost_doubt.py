@@ -77,6 +77,7 @@ async def test_a_rerun_refused_after_a_lost_chunk_commit_is_unknown(
     said = str(raised)
     assert isinstance(raised, ResultStoreUnknown), said
     assert "while committing an earlier run of this write" in said, said
+    assert "its run again failed (write not committed: duplicate key value" in said, said
     assert "durable is unknown" in said and pg.password not in said, said
 
 
