@@ -46,7 +46,7 @@ import trio
 from .http import FREE_BODY, Request, json_body
 from .results import held
 
-__all__ = ["encoded", "respond_delivered", "respond_page"]
+__all__ = ["encoded", "encoded_in_thread", "respond_delivered", "respond_page"]
 
 log = logging.getLogger("affidavit.daemon")
 
@@ -93,6 +93,12 @@ async def encoded(req: Request, value: Any) -> bytes:
     connection meanwhile)."""
     if _bulk(value) <= FREE_BODY:
         return json_body(value)
+    return await encoded_in_thread(req, value)
+
+
+async def encoded_in_thread(req: Request, value: Any) -> bytes:
+    """``json_body(value)`` in one of the server's ``answer_threads``, whatever its size (a
+    view's page: ``Api.sessions``)."""
     encode = functools.partial(json_body, value)
     return await trio.to_thread.run_sync(encode, limiter=req.server.answer_threads)
 

@@ -519,8 +519,7 @@ class Api:
         # need not wait for it), then held in the answer budget until it is written
         # (``respond_page``), as an actions page is: 100 unread 3.75 MB pages grew the daemon
         # by 1.1 GB (audit 48).
-        encode = functools.partial(json_body, page)
-        data = await trio.to_thread.run_sync(encode, limiter=req.server.answer_threads)
+        data = await answers.encoded_in_thread(req, page)
         await answers.respond_page(req, data)
 
     async def metrics(self, req: Request) -> None:

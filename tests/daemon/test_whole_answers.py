@@ -558,12 +558,13 @@ async def test_a_sessions_page_is_encoded_once_the_kept_views_turn_is_released(
 ) -> None:
     """A sessions page (3.75 MB at ``limit=10000``) was encoded in its view thread while it held
     the kept views' turn (``Api.summary_turn``): every other summarized view waited for the
-    encoding too.  Now it is encoded after the turn is released, in the answers' threads."""
-    from affidavit.daemon import app
+    encoding too.  Now it is encoded after the turn is released, in the answers' threads
+    (``answers.encoded_in_thread``)."""
+    from affidavit.daemon import answers, app
 
     in_turn: list[bool] = []
-    encoded_in_turn: list[bool] = []
-    real_read, real_json = app.Api.read_summarized, app.json_body
+    encoded_in_turn: list[tuple[bool, bool]] = []
+    real_read, real_json = app.Api.read_summarized, answers.json_body
 
     async def reading(self: app.Api, view: Callable[..., Any], asker: Any) -> Any:
         in_turn.append(True)
@@ -574,18 +575,19 @@ async def test_a_sessions_page_is_encoded_once_the_kept_views_turn_is_released(
 
     def encoding(value: Any) -> bytes:
         if isinstance(value, dict) and "sessions" in value:
-            encoded_in_turn.append(bool(in_turn))
+            on_loop = threading.current_thread() is threading.main_thread()
+            encoded_in_turn.append((bool(in_turn), on_loop))
         return real_json(value)
 
     monkeypatch.setattr(app.Api, "read_summarized", reading)
-    monkeypatch.setattr(app, "json_body", encoding)
+    monkeypatch.setattr(answers, "json_body", encoding)
     monkeypatch.setenv(TOKEN_ENV, token)
     async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_srv, socket):
         with trio.fail_after(WAIT):
             await ask(socket, "POST", "/v1/calls", CALL)
             status, _h, payload = await ask(socket, "GET", "/v1/sessions")
     assert status == 200 and json.loads(payload)["sessions"], payload[:300]
-    assert encoded_in_turn == [False]
+    assert encoded_in_turn == [(False, False)]  # out of the turn, off the event loop
 
 
 @pytest.fixture
