@@ -156,9 +156,9 @@ def shown_as_is(text: str) -> bool:
         return False
     if text.isascii():
         return True
-    if _marks().isdisjoint(text):
-        return INVISIBLE.isdisjoint(text)
-    return INVISIBLE.isdisjoint(text) and not any(escaped for _, escaped in pieces(text))
+    if not INVISIBLE.isdisjoint(text):
+        return False
+    return _marks().isdisjoint(text) or not any(escaped for _, escaped in pieces(text))
 
 
 _MARKS: list[frozenset[str]] = []
