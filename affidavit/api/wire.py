@@ -42,6 +42,7 @@ __all__ = [
     "SOCKET_ENV",
     "AnswerLost",
     "ApiError",
+    "ApiFault",
     "ClientError",
     "DaemonUidInvalid",
     "DaemonUnavailable",
@@ -121,17 +122,10 @@ class NotSent(ValueError):
     nothing was sent.  A ValueError, as such refusals were before."""
 
 
-class ApiError(ClientError):
-    """The daemon answered with an API-level error (400 bad JSON, 403 peer refused, 404,
-    429 ``RATE_LIMITED`` -- the uid's ``[service] call_rate`` --, 503 overloaded, shutting down
-    or too many connections) -- never an action's error, which is an envelope.  A call refused
-    busy (``affidavit.sdk.NOT_SENT_CODES``) was neither journaled nor sent: ``call_checked``
-    calls again after it.  ``field``: the request's part to fix (a body field, a query
-    parameter), when the daemon named one.  ``retry_after``: its ``Retry-After`` in seconds,
-    when it sent one (a read declined this once, answers in flight: the same request may
-    succeed then).
-    ``action_code``: for an action the daemon refused before journaling it (``BAD_JSON``), the
-    code the broker gives the same fault embedded (PAYLOAD_LIMIT, INVALID_FIELD)."""
+class ApiFault(Exception):
+    """An API-level error's parts, as the daemon answers them (its ``ApiProblem``) and as a
+    client reads them back (``ApiError``): ``status``, ``code``, ``message``, and ``field``,
+    ``retry_after``, ``action_code`` when there are such (``ApiError`` says what each is)."""
 
     def __init__(
         self,
@@ -149,6 +143,19 @@ class ApiError(ClientError):
         self.retry_after = retry_after
         self.action_code = action_code
         super().__init__(message)
+
+
+class ApiError(ClientError, ApiFault):
+    """The daemon answered with an API-level error (400 bad JSON, 403 peer refused, 404,
+    429 ``RATE_LIMITED`` -- the uid's ``[service] call_rate`` --, 503 overloaded, shutting down
+    or too many connections) -- never an action's error, which is an envelope.  A call refused
+    busy (``affidavit.sdk.NOT_SENT_CODES``) was neither journaled nor sent: ``call_checked``
+    calls again after it.  ``field``: the request's part to fix (a body field, a query
+    parameter), when the daemon named one.  ``retry_after``: its ``Retry-After`` in seconds,
+    when it sent one (a read declined this once, answers in flight: the same request may
+    succeed then).
+    ``action_code``: for an action the daemon refused before journaling it (``BAD_JSON``), the
+    code the broker gives the same fault embedded (PAYLOAD_LIMIT, INVALID_FIELD)."""
 
 
 class Response:

@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl, unquote
 import trio
 
 from affidavit.api.limits import ActionInvalid, action_size_limit, load_action_json
-from affidavit.api.wire import parse_count, parse_timeout
+from affidavit.api.wire import ApiFault, parse_count, parse_timeout
 from affidavit.text import ECHO, echoed, shown_as_is
 
 from .link import Link
@@ -70,7 +70,7 @@ def body_limit(targets: Iterable[object]) -> int:
     return max(MAX_BODY, action_size_limit(targets))
 
 
-class ApiProblem(Exception):
+class ApiProblem(ApiFault):
     """An API-level refusal: answered with ``status`` and ``{"api_error": ...}``.  ``field``:
     the request's part to fix (a body field, a query parameter), when one is -- as an
     envelope's error names it; the message starts with it too.  ``retry_after``: seconds after
@@ -78,23 +78,6 @@ class ApiProblem(Exception):
     ``action_code``: an action refused before it was journaled (its JSON), the code the broker
     gives the same fault embedded (PAYLOAD_LIMIT, INVALID_FIELD), for a client to answer as
     the embedded broker does without reading the message."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        field: str | None = None,
-        retry_after: int | None = None,
-        action_code: str | None = None,
-    ) -> None:
-        self.status = status
-        self.code = code
-        self.message = message
-        self.field = field
-        self.retry_after = retry_after
-        self.action_code = action_code
-        super().__init__(message)
 
 
 class ClientGone(Exception):
