@@ -256,7 +256,9 @@ class ConfigSnapshot:
 
 def last_validated(events: Iterable[Event]) -> Mapping[str, Any] | None:
     """The attrs of the last PREFLIGHT_VALIDATED in ``events`` (what a dispatch was bound to:
-    ``config_hash``, ``account_hash``), or None when there is none."""
+    ``config_hash``, ``account_hash``), or None when there is none.  A record holds one: the
+    lifecycle admits it only from ``accepted``, and the journal refuses a second
+    (tests/broker/test_query_reaches_the_dispatched_account.py)."""
     validated = None
     for event in events:
         if event.kind is EventKind.PREFLIGHT_VALIDATED:

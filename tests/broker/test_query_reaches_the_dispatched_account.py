@@ -31,7 +31,7 @@ import affidavit.engine.snapshot as engine_snapshot
 from affidavit.approvals import OperatorError
 from affidavit.config import account, canonical_json, load_config, snapshot
 from affidavit.engine import OperationError
-from affidavit.statemachine import CODES, Code
+from affidavit.statemachine import CODES, Code, Event, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Received, Reply, make_tls, scripts
 
@@ -119,6 +119,37 @@ async def test_a_query_of_a_target_that_reaches_another_account_is_refused_unsen
             assert rec is not None and rec.outcome.value == "unknown"
             assert E.RECONCILED not in event_kinds(broker, iid)
             assert E.RECONCILE_INCONCLUSIVE not in event_kinds(broker, iid)
+            verify_ok(broker)
+    assert [r.method for r in a.requests] == ["POST"]
+    assert b.requests == []
+
+
+async def test_a_record_binds_the_account_of_its_one_preflight_validated(
+    tmp_path: Path, token: str
+) -> None:
+    """The account a query must reach is the one PREFLIGHT_VALIDATED recorded before the
+    dispatch, and a record holds one: the lifecycle admits it only from ``accepted``, so the
+    journal refuses a second -- here one binding the account origin B is now (what would let
+    the query reach B and settle ``rejected`` on its 404 while A holds the charge).  Nothing is
+    written; the query is refused CONFIG_CHANGED and neither origin is asked.  (The engine
+    writes one per record; ``last_validated`` reads the last, the first being the same.)"""
+    a_api, b_api = PaymentsApi(), PaymentsApi()
+    async with HostileServer.running(a_api.script) as a, HostileServer.running(b_api.script) as b:
+        iid = await _unknown_at(tmp_path, reconcile_target(a.url))
+        async with open_broker(write_config(tmp_path, _moved_origin(a, b))) as broker:
+            now = broker.config.targets["api"]
+            snapshot_now = broker._engine.snapshot
+            rebound = {
+                "config_hash": snapshot_now.hash(now),
+                "account_hash": await snapshot_now.account_hash_async(now),
+            }
+            with pytest.raises(ImpossibleEvent, match=r"PREFLIGHT_VALIDATED \(seq \d+\) is impos"):
+                await broker.journal.append(Event(E.PREFLIGHT_VALIDATED, iid, rebound))
+            kinds = event_kinds(broker, iid)
+            assert kinds.count(E.PREFLIGHT_VALIDATED) == 1, kinds
+            with pytest.raises(OperatorError) as refused, trio.fail_after(LIMIT):
+                await broker.reconcile(iid, query=True)
+            assert (refused.value.code, refused.value.field) == ("CONFIG_CHANGED", "targets.api")
             verify_ok(broker)
     assert [r.method for r in a.requests] == ["POST"]
     assert b.requests == []
