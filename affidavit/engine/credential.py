@@ -20,7 +20,7 @@ from affidavit.secrets.credentials import Credential, CredentialError, resolve
 from affidavit.secrets.redaction import retain
 from affidavit.statemachine import Event, EventKind, ImpossibleEvent
 
-from .snapshot import last_validated
+from .snapshot import first_validated
 
 log = logging.getLogger("affidavit.engine")
 
@@ -156,5 +156,5 @@ def _recorded_account(engine: Engine, iid: str, preamble: Preamble) -> str | Non
     for event, _payload in preamble:
         if event.kind is EventKind.PREFLIGHT_VALIDATED:
             return event.attrs.get("account_hash")
-    validated = last_validated(engine.journal.events(iid))
+    validated = first_validated(engine.journal.events(iid))
     return None if validated is None else validated.get("account_hash")

@@ -48,7 +48,7 @@ from affidavit.config import (
 )
 from affidavit.statemachine import KEYED_PREFIX, Event, EventKind
 
-__all__ = ["ConfigSnapshot", "last_validated"]
+__all__ = ["ConfigSnapshot", "first_validated"]
 
 _PURPOSE = "config-snapshot"
 _ACCOUNT = "config-account"
@@ -206,7 +206,7 @@ class ConfigSnapshot:
         None when it reaches the same.  A record written before ``account_hash`` was recorded
         proves its account only through the whole snapshot: it is the same only while that is
         (a CA file edited in place under the same path is not seen then)."""
-        validated = last_validated(events)
+        validated = first_validated(events)
         if validated is None:
             return "the record binds no configuration"
         recorded = validated.get("account_hash")
@@ -254,16 +254,17 @@ class ConfigSnapshot:
         return value != expected_hash
 
 
-def last_validated(events: Iterable[Event]) -> Mapping[str, Any] | None:
-    """The attrs of the last PREFLIGHT_VALIDATED in ``events`` (what a dispatch was bound to:
+def first_validated(events: Iterable[Event]) -> Mapping[str, Any] | None:
+    """The attrs of the first PREFLIGHT_VALIDATED in ``events`` (what a dispatch was bound to:
     ``config_hash``, ``account_hash``), or None when there is none.  A record holds one: the
     lifecycle admits it only from ``accepted``, and the journal refuses a second
-    (tests/broker/test_query_reaches_the_dispatched_account.py)."""
-    validated = None
+    (tests/broker/test_query_reaches_the_dispatched_account.py).  The first, as ``rebound`` and
+    ``reconcile`` take it: were a second ever admitted, the first is the one the opening write
+    bound the call to, and a later one must not move where a query goes."""
     for event in events:
         if event.kind is EventKind.PREFLIGHT_VALIDATED:
-            validated = event.attrs
-    return validated
+            return event.attrs
+    return None
 
 
 _TRUSTS_KEPT = 1024

@@ -132,7 +132,7 @@ async def test_a_record_binds_the_account_of_its_one_preflight_validated(
     journal refuses a second -- here one binding the account origin B is now (what would let
     the query reach B and settle ``rejected`` on its 404 while A holds the charge).  Nothing is
     written; the query is refused CONFIG_CHANGED and neither origin is asked.  (The engine
-    writes one per record; ``last_validated`` reads the last, the first being the same.)"""
+    writes one per record; ``first_validated`` reads the first, the last being the same.)"""
     a_api, b_api = PaymentsApi(), PaymentsApi()
     async with HostileServer.running(a_api.script) as a, HostileServer.running(b_api.script) as b:
         iid = await _unknown_at(tmp_path, reconcile_target(a.url))
