@@ -48,6 +48,8 @@ def _child(calls: int, src: str | None) -> None:
 
         cfg = tmp / "affidavit.toml"
         cfg.write_text(http_overhead._config(tmp, port), encoding="utf-8")
+        # Steady state: a config file changed within SETTLED_NS is read again at every dispatch.
+        await trio.sleep(http_overhead.CONFIG_SETTLED_S)  # (as http_overhead.measure_broker)
         action = {"target": "api", "method": "GET", "path": PATH}
         async with Broker.open(config=load_config(cfg)) as broker:
             for _ in range(http_overhead.WARM_UP + calls):

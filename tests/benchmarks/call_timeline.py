@@ -134,6 +134,8 @@ async def dissect(port: int, tmp: Path, calls: int) -> None:
 
     cfg = tmp / "affidavit.toml"
     cfg.write_text(http_overhead._config(tmp, port), encoding="utf-8")
+    # Steady state: a config file changed within SETTLED_NS is read again at every dispatch.
+    await trio.sleep(http_overhead.CONFIG_SETTLED_S)  # (as http_overhead.measure_broker)
     action = {"target": "api", "method": "GET", "path": PATH}
     runs: list[list[Mark]] = []
     async with Broker.open(config=load_config(cfg)) as broker:
