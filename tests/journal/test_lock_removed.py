@@ -137,8 +137,12 @@ async def test_a_lock_or_file_replaced_while_waiting_for_the_write_lock_writes_n
                         await j.append(second)
 
                 nursery.start_soon(append)
-                with trio.fail_after(10):
-                    await trio.to_thread.run_sync(checked.wait)  # checked, now waiting
+                # The check before BEGIN IMMEDIATE is the sign that the append now waits for the
+                # lock.  Bounded here: the thread's wait cannot be cancelled, and without that
+                # check the append would wait for the blocker, which waits for the sign.
+                if not await trio.to_thread.run_sync(checked.wait, 10):
+                    blocker.execute("ROLLBACK")
+                    pytest.fail("no writer-lock check before BEGIN IMMEDIATE within 10 s")
                 if what == "lock":
                     os.unlink(lock_path(db))
                 else:

@@ -9,12 +9,14 @@ writes and reads it as any other."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from affidavit.api.readers import ViewReaders
-from affidavit.journal import Journal, JournalReader, JournalReplaced, JournalWriteError
+from affidavit.journal import Journal, JournalReader, JournalReplaced, JournalWriteError, sqlite_wal
 from affidavit.journal.errors import ResultStoreFailed
 
 from .helpers import happy
@@ -92,6 +94,48 @@ async def test_a_replaced_file_refuses_the_writer_and_the_view_readers(
         readers.close()
     with JournalReader.open(path, key_file=tmp_path / "k.key") as r:
         assert r.verify().ok
+
+
+_HOLD = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=5)
+conn.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+sys.stdin.readline()
+conn.execute("ROLLBACK")
+"""
+
+
+async def test_a_replaced_file_is_refused_without_waiting_for_its_own_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file now at the path shares the writer's ``<journal>-shm`` (SQLite names it after
+    the path), so the write lock another process holds on *that* file is the one this writer's
+    ``BEGIN IMMEDIATE`` would wait for -- the busy timeout (30 s), then "database is locked"
+    where the answer is JOURNAL_REPLACED.  The check before ``BEGIN`` refuses at once; the one
+    under the lock alone would only after that wait (the busy timeout is cut to 2 s here, so
+    the test fails soon without the first check)."""
+    monkeypatch.setattr(sqlite_wal, "BUSY_TIMEOUT_MS", 2_000)
+    path, other = tmp_path / "j.db", tmp_path / "other.db"
+    await _other(other, tmp_path)
+    async with Journal.open(path, **_keys(tmp_path)) as j:
+        await j.append(happy("act_1")[0], barrier=True)
+        os.replace(other, path)
+        with subprocess.Popen(
+            [sys.executable, "-c", _HOLD, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as holder:
+            assert holder.stdin is not None and holder.stdout is not None
+            try:
+                assert holder.stdout.readline() == "held\n"  # (its own wait is bounded: 5 s)
+                with pytest.raises(JournalReplaced, match="JOURNAL_REPLACED"):
+                    await j.append(happy("act_1")[1], barrier=True)
+            finally:
+                holder.stdin.close()  # it lets go
+                holder.wait(timeout=10)
+        assert [e.kind for e in j.events("act_1")] == [happy("act_1")[0].kind]
 
 
 async def test_the_file_the_writer_opened_passes_the_check(tmp_path: Path) -> None:
