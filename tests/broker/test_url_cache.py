@@ -89,3 +89,38 @@ def test_a_journal_urls_password_is_not_left_in_urllibs_cache(probe_works: None)
     assert CANARY not in where(url)
     unplaced(sorted(JOURNAL_WORDS)[0], 'connection to server at "db.invalid" failed', url)
     assert [key for key in _cached_urls() if CANARY in key] == []
+
+
+def _hop_origins() -> list[str]:
+    """Every argument ``cleartext_hop``'s cache holds (its keys, through the collector)."""
+    from affidavit.adapters.http.urls import cleartext_hop
+
+    found: list[str] = []
+    for obj in gc.get_referents(cleartext_hop):
+        if isinstance(obj, dict):
+            found += [repr(key) for key in obj]
+    return found
+
+
+async def test_a_refused_locations_origin_is_not_kept_by_cleartext_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cleartext_hop`` keeps what it was asked (issue 15: an origin is parsed once), so it is
+    asked only of configured origins -- a redirect's once its policy allowed it, never an
+    origin a remote wrote into a Location (which may echo the credential: here its host)."""
+    from affidavit.adapters.http.urls import cleartext_hop
+
+    monkeypatch.setenv(TOKEN_ENV, CANARY)
+    echo = f"http://{CANARY}.invalid/next"
+    async with HostileServer.running(
+        scripts.serve(Reply(302, headers=[("Location", echo)]))
+    ) as server:
+        cfg = write_config(tmp_path, {"api": http_target(server.url, follow_redirects=True)})
+        cleartext_hop.cache_clear()
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                env = await broker.call({"target": "api", "method": "GET", "path": "/p"})
+    assert len(server.requests) == 1  # the 302 is the result: the Location was not followed
+    assert env["result"]["status"] == 302
+    assert any(server.url.split("/")[2] in key for key in _hop_origins())  # the probe sees
+    assert [key for key in _hop_origins() if CANARY in key] == []
