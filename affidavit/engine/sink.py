@@ -162,7 +162,7 @@ class StreamSink:
         out = []
         for name, st in self._streams.items():
             held = st["redactor"].pending
-            if st["fed"] is not None or (held and st["redactor"].sub(held) != held):
+            if st["fed"] is not None or (held and st["redactor"].sub_end(held) != held):
                 out.append(name)
         return out
 

@@ -69,6 +69,7 @@ from .redaction_scan import REDACTED, _scan
 from .redaction_scan import _escape_hits as _escape_hits
 
 __all__ = [
+    "CUT_FORM",
     "LEAVES",
     "LONG_VALUE",
     "MIN_ANY_CASE",
@@ -157,14 +158,26 @@ class Redactor:
         if plan is None:
             return b""
         buf, self._buf = self._buf, b""
-        out = _scan(plan, buf, len(buf))[0]
-        self._note(out)
-        return b"".join(out)
+        out = self.sub_end(buf)
+        if out != buf:
+            self.changed = True
+        return out
 
     def sub(self, data: bytes) -> bytes:
         """``data`` with every form replaced (not streaming; ``feed``'s state is untouched)."""
         plan = self._plan
         return data if plan is None else b"".join(_scan(plan, data, len(data))[0])
+
+    def sub_end(self, data: bytes) -> bytes:
+        """``sub(data)`` for the end of a stream (what ``flush`` returns for the bytes it held
+        back): where it ends with the beginning of a form (``CUT_FORM`` bytes of it or more),
+        that beginning replaced too."""
+        plan = self._plan
+        if plan is None:
+            return data
+        out = b"".join(_scan(plan, data, len(data))[0])
+        cut = _form_begun(plan, out)
+        return out[:cut] + REDACTED if cut < len(out) else out
 
     def scrub_text(self, text: str) -> str:
         """``text`` with every form replaced, its letters in either case (``pattern_any_case``:
@@ -258,6 +271,32 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self._walk(v, clean) for v in value]
         return value
+
+
+CUT_FORM = 4
+"""A stream that ends with this many or more of a form's first bytes ends with them redacted
+(``flush``): an answer cut inside an echo -- a window of it, a preview -- would otherwise hand
+out the credential's first bytes, and, cut at other places, the rest.  Fewer are left as
+they are: an ordinary last byte or three (``s``, ``ey``) begin some form too."""
+
+
+def _form_begun(plan: Any, data: bytes) -> int:
+    """Where ``data``'s tail that is the beginning of a form written without escapes (letters
+    in either case) starts, ``CUT_FORM`` bytes of it or more; ``len(data)`` if none.  The
+    held-back bytes cover it: a form is at most ``widest`` bytes long."""
+    tail = data[-plan.widest :]
+    low = tail.lower()
+    best = len(tail)
+    for form, any_case in plan.starts:
+        text = low if any_case else tail
+        # A strict beginning: a whole form was replaced already, in the case it counts in.
+        i = text.find(form[:1], max(0, len(text) - len(form) + 1))
+        while 0 <= i <= len(text) - CUT_FORM and i < best:
+            if form.startswith(text[i:]):
+                best = i
+                break
+            i = text.find(form[:1], i + 1)
+    return len(data) - len(tail) + best
 
 
 def _text_bytes(text: str) -> tuple[bytes, str]:

@@ -57,9 +57,19 @@ class _Plan:
                 forms.add(form)
                 widest = max(widest, len(form))
         encoded = sorted(set(values) - literal)
-        encoded_forms = set().union(*map(secret_forms, encoded))
+        by_value = [(v, f) for v in encoded for f in secret_forms(v)]
+        encoded_forms = {f for _, f in by_value}
         forms |= encoded_forms
         self._literal_groups = groups
+        self.starts = tuple(
+            sorted(
+                {(f.lower(), True) for f in forms - encoded_forms}
+                | {(f.lower(), True) if _any_case(v) else (f, False) for v, f in by_value}
+            )
+        )
+        """Every form written without escapes, and whether its letters count in either case
+        (then lower-cased), as ``pattern`` matches it: a stream that ends with the beginning of
+        one ends with it redacted (``Redactor.sub_end``)."""
         self._encoded = [(slots, _any_case(v)) for v in encoded for slots in _value_slots(v)]
         self._exact = not all(map(_any_case, encoded))
         """Whether a value is short enough for bodies to match it in its forms' case only."""

@@ -40,7 +40,8 @@ def _bodies() -> list[bytes]:
         b"you sent: " + s,  # the echo in the held-back tail
         s + b" and more text after it, longer than the secret",
         b"a" * 70000 + s,  # past a chunk
-        b"you sent: " + s[:-1],  # a prefix only: nothing replaced
+        b"you sent: " + s[:-1],  # a form begun at the end: replaced (Redactor.sub_end)
+        b"you sent: " + s[:3],  # too short a beginning: nothing replaced
         b"Bearer " + s + b"\r\n",
     ]
 

@@ -33,7 +33,7 @@ from affidavit.statemachine import Code
 from .batch import Sent, items_sent
 from .params import OVERRIDE_HEADERS, check_form_body, check_query
 from .segments import MAX_DECODES, bad_percent, climbs
-from .target import CREDENTIAL_HEADERS, TOKEN, TRANSPORT_HEADERS, HttpTarget
+from .target import CREDENTIAL_HEADERS, RANGE_HEADERS, TOKEN, TRANSPORT_HEADERS, HttpTarget
 
 __all__ = ["HTTP_ACTION", "HTTP_FIELDS", "HttpAction", "describe", "full_path"]
 
@@ -161,7 +161,9 @@ def _header_key(name: str) -> str:
 
 
 def _forbidden_headers(target: HttpTarget) -> frozenset[str]:
-    names = set(CREDENTIAL_HEADERS | TRANSPORT_HEADERS | _HOP_HEADERS | OVERRIDE_HEADERS)
+    names = set(
+        CREDENTIAL_HEADERS | TRANSPORT_HEADERS | _HOP_HEADERS | OVERRIDE_HEADERS | RANGE_HEADERS
+    )
     scheme, header = parse_inject(target.inject)
     if scheme == "header" and header:
         names.add(header.lower())
@@ -438,7 +440,8 @@ HTTP_FIELDS = (
                 Code.FORBIDDEN_HEADER,
                 "credential, framing and hop-by-hop headers, the injected header, the "
                 "idempotency header and method/path overrides (X-HTTP-Method-Override, "
-                "X-Original-URL, ...): the broker and the transport set them",
+                "X-Original-URL, ...): the broker and the transport set them; Range and "
+                "If-Range (a window of an echo is too short to redact)",
             ),
             (Code.INVALID_FIELD, "a name given twice (names compare case-insensitively)"),
         ),

@@ -45,6 +45,7 @@ from .segments import climbs
 __all__ = [
     "CREDENTIAL_HEADERS",
     "HTTP_TARGET",
+    "RANGE_HEADERS",
     "TRANSPORT_HEADERS",
     "HttpTarget",
     "IdempotencyContract",
@@ -57,6 +58,10 @@ TRANSPORT_HEADERS = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "te", "upgrade", "trailer"}
 )
 CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+# A part of the answer instead of the whole (RFC 9110 §14.2, §13.1.5): a server that echoes the
+# injected credential would hand it out in windows of a few bytes, none long enough to be a
+# redaction form (docs/redaction.md, "Partial answers").  Callers may not ask for them.
+RANGE_HEADERS = frozenset({"range", "if-range"})
 
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # RFC 3986 pchar + "/" (a base path carries no query or fragment)
