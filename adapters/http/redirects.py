@@ -134,6 +134,8 @@ def plan_response(
         plan.redirect_facts = {"redirect_not_followed": {"reason": str(e)}}
         return
     if request.credential_query:
+        # The exact name only: the policy sees the other spellings (and refuses them, where
+        # it is the broker's); ``next_hop`` drops them all before the credential goes back.
         nxt = set_query(nxt, request.credential_query, [])
     nxt = drop_fragment(nxt)
     new_origin = parse_url(nxt).origin
@@ -268,6 +270,7 @@ def next_hop(
                 plan.next_url,
                 request.credential_query,
                 query_values(request.url, request.credential_query),
+                request.credential_query_names,
             )
     else:
         url = plan.next_url

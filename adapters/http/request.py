@@ -45,6 +45,11 @@ class HttpRequest:
     """Lower-case names of the headers carrying the credential."""
     credential_query: str | None = None
     """Name of the query parameter carrying the credential."""
+    credential_query_names: Callable[[str], bool] | None = field(default=None, repr=False)
+    """Whether a query parameter name (percent-decoded once) is one a server may read as
+    ``credential_query`` (another case, ``.`` for ``_``, ``NAME[]``: the broker's
+    ``params.credential_spelling``): a followed hop's query loses every such name before the
+    credential is put back (``redirects.next_hop``).  None: the exact name only."""
     ca_file: str | None = None
     ca_sha256: str | None = None
     """``sha256:<hex>`` of the ``ca_file`` bytes the call was validated with (the digest its

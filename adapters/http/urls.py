@@ -141,12 +141,15 @@ def query_values(url: str, name: str | None) -> list[str]:
     return [v for k, v in urllib.parse.parse_qsl(q, keep_blank_values=True) if k == name]
 
 
-def set_query(url: str, name: str, values: list[str]) -> str:
-    """``url`` with every ``name`` parameter removed, then ``values`` appended under it."""
+def set_query(
+    url: str, name: str, values: list[str], same: Callable[[str], bool] | None = None
+) -> str:
+    """``url`` with every ``name`` parameter removed -- and every one ``same`` says a server
+    reads as ``name`` (``HttpRequest.credential_query_names``) --, then ``values`` appended
+    under ``name``."""
     parts = split_url(url)
-    kept = [
-        (k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True) if k != name
-    ]
+    pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    kept = [(k, v) for k, v in pairs if k != name and not (same is not None and same(k))]
     kept += [(name, v) for v in values]
     return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(kept)))
 

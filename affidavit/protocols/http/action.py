@@ -31,11 +31,11 @@ from affidavit.secrets.credentials import parse_inject
 from affidavit.statemachine import Code
 
 from .batch import Sent, items_sent
-from .params import OVERRIDE_HEADERS, check_form_body, check_query
-from .segments import MAX_DECODES, bad_percent, climbs
+from .params import OVERRIDE_HEADERS, check_form_body, check_request_query
+from .segments import MAX_DECODES, climbs
 from .target import CREDENTIAL_HEADERS, RANGE_HEADERS, TOKEN, TRANSPORT_HEADERS, HttpTarget
 
-__all__ = ["HTTP_ACTION", "HTTP_FIELDS", "HttpAction", "describe", "full_path"]
+__all__ = ["HTTP_ACTION", "HTTP_FIELDS", "HttpAction", "describe", "full_path", "query_param"]
 
 MAX_PATH = 8192
 MAX_HEADERS = 64
@@ -144,13 +144,16 @@ def _check_path(path: str, target: HttpTarget) -> None:
             "path",
             "has characters that must be percent-encoded (space, #, \\, non-ASCII, ...)",
         )
-    route, _, query = path.partition("?")
-    why = climbs(route) or bad_percent(query)  # climbs checks the route's "%"s
+    why = climbs(path.partition("?")[0])  # climbs checks the route's "%"s
     if why is not None:
         raise ActionInvalid(Code.INVALID_FIELD, "path", why)
-    if query:
-        scheme, param = parse_inject(target.inject)
-        check_query(query, param if scheme == "query" else None)
+    check_request_query(path, query_param(target))
+
+
+def query_param(target: HttpTarget) -> str | None:
+    """The query parameter the target's credential is injected as (``query:NAME``), or None."""
+    scheme, param = parse_inject(target.inject)
+    return param if scheme == "query" else None
 
 
 def _header_key(name: str) -> str:

@@ -11,16 +11,18 @@ from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.adapters.http import HTTP_TABLE, HttpClient, HttpRequest, RedirectDecision, Timeouts
 from affidavit.adapters.http.trust import start_warnings
 from affidavit.adapters.http.urls import split_url
+from affidavit.protocols.actions import ActionInvalid
 from affidavit.protocols.spec import Prepared
 from affidavit.secrets.credentials import Credential, apply_query, inject_http
 from affidavit.secrets.redaction import redactor
 
-from .action import HttpAction, needs_approval
+from .action import HttpAction, needs_approval, query_param
 from .decoding import BodyDecoding
+from .params import check_request_query, credential_spelling
 from .segments import climbs
 from .target import HttpTarget, origin_of
 
-__all__ = ["HttpBinding"]
+__all__ = ["LOCATION_REFUSED", "HttpBinding"]
 
 
 class HttpBinding:
@@ -88,6 +90,9 @@ class HttpBinding:
             body=action.body,
             credential_headers=injection.header_names,
             credential_query=injection.query_param,
+            credential_query_names=(
+                credential_spelling(injection.query_param) if injection.query_param else None
+            ),
             ca_file=str(target.ca_file) if target.ca_file else None,
             # The digest the recorded account holds: the handshake trusts these bytes or none.
             ca_sha256=trusted[str(target.ca_file)] if target.ca_file else None,
@@ -119,6 +124,10 @@ class HttpBinding:
         await self._client.aclose()
 
 
+LOCATION_REFUSED = "the Location's path holds what a caller's may not"
+"""``redirect_not_followed.reason`` (before the refusal's own words) of a Location to the
+target's origin whose query names a method or path override or the credential's parameter."""
+
 APPROVED_NOT_REDIRECTED = "an approved request is sent as approved: its redirect is not followed"
 
 
@@ -133,6 +142,7 @@ def _redirect_policy(target: HttpTarget) -> Any:
     origin or one listed in ``redirect_origins``; the credential stays only on the target's own
     origin and base path (seed: "Do not forward authorization credentials across origins")."""
     base = target.base_path.rstrip("/")
+    param = query_param(target)
 
     def policy(method: str, url: str) -> RedirectDecision:
         if method.upper() not in target.methods:
@@ -145,7 +155,16 @@ def _redirect_policy(target: HttpTarget) -> Any:
             if origin not in target.redirect_origins:
                 return RedirectDecision(False, False, "origin is not in redirect_origins")
             return RedirectDecision(True, keep_credential=False, reason="other origin")
-        path = split_url(url).path  # a Location: it may echo the credential
+        parts = split_url(url)  # a Location: it may echo the credential
+        path = parts.path
+        try:
+            # What a caller may not put in a path, a Location to the credential's origin may not
+            # either (a 307 keeps the method and the credential): an open redirect's
+            # ``?_method=DELETE`` would run an allowed POST as a DELETE, another spelling of
+            # the credential's parameter would shadow it.  The 3xx is then the result.
+            check_request_query(f"{path}?{parts.query}", param)
+        except ActionInvalid as exc:
+            return RedirectDecision(False, False, f"{LOCATION_REFUSED}: {exc.message}")
         # A caller's path may not climb out of the base path (segments.py); a Location that
         # may -- a dot segment in any reading, escapes that are not UTF-8 -- is out of it.
         in_scope = climbs(path) is None and (

@@ -15,13 +15,22 @@ from __future__ import annotations
 import json
 import re
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from affidavit.protocols.actions import ActionInvalid
 from affidavit.statemachine import Code
 
-__all__ = ["OVERRIDE_HEADERS", "check_form_body", "check_query", "query_key"]
+from .segments import bad_percent
+
+__all__ = [
+    "OVERRIDE_HEADERS",
+    "check_form_body",
+    "check_query",
+    "check_request_query",
+    "credential_spelling",
+    "query_key",
+]
 
 # Headers servers read as the request's method or path instead of the request line (ASP.NET,
 # Express's method-override, Google's APIs, Symfony; IIS and Symfony for the path): through
@@ -95,6 +104,30 @@ def _array_key(name: str) -> str:
 _OVERRIDES: Final = frozenset({"_method", "_httpmethod"} | {query_key(h) for h in OVERRIDE_HEADERS})
 
 
+def _readings(name: str) -> set[str]:
+    """The names servers read ``name`` as (``query_key``): whole, before a "[...]" (PHP, Rack
+    3), and as Rack 2 reads it -- leading "[" and "]" dropped, the key up to the next one
+    (``[_method]`` and ``]_method`` are ``_method``)."""
+    nested = _RACK2_KEY.split(name.lstrip("[]"), maxsplit=1)[0]
+    return {query_key(name), query_key(name.partition("[")[0]), query_key(nested)}
+
+
+def credential_spelling(param: str) -> Callable[[str], bool]:
+    """Whether a query parameter name (percent-decoded once, as ``parse_qsl`` gives it) is one
+    ``check_query`` refuses as ``param``'s -- a server may read it as the credential's
+    parameter: the driver drops every such name from a redirect's query before it puts the
+    credential back (adapters/http/urls.py, ``set_query``)."""
+    injected = query_key(param)
+
+    def same(once: str) -> bool:
+        return any(
+            injected in _readings(n) | {_array_key(n)}
+            for n in (once, urllib.parse.unquote_plus(once))
+        )
+
+    return same
+
+
 def _check_name(
     once: str, field: str, injected: str | None, param: str | None, controls: bool = True
 ) -> None:
@@ -108,11 +141,7 @@ def _check_name(
                 field,
                 "a parameter name holds a control character (also percent-encoded, like %00)",
             )
-        key = query_key(name)
-        # The name before a "[...]" (PHP, Rack 3), and as Rack 2 reads it: leading "[" and "]"
-        # dropped, the key up to the next one (``[_method]`` and ``]_method`` are ``_method``).
-        nested = _RACK2_KEY.split(name.lstrip("[]"), maxsplit=1)[0]
-        readings = {key, query_key(name.partition("[")[0]), query_key(nested)}
+        readings = _readings(name)
         if readings & _OVERRIDES:
             raise ActionInvalid(
                 Code.FORBIDDEN_HEADER,
@@ -128,6 +157,19 @@ def _check_name(
                 f"query parameter {param} carries the credential (in any case, with "
                 '"-", "." or " " for "_", or as an array, NAME[]); the broker sets it',
             )
+
+
+def check_request_query(path: str, credential_param: str | None) -> None:
+    """The query of a request target (origin-form ``path``) as servers read it, at field
+    ``path``: every "%" an escape, and ``check_query``'s names.  An action's path and a
+    followed redirect's Location to the target's own origin are held to it alike
+    (``action.py``, ``binding.py``)."""
+    query = path.partition("?")[2]
+    why = bad_percent(query)
+    if why is not None:
+        raise ActionInvalid(Code.INVALID_FIELD, "path", why)
+    if query:
+        check_query(query, credential_param)
 
 
 def check_query(query: str, credential_param: str | None) -> None:
