@@ -53,9 +53,21 @@ __all__ = [
 ]
 
 # Headers a caller may never set and an idempotency contract may never name: credential-bearing
-# ones the broker owns, and framing/routing ones the transport owns.
+# ones the broker owns, and framing/routing ones the transport owns.  ``Expect`` is the
+# transport's too: it sends ``100-continue`` itself or not at all (adapters/http/exchange.py
+# drops any other), so a caller's would be recorded -- fingerprint, operator view -- yet never
+# sent.
 TRANSPORT_HEADERS = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "te", "upgrade", "trailer"}
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "te",
+        "upgrade",
+        "trailer",
+        "expect",
+    }
 )
 CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 # A part of the answer instead of the whole (RFC 9110 §14.2, §13.1.5): a server that echoes the
