@@ -31,9 +31,9 @@ from affidavit.secrets.credentials import parse_inject
 from affidavit.statemachine import Code
 
 from .batch import Sent, items_sent
-from .params import OVERRIDE_HEADERS, check_form_body, check_request_query
+from .params import check_form_body, check_request_query
 from .segments import MAX_DECODES, climbs
-from .target import CREDENTIAL_HEADERS, RANGE_HEADERS, TOKEN, TRANSPORT_HEADERS, HttpTarget
+from .target import CALLER_REFUSED, TOKEN, HttpTarget, header_key
 
 __all__ = ["HTTP_ACTION", "HTTP_FIELDS", "HttpAction", "describe", "full_path", "query_param"]
 
@@ -53,8 +53,6 @@ _ESCAPE = "%[0-9A-Fa-f]{2}"
 _PATH_FORM = rf"/(?:(?:[{_PCHAR}?]|{_ESCAPE})(?:[{_PCHAR}/?]|{_ESCAPE})*)?"
 _BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
 _HEADER_VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?|")
-# Hop-by-hop headers (RFC 9110 §7.6.1) are the transport's to manage, as are framing headers.
-_HOP_HEADERS = frozenset({"keep-alive", "proxy-connection", "proxy-authenticate"})
 
 
 @dataclass(frozen=True)
@@ -96,7 +94,7 @@ def parse(obj: Mapping[str, Any], name: str, target: HttpTarget) -> HttpAction:
     if body:
         # The type as servers read it: "Content_Type" is CONTENT_TYPE to CGI/WSGI/PHP stacks
         # (one spelling at most: two are refused as duplicates).
-        ctype = next((v for n, v in headers if _header_key(n) == "content-type"), None)
+        ctype = next((v for n, v in headers if header_key(n) == "content-type"), None)
         check_form_body(body, ctype, body_field)
 
     key = string(obj, "idempotency_key", required=False)
@@ -156,17 +154,8 @@ def query_param(target: HttpTarget) -> str | None:
     return param if scheme == "query" else None
 
 
-def _header_key(name: str) -> str:
-    """A header name as servers may read it: case-insensitively (RFC 9110 §5.1), surrounding
-    whitespace dropped, and ``_`` as ``-`` -- CGI, WSGI and nginx map ``X-Api-Key`` and
-    ``X_Api_Key`` to the same ``HTTP_X_API_KEY``, so either one shadows the injected header."""
-    return name.strip().lower().replace("_", "-")
-
-
 def _forbidden_headers(target: HttpTarget) -> frozenset[str]:
-    names = set(
-        CREDENTIAL_HEADERS | TRANSPORT_HEADERS | _HOP_HEADERS | OVERRIDE_HEADERS | RANGE_HEADERS
-    )
+    names = set(CALLER_REFUSED)
     scheme, header = parse_inject(target.inject)
     if scheme == "header" and header:
         names.add(header.lower())
@@ -185,7 +174,7 @@ def _parse_headers(raw: object, target: HttpTarget) -> tuple[tuple[str, str], ..
         )
     if len(raw) > MAX_HEADERS:
         raise ActionInvalid(Code.PAYLOAD_LIMIT, "headers", f"more than {MAX_HEADERS} headers")
-    forbidden = {_header_key(n) for n in _forbidden_headers(target)}
+    forbidden = {header_key(n) for n in _forbidden_headers(target)}
     out: dict[str, str] = {}
     seen: set[str] = set()
     for hname, value in raw.items():
@@ -198,7 +187,7 @@ def _parse_headers(raw: object, target: HttpTarget) -> tuple[tuple[str, str], ..
         field = (
             f"headers.{hname}" if len(hname) <= 128 and _PRINTABLE.fullmatch(hname) else "headers"
         )
-        key = _header_key(hname)
+        key = header_key(hname)
         if key in forbidden:
             # Before the token check: "X-Api-Key " is no token, yet the one a lenient server
             # would read as the injected header.

@@ -39,16 +39,20 @@ from affidavit.secrets.credentials import parse_inject
 
 from .batch import BATCH, BatchContract
 from .operations import OperationsContract, parse_operations
+from .params import OVERRIDE_HEADERS
 from .reconcile import ReconcileQuery, parse_reconcile
 from .segments import climbs
 
 __all__ = [
+    "CALLER_REFUSED",
     "CREDENTIAL_HEADERS",
+    "HOP_HEADERS",
     "HTTP_TARGET",
     "RANGE_HEADERS",
     "TRANSPORT_HEADERS",
     "HttpTarget",
     "IdempotencyContract",
+    "header_key",
     "origin_of",
 ]
 
@@ -70,10 +74,25 @@ TRANSPORT_HEADERS = frozenset(
     }
 )
 CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+# Hop-by-hop headers (RFC 9110 §7.6.1) are the transport's to manage, as are framing headers.
+HOP_HEADERS = frozenset({"keep-alive", "proxy-connection", "proxy-authenticate"})
 # A part of the answer instead of the whole (RFC 9110 §14.2, §13.1.5): a server that echoes the
 # injected credential would hand it out in windows of a few bytes, none long enough to be a
 # redaction form (docs/redaction.md, "Partial answers").  Callers may not ask for them.
 RANGE_HEADERS = frozenset({"range", "if-range"})
+CALLER_REFUSED = (
+    CREDENTIAL_HEADERS | TRANSPORT_HEADERS | HOP_HEADERS | OVERRIDE_HEADERS | RANGE_HEADERS
+)
+"""Every header a caller may not set whatever the target (``action.py`` adds the injected and
+the idempotency header), and an idempotency contract may not name."""
+
+
+def header_key(name: str) -> str:
+    """A header name as servers may read it: case-insensitively (RFC 9110 §5.1), surrounding
+    whitespace dropped, and ``_`` as ``-`` -- CGI, WSGI and nginx map ``X-Api-Key`` and
+    ``X_Api_Key`` to the same ``HTTP_X_API_KEY``, so either one shadows the injected header."""
+    return name.strip().lower().replace("_", "-")
+
 
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # RFC 3986 pchar + "/" (a base path carries no query or fragment)
@@ -366,19 +385,26 @@ def _redirect_origins(r: Read) -> frozenset[str]:
 
 
 def _idempotency_header(r: Read) -> str:
+    """The header the service reads its key from: no header a caller may not set (the broker
+    sends this one with the recorded key), names compared as servers read them
+    (``header_key``: ``X_Api_Key`` is the injected ``X-Api-Key``)."""
     header: str = r.string(max_len=128)
-    lower = header.lower()
     if not TOKEN.fullmatch(header):
         raise r.error("is not an HTTP header name")
     assert r.outer is not None
     inject_kind, inject_name = parse_inject(r.outer.values["inject"])
-    if (
-        lower in TRANSPORT_HEADERS
-        or lower in CREDENTIAL_HEADERS
-        or (inject_kind == "header" and inject_name and lower == inject_name.lower())
+    key = header_key(header)
+    if key in _REFUSED_KEYS or (
+        inject_kind == "header" and inject_name and key == header_key(inject_name)
     ):
-        raise r.error("names a header the broker already owns")
+        raise r.error(
+            "names a header the broker, the transport or the request line owns (names compare "
+            'case-insensitively, and "_" as "-")'
+        )
     return header
+
+
+_REFUSED_KEYS: Final = frozenset(map(header_key, CALLER_REFUSED))
 
 
 def _scope(contract: IdempotencyContract | None) -> str | None:
