@@ -32,16 +32,17 @@ async def _via_open_redirect(
     tmp_path: Path, location: str, **target: Any
 ) -> tuple[dict[str, Any], list[Received], Any]:
     def route(r: Received) -> Reply:
-        q = urllib.parse.parse_qs(urllib.parse.urlsplit(r.target).query)
-        if "next" in q:
-            return Reply(307, headers=[("Location", q["next"][0])])
+        # The open redirect: /go sends on to what ``next`` names (here fixed per test, so the
+        # caller's path itself holds nothing params.py refuses).
+        if r.target.startswith("/api/go"):
+            return Reply(307, headers=[("Location", location)])
         return Reply(200, body=b"ok")
 
     async with HostileServer.running(scripts.serve(route)) as server:
         spec = http_target(server.url + "/api", methods=["GET", "POST"], follow_redirects=True)
         cfg = write_config(tmp_path, {"t": {**spec, **target}})
         async with open_broker(cfg) as broker:
-            path = "/go?next=" + urllib.parse.quote(location, safe="")
+            path = "/go?next=1"
             with trio.fail_after(20):
                 env = await broker.call({"target": "t", "method": "POST", "path": path})
             rec = assert_redirected(broker, env) if "error" in env else assert_ok(broker, env)
@@ -54,6 +55,8 @@ async def _via_open_redirect(
         ("/api/items/1?_method=DELETE", "bearer"),
         ("/api/items/1?x-http-method-override=DELETE", "bearer"),
         ("/api/items/1?%255Fmethod=DELETE", "bearer"),
+        ("/api/items/1%3F_method%3DDELETE", "bearer"),  # a decoding hop's query
+        ("/api/items/1?a%26_method%3DDELETE", "bearer"),
         ("/api/x?API_KEY=attacker", "query:api_key"),
         ("/api/x?Api_Key=attacker", "query:api_key"),
         ("/api/x?a=1&api.key=attacker", "query:api_key"),

@@ -21,7 +21,7 @@ from typing import Final
 from affidavit.protocols.actions import ActionInvalid
 from affidavit.statemachine import Code
 
-from .segments import bad_percent
+from .segments import MAX_DECODES, bad_percent
 
 __all__ = [
     "OVERRIDE_HEADERS",
@@ -164,12 +164,21 @@ def check_request_query(path: str, credential_param: str | None) -> None:
     ``path``: every "%" an escape, and ``check_query``'s names.  An action's path and a
     followed redirect's Location to the target's own origin are held to it alike
     (``action.py``, ``binding.py``)."""
-    query = path.partition("?")[2]
+    route, _, query = path.partition("?")
     why = bad_percent(query)
     if why is not None:
         raise ActionInvalid(Code.INVALID_FIELD, "path", why)
     if query:
         check_query(query, credential_param)
+    # A proxy that decodes the path and forwards it unescaped (segments.py's class:
+    # CVE-2024-38474) sends ``/items/1%3F_method%3DDELETE`` as ``/items/1?_method=DELETE``: the
+    # application reads a query there.  Each decoding's "?" tail is checked as one.
+    for _ in range(MAX_DECODES):
+        if "%" not in route:
+            break
+        route = urllib.parse.unquote(route)
+        if "?" in route:
+            check_query(route.partition("?")[2], credential_param)
 
 
 def check_query(query: str, credential_param: str | None) -> None:
@@ -178,6 +187,16 @@ def check_query(query: str, credential_param: str | None) -> None:
     for pair in re.split(r"[&;]", query):
         once = urllib.parse.unquote_plus(pair.partition("=")[0])
         _check_name(once, "path", injected, credential_param)
+    if "%" not in query:
+        return
+    # The same decoding hop forwards the query decoded: its "%26", "%3B" and "%3D" are then
+    # separators, and the application splits the names again (``a%26_method%3DDELETE`` is
+    # ``a&_method=DELETE`` there).  Only the names such a split makes that servers read as an
+    # override or the credential's are refused: an escaped "&" in a value that forms neither
+    # (``q=a%26b``, a control character after it) is the value's own.
+    for pair in re.split(r"[&;]", urllib.parse.unquote(query)):
+        once = urllib.parse.unquote_plus(pair.partition("=")[0])
+        _check_name(once, "path", injected, credential_param, controls=False)
 
 
 def check_form_body(body: bytes, content_type: str | None, field: str) -> None:
