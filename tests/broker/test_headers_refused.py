@@ -5,6 +5,11 @@ compared as servers read them (any case, ``_`` as ``-``).
 * ``Expect``: the transport sends ``100-continue`` itself or not at all, and drops a caller's;
   accepted, it would be recorded (fingerprint, operator view) but never sent -- the record
   would claim more than was sent.
+* ``Forwarded``, ``X-Forwarded-Host``/``-Proto``/``-Port``/``-Prefix``/``-Scheme``/``-Ssl``/
+  ``-For``, ``X-Real-IP``: what a reverse proxy tells the application it was reached as and
+  for whom; an application behind a trusted proxy builds its URLs (a reset link, a redirect)
+  and routes from them.  ``X-Original-URL`` and ``X-Rewrite-URL`` rewrite the path (they are
+  method/path overrides, refused since before).
 
 An idempotency contract may not name any header a caller may not set, compared the same way:
 the broker sends that header with the key it recorded, so ``X_Api_Key`` beside
@@ -25,7 +30,23 @@ from affidavit.statemachine import Code
 
 from .helpers import http_target, write_config
 
-REFUSED = ["Expect", "expect", "EXPECT"]
+REFUSED = [
+    "Expect",
+    "expect",
+    "EXPECT",
+    "Forwarded",
+    "X-Forwarded-Host",
+    "x_forwarded_host",
+    "X-Forwarded-Prefix",
+    "X-Forwarded-Proto",
+    "X-Forwarded-Port",
+    "X-Forwarded-Scheme",
+    "X-Forwarded-Ssl",
+    "X-Forwarded-For",
+    "X-Real-IP",
+    "X-Original-URL",
+    "X-Rewrite-URL",
+]
 
 
 def _parse(tmp_path: Path, headers: dict[str, str]) -> object:

@@ -49,6 +49,7 @@ __all__ = [
     "HOP_HEADERS",
     "HTTP_TARGET",
     "RANGE_HEADERS",
+    "ROUTING_HEADERS",
     "TRANSPORT_HEADERS",
     "HttpTarget",
     "IdempotencyContract",
@@ -80,8 +81,32 @@ HOP_HEADERS = frozenset({"keep-alive", "proxy-connection", "proxy-authenticate"}
 # injected credential would hand it out in windows of a few bytes, none long enough to be a
 # redaction form (docs/redaction.md, "Partial answers").  Callers may not ask for them.
 RANGE_HEADERS = frozenset({"range", "if-range"})
+# What a reverse proxy in front of the application writes, and the application trusts when it
+# builds URLs or routes (Rails, Django, Symfony, Spring, ASP.NET behind a trusted proxy): the
+# host, scheme, port and prefix it was reached as (a password-reset link or a redirect built
+# for another host; a route mounted under another prefix), and the client address it vouches
+# for (allow-lists, rate limits).  The broker is the client: none of it is the caller's to
+# say.  (X-Original-URL and X-Rewrite-URL, which rewrite the path, are OVERRIDE_HEADERS.)
+ROUTING_HEADERS = frozenset(
+    {
+        "forwarded",
+        "x-forwarded-host",
+        "x-forwarded-port",
+        "x-forwarded-prefix",
+        "x-forwarded-proto",
+        "x-forwarded-scheme",
+        "x-forwarded-ssl",
+        "x-forwarded-for",
+        "x-real-ip",
+    }
+)
 CALLER_REFUSED = (
-    CREDENTIAL_HEADERS | TRANSPORT_HEADERS | HOP_HEADERS | OVERRIDE_HEADERS | RANGE_HEADERS
+    CREDENTIAL_HEADERS
+    | TRANSPORT_HEADERS
+    | HOP_HEADERS
+    | OVERRIDE_HEADERS
+    | RANGE_HEADERS
+    | ROUTING_HEADERS
 )
 """Every header a caller may not set whatever the target (``action.py`` adds the injected and
 the idempotency header), and an idempotency contract may not name."""
