@@ -57,6 +57,10 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
   (10 000) other values, under 1 MB: a body holding more is refused before the parser runs
   (``actions._prescan``; 16 MB of ``[[],[],...]`` was 5.3M lists, 740 MB, before).  A body
   over ``FREE_BODY`` is parsed in a worker thread (``Request._parsed``), off the event loop;
+* a chunked body is counted as sent, its framing included, against both (``body_wire``), and
+  decoded ``BODY_EVENTS`` h11 events at a time, the event loop running between (one chunk is
+  one event whatever its size); past ``FREE_CHUNKS`` chunks averaging under ``MIN_CHUNK``
+  bytes: 400 ``CHUNKS_TOO_SMALL`` (field ``body``), then close (``body_chunk``);
 * ``Expect: 100-continue``: the interim 100 goes out when a route first reads the body;
 * HTTP/1.0 and ``Connection: close`` are honoured (h11); an answer given before the request's
   body was read whole carries ``Connection: close`` unless the rest is already buffered.
@@ -85,10 +89,13 @@ if TYPE_CHECKING:
     from .admission import Server
 
 __all__ = [
+    "BODY_EVENTS",
     "BODY_WAIT",
+    "FREE_CHUNKS",
     "HEAD_WAIT",
     "INBOX",
     "MAX_HEAD",
+    "MIN_CHUNK",
     "TURNED_AWAY",
     "TURN_AWAY_WAIT",
     "WRITE_WAIT",
@@ -118,6 +125,15 @@ JOINED = 64 * 1024
 """An answer's body up to this many bytes is written joined to its head, in one ``send_all``
 (each write to a Unix socket wakes the reader: two per answer cost throughput, link.py); a
 larger one is written after its head, never copied into one buffer with it."""
+BODY_EVENTS = 256
+"""h11 events (a body's chunks, or the parts a read brought them in) decoded at most between
+two turns of the event loop (``body_chunk``)."""
+FREE_CHUNKS = 1024
+MIN_CHUNK = 256
+"""A chunked body may hold ``FREE_CHUNKS`` chunks of any size; past them, its chunks must
+average ``MIN_CHUNK`` bytes (a 16 MiB body may still come in 64 Ki chunks of 256 bytes), else 400
+``CHUNKS_TOO_SMALL`` (field ``body``), then close: each chunk costs the event loop an h11 event
+whatever its size."""
 _RECV = 64 * 1024
 _REFUSED = {
     400: ("BAD_REQUEST", "malformed request"),
@@ -158,6 +174,17 @@ class Connection:
         (``Server.reserved``): it counts among ``Server.others``."""
         self.asked = False
         """A request's head was read on this connection."""
+        self._fed = 0
+        """Bytes handed to h11 on this connection (``_consumed``)."""
+        self._body_from: int | None = None
+        self.body_wire = 0
+        """Bytes of the request's body as sent, chunk framing included, read so far (counted
+        when h11 runs out of data, and at the body's end: ``body_chunk``)."""
+        self.body_data = 0
+        self.chunks = 0
+        self.tiny = False
+        """A body of tiny chunks was refused on it (``_check_chunks``): the connection closes
+        after the answer, its rest never read."""
 
     def unread(self) -> bool:
         """Bytes (or the end of the stream) are waiting: for the server task in the inbox, or
@@ -204,6 +231,7 @@ class Connection:
     def _feed(self) -> None:
         if self._inbox:
             data, self._inbox = self._inbox, bytearray()
+            self._fed += len(data)
             self.h11.receive_data(bytes(data))
             self._room.set()
         elif self._eof and not self._eof_fed:
@@ -247,6 +275,7 @@ class Connection:
     async def serve(self, handler: Handler) -> None:
         while True:
             self._head_only, self.declared = False, None  # nothing of the last request's
+            self._body_from, self.body_wire, self.body_data, self.chunks = None, 0, 0, 0
             try:
                 head = await self._request()
             except h11.RemoteProtocolError as exc:
@@ -370,15 +399,27 @@ class Connection:
 
     # -- what Request uses ------------------------------------------------------------------------
 
-    async def body_chunk(self) -> bytes | None:
-        """The next piece of the request's body; None once it is whole."""
+    async def body_chunk(self) -> bytearray | None:
+        """The next piece of the request's body -- every byte of it h11 can decode from what is
+        already read, joined, up to ``BODY_EVENTS`` h11 events -- or None once it is whole.
+
+        One deadline scope per piece, not per h11 event, and the event loop runs between
+        pieces (``trio.lowlevel.checkpoint``): a body of 1-byte chunks (6 bytes each as sent)
+        was one event and one ``fail_at`` scope per chunk, ~11 000 of them per inbox drained
+        without yielding -- four such clients took every other client's ``/v1/health`` from
+        1.6 ms to 1.9 s (audit 50, tests/benchmarks/tiny_chunks.py).  ``body_wire`` counts the
+        body's bytes as sent, its chunk framing included (what ``Request.body`` holds against
+        the limits), and a chunked body past ``FREE_CHUNKS`` chunks averaging under
+        ``MIN_CHUNK`` bytes is refused: 400 ``CHUNKS_TOO_SMALL``."""
         if self.h11.their_state is not h11.SEND_BODY:
             return None
+        if self._body_from is None:  # the first piece: nothing of the body consumed yet
+            self._body_from = self._consumed()
         stall = trio.current_time() + self.server.head_wait
         whole = stall >= self._body_by  # the whole body's deadline comes first
         try:
             with trio.fail_at(min(stall, self._body_by)):
-                event = await self._next_event()
+                return await self._body_piece()
         except h11.RemoteProtocolError:
             if self._eof:
                 raise ClientGone from None
@@ -389,11 +430,55 @@ class Connection:
             )
             log.info("the request body from %s %s: 408, closed", self.peer.describe(), late)
             raise ApiProblem(408, "REQUEST_TIMEOUT", f"the request body {late}") from None
-        if isinstance(event, h11.Data):
-            return bytes(event.data)
-        if isinstance(event, h11.EndOfMessage):
-            return None
-        raise ClientGone  # ConnectionClosed
+
+    async def _body_piece(self) -> bytearray | None:
+        piece = bytearray()
+        for _ in range(BODY_EVENTS):
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                self._count_wire()  # h11 holds at most a chunk's head undecoded now: cheap
+                if piece:
+                    return piece
+                if self.h11.they_are_waiting_for_100_continue:
+                    await self._write(
+                        self.h11.send(h11.InformationalResponse(status_code=100, headers=[]))
+                    )
+                await self._fill()
+            elif isinstance(event, h11.Data):
+                piece += event.data
+                self.body_data += len(event.data)
+                if event.chunk_end:  # the whole chunk is in body_data, however it arrived
+                    self.chunks += 1
+                    self._check_chunks()
+            elif isinstance(event, h11.EndOfMessage):
+                self._count_wire()
+                return piece or None
+            else:
+                raise ClientGone  # ConnectionClosed
+        await trio.lowlevel.checkpoint()  # BODY_EVENTS events: let the other tasks run
+        return piece
+
+    def _check_chunks(self) -> None:
+        if self.chunks > FREE_CHUNKS and self.body_data < self.chunks * MIN_CHUNK:
+            self.tiny = True
+            log.info(
+                "refused a body of tiny chunks from %s (400, %d chunks)",
+                self.peer.describe(),
+                self.chunks,
+            )
+            message = (
+                f"the body's chunks average under {MIN_CHUNK} bytes past the first "
+                f"{FREE_CHUNKS}: send it in larger chunks, or with a Content-Length"
+            )
+            raise ApiProblem(400, "CHUNKS_TOO_SMALL", message, "body")
+
+    def _consumed(self) -> int:
+        """The bytes of this connection h11 has parsed (fed, less what it still holds)."""
+        return self._fed - len(self.h11.trailing_data[0])
+
+    def _count_wire(self) -> None:
+        if self._body_from is not None:
+            self.body_wire = self._consumed() - self._body_from
 
     async def answer(
         self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, close: bool
@@ -451,8 +536,11 @@ class Connection:
 
     def _settle(self) -> None:
         """Read the rest of a request's body if it is already here (a route that answers
-        without reading it): then the connection may stay open."""
-        while self.h11.their_state is h11.SEND_BODY:
+        without reading it): then the connection may stay open.  At most ``BODY_EVENTS`` h11
+        events, synchronously: a rest of tiny chunks leaves the connection to close instead."""
+        for _ in range(BODY_EVENTS):
+            if self.tiny or self.h11.their_state is not h11.SEND_BODY:
+                return
             try:
                 event = self.h11.next_event()
             except h11.RemoteProtocolError:

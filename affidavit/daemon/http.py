@@ -178,7 +178,12 @@ class Request:
         connections may each send ``limit`` bytes, but their bodies -- each held a few times
         over while it is read and parsed -- cannot all be in memory at once.  Bytes that
         arrived, not a declared length, are counted: holding the budget costs a client the
-        bytes it holds, and a small body (every call's but the largest) is never refused."""
+        bytes it holds, and a small body (every call's but the largest) is never refused.
+
+        Both the limit and the budget count the body as sent, its chunk framing included
+        (``Connection.body_wire``): a body of 1-byte chunks is six times its bytes on the
+        wire, and each chunk costs the daemon an h11 event.  A body of many tiny chunks is
+        refused outright (400 ``CHUNKS_TOO_SMALL``, ``h11server.MIN_CHUNK``)."""
         conn = self._conn
         declared = conn.declared
         if declared is not None and declared > limit:  # refused before a byte is read
@@ -189,10 +194,11 @@ class Request:
             if chunk is None:
                 return data
             data += chunk
-            if len(data) > limit:
+            sent = max(len(data), conn.body_wire)  # as sent: chunk framing counts
+            if sent > limit:
                 raise ApiProblem(413, "BODY_TOO_LARGE", f"the body exceeds {limit} bytes")
-            if len(data) - FREE_BODY > self.held:
-                self._hold(len(data) - FREE_BODY - self.held)
+            if sent - FREE_BODY > self.held:
+                self._hold(sent - FREE_BODY - self.held)
 
     def _hold(self, n: int) -> None:
         server = self._conn.server
