@@ -31,13 +31,15 @@ from urllib.parse import quote
 import h11
 import trio
 
-from .pages import read_pages
+from .pages import read_pages, read_record_pages
 from .wire import (
     AFTER_BROKEN_SEND,
+    EVENTS_LIMIT,
     HEADERS,
     MAX_RESULT_PAGE_CHUNKS,
     READ_SIZE,
     AnswerLost,
+    ApiError,
     DaemonUnavailable,
     NotSent,
     Response,
@@ -265,7 +267,7 @@ class Client:
 
     async def record(self, invocation_id: str) -> dict[str, Any] | None:
         """The projected record as plain JSON (``affidavit record --json``'s ``record``)."""
-        found = await self._get_or_none(invocation_path(invocation_id))
+        found = await self.invocation(invocation_id)
         if found is None:
             return None
         record: dict[str, Any] = found["record"]
@@ -273,12 +275,27 @@ class Client:
 
     async def invocation(self, invocation_id: str) -> dict[str, Any] | None:
         """``{"record", "events"}`` in one request (``affidavit record --json``); None if
-        unknown."""
-        found: dict[str, Any] | None = await self._get_or_none(invocation_path(invocation_id))
+        unknown.  A record larger than the daemon ever answers whole (413
+        ``ANSWER_TOO_LARGE``: an operation's, grown by its polls) is read a page of events at
+        a time instead (``?from_seq=``, ``read_record_pages``)."""
+        path = invocation_path(invocation_id)
+        try:
+            found: dict[str, Any] | None = await self._get_or_none(path)
+        except ApiError as exc:
+            if exc.code != "ANSWER_TOO_LARGE":
+                raise
+
+            async def page(at: int, limit: int) -> dict[str, Any] | None:
+                got: dict[str, Any] | None = await self._get_or_none(
+                    target(path, {"from_seq": at, "limit": limit})
+                )
+                return got
+
+            found = await read_record_pages(page, EVENTS_LIMIT)
         return found
 
     async def events(self, invocation_id: str) -> list[dict[str, Any]]:
-        found = await self._get_or_none(invocation_path(invocation_id))
+        found = await self.invocation(invocation_id)
         return [] if found is None else list(found["events"])
 
     # -- views ------------------------------------------------------------------------------------

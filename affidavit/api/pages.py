@@ -20,6 +20,7 @@ from chunk 0 -- its hash.  Else ``ValueError``, the words saying which page brok
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -28,7 +29,14 @@ import trio
 
 from .wire import RESULT_CHUNK_BYTES, ApiError
 
-__all__ = ["PAGE_RETRIES", "RETRY_WAIT_MOST", "merge_pages", "next_chunk", "read_pages"]
+__all__ = [
+    "PAGE_RETRIES",
+    "RETRY_WAIT_MOST",
+    "merge_pages",
+    "next_chunk",
+    "read_pages",
+    "read_record_pages",
+]
 
 PAGE_RETRIES = 3
 """Times a page answered 503 with ``Retry-After`` (answers in flight, a read declined this
@@ -58,6 +66,50 @@ async def _page(
                 raise
             await trio.sleep(min(exc.retry_after, RETRY_WAIT_MOST))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _at(
+    fetch: Callable[[int, int], Awaitable[dict[str, Any] | None]], limit: int, at: int
+) -> dict[str, Any] | None:
+    return await fetch(at, limit)
+
+
+async def read_record_pages(
+    fetch: Callable[[int, int], Awaitable[dict[str, Any] | None]], limit: int
+) -> dict[str, Any] | None:
+    """A record read a page of events at a time (``fetch(n, m)``: ``GET
+    /v1/invocations/{id}?from_seq=n&limit=m``, None for an unknown invocation) -- what a record
+    too large to be answered whole (413 ``ANSWER_TOO_LARGE``) is read by: ``{"record",
+    "events"}`` as a whole read answers, the record of the last page.  A page itself too large
+    is asked again with half the ``limit`` (down to one event: then the refusal is the
+    caller's).  Each page must hold an event and name a ``next_seq`` past its own events (else
+    ``ValueError``): a daemon that pages dishonestly cannot keep a client asking the same page
+    for ever."""
+    at = 0
+    events: list[Any] = []
+    while True:
+        try:
+            page = await _page(functools.partial(_at, fetch, limit), at)
+        except ApiError as exc:
+            if exc.code != "ANSWER_TOO_LARGE" or limit == 1:
+                raise
+            limit //= 2
+            continue
+        if page is None:
+            if events:
+                raise ValueError(f"the page from seq {at} names no invocation")
+            return None
+        got = page.get("events")
+        nxt = page.get("next_seq")
+        seqs = [e.get("seq") for e in got] if isinstance(got, list) else []
+        if not all(isinstance(q, int) and q >= at for q in seqs):
+            raise ValueError(f"the page from seq {at} holds an event before it")
+        events.extend(got or ())
+        if nxt is None:
+            return {"record": page.get("record"), "events": events}
+        if not (isinstance(nxt, int) and seqs and nxt > max(seqs)):
+            raise ValueError(f"the page from seq {at} names no next seq past its events")
+        at = nxt
 
 
 async def read_pages(

@@ -268,6 +268,11 @@ ACTIONS_LIMIT = 1000
 MAX_ACTIONS_LIMIT = 10000
 """The most it answers with: a page is held whole in the daemon's memory, the journal never
 (a hostile caller fills the journal cheaply -- every refused call is a record)."""
+EVENTS_LIMIT = 1000
+"""How many events a page of a record (``GET /v1/invocations/{id}?from_seq=N``) holds when no
+``limit`` says; at most ``MAX_ACTIONS_LIMIT``.  A record answered whole may be larger than the
+daemon ever holds for one answer (an operation's, grown by its polls): 413 ``ANSWER_TOO_LARGE``,
+read it in pages instead (``Client.invocation`` does)."""
 SESSIONS_LIMIT = 1000
 """How many sessions ``GET /v1/sessions`` answers with when no ``limit`` says (those seen
 last)."""

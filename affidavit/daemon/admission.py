@@ -345,6 +345,12 @@ class Server:
         ``answer_per_other`` for a peer not ``reserved`` (``other``)."""
         return min(self.answer_per_uid, self.answer_per_other) if other else self.answer_per_uid
 
+    def answer_most(self, other: bool) -> int:
+        """The largest answer one peer could ever be let hold (``other``: one not
+        ``reserved``): its uid's share, within the budget and the others' joint share."""
+        most = min(self.answer_budget, self.answer_share(other))
+        return min(most, self.answer_others) if other else most
+
     def hold_answer(self, n: int, uid: int, other: bool, *, first: bool = False) -> str | None:
         """Count ``n`` bytes of an answer to peer ``uid`` (``other``: one not ``reserved``) as
         held, if they fit in ``answer_budget``, the uid's share (``answer_share``) and --

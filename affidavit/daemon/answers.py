@@ -44,7 +44,7 @@ from typing import Any
 import trio
 
 from .http import FREE_BODY, Request, json_body
-from .results import held
+from .results import PARTS, held
 
 __all__ = ["encoded", "encoded_in_thread", "respond_delivered", "respond_page"]
 
@@ -103,10 +103,11 @@ async def encoded_in_thread(req: Request, value: Any) -> bytes:
     return await trio.to_thread.run_sync(encode, limiter=req.server.answer_threads)
 
 
-async def respond_page(req: Request, data: bytes) -> None:
+async def respond_page(req: Request, data: bytes, parts: str = PARTS) -> None:
     """Answer 200 with ``data`` (a view's page, a record: encoded with its read), held in the
-    answer budget until it is written -- or 503 ``ANSWERS_IN_FLIGHT`` (``results.held``)."""
-    with held(req, len(data)):
+    answer budget until it is written -- or 503 ``ANSWERS_IN_FLIGHT``, or 413
+    ``ANSWER_TOO_LARGE`` naming ``parts``, how to read it in parts (``results.held``)."""
+    with held(req, len(data), parts):
         await req.respond(200, data)
 
 

@@ -50,6 +50,7 @@ import affidavit
 from affidavit.api.broker import Broker
 from affidavit.api.wire import (
     ACTIONS_LIMIT,
+    EVENTS_LIMIT,
     MAX_ACTIONS_LIMIT,
     MAX_SESSIONS_LIMIT,
     RESULT_PAGE_CHUNKS,
@@ -417,9 +418,16 @@ class Api:
 
     async def record(self, req: Request, invocation_id: str) -> None:
         """The record and its events, read in a view thread (``read``): a database slow to
-        answer this read stalls it alone, never the calls."""
+        answer this read stalls it alone, never the calls.  ``?from_seq=N[&limit=M]``: a page
+        of its events -- those from seq N, at most M (``EVENTS_LIMIT``, at most
+        ``MAX_ACTIONS_LIMIT``) -- and ``next_seq``, the seq of the first one left out (null
+        when none is): a record answered whole past what the daemon ever holds for one answer
+        is 413 ``ANSWER_TOO_LARGE`` (``results.held``), and any record is readable so."""
 
         holder = self.broker.journal.holder_tag
+        from_seq = req.count_param("from_seq")
+        paged = from_seq is not None or "limit" in req.params
+        limit = _limit_param(req, EVENTS_LIMIT, MAX_ACTIONS_LIMIT)
 
         def both(j: JournalReader) -> tuple[Record | None, bytes]:
             # Encoded here, with the read: a record of many events is megabytes of JSON, which
@@ -431,8 +439,13 @@ class Api:
             # altered event row turns into JOURNAL_UNREADABLE (MCP's ``get_record`` likewise).
             if rec is None or not self.broker.callable_by_caller(rec):
                 return None, b""
-            # A caller's: its lease holder tagged, plain hashes withheld.
-            return rec, json_body(record_view(rec, j.events(invocation_id), holder=holder))
+            events = j.events(invocation_id)
+            if not paged:  # a caller's: its lease holder tagged, plain hashes withheld
+                return rec, json_body(record_view(rec, events, holder=holder))
+            page = [e for e in events if e.seq is not None and e.seq >= (from_seq or 0)]
+            view = record_view(rec, page[:limit], holder=holder)
+            view["next_seq"] = page[limit].seq if len(page) > limit else None
+            return rec, json_body(view)
 
         rec, data = await self._read(both, f"the record of {invocation_id}", self.asker(req))
         if rec is None:
@@ -442,7 +455,9 @@ class Api:
                 f"no invocation {invocation_id} in the journal",
                 "invocation_id",  # the id in the path names nothing: the part to correct
             )
-        await answers.respond_page(req, data)
+        parts = f"read its events a page at a time: ?from_seq=0&limit={EVENTS_LIMIT}, then "
+        parts += "?from_seq=<next_seq> until next_seq is null"
+        await answers.respond_page(req, data, parts if not paged else "ask a smaller limit=")
 
     async def actions(self, req: Request) -> None:
         """The newest ``limit`` records matching the filters (default ``ACTIONS_LIMIT``, at
@@ -631,6 +646,7 @@ QUERY_PARAMS: dict[Callable[..., Awaitable[None]], tuple[str, ...]] = {
     Api.poll: ("timeout",),
     operators.reconcile: ("timeout",),
     Api.result: ("from_chunk", "chunks"),
+    Api.record: ("from_seq", "limit"),
     Api.actions: ("session", "outcome", "phase", "since", "until", "limit"),
     Api.sessions: ("limit",),
     Api.metrics: ("session", "since", "format"),

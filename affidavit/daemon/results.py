@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ANSWER_RETRY",
+    "PARTS",
     "PIECE_CHUNKS",
     "PIECE_HOLD",
     "AnswersInFlight",
@@ -75,16 +76,32 @@ ANSWER_RETRY = 5
 
 class AnswersInFlight(ApiProblem, NotAnswered):
     """503 ``ANSWERS_IN_FLIGHT``: refused before a byte was read or written -- to the engine a
-    ``NotAnswered`` (no delivery failed), to the client an API problem with ``Retry-After``."""
+    ``NotAnswered`` (no delivery failed), to the client an API problem with ``Retry-After``.
+    Also 413 ``ANSWER_TOO_LARGE`` (no ``Retry-After``): an answer no wait could let in."""
+
+
+PARTS = "ask for less of it at once (a smaller limit=, or chunks=)"
+"""How to read an answer too large to be held whole, unless the route says better."""
 
 
 @contextlib.contextmanager
-def held(req: Request, n: int) -> Iterator[None]:
+def held(req: Request, n: int, parts: str = PARTS) -> Iterator[None]:
     """Hold ``n`` bytes of the server's answer budget while the block runs; 503
     ``ANSWERS_IN_FLIGHT`` (nothing read, nothing written) when they do not fit in it, in the
     peer uid's share of it, or in the share of the peers who are not operators
-    (``Server.hold_answer``)."""
+    (``Server.hold_answer``).  When they could never fit (``Server.answer_most``), 413
+    ``ANSWER_TOO_LARGE`` instead, without ``Retry-After``, its message saying how to read it
+    in parts (``parts``): telling such a client to try again later would be a lie it believed
+    forever (audit 50: a record grown by polls past its uid's share was 503 on every read)."""
     server, uid, other = req.server, req.peer.uid, req.other
+    most = server.answer_most(other)
+    if n > most:
+        raise AnswersInFlight(
+            413,
+            "ANSWER_TOO_LARGE",
+            f"the answer is {n} bytes, more than the daemon ever holds for one answer to this "
+            f"peer ({most} bytes): asking again cannot help; {parts}",
+        )
     full = server.hold_answer(n, uid, other)
     if full is not None:
         most, whose = {

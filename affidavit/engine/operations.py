@@ -63,8 +63,10 @@ class OperationError(Exception):
     caller should correct what it sent (the daemon's 422 names it, MCP answers INVALID_FIELD
     there); ``"targets.<name>"`` when the target now reaches another account than the
     submission did (the operator's setting to look at); None when the operation exists but
-    cannot be queried now.  ``code``/``status``: ``OPERATION_ERROR`` (422), or ``POLL_PENDING``
-    (409: an earlier poll of it awaits an operator or is being sent -- poll again later)."""
+    cannot be queried now.  ``code``/``status``: ``OPERATION_ERROR`` (422), ``POLL_LIMIT``
+    (422: polled its target's ``operations.max_polls`` times -- never again), or
+    ``POLL_PENDING`` (409: an earlier poll of it awaits an operator or is being sent -- poll
+    again later)."""
 
     def __init__(
         self,
@@ -159,6 +161,7 @@ async def poll(
             f"{moved}; nothing was polled",
             f"targets.{target.name}",
         )
+    _check_polls(op, op_id, target, contracts.max_polls(target))
     try:
         action = dict(contracts.poll(target, op))
     except ValueError as exc:
@@ -205,6 +208,26 @@ async def poll(
     if refused is not None:
         answer["refused"] = refused
     return await deliver_linked(engine, answer, ran, deliver)
+
+
+def _check_polls(op: Mapping[str, Any], op_id: str, target: Any, most: int) -> None:
+    """``POLL_LIMIT`` once the operation was polled ``most`` times (the target's
+    ``operations.max_polls``), before anything is asked or written: every poll adds to its
+    submission's record, and a caller polling without end grew it past what the daemon ever
+    answers whole (audit 50).  Not for a poll still open (awaiting an operator, or being
+    sent): taking it up asks nothing new, and its answer -- the job's state -- is not lost.
+    An ended job is answered before this (``poll``): its outcome stays readable, as does the
+    submission's record (``affidavit record``, a page at a time through the daemon)."""
+    polls = op.get("polls", 0)
+    if op.get("open_poll") is None and isinstance(polls, int) and polls >= most:
+        raise OperationError(
+            f"{op_id} was polled {polls} times, the most {target.name} allows "
+            f"(targets.{target.name}.operations.max_polls); nothing was asked or sent. Its "
+            "state as last polled is on its submission's record",
+            f"targets.{target.name}.operations.max_polls",
+            code="POLL_LIMIT",
+            status=422,
+        )
 
 
 ASKING = (

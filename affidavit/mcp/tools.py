@@ -103,11 +103,14 @@ NOT_SENT: dict[str, str] = {
     "INVALID_FIELD": "after_correction",
     "BODY_TOO_LARGE": "after_correction",
     "BODIES_IN_FLIGHT": "backoff",  # the daemon did not read the body (http.py)
+    "CHUNKS_TOO_SMALL": "after_correction",  # a body of tiny chunks (h11server.py)
+    "ANSWER_TOO_LARGE": "never",  # never held whole: read it in parts (results.held)
     "DAEMON_SOCKET_UNSAFE": "never",
     # a poll's or a reconciliation query's refusals (``act_refused``)
     "STILL_RUNNING": "backoff",
     "QUERY_PENDING": "backoff",
     "POLL_PENDING": "backoff",
+    "POLL_LIMIT": "never",  # polled its target's operations.max_polls times: read its record
     "NOT_UNKNOWN": "never",
     "NO_QUERY": "never",
     "BATCH_NOT_ATOMIC": "never",

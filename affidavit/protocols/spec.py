@@ -18,6 +18,7 @@ from affidavit.schema import TargetSchema
 from affidavit.statemachine import Code, ProtocolTable
 
 __all__ = [
+    "MAX_POLLS",
     "Action",
     "ActionField",
     "ActionSpec",
@@ -189,6 +190,12 @@ class Reading:
     plus the item's own ``status`` when it had one."""
 
 
+MAX_POLLS = 10_000
+"""An operation's polls at most, unless its target says: each adds a row or two to its
+submission's record, and each is an invocation of its own (audit 50: a caller polling without
+end grew the record past what the daemon answers whole)."""
+
+
 @dataclass(frozen=True)
 class ResultContracts:
     """How a protocol reads the remote's contracts for asynchronous jobs and for batches (seed:
@@ -213,6 +220,10 @@ class ResultContracts:
     """``(target, summary, body) -> (state, remote_status)`` from the status resource's
     complete answer without an error: ``pending``, ``succeeded`` or ``failed``, or None when
     it names none."""
+    max_polls: Callable[[Any], int] = lambda _target: MAX_POLLS
+    """``target -> polls``: the most polls an operation on it may be asked (each adds rows to
+    its submission's record); past them a poll is refused ``POLL_LIMIT``, nothing asked.
+    ``MAX_POLLS`` unless the protocol says (HTTP: ``operations.max_polls``)."""
 
 
 @dataclass(frozen=True)

@@ -57,15 +57,18 @@ _GATED = {
 async def test_a_fetch_refused_answers_in_flight_records_no_delivery_failure(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A budget that holds a piece but not the envelope's text beside it: the fetch is 503
-    ``ANSWERS_IN_FLIGHT`` ("nothing was read") and the journal gains nothing -- it was
-    journaled RESULT_DELIVERY_FAILED.  Once the budget has room, the next fetch delivers it:
-    RESULT_DELIVERED, once."""
+    """A budget that holds a piece but not the envelope's text beside it: the fetch could
+    never fit, 413 ``ANSWER_TOO_LARGE`` without ``Retry-After`` (audit 50: it was 503 "try
+    again later", for ever).  One that could hold it but is full (another uid's answers):
+    503 ``ANSWERS_IN_FLIGHT`` ("nothing was read").  Neither refusal adds to the journal --
+    it was journaled RESULT_DELIVERY_FAILED.  Once the budget has room, the next fetch
+    delivers it: RESULT_DELIVERED, once."""
     from affidavit.daemon import admission, results
 
     small = results.PIECE_HOLD + 10
     servers = _servers(monkeypatch, answer_budget=small, answer_per_uid=small)
     monkeypatch.setenv(TOKEN_ENV, token)
+    room, other_uid = 3 * results.PIECE_HOLD, os.geteuid() + 1
     async with in_process(tmp_path, scripts.serve(Reply(200, body=b"paid")), **_GATED) as (
         _srv,
         socket,
@@ -74,14 +77,21 @@ async def test_a_fetch_refused_answers_in_flight_records_no_delivery_failure(
             async with Client.open(socket) as client:
                 iid = await _approved_and_stored(client)
                 before = [e["kind"] for e in await client.events(iid)]
+                never = await ask(socket, "GET", f"/v1/invocations/{iid}/result")
+                for server in servers:  # room for it, all of it held by another uid's answers
+                    server.answer_budget = server.answer_per_uid = room
+                    assert server.hold_answer(room - results.PIECE_HOLD, other_uid, False) is None
                 refused = await ask(socket, "GET", f"/v1/invocations/{iid}/result")
                 after = [e["kind"] for e in await client.events(iid)]
                 state = (await client.record(iid))["state"]
                 for server in servers:
+                    server.drop_answer(room - results.PIECE_HOLD, other_uid, False)
                     server.answer_budget = server.answer_per_uid = admission.ANSWER_BUDGET
                 status, _h, payload = await ask(socket, "GET", f"/v1/invocations/{iid}/result")
                 delivered = [e["kind"] for e in await client.events(iid)]
-    assert refused[0] == 503, refused
+    assert (never[0], "retry-after" in never[1]) == (413, False), never
+    assert json.loads(never[2])["api_error"]["code"] == "ANSWER_TOO_LARGE"
+    assert (refused[0], refused[1].get("retry-after")) == (503, "5"), refused
     assert json.loads(refused[2])["api_error"]["code"] == "ANSWERS_IN_FLIGHT"
     assert after == before and state == "stored_committed"
     assert status == 200 and json.loads(payload)["result"]["body"] == "paid"

@@ -26,6 +26,7 @@ REQUESTS: dict[Any, tuple[str, str, bytes | None]] = {
     Api.poll: ("POST", "/v1/operations/x/poll", None),
     operators.reconcile: ("POST", "/v1/invocations/x/reconcile", b'{"query": true}'),
     Api.result: ("GET", "/v1/invocations/x/result", None),
+    Api.record: ("GET", "/v1/invocations/x", None),
     Api.actions: ("GET", "/v1/actions", None),
     Api.sessions: ("GET", "/v1/sessions", None),
     Api.metrics: ("GET", "/v1/metrics", None),
@@ -143,6 +144,7 @@ async def test_a_query_parameter_given_twice_is_refused_naming_it_on_every_route
     values = {
         "timeout": ("1", "100"),
         "from_chunk": ("0", "1"),
+        "from_seq": ("0", "1"),
         "chunks": ("1", "2"),
         "session": ("a", "b"),
         "outcome": ("unknown", "committed"),

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from affidavit.adapters.base import RemoteResult
 from affidavit.adapters.http.urls import split_url
+from affidavit.protocols.spec import MAX_POLLS
 from affidavit.schema import Field, Read, Schema
 from affidavit.statemachine import Outcome
 
@@ -28,7 +29,14 @@ from .selectors import ABSENT, Selector, json_body, scalar, select, selector_fie
 if TYPE_CHECKING:  # target.py declares the ``operations`` field with this module's schema
     from .target import HttpTarget
 
-__all__ = ["OPERATIONS", "OperationsContract", "poll_action", "poll_state", "read_operation"]
+__all__ = [
+    "OPERATIONS",
+    "OperationsContract",
+    "max_polls",
+    "poll_action",
+    "poll_state",
+    "read_operation",
+]
 
 MAX_URL = 8192
 """Longest status resource URL taken from a 202 (the longest action path the broker sends)."""
@@ -44,6 +52,7 @@ class OperationsContract:
     status: Selector
     succeeded: frozenset[str]
     failed: frozenset[str]
+    max_polls: int = MAX_POLLS
 
 
 def _states(r: Read) -> frozenset[str]:
@@ -98,8 +107,25 @@ OPERATIONS = Schema(
             shown='`["failed"]`',
             doc="state values meaning the job failed",
         ),
+        Field(
+            "max_polls",
+            lambda r: r.integer(1, 1_000_000),
+            default=MAX_POLLS,
+            doc="the polls an operation may be asked; past them a poll is refused `POLL_LIMIT` "
+            "(nothing asked; an ended job is still answered, an open poll still taken up)",
+            binding=False,
+            reason="how often an operation may be polled changes neither what a call sends nor "
+            "to whom: a same-key retry across a change of it is the same request, and a target's "
+            "snapshot from before the setting keeps its hash",
+        ),
     ),
 )
+
+
+def max_polls(target: HttpTarget) -> int:
+    """The polls an operation on ``target`` may be asked (``MAX_POLLS`` unless it says)."""
+    contract = target.operations
+    return contract.max_polls if contract is not None else MAX_POLLS
 
 
 def parse_operations(r: Read) -> OperationsContract | None:

@@ -1,0 +1,97 @@
+"""A record larger than the daemon ever holds for one answer (audit 50, item 2): an operation's,
+grown by its polls past its uid's share of the answer budget, was 503 ``ANSWERS_IN_FLIGHT``
+with ``Retry-After`` on every read -- "try again later", for ever.  It is now 413
+``ANSWER_TOO_LARGE`` (no ``Retry-After``), its message naming how to read it in parts, and
+``?from_seq=N&limit=M`` pages its events, so any record is readable; ``Client.invocation``
+reads such a record a page at a time.  The share is shrunk under a record's size on a running
+daemon (``Server``'s knobs), so a record of one call is enough."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.api.client import Client
+from affidavit.api.pages import read_record_pages
+from tests.broker.helpers import TOKEN_ENV
+from tests.http.hostile import Reply, scripts
+
+from .kit import WAIT, ask, in_process
+from .test_answer_budget import _servers
+
+
+def _shrink(servers: list[Any], most: int) -> None:
+    for server in servers:
+        server.answer_budget = server.answer_per_uid = most
+
+
+async def test_a_record_over_the_share_is_413_and_is_read_in_pages(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    servers = _servers(monkeypatch)
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            async with Client.open(socket) as client:
+                iid = (await client.call({"target": "api", "method": "GET", "path": "/x"}))[
+                    "invocation_id"
+                ]
+                path = f"/v1/invocations/{iid}"
+                status, _, whole = await ask(socket, "GET", path)
+                assert status == 200
+                everything = json.loads(whole)
+                seqs = [e["seq"] for e in everything["events"]]
+                assert len(seqs) >= 4
+                _shrink(servers, len(whole) - 1)  # the whole record can never be held now
+
+                status, headers, body = await ask(socket, "GET", path)
+                error = json.loads(body)["api_error"]
+                assert (status, error["code"], "retry-after" in headers) == (
+                    413,
+                    "ANSWER_TOO_LARGE",
+                    False,
+                )
+                assert "from_seq=0" in error["message"]
+                assert "try again later" not in error["message"]
+
+                pages, at = [], 0
+                while at is not None:
+                    status, _, body = await ask(socket, "GET", f"{path}?from_seq={at}&limit=1")
+                    assert status == 200, body
+                    page = json.loads(body)
+                    pages.append([e["seq"] for e in page["events"]])
+                    at = page["next_seq"]
+                    assert len(pages) <= len(seqs)
+                assert pages == [[s] for s in seqs]
+                status, _, body = await ask(socket, "GET", f"{path}?from_seq={seqs[-1] + 1}")
+                assert (status, json.loads(body)["events"], json.loads(body)["next_seq"]) == (
+                    200,
+                    [],
+                    None,
+                )
+
+                # The thin client reads it in pages, whole: the record, every event.
+                _shrink(servers, (len(whole) + 1) // 2)
+                read = await client.invocation(iid)
+                assert read is not None
+                assert read["events"] == everything["events"]
+                assert read["record"]["state"] == everything["record"]["state"]
+                assert (await client.record(iid) or {}).get("state") == read["record"]["state"]
+
+
+async def test_a_page_that_makes_no_progress_ends_the_read() -> None:
+    """``read_record_pages`` trusts no daemon to page honestly: a page naming its own seq (or
+    none past its events) as the next is refused, never asked again for ever."""
+    asked: list[int] = []
+
+    async def stuck(at: int, limit: int) -> dict[str, Any]:
+        asked.append(at)
+        return {"record": {}, "events": [{"seq": 3}], "next_seq": 3}
+
+    with pytest.raises(ValueError, match="no next seq past its events"):
+        await read_record_pages(stuck, 10)
+    assert asked == [0]
