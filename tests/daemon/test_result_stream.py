@@ -308,7 +308,8 @@ async def test_a_view_page_counts_against_the_answer_budget_while_it_is_written(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``/v1/actions`` holds its page (up to 10000 records) until written: past the answer
-    budget it is 503 ``ANSWERS_IN_FLIGHT`` too, never one more page held."""
+    budget others fill it is 503 ``ANSWERS_IN_FLIGHT`` too, never one more page held; past
+    what the budget could ever hold, 413 ``ANSWER_TOO_LARGE``."""
     from affidavit.daemon import server as daemon_server
     from affidavit.daemon.admission import Server
 
@@ -323,9 +324,16 @@ async def test_a_view_page_counts_against_the_answer_budget_while_it_is_written(
     async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_srv, socket):
         with trio.fail_after(WAIT):
             await _stored(socket)  # its envelope is held in the budget too: stored first
-            made[0].answer_budget = 200  # less than one record's JSON
+            server = made[0]
+            full = server.answer_budget - 200  # two other uids' answers fill all but 200 bytes
+            for uid, n in ((os.geteuid() + 1, full // 2), (os.geteuid() + 2, full - full // 2)):
+                assert server.hold_answer(n, uid, False) is None
             empty = await ask(socket, "GET", "/v1/actions?limit=0")
             status, headers, payload = await ask(socket, "GET", "/v1/actions")
+            server.answer_budget = 200  # less than one record's JSON, ever: not worth a retry
+            never = await ask(socket, "GET", "/v1/actions")
     assert empty[0] == 200
     assert status == 503 and headers["retry-after"] == "5"
     assert json.loads(payload)["api_error"]["code"] == "ANSWERS_IN_FLIGHT"
+    assert (never[0], "retry-after" in never[1]) == (413, False)
+    assert json.loads(never[2])["api_error"]["code"] == "ANSWER_TOO_LARGE"

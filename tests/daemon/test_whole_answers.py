@@ -89,8 +89,9 @@ async def _settled(server: Server) -> None:
 async def test_a_view_past_the_budget_is_answers_in_flight(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, route: str
 ) -> None:
-    """A record or a sessions page that does not fit in the budget is refused as an actions
-    page is: 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After`` (a read: safe to repeat)."""
+    """A record or a sessions page that does not fit in the budget others fill is refused as
+    an actions page is: 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After`` (a read: safe to
+    repeat; one that could never fit is 413, test_record_pages.py)."""
     servers = _servers(monkeypatch)
     monkeypatch.setenv(TOKEN_ENV, token)
     async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_srv, socket):
@@ -98,7 +99,7 @@ async def test_a_view_past_the_budget_is_answers_in_flight(
             status, _h, payload = await ask(socket, "POST", "/v1/calls", CALL)
             iid = json.loads(payload)["invocation_id"]
             await _settled(servers[0])
-            servers[0].answer_budget = 16  # nothing but a few bytes fits
+            _filled(servers[0], 16)  # other uids' answers hold all of it but a few bytes
             path = {"record": f"/v1/invocations/{iid}", "sessions": "/v1/sessions"}[route]
             status, headers, payload = await ask(socket, "GET", path)
     assert status == 503, payload
