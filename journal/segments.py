@@ -241,6 +241,9 @@ class SegmentStore:
                 writer._fail(ResultStoreFailed(f"writing a result segment failed: {exc!r}"))
             finally:
                 writer._processed_some(len(items))
+            # Not kept while this thread waits for the next batch: a result's last sealed and
+            # plain chunks stayed referenced until then, whoever's result it was (audit 50).
+            del batch, writer, items
 
     def _write(self, writer: SegmentWriter, items: list[_Item]) -> None:
         """Write a batch -- each chunk's sealed blob, then its auditor's copy -- and note where

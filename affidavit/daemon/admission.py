@@ -54,8 +54,9 @@ close after their answer) -- and keeps their number bounded:
 A ``Server`` also keeps the bytes its connections hold in memory bounded: request bodies
 (``BODY_BUDGET``, ``hold_body``: 503 ``BODIES_IN_FLIGHT``) and answers (``ANSWER_BUDGET``,
 ``hold_answer``: a stored result's answer holds one piece of it while it is written -- results.py
--- a view's page its length; 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After`` past it; a delivered
-answer over 64 KiB its length, waiting for room instead: ``wait_answer``, answers.py -- but not
+-- a view's page its length; 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After`` past it, 413
+``ANSWER_TOO_LARGE`` past what it could ever hold; a delivered answer over 64 KiB its length
+and its decoded inline results', waiting for room instead: ``wait_answer``, answers.py -- but not
 one saying nothing was dispatched, ``not_attempted``: no result in it, never counted).  The
 answer budget is shared out as the connections are: no one uid holds more than
 ``answer_per_uid`` of it (half by default), the peers not ``reserved`` no more than

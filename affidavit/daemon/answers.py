@@ -17,8 +17,15 @@ daemon by 1.1 GB (audit 48).  So a large one is counted in the answer budget
   not: one per connection, 16 MiB at most -- so a few uids keeping large answers unread cannot
   cost another's small one.  Nor is one that says nothing was dispatched (``not_attempted``):
   it carries no result, and a client told nothing would have to think the call may have run;
-* a larger one is the record of something that ran: it is never refused for the budget as if
-  it had not.  It waits for room (``Server.wait_answer``: ahead of new pages and fetches) at
+* a larger one counts its encoding and, beside it, its decoded inline results (the text of
+  each stream, as much memory as the string takes: ``sys.getsizeof``): the engine keeps the
+  envelope until the answer is written, to render a failed delivery from it.  What else a call
+  held of its result -- the sink's copies kept for the envelope, the segment writer's last
+  chunks -- is dropped once the envelope is rendered (``StreamSink.release``), not counted:
+  100 unread answers of 0.9 MB took the daemon from 58 to 392 MB before, 0.9 MB of each
+  counted (audit 50; tests/benchmarks/slow_readers.py).  Such an
+  answer is the record of something that ran: it is never refused for the budget as if it
+  had not.  It waits for room (``Server.wait_answer``: ahead of new pages and fetches) at
   most ``WRITE_WAIT`` -- as long as a client that does not read may hold it -- and not past
   its client's hang-up nor the stop's grace; then it is not written: the link is ``broken``,
   so the delivery failed (``RESULT_DELIVERY_FAILED``: the result stays stored, fetched, never
@@ -39,6 +46,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -56,9 +65,10 @@ ITEM_GUESS = 256
 holds, so a long ``items`` list is encoded off the event loop too."""
 
 
-def _bulk(value: Any) -> int:
+def _bulk(value: Any, measure: Callable[[str], int] = len) -> int:
     """About the bytes of ``value``'s inline results -- the text of each ``result``'s streams
-    and ``ITEM_GUESS`` per batch item, its own or those of an envelope it carries (a poll's
+    (``measure``d: its length by default, ``sys.getsizeof`` for the memory it takes) and
+    ``ITEM_GUESS`` per batch item, its own or those of an envelope it carries (a poll's
     ``poll``, a query's): an envelope's other values are a few dozen short ones (its headers
     bounded by the remote's head limit).  A look at a few keys, not a walk of the tree:
     walking a whole envelope cost more than encoding a small one."""
@@ -68,7 +78,7 @@ def _bulk(value: Any) -> int:
     for holder in (value, *(v for v in value.values() if isinstance(v, dict))):
         result, items = holder.get("result"), holder.get("items")
         if isinstance(result, dict):
-            size += sum(len(v) for v in result.values() if isinstance(v, str))
+            size += sum(measure(v) for v in result.values() if isinstance(v, str))
         if isinstance(items, list):
             size += len(items) * ITEM_GUESS
     return size
@@ -118,19 +128,22 @@ async def respond_delivered(req: Request, value: dict[str, Any]) -> None:
     link ``broken`` (the module docstring says why)."""
     server, uid, other = req.server, req.peer.uid, req.other
     data = await encoded(req, value)
-    n = len(data)
     if req.link.hung_up.is_set():  # while it was encoded: never delivered (link.py)
         req.link.broken = True
         return
-    if n <= FREE_BODY or not _ran(value):
+    if len(data) <= FREE_BODY or not _ran(value):
         await req.respond(200, data)
         return
+    # Its encoding, and the decoded result beside it: the engine keeps the envelope until
+    # this answer is written (it renders a failed delivery from it).
+    n = len(data) + _bulk(value, sys.getsizeof)
     if server.hold_answer(n, uid, other, first=True) is not None:
         why = await server.wait_answer(n, uid, other, server.write_wait, req.link)
         if why is not None:
             log.warning(
-                "an answer of %d bytes to %s was not written (%s; the answer budget holds %d "
-                "bytes at once, %d for its uid, waiting at most %g s): the connection is closed",
+                "an answer holding %d bytes to %s was not written (%s; the answer budget holds "
+                "%d bytes at once, %d for its uid, waiting at most %g s): the connection is "
+                "closed",
                 n,
                 req.peer.describe(),
                 why,

@@ -131,6 +131,7 @@ async def conclude(
                 return await _close(engine, iid, stamped(failure, attempt.generation))
             assert result is not None
             envelope, committed = await _commit(engine, attempt, result, sink, reading, observed)
+            sink.release()  # rendered: the envelope holds the result, delivered below
         except ImpossibleEvent as refused:
             return await lease_refused(engine, attempt, refused)
         if not committed or deliver is STORE_ONLY:

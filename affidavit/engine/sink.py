@@ -268,6 +268,15 @@ class StreamSink:
             return None
         return {n: b"".join(st["kept"]) for n, st in self._streams.items() if st["index"]}
 
+    def release(self) -> None:
+        """Drop the copies ``kept`` for the envelope once it is rendered: its text carries the
+        result now, and its delivery may wait up to the daemon's ``WRITE_WAIT`` for a client
+        that does not read -- 100 such answers of 0.9 MB each held these beside their
+        encoding, uncounted (audit 50).  ``kept`` is None afterwards."""
+        self._keep = False
+        for st in self._streams.values():
+            st["kept"] = []
+
     def digest(self) -> str:
         whole = hashlib.sha256()
         for name, st in sorted(self._streams.items()):
