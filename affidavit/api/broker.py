@@ -61,6 +61,7 @@ from affidavit.statemachine import Event, Record, operation_json
 
 from . import readers as view_readers
 from .readers import BoundedTurn, ThreadTurn, ViewReaders
+from .trusted import refuse_exposed_config
 from .wire import check_timeout
 
 __all__ = ["Broker", "exposed_files"]
@@ -210,6 +211,7 @@ class Broker:
         serve`` looked before it would refuse), logged as it is; None: looked at here."""
         if config is None:
             config = load_config(config_path)
+        refuse_exposed_config(config)  # another user choosing where the credentials go
         # A configured vault is handed over even before its file exists: a lookup then says
         # the vault file is missing (CREDENTIAL_MISSING), not that no vault is configured.
         vault = Vault(config.vault_path) if config.vault_path else None

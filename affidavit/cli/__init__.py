@@ -589,10 +589,15 @@ def _main(argv: Sequence[str] | None) -> int:
         # An unusable journal (missing directory, a directory, read-only, disk full) is the
         # operator's to fix: one line naming the path; its messages never hold a payload.  Only
         # a command that imported the journal can raise one (a thin client never loads it).
+        # So is a config refused where the broker opens (``Broker.open``: CONFIG_EXPOSED).
+        schema = sys.modules.get("affidavit.schema")
         journal = sys.modules.get("affidavit.journal")
-        if journal is None or not isinstance(exc, journal.JournalError):
+        if schema is not None and isinstance(exc, schema.ConfigError):
+            refusal = config_refusal(exc)
+        elif journal is None or not isinstance(exc, journal.JournalError):
             raise
-        refusal = journal_refusal(exc)
+        else:
+            refusal = journal_refusal(exc)
         _complain(str(refusal), refusal.code, None, args)
         return 2
     return status

@@ -8,7 +8,9 @@ others able to reach the journal (its lock, its result segments), a key, the vau
 a ``file:`` or ``systemd:`` credential (by its mode bits or its POSIX ACL's entries) or another
 user owning one, or to write the config, a file that decides whom the broker trusts (a target's
 ``ca_file`` or ``known_hosts``, the auditor's public key) or a directory on the path to any of
-them (FILES_EXPOSED, unless ``--allow-exposed-files``) -- the message says which.
+them (FILES_EXPOSED, unless ``--allow-exposed-files``) -- the message says which; another user
+able to change the config itself (its owner, a write bit, a directory above it) is refused by
+every command that holds secrets, override or not (CONFIG_EXPOSED, ``api.trusted``).
 Log lines go to stderr; none carries a secret (only ids, uids, codes and counts).  Under systemd,
 when stderr is the journal's stream, each line starts with its syslog priority (``<2>`` for
 CRITICAL): journald files it at that priority (``journalctl -p crit``).  The process
@@ -105,8 +107,11 @@ def _serve(args: argparse.Namespace) -> int:
     os.umask(0o077)
     # Before the config: loading it logs what it allows but an operator should know.
     logging.basicConfig(level=logging.INFO, handlers=[log_handler(os.environ, sys.stderr)])
+    from affidavit.api.trusted import refuse_exposed_config
+
     try:
         config = load_config(args.config)
+        refuse_exposed_config(config)  # before FILES_EXPOSED: no override lifts it
     except ConfigError as exc:
         raise config_refusal(exc) from None
     except OSError as exc:

@@ -102,8 +102,11 @@ def _vault_path(args: argparse.Namespace) -> Path:
 
     if args.vault:
         return Path(args.vault)
+    from affidavit.api.trusted import refuse_exposed_config
+
     try:
         config = load_config(args.config)
+        refuse_exposed_config(config)  # a planted config's vault: the planter's key
     except ConfigError as exc:
         raise config_refusal(exc, " (or pass --vault PATH)") from None
     if config.vault_path is None:

@@ -129,13 +129,26 @@ async def _refusal(config: Path) -> str:
     return err
 
 
+async def _config_refusal(config: Path) -> str:
+    """``affidavit serve``'s refusal of the config itself (CONFIG_EXPOSED, ``api.trusted``:
+    no override lifts it), its one line."""
+    done = await run(
+        [PYTHON, "-m", "affidavit", "serve", "--config", str(config)], env=client_env()
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert err.startswith(f"affidavit: CONFIG_EXPOSED: {config}: refused: "), err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    return err
+
+
 @pytest.mark.parametrize("mode", [0o664, 0o646])
 async def test_serve_refuses_a_config_others_can_write(tmp_path: Path, mode: int) -> None:
     """Whoever can write it can point a target's credential at their own host."""
     config, _ = _home(tmp_path)
     await _made(tmp_path)
     config.chmod(mode)
-    err = await _refusal(config)
+    err = await _config_refusal(config)
     fix = f"chmod {mode & ~0o022:o} {config}"
     assert f"config file {config} is writable by group or others (mode {mode:04o}): {fix}" in err
     assert err.count("chmod") == 1, err
@@ -157,11 +170,11 @@ async def test_serve_refuses_a_config_another_user_owns(tmp_path: Path) -> None:
     config, _ = _home(tmp_path)
     await _made(tmp_path)
     os.chown(config, NOBODY, NOBODY)  # 0644: nobody could rewrite it
-    err = await _refusal(config)
+    err = await _config_refusal(config)
     want = f"config file {config} is owned by uid {NOBODY}, not by this process's uid 0"
     # serve is the broker root runs: told the chown alone (a config root may own), not to run
     # as its owner -- nor that a chown to root would lock a daemon out.
-    assert f"{want}: chown 0 {config} -- " in err, err
+    assert f"{want}: chown 0 {config}" in err, err
     assert "run this as its owner" not in err and "lock its owner out" not in err, err
 
 
@@ -202,18 +215,21 @@ async def test_a_config_root_owns_is_fine_for_a_daemon_of_another_user(
     assert await looked() == want
 
 
-async def test_an_embedded_broker_only_warns_once_of_a_config_others_can_write(
+async def test_an_embedded_broker_only_warns_once_of_a_vault_others_can_read(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """It runs as its caller, whose files they are: it opens, and says so once."""
+    """It runs as its caller, whose files they are: it opens, and says so once.  (Not the
+    config: another user able to change it is refused, CONFIG_EXPOSED, tests/broker/
+    test_config_exposed.py.)"""
     config, _ = _home(tmp_path)
     await _made(tmp_path)
-    config.chmod(0o666)
+    vault = tmp_path / "affidavit.vault"
+    vault.chmod(0o644)
     caplog.set_level(logging.WARNING, logger="affidavit.journal")
     for _ in range(2):
         async with Broker.open(config):
             pass
-    want = f"config file {config} is writable by group or others (mode 0666): chmod 644 {config}"
+    want = f"vault file {vault} is accessible by group or others (mode 0644): chmod 600 {vault}"
     said = [r.getMessage() for r in caplog.records if r.name == "affidavit.journal"]
     assert said.count(want) == 1, said
 
@@ -330,17 +346,17 @@ async def test_segment_files_another_user_owns_are_summed_up_with_their_chown(
 
 
 async def test_serve_refuses_a_journal_directory_its_group_can_write(tmp_path: Path) -> None:
-    """Whoever can write the directory can swap the journal, its keys or the config in it,
-    whatever their own modes: refused, naming the directory and its ``chmod``."""
+    """Whoever can write the directory can swap the journal or its keys in it, whatever their
+    own modes: refused, naming the directory and its ``chmod``.  (The config is kept out of
+    it: a config in such a directory is CONFIG_EXPOSED, before this.)"""
     home = tmp_path / "home"
     home.mkdir()
     config, _ = _home(home)
+    config = config.rename(tmp_path / config.name)
     await _made(home)
     home.chmod(0o770)
     err = await _refusal(config)
-    held = (
-        "the config file, the journal, the broker key file, the signing key file and the vault file"
-    )
+    held = "the journal, the broker key file, the signing key file and the vault file"
     want = f"directory {home} (on the path to {held}) is writable by group or others (mode 0770)"
     assert f"{want}: chmod 750 {home} -- " in err, err
     assert err.count("chmod") == 1, err  # the files themselves are private

@@ -21,7 +21,7 @@ DEPLOY = {
 
 
 async def _serve_refused(tmp: Path, approval: dict[str, object]) -> str:
-    """serve's stderr for a config others can write (refused FILES_EXPOSED right after the
+    """serve's stderr for a config others can write (refused CONFIG_EXPOSED right after the
     config loaded: nothing is opened or bound)."""
     config = write_daemon_config(
         tmp,
@@ -34,7 +34,7 @@ async def _serve_refused(tmp: Path, approval: dict[str, object]) -> str:
         [PYTHON, "-m", "affidavit", "serve", "--config", str(config)], env=client_env()
     )
     err = done.stderr.decode()
-    assert done.returncode == 2 and "affidavit: FILES_EXPOSED: " in err, err
+    assert done.returncode == 2 and "affidavit: CONFIG_EXPOSED: " in err, err
     assert "Traceback" not in err
     return err
 
