@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -47,6 +48,7 @@ __all__ = ["acting", "add_commands", "load_or_usage", "run_journal"]
 TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any, TypeVar
 
     T = TypeVar("T")
@@ -87,7 +89,12 @@ def add_commands(sub: Any) -> None:
 
     p = sub.add_parser("init", help="write a commented sample config and an empty journal")
     p.add_argument("--config", help="where to write the config (default: ./affidavit.toml)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing config")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing config with a new file (a link there is replaced, never "
+        "followed)",
+    )
     p.add_argument(
         "--journal-url",
         metavar="URL",
@@ -498,13 +505,24 @@ async def acting(
         raise journal_refusal(exc, failure_line(exc, answer), answer[1]) from None
 
 
+def _kept_mode(path: Path) -> int:
+    """The mode ``init --force`` gives the config it puts in place of the regular file at
+    ``path``: that file's (its owner's ``0640``), less group and others' write; 0600 when
+    there is none, or a link (replaced, never followed: its target's mode is not asked)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0o600
+    return stat.S_IMODE(st.st_mode) & 0o755 if stat.S_ISREG(st.st_mode) else 0o600
+
+
 def _init(args: argparse.Namespace) -> int:
     from affidavit.config import config_path, sample_config
     from affidavit.config.sample import write_config
     from affidavit.journal import Journal
 
     path = config_path(args.config)
-    if path.exists() and not args.force:
+    if os.path.lexists(path) and not args.force:  # a dangling link too: never followed
         raise UsageError(f"{path} exists; use --force to overwrite", "FILE_EXISTS")
     url = args.journal_url
     if url is not None and (
@@ -512,7 +530,9 @@ def _init(args: argparse.Namespace) -> int:
     ):
         raise refusal("expected a postgresql:// URL", "INVALID_FIELD", "--journal-url")
     try:
-        write_config(path, sample_config(url))
+        write_config(path, sample_config(url), replace=args.force, mode=_kept_mode(path))
+    except FileExistsError:  # put there since the look above
+        raise UsageError(f"{path} exists; use --force to overwrite", "FILE_EXISTS") from None
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}", "FILE_UNUSABLE") from None
     config = load_or_usage(str(path))

@@ -17,8 +17,10 @@ could not answer -- the message on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -268,12 +270,25 @@ _KEY_SOURCES = {
 
 
 def _write_out(path: str | None, data: bytes, what: str) -> None:
+    """``data`` on stdout, or in a new 0644 file at ``path`` (public: a key, an anchor) put in
+    place whole (``write_private_file``), replacing a regular file there -- never written
+    through a link (``--out`` in a directory another user can write: a planted link would have
+    root overwrite the file it names) nor onto a device or FIFO: those are refused."""
     if path is None:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return
+    from affidavit.privatefile import write_private_file
+
     try:
-        Path(path).write_bytes(data)
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                raise UsageError(
+                    f"cannot write {what} {path}: not a regular file (a link is never written "
+                    "through; leave --out off for stdout)",
+                    "FILE_UNUSABLE",
+                )
+        write_private_file(Path(os.path.abspath(path)), data, replace=True, mode=0o644)
     except OSError as exc:
         raise UsageError(f"cannot write {what} {path}: {exc.strerror}", "FILE_UNUSABLE") from None
 

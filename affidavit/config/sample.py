@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from affidavit.privatefile import write_private_file
 
 __all__ = ["sample_config", "write_config"]
 
@@ -102,13 +103,14 @@ def sample_config(journal_url: str | None = None) -> str:
     return _SAMPLE[:start] + _SHARED.format(url=journal_url) + "\n" + _SAMPLE[end:]
 
 
-def write_config(path: Path, text: str) -> None:
+def write_config(path: Path, text: str, *, replace: bool = False, mode: int = 0o600) -> None:
     """Write a config the broker generated (``affidavit init``, the demo's): a new file 0600
     from its first byte, whatever the umask -- under a umask of 002 (many desktops' default) it
-    would be group-writable, which the broker names as an exposure and ``affidavit serve``
-    refuses (docs/deployment.md, "Files others can reach"), and a journal URL in it may carry a
-    password.  A file already there is rewritten in place and keeps its owner's mode.
-    ``OSError`` as ``open`` raises it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    would be group-writable, which the broker refuses (CONFIG_EXPOSED), and a journal URL in it
+    may carry a password.  Through ``write_private_file``: whole or not at all, and never
+    through a link at ``path`` -- a name already there (a dangling link another user planted
+    included) is ``FileExistsError``; ``replace`` (``init --force``) renames the new file over
+    it, the link itself and never the file it names (which stays as it was), ``mode`` from
+    its first byte (the one the file replaced had: ``init --force``).  ``OSError`` as the write
+    raises it."""
+    write_private_file(path, text.encode("utf-8"), replace=replace, mode=mode)

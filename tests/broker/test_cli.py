@@ -245,8 +245,8 @@ async def test_init_whose_journal_cannot_be_opened_says_its_config_is_written(
 
 async def test_init_writes_its_config_private_whatever_the_umask(tmp_path: Path) -> None:
     """A new config is 0600 from its first byte: under a desktop's umask 002 it would be
-    group-writable, an exposure ``affidavit serve`` refuses (FILES_EXPOSED); ``--force`` rewrites
-    one in place and keeps the mode its owner gave it."""
+    group-writable, which every command holding secrets refuses (CONFIG_EXPOSED); ``--force``
+    puts a new one in its place with the mode its owner gave the old one."""
     target = tmp_path / "affidavit.toml"
     env = {**os.environ, TOKEN_ENV: "cli-token-" + "x" * 8}
     argv = [sys.executable, "-m", "affidavit", "init", "--config", str(target)]

@@ -1,0 +1,92 @@
+"""``affidavit init`` and the ``--out`` of ``journal public-key``/``anchor`` never write through
+a link at their path (audit 50b, ``init.sh``/``initforce.sh``): a link another user planted in a
+directory they can write would have root create or truncate the file it names -- or create the
+config inside a directory the planter owns, to rewrite it later.  A name already there is
+FILE_EXISTS; ``--force`` (and ``--out``, which replaces a regular file) put a new file in place
+of the link, whose target stays as it was."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.cli import main as cli_main
+from affidavit.config import load_config
+from affidavit.journal import Journal
+
+LIMIT = 60
+
+
+async def _init(*args: str) -> trio.Process:
+    argv = [sys.executable, "-m", "affidavit", "init", *args]
+    with trio.fail_after(LIMIT):
+        return await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False)
+
+
+async def test_init_refuses_a_dangling_link_at_its_path_creating_nothing(tmp_path: Path) -> None:
+    victim = tmp_path / "victim" / "created-by-root"
+    victim.parent.mkdir()
+    config = tmp_path / "affidavit.toml"
+    config.symlink_to(victim)
+    done = await _init("--config", str(config))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.decode() == (
+        f"affidavit: FILE_EXISTS: {config} exists; use --force to overwrite\n"
+    )
+    assert not os.path.lexists(victim) and config.is_symlink()
+
+
+async def test_init_force_replaces_a_link_never_the_file_it_names(tmp_path: Path) -> None:
+    precious = tmp_path / "precious"
+    precious.write_text("root:important\n")
+    precious.chmod(0o600)
+    config = tmp_path / "affidavit.toml"
+    config.symlink_to(precious)
+    done = await _init("--config", str(config), "--force")
+    assert done.returncode == 0, done.stderr
+    assert precious.read_text() == "root:important\n"
+    st = os.lstat(config)
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600, st
+    assert set(load_config(config).targets) == {"example", "deploy"}
+
+
+async def test_init_force_keeps_the_replaced_files_mode_less_others_write(tmp_path: Path) -> None:
+    config = tmp_path / "affidavit.toml"
+    assert (await _init("--config", str(config))).returncode == 0
+    config.chmod(0o664)
+    done = await _init("--config", str(config), "--force")
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(config.stat().st_mode) == 0o644
+
+
+async def _journal(path: Path) -> None:
+    async with Journal.open(path):
+        pass
+
+
+async def test_public_key_out_is_never_written_through_a_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "j.db"
+    await _journal(db)
+    precious = tmp_path / "precious"
+    precious.write_text("root:important\n")
+    out = tmp_path / "journal.pub"
+    out.symlink_to(precious)
+    argv = ["journal", "public-key", "--journal", str(db), "--out", str(out)]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"affidavit: FILE_UNUSABLE: cannot write public key file {out}: "), err
+    assert precious.read_text() == "root:important\n" and out.is_symlink()
+    out.unlink()
+    out.write_text("an older key\n")
+    out.chmod(0o600)
+    assert cli_main(argv) == 0
+    st = os.lstat(out)
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o644, st
+    assert b"an older key" not in out.read_bytes()
