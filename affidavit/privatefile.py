@@ -100,6 +100,26 @@ def run_as_owner(uid: int, chown: str | None = None) -> str:
     return f"{said}; or, if root is to run the broker from now on: {chown}" if chown else said
 
 
+def theirs_for_root(*paths: Path) -> tuple[Path, int] | None:
+    """When this process is root: the first of ``paths`` there that another uid owns
+    (``os.stat``: the file a link names), with that uid -- a root writer beside it would make
+    files of root's, ``0600``, that their owner (the daemon's user, most often) cannot open.
+    None when this process is not root, or none of them is another's (one not there, or that
+    cannot be looked at, is passed over: whoever opens it says why).  The one rule of a root
+    one-off writer on another user's files: the journal's (``journal.lock``) and the vault's
+    (``secrets.vault``), each telling ``run_as_owner``."""
+    if os.geteuid() != 0:
+        return None
+    for path in paths:
+        try:
+            uid = os.stat(path).st_uid
+        except (OSError, ValueError):
+            continue
+        if uid != 0:
+            return Path(path), uid
+    return None
+
+
 def root_copy(path: Path) -> str:
     """What root is told of a target's credential another user owns, for root to run the
     broker with: a copy of its own -- the file is most often another service's secret, which a

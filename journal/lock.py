@@ -25,7 +25,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from affidavit.privatefile import run_as_owner
+from affidavit.privatefile import run_as_owner, theirs_for_root
 
 from .errors import JournalError
 from .exposure import is_serving, journal_files
@@ -116,23 +116,17 @@ def refuse_root_on_theirs(
         return
     real = journal_file(journal) if real is None else real  # (os.stat follows a link too)
     where, what = real, f"journal {journal}"
-    try:
-        st = os.stat(where)
-    except FileNotFoundError:
+    if not os.path.exists(real):
         where, what = real.parent, f"the directory of journal {journal}"
-        try:
-            st = os.stat(where)
-        except OSError:
-            return  # (opening it says why)
-    except OSError:
-        return
-    if st.st_uid == 0:
-        return
+    found = theirs_for_root(where)
+    if found is None:
+        return  # root's (or it cannot be looked at: opening it says why)
+    uid = found[1]
     raise JournalError(
-        f"{what} is owned by uid {st.st_uid} and this process runs as root, which would make "
+        f"{what} is owned by uid {uid} and this process runs as root, which would make "
         "the files a writer creates beside it (its lock, result segments, keys, console login "
         "tokens) root's, which its owner cannot open; "
-        f"{run_as_owner(st.st_uid, _root_from_now_on(real, keys))}",
+        f"{run_as_owner(uid, _root_from_now_on(real, keys))}",
         public="the journal or its directory is owned by another user and the broker runs as "
         "root; run the broker as its owner",
     )

@@ -230,10 +230,8 @@ def _put(args: argparse.Namespace) -> int:
     path = _vault_path(args)
     try:
         vault = Vault.open(path)
-        if vault.is_locked:
-            raise UsageError(
-                f"{path}: the vault is locked; run `affidavit vault unlock` first", "VAULT_LOCKED"
-            )
+        vault.refuse_root_on_theirs()  # before the value is asked for, as is why it is locked
+        vault.require_key()
         if stdin_is_terminal():
             pipe = f"pipe it on stdin (`... | affidavit vault put {args.name}`)"
             entry = _prompt(
@@ -303,6 +301,7 @@ def _unlock(args: argparse.Namespace) -> int:
     path = _vault_path(args)
     try:
         vault = Vault.open(path)
+        vault.refuse_root_on_theirs()  # before the passphrase is asked for
         vault.unlock(_passphrase(args, confirm=False))
     except VaultError as exc:
         raise UsageError(str(exc), exc.code) from None

@@ -44,6 +44,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,6 +61,8 @@ from affidavit.privatefile import (
     FileRefused,
     read_small_file,
     remove_leftovers,
+    run_as_owner,
+    theirs_for_root,
     write_private_file,
 )
 
@@ -73,6 +76,7 @@ __all__ = [
     "VaultExists",
     "VaultLocked",
     "VaultMissing",
+    "VaultNotRoots",
     "WrongPassphrase",
     "valid_entry_name",
 ]
@@ -127,6 +131,14 @@ class VaultCorrupt(VaultError):
     """The file is not a vault, or its contents failed authentication (modified or damaged)."""
 
     code = "VAULT_CORRUPT"
+
+
+class VaultNotRoots(VaultError):
+    """Root would write the vault, its unlock file or its lock where another user -- the
+    broker's -- owns them or their directory: the files would be root's ``0600``, which the
+    broker cannot read (``Vault.refuse_root_on_theirs``)."""
+
+    code = "VAULT_NOT_ROOTS"
 
 
 class EntryMissing(VaultError, KeyError):
@@ -264,10 +276,17 @@ class Vault:
     @property
     def is_locked(self) -> bool:
         try:
-            self._key(self._read_header())
+            self.require_key()
         except VaultLocked:
             return True
         return False
+
+    def require_key(self) -> None:
+        """Raise what keeps this process from the vault's key -- ``VaultLocked`` saying why
+        (no unlock file; one it may not read, and what is wrong with it; one of another
+        vault's), ``WrongPassphrase`` for the variable's -- where ``is_locked`` only says
+        whether."""
+        self._key(self._read_header())
 
     # -- entries --------------------------------------------------------------------------
 
@@ -323,7 +342,9 @@ class Vault:
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
         """Serialize read-modify-write across processes (two concurrent ``put``s must not lose
-        one another's entry)."""
+        one another's entry) -- never as root on another user's vault, which every write
+        holds this for (``refuse_root_on_theirs``)."""
+        self.refuse_root_on_theirs()
         try:
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
@@ -337,6 +358,26 @@ class Vault:
             yield
         finally:
             os.close(fd)
+
+    def refuse_root_on_theirs(self) -> None:
+        """Every write's first step, and a command's before it asks for a value or the
+        passphrase: ``VaultNotRoots`` if this process is root and another user owns the vault, its
+        unlock file, its lock or their directory (``privatefile.theirs_for_root``: the
+        journal's rule): ``sudo affidavit vault put`` or ``unlock`` on the daemon's vault would
+        leave files of root's, ``0600``, that the daemon cannot read -- the vault, or the key
+        the next lookup needs.  Raised before anything is written, naming the file, its owner
+        and ``sudo -u`` that owner; an open's sweep then passes (``_sweep``)."""
+        files = (self.path, self.unlock_path, self.lock_path, self.path.parent)
+        found = theirs_for_root(*files)
+        if found is None:
+            return
+        path, uid = found
+        chown = f"chown 0 {' '.join(shlex.quote(str(f)) for f in files[:3])}"
+        raise VaultNotRoots(
+            f"{path} is owned by uid {uid} and this process runs as root, which would make the "
+            "vault's files it writes (the vault, its unlock file, its lock) root's, 0600, which "
+            f"their owner cannot read; {run_as_owner(uid, chown)}"
+        )
 
     def _remove_leftovers(self) -> None:
         """The temp files a killed write of the vault or its unlock file left (``privatefile.
