@@ -247,6 +247,17 @@ def _refuse_shared(
         )
 
 
+def refuse_shared_fd(fd: int, path: Path, subject: str) -> None:
+    """``FileRefused`` unless the open ``fd`` (at ``path``) is a regular file only this
+    process's user (or root) owns and may reach -- a secret's rule (``_refuse_shared``: mode
+    bits, ACL entries, owner), for a file opened to be used, not read: the vault's lock, which
+    whoever else can open can hold (flock needs no write)."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise FileRefused(f"{subject} is {_what(st.st_mode)}", f"file is {_what(st.st_mode)}")
+    _refuse_shared(fd, st, path, subject)
+
+
 def read_small_file(
     path: Path,
     limit: int,

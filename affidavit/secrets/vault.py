@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import fcntl
 import hashlib
 import hmac
@@ -60,6 +61,7 @@ from affidavit.privatefile import (
     FileMissing,
     FileRefused,
     read_small_file,
+    refuse_shared_fd,
     remove_leftovers,
     run_as_owner,
     theirs_for_root,
@@ -71,9 +73,11 @@ __all__ = [
     "PASSPHRASE_ENV",
     "EntryMissing",
     "Vault",
+    "VaultBusy",
     "VaultCorrupt",
     "VaultError",
     "VaultExists",
+    "VaultLockUnusable",
     "VaultLocked",
     "VaultMissing",
     "VaultNotRoots",
@@ -93,6 +97,10 @@ DEFAULT_N_LOG2 = 15
 """scrypt N = 2**15, r = 8, p = 1: ~32 MiB and ~0.1 s per derivation (RFC 7914's interactive
 recommendation), paid once per ``unlock``, not per lookup."""
 _N_LOG2_RANGE = range(10, 21)
+LOCK_WAIT = 5.0
+"""Seconds a vault write waits for the lock another process holds (a ``put`` takes well under
+one), then VAULT_BUSY -- never a command that waits without end on a holder it cannot name."""
+_LOCK_POLL = 0.05
 _ENTRY_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 
 
@@ -139,6 +147,20 @@ class VaultNotRoots(VaultError):
     broker cannot read (``Vault.refuse_root_on_theirs``)."""
 
     code = "VAULT_NOT_ROOTS"
+
+
+class VaultLockUnusable(VaultError):
+    """The vault's lock file cannot be used: it cannot be opened or made, is a link (never
+    followed), not a regular file, another user's, or group or others may open it -- and
+    whoever can open it can hold it."""
+
+    code = "VAULT_LOCK_UNUSABLE"
+
+
+class VaultBusy(VaultError):
+    """Another process held the vault's lock for all of ``LOCK_WAIT`` seconds."""
+
+    code = "VAULT_BUSY"
 
 
 class EntryMissing(VaultError, KeyError):
@@ -345,19 +367,46 @@ class Vault:
         one another's entry) -- never as root on another user's vault, which every write
         holds this for (``refuse_root_on_theirs``)."""
         self.refuse_root_on_theirs()
+        fd = self._open_lock()
         try:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            # A missing directory or a read-only one: a clear error, never a traceback (the
-            # message is the OS's reason and our own path, no caller value).
-            raise VaultError(
-                f"{self.lock_path}: cannot open the lock file: {exc.strerror}"
-            ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            deadline = time.monotonic() + LOCK_WAIT
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise VaultBusy(
+                            f"{self.lock_path}: another process has held the vault's lock for "
+                            f"{LOCK_WAIT:g} s: let it finish and try again (`fuser -v "
+                            f"{shlex.quote(str(self.lock_path))}` names it)"
+                        ) from None
+                    time.sleep(_LOCK_POLL)
             yield
         finally:
             os.close(fd)
+
+    def _open_lock(self) -> int:
+        """The lock file, opened (made 0600 if absent) never through a link (``O_NOFOLLOW``:
+        one planted there would have the lock made, or held, elsewhere), and only if it is a
+        regular file no one but this user (or root) owns or may open (``refuse_shared_fd``):
+        whoever else can open it can hold its flock (no write needed) and stall every write."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(self.lock_path, flags, 0o600)
+        except OSError as exc:
+            # A missing directory or a read-only one: a clear error, never a traceback (the
+            # message is the OS's reason and our own path, no caller value).
+            reason = "it is a link, never followed" if exc.errno == errno.ELOOP else exc.strerror
+            raise VaultLockUnusable(
+                f"{self.lock_path}: cannot open the lock file: {reason}"
+            ) from None
+        try:
+            refuse_shared_fd(fd, self.lock_path, "vault lock file")
+        except FileRefused as exc:
+            os.close(fd)
+            raise VaultLockUnusable(f"{self.lock_path}: cannot use the lock file: {exc}") from None
+        return fd
 
     def refuse_root_on_theirs(self) -> None:
         """Every write's first step, and a command's before it asks for a value or the
