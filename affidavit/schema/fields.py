@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import secrets
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,7 +42,9 @@ class LoadContext:
     has_vault: bool = False
 
     def resolve_path(self, value: str) -> Path:
-        p = Path(os.path.expanduser(value))
+        """``value`` absolute as written, else against the config's directory -- never ``~``
+        expanded (``Read.resolve_path`` refuses it)."""
+        p = Path(value)
         return p if p.is_absolute() else self.base_dir / p
 
 
@@ -99,6 +100,16 @@ class Read:
         return ConfigError(self.path + at, message)
 
     def resolve_path(self, value: str) -> Path:
+        """A path setting's value (``LoadContext.resolve_path``).  One starting with ``~`` is
+        refused at this field: expanded, it would name a file under the ``$HOME`` of whichever
+        process loads the config -- the CLI's operator's and the daemon's are not the same, so
+        one config would name two vaults, two journals, two credentials."""
+        if value.startswith("~"):
+            raise self.error(
+                'starts with "~", which is not expanded (it would be the $HOME of whichever '
+                "process loads the config: the CLI's and the daemon's differ): write the path "
+                "absolute, or relative to the config file's directory"
+            )
         return self.context.resolve_path(value)
 
 
