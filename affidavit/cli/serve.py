@@ -85,9 +85,9 @@ def add_commands(sub: Any) -> None:
         "--allow-exposed-files",
         action="store_true",
         help="start even though group/others can reach the journal, a key, the vault or a "
-        "file:/systemd: credential, or write the config, a CA file, a known_hosts, the "
-        "auditor's public key or a directory above one, or another user owns one (each is "
-        "logged); default: refuse (FILES_EXPOSED)",
+        "file:/systemd: credential, or write a CA file, a known_hosts, the auditor's public "
+        "key or a directory above one, or another user owns one (each is logged); default: "
+        "refuse (FILES_EXPOSED). Never a config another user can change (CONFIG_EXPOSED)",
     )
     p.set_defaults(handler=_serve, holds_secrets=SECRETS_ALWAYS)
 
