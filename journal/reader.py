@@ -33,6 +33,7 @@ from .rows import (
 )
 from .sealing import open_audit_payload
 from .signing import Checkpoint
+from .tables import Tables
 
 __all__ = ["JournalReader", "default_signing_key"]
 
@@ -161,6 +162,19 @@ class JournalReader(ViewingReader, ProvingReader):
 
     def head(self) -> tuple[int, str]:
         return self._read(lambda t: t.head(), "the journal's head")
+
+    def approvals_after(self, seq: int) -> tuple[int, set[str]]:
+        """The head's seq and the invocations an approval was asked or granted for after
+        ``seq`` through it: what a daemon's dispatcher learns at each sweep of what other
+        brokers on a shared journal asked or decided (``engine.approval.refresh``).  The rows
+        appended since ``seq``, read by the primary key: a sweep costs what was written since
+        the last one, never a scan of the journal."""
+
+        def run(t: Tables) -> tuple[int, set[str]]:
+            head = t.head()[0]
+            return head, t.approvals_between(seq, head)
+
+        return self._read(run, "the open approvals")
 
     # -- results, leases and idempotency ------------------------------------------------------
 

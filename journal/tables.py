@@ -133,6 +133,9 @@ SQL: dict[str, str] = {
     # Not DISTINCT (``touched_after`` makes the set): SQLite would answer that by scanning all
     # of ``events_invocation`` instead of the rows after ``seq`` (issue 15).
     "touched_after": "SELECT invocation_id FROM events WHERE seq > ?",
+    # A range of the primary key, then the kind: the rows appended since, never the journal.
+    "approvals_between": "SELECT invocation_id FROM events WHERE seq > ? AND seq <= ? AND "
+    "kind IN ('APPROVAL_REQUESTED', 'APPROVAL_GRANTED')",
     "hash_at": "SELECT hash FROM events WHERE seq = ?",
     "event_at": "SELECT kind, invocation_id, attrs FROM events WHERE seq = ?",
     "payload_at": "SELECT invocation_id, kind, payload FROM events WHERE seq = ?",
@@ -449,6 +452,10 @@ class Tables:
     def touched_after(self, seq: int) -> set[str]:
         """The invocations with an event after ``seq`` (what another writer appended)."""
         return {str(r[0]) for r in self.rows("touched_after", (seq,))}
+
+    def approvals_between(self, after: int, through: int) -> set[str]:
+        """The invocations an approval was asked or granted for in ``(after, through]``."""
+        return {str(r[0]) for r in self.rows("approvals_between", (after, through))}
 
     def hash_at(self, seq: int) -> str | None:
         row = self.one("hash_at", (seq,))

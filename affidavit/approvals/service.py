@@ -385,5 +385,9 @@ async def decide(
             f"{invocation_id} is not waiting for a decision (its approval window ran out)",
             409,
         ) from None
+    if approve:
+        # The daemon's dispatcher sends it if nobody else does -- also a request asked through
+        # another daemon on a shared journal, which may have stopped since (``ready``).
+        engine.approvals.learn(invocation_id)
     engine.approvals.changed()  # the waiting caller or the daemon's dispatcher, at once
     return approval_view(journal, await engine.recorder.record(invocation_id))

@@ -4,7 +4,9 @@ Seed: "Before approval, bind ... the request fingerprint to the invocation" -- a
 granted invocation is dispatched by the process that holds it: the waiting caller, or
 ``affidavit serve`` (which also picks up granted, unexpired, undispatched invocations at
 start)".  At start the daemon learns every approval the journal has open; while it runs, every
-approval its own calls request.  Each sweep -- at once after a decision recorded here, else every
+approval its own calls request, and at each sweep those the journal gained since the last one
+(asked or granted through another daemon on a shared journal: ``engine.approval.refresh``).
+Each sweep -- at once after a decision recorded here, else every
 ``SWEEP`` seconds -- dispatches those approved that nobody holds (``Broker.approvals_ready``:
 no caller here waits for it, no live dispatch lease) as a call of the daemon's own (``calls.py``:
 bounded by ``max_calls``, stopped at shutdown like any other), and closes those expired on the

@@ -66,6 +66,7 @@ __all__ = [
     "grant_of",
     "needs_approval",
     "ready",
+    "refresh",
     "request_approval",
     "request_attrs",
     "wait",
@@ -80,6 +81,12 @@ APPROVAL_STATES = frozenset({"awaiting_approval", "approved"})
 POLL = 0.1
 """A waiting caller re-reads the record at least this often (another process may decide);
 a decision made in this process wakes it at once (``ApprovalBoard``)."""
+GRACE = 0.5
+"""How long a daemon's dispatcher leaves an approved request another process asked for (on a
+shared journal) to that process's waiting caller, which re-reads its record every ``POLL``:
+the caller that waits gets its answer, and the dispatcher sends the request of a caller gone
+(or of a daemon stopped) at its next sweep.  The dispatch lease keeps it to one send either
+way; this only keeps a waiting caller from being answered IN_PROGRESS for a call it awaits."""
 
 
 class ApprovalBoard:
@@ -92,6 +99,17 @@ class ApprovalBoard:
         it): the daemon's dispatcher leaves them to it."""
         self.open: set[str] = set()
         """Invocations awaiting a decision or a dispatcher, for the daemon's dispatcher."""
+        self.asked: set[str] = set()
+        """Of ``open``, those asked in this process: its waiting callers are in ``waiting``,
+        so a grant of one nobody here waits for is dispatched at once."""
+        self.seen: dict[str, float] = {}
+        """Of ``open``, those asked elsewhere and learnt while this process runs (``learn``),
+        by when (``trio.current_time``): dispatched only ``GRACE`` after.  Those found open at
+        start (``watch``) are not in it: their callers went away with the daemon that
+        stopped, as far as a daemon starting can know (sent at once, as they always were)."""
+        self.through: int | None = None
+        """The journal's seq through which the dispatcher has learnt the approvals asked and
+        granted (``refresh``); None: this process does not watch (no dispatcher)."""
         self.dispatching: set[str] = set()
         self.requesters: dict[str, int] = {}
         """Invocations this process asked approval for (or found open at start: ``watch``),
@@ -101,6 +119,19 @@ class ApprovalBoard:
         """Invocations of a requester between the count and their APPROVAL_REQUESTED: counted
         too, so concurrent requests of one uid never get past the bound together."""
         self._changed = trio.Event()
+
+    def learn(self, iid: str) -> None:
+        """``iid`` may need the dispatcher: asked or decided elsewhere (``refresh``), or a
+        grant recorded here (``affidavit.approvals.decide``)."""
+        self.open.add(iid)
+        if iid not in self.asked:
+            self.seen.setdefault(iid, trio.current_time())
+
+    def close(self, iid: str) -> None:
+        """``iid`` needs no dispatcher any more (decided otherwise, expired, dispatched)."""
+        self.open.discard(iid)
+        self.asked.discard(iid)
+        self.seen.pop(iid, None)
 
     def changed(self) -> None:
         """A decision was recorded in this process: wake whoever waits for one."""
@@ -263,6 +294,7 @@ async def request_approval(
     finally:
         board.reserved.pop(iid, None)
     board.open.add(iid)
+    board.asked.add(iid)
     if timeout is not None:
         timeout = max(0.0, timeout - (trio.current_time() - started))
     # The uid APPROVAL_REQUESTED names: the lease its grant takes names the same asker.
@@ -476,7 +508,7 @@ async def dispatch_approved(
             # Payloads sealed to the auditor alone: the broker cannot read the request back.
             # Only its caller, resuming with the same key, can still send it (until expiry).
             log.warning("approved %s cannot be dispatched: its action is not readable", iid)
-            board.open.discard(iid)
+            board.close(iid)
             return None
         target = engine.config.targets.get(record.target or "")
         ttl = engine.lease_ttl(target, None) if target else engine.settings.lease_margin
@@ -520,11 +552,14 @@ async def dispatch_approved(
 
 def watch(engine: Engine) -> None:
     """Learn every invocation the journal has waiting for a decision or a dispatcher (the
-    daemon at start: its own calls add theirs as they ask)."""
+    daemon at start: its own calls add theirs as they ask, and ``refresh`` what the journal
+    gains after -- other brokers' requests and decisions on a shared one)."""
     board, journal = engine.approvals, engine.journal
+    board.through = journal.head()[0]  # read first: an approval asked meanwhile is read twice
     for record in journal.iter_actions():  # streamed: one projection held at a time
         if record.state in APPROVAL_STATES:
             board.open.add(record.invocation_id)
+            board.seen.pop(record.invocation_id, None)
     for iid in board.open:
         requested = next((e for e in journal.events(iid) if e.kind is E.APPROVAL_REQUESTED), None)
         who = requested.attrs.get("requester") if requested is not None else None
@@ -533,14 +568,36 @@ def watch(engine: Engine) -> None:
             board.requesters[iid] = uid  # each re-read before it is counted
 
 
+async def refresh(engine: Engine) -> None:
+    """Add to ``open`` every invocation an approval was asked or granted for since the last
+    refresh (``JournalReader.approvals_after``: the rows appended since, not a scan) -- so a
+    daemon dispatches a grant recorded for a request asked through another daemon that has
+    stopped since, and closes an approval asked elsewhere and left undecided past its expiry.
+    ``ready`` reads each one's record before anything is done with it.  Nothing before
+    ``watch``."""
+    board = engine.approvals
+    if board.through is None:
+        return
+    through, iids = await engine.recorder.read(
+        functools.partial(engine.journal.approvals_after, board.through)
+    )
+    for iid in iids:
+        board.learn(iid)
+    board.through = through
+
+
 async def ready(engine: Engine) -> list[str]:
     """Approved invocations to dispatch now: no caller in this process waits for them, no live
     dispatch lease holds them, and their approval has not expired -- an expired one is closed
-    on the way (APPROVAL_EXPIRED).  Each one returned is marked ``dispatching`` until
-    ``dispatch_approved`` is done with it (or ``ApprovalBoard.dispatching`` is cleared).  A
+    on the way (APPROVAL_EXPIRED).  One asked in another process and learnt while this one
+    runs is returned only ``GRACE`` after (its waiting caller there may take it).  What the
+    journal gained since the last sweep is learnt first (``refresh``).  Each one returned is
+    marked ``dispatching`` until ``dispatch_approved`` is done with it (or
+    ``ApprovalBoard.dispatching`` is cleared).  A
     ``JournalError`` (a shared journal away) marks none: the next sweep looks at them all again."""
     board, journal = engine.approvals, engine.journal
     out: list[str] = []
+    await refresh(engine)
     try:
         candidates = sorted(board.open - board.waiting - board.dispatching)
         now = await approval_now(engine.recorder) if candidates else 0.0
@@ -549,11 +606,14 @@ async def ready(engine: Engine) -> list[str]:
             if record is not None:
                 record = await expire_if_due(engine.recorder, record)
             if record is None or record.state not in APPROVAL_STATES:
-                board.open.discard(iid)
+                board.close(iid)
                 continue
             lease = journal.lease(iid)
             # The lease's expiry is recorded in the same clock as the approval's (``now``).
             if record.state == "approved" and (lease is None or lease.expires_at <= now):
+                first = board.seen.get(iid)
+                if first is not None and trio.current_time() - first < GRACE:
+                    continue
                 board.dispatching.add(iid)
                 out.append(iid)
     except BaseException:
