@@ -133,15 +133,18 @@ def approval_view(
     live = record.state in ("awaiting_approval", "approved")
     at = (_approval_now(reader) if now is None else now) if live else None
     expires = float(attrs.get("expires_at", 0)) if live else 0.0
+    # Closed, the record says what became of it -- not the clock: an approval that ran out
+    # is recorded APPROVAL_EXPIRED (validation_failed), never shown pending and unexpired.
+    lapsed = record.code is Code.APPROVAL_EXPIRED
     view: dict[str, Any] = {
         "invocation_id": record.invocation_id,
-        "approval": "pending" if approval["state"] == "requested" else approval["state"],
+        "approval": _decision(approval["state"], live, lapsed),
         "state": record.state,
         "target": record.target,
         "session": record.session,
         "requested_at": requested.at,
         "expires_at": attrs.get("expires_at"),
-        "expired": at is not None and at >= expires,
+        "expired": at >= expires if at is not None else lapsed,
         "expires_in": None if at is None else max(0.0, expires - at),
         "requester": attrs.get("requester"),
         "version": attrs.get("version"),
@@ -170,6 +173,18 @@ def approval_view(
     if code is not None and not live:
         view["code"] = code.value
     return view
+
+
+def _decision(state: str, live: bool, lapsed: bool) -> str:
+    """The view's ``approval``: ``granted`` or ``denied`` once decided (whatever came after:
+    ``state`` and ``code`` say); undecided, ``pending`` while the request waits, ``expired``
+    once recorded APPROVAL_EXPIRED, else ``closed`` (ended otherwise before a decision: its
+    caller withdrew it -- ``code`` says why)."""
+    if state != "requested":
+        return state
+    if live:
+        return "pending"
+    return "expired" if lapsed else "closed"
 
 
 def pending(reader: JournalReader) -> list[dict[str, Any]]:
