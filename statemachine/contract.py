@@ -207,8 +207,8 @@ CODES: dict[Code, CodeInfo] = {
         _NA,
         Retry.AFTER_CORRECTION,
         "The request fingerprint changed after approval (request, credential version or target"
-        " configuration); nothing was sent under the old approval, a new invocation needs a new"
-        " approval.",
+        " configuration), or the operator who granted it is no longer one; nothing was sent"
+        " under the old approval, a new invocation needs a new approval.",
     ),
     Code.APPROVAL_EXPIRED: CodeInfo(
         _V,

@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from affidavit.engine.approval import admits_uid
+
 __all__ = ["Operator", "OperatorError", "OperatorPolicy"]
 
 
@@ -96,22 +98,9 @@ class OperatorPolicy:
         return any(g in self.gids for g in who.groups)
 
     def admits_uid(self, uid: int) -> bool:
-        """Whether a local ``uid`` is an operator as the user database tells it: the uid, its
-        primary group or a supplementary one (``getgrouplist``) named.  For sharing the
-        console's places, where only a socket's owner uid is known -- a decision is still
-        ``is_operator``'s, on the kernel's credentials of the caller."""
-        if uid in self.uids:
-            return True
-        if not self.gids:
-            return False
-        try:
-            import pwd
-
-            entry = pwd.getpwuid(uid)
-            groups = os.getgrouplist(entry.pw_name, entry.pw_gid)
-        except (KeyError, ImportError, OSError):
-            return False
-        return any(g in self.gids for g in groups)
+        """``affidavit.engine.approval.admits_uid`` by this policy: for sharing the console's
+        places, where only a socket's owner uid is known."""
+        return admits_uid(self.uids, self.gids, uid)
 
     def require(self, who: Operator, action: str) -> None:
         if not self.is_operator(who):

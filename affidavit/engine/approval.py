@@ -32,14 +32,17 @@ import contextlib
 import functools
 import hashlib
 import logging
+import os
+import pwd
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from affidavit.config import canonical_json
+from affidavit.config.service import ServiceConfig
 from affidavit.journal import JournalError, JournalUnavailable, Lease, LeaseBusy, ReadFailed
 from affidavit.protocols import Binding, Prepared, get
 from affidavit.protocols.actions import ActionInvalid, fingerprint, parse_action
@@ -57,6 +60,7 @@ __all__ = [
     "APPROVAL_STATES",
     "ApprovalBoard",
     "Grant",
+    "admits_uid",
     "approval_fingerprint",
     "approval_now",
     "await_grant",
@@ -151,6 +155,8 @@ class Grant:
     expires_at: float
     version: str | None = None
     """The credential version the approval was asked for (its fingerprint holds it too)."""
+    operator: int | None = None
+    """The uid of the operator who granted it, as APPROVAL_GRANTED recorded it."""
 
     def problem(self, dispatch_fingerprint: str, now: float) -> Code | None:
         if dispatch_fingerprint != self.fingerprint:
@@ -159,6 +165,32 @@ class Grant:
             return Code.APPROVAL_EXPIRED
         return None
 
+    def disowned(self, service: ServiceConfig) -> bool:
+        """Whether the operator who granted it is not one by the operator settings as they are
+        now (``[service] operator_uids`` / ``operator_gids``, a reloaded file's or a restarted
+        daemon's): removed since, the grant no longer stands -- the gate sends nothing under it
+        (APPROVAL_STALE).  A grant naming no uid names nobody who could be checked: disowned."""
+        uid = self.operator
+        return uid is None or not admits_uid(service.operator_uids, service.operator_gids, uid)
+
+
+def admits_uid(uids: Collection[int], gids: Collection[int], uid: int) -> bool:
+    """Whether a local ``uid`` is an operator by ``uids`` / ``gids`` as the user database tells
+    it: the uid, its primary group or a supplementary one (``getgrouplist``) named.  Where only
+    a uid is known: the operator a grant names (``Grant.disowned``), and the console's places
+    (a socket's owner: ``OperatorPolicy.admits_uid``) -- a decision itself is
+    ``OperatorPolicy.is_operator``'s, on the kernel's credentials of the caller."""
+    if uid in uids:
+        return True
+    if not gids:
+        return False
+    try:
+        entry = pwd.getpwuid(uid)
+        groups = os.getgrouplist(entry.pw_name, entry.pw_gid)
+    except (KeyError, OSError):
+        return False
+    return any(g in gids for g in groups)
+
 
 def grant_of(record: Record) -> Grant | None:
     """The granted approval an invocation's dispatches must match (None: it needed none)."""
@@ -166,10 +198,13 @@ def grant_of(record: Record) -> Grant | None:
     if not isinstance(approval, Mapping) or approval.get("state") != "granted":
         return None
     version = approval.get("version")
+    who = approval.get("operator")
+    uid = who.get("uid") if isinstance(who, Mapping) else None
     return Grant(
         str(approval["fingerprint"]),
         float(approval["expires_at"]),
         version if isinstance(version, str) else None,
+        uid if type(uid) is int else None,
     )
 
 

@@ -127,6 +127,17 @@ def _approval_refusal(code: Code, grant: Grant | None = None) -> dict[str, Any]:
     return {"code": code.value, "field": "approval", "message": _APPROVAL_MESSAGES[code]}
 
 
+def _disowned(grant: Grant) -> dict[str, Any]:
+    """The gate's refusal of a grant whose operator is no longer one (``Grant.disowned``)."""
+    who = "no operator uid" if grant.operator is None else f"uid {grant.operator}"
+    return {
+        "code": Code.APPROVAL_STALE.value,
+        "field": "approval.operator",
+        "message": f"The approval was granted by {who}, not an operator by [service] "
+        "operator_uids / operator_gids now; nothing was sent under it.",
+    }
+
+
 @dataclass
 class Attempt:
     """Per-try bookkeeping shared between the engine and the gate/observer/sink closures."""
@@ -699,6 +710,8 @@ def _passing(engine: Engine, attempt: Attempt) -> Any:
             problem = grant.problem(dispatch_fingerprint, await approval_now(engine.recorder))
             if problem is not None:
                 raise _Refused(_approval_refusal(problem, grant))
+            if grant.disowned(engine.config.service):
+                raise _Refused(_disowned(grant))
         attrs: dict[str, Any] = {"generation": attempt.generation, "attempt": attempt.n}
         scrub = attempt.scrub
         for k in ("connection", "reused_connection", "peer", "hop", "origin", "via_proxy"):
