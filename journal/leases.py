@@ -51,6 +51,7 @@ __all__ = [
     "check_first_deadline",
     "check_lapsed",
     "check_lease",
+    "check_unleased",
     "gate_now",
     "lease_now",
 ]
@@ -94,6 +95,16 @@ def check_lapsed(txn: Txn, iid: str, deadline: float | None) -> Fail | None:
     if deadline is not None and deadline > now:
         holder = current.holder if current is not None else "the first attempt's holder"
         return Fail(LeaseBusy(Lease(0, deadline, holder, iid, None)))
+    return None
+
+
+def check_unleased(txn: Txn, iid: str, clock: Callable[[], float]) -> Fail | None:
+    """None unless a live lease holds the invocation by the lease clock, read in ``txn``
+    (``lease_now``); else ``LeaseBusy``: an operator's revoke of a grant never lands while a
+    holder may be dispatching it (APPROVAL_REVOKED)."""
+    current = _current_lease(txn, iid)
+    if current is not None and current.expires_at > lease_now(txn, clock):
+        return Fail(LeaseBusy(current))
     return None
 
 

@@ -432,6 +432,7 @@ class Journal(JournalReader):
         cancellable: bool = False,
         first_gate: str | None = None,
         after: Sequence[Posted[Any]] = (),
+        unleased: bool = False,
     ) -> Event:
         """Append one event; return it with ``seq`` and ``at`` assigned.
 
@@ -461,7 +462,11 @@ class Journal(JournalReader):
         ``after``: the caller's earlier posted writes whose answers it has not read yet (the
         call's unsettled posts): one about this invocation that was refused, or failed to be
         stored, fails this event with the same error, nothing written -- a task's facts about
-        an invocation presuppose those it wrote before (``requests.presupposed``)."""
+        an invocation presuppose those it wrote before (``requests.presupposed``).
+        ``unleased``: written only while no live lease holds the invocation
+        (``leases.check_unleased``), else ``LeaseBusy``, nothing written."""
+        if cancellable and unleased:
+            raise ValueError("cancellable append with unleased: its answer cannot be given up")
         if cancellable:
             _refuse_cancellable(event, lease, lapsed, valid_until, meanwhile, first_gate)
         if first_gate is not None and lease is not None:
@@ -475,7 +480,12 @@ class Journal(JournalReader):
             args = (event, attrs_text, *self._seal_payload(event, payload), decoded)
         barrier = barrier or event.kind._value_ in BARRIER_VALUES
         pre = presupposed(after, {event.invocation_id}) if after else None
-        if lease is None and not lapsed and valid_until is None and first_gate is None:
+        if (
+            lease is None
+            and not (lapsed or unleased)
+            and valid_until is None
+            and first_gate is None
+        ):
             return await self._writer.submit(
                 None,
                 args,
@@ -495,6 +505,8 @@ class Journal(JournalReader):
                 refused = leases.check_first_deadline(txn, iid, first_gate, clock)
             elif lapsed:
                 refused = leases.check_lapsed(txn, iid, deadline)
+            elif unleased:
+                refused = leases.check_unleased(txn, iid, clock)
             else:
                 refused = None
             if refused is not None:

@@ -126,6 +126,11 @@ class EventKind(StrEnum):
     write.  attrs: fingerprint (must be the requested one), operator, note."""
     APPROVAL_DENIED = "APPROVAL_DENIED"
     """An operator denied the invocation.  attrs: code (APPROVAL_DENIED), operator, note."""
+    APPROVAL_REVOKED = "APPROVAL_REVOKED"
+    """An operator took a grant back before it was dispatched: written only while the
+    invocation is approved and no live dispatch lease holds it (both checked in the writing
+    transaction), so it and a dispatch never both happen.  Ends it like a denial.  attrs: code
+    (APPROVAL_DENIED), operator, note."""
     DISPATCH_LEASE_ACQUIRED = "DISPATCH_LEASE_ACQUIRED"
     """The process that will dispatch an approved invocation took its lease (attrs: generation,
     strictly increasing; holder; expires_at; requester ({uid}) when a waiting caller took it --

@@ -241,6 +241,15 @@ def _on_approval_denied(p: Projector, event: Event) -> None:
     _set_error(p, event, code)
 
 
+def _on_approval_revoked(p: Projector, event: Event) -> None:
+    """A grant taken back: the approval evidence says ``revoked``, by whom and why (the grant's
+    own operator and note stay in its APPROVAL_GRANTED row), and the invocation ends as a
+    denied one does."""
+    code = _phase_code(p, event, _CREDENTIAL_INJECTION)
+    p._evidence["approval"] = _decided(p, event, "revoked")
+    _set_error(p, event, code)
+
+
 def _on_credential(p: Projector, event: Event) -> None:
     attrs = event.attrs
     gen = attrs.get("generation")

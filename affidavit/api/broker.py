@@ -425,6 +425,20 @@ class Broker:
         """Deny a pending request (APPROVAL_DENIED: never sent; retry ``never``)."""
         return await self._decide(invocation_id, False, note, operator)
 
+    async def revoke(
+        self, invocation_id: str, *, note: str | None, operator: Operator | None = None
+    ) -> dict[str, Any]:
+        """Take back a grant not yet sent (APPROVAL_REVOKED: ends it as denied, retry
+        ``never``); refused while a dispatcher holds it (``approvals.revoke``)."""
+        who = operator or Operator.current()
+        await self.settled()
+        try:
+            return await approvals.revoke(
+                self._engine, self.operator_policy, who, invocation_id, note=note
+            )
+        finally:
+            self._engine.recorder.done()  # as a call's: nothing kept for this task after it
+
     async def _decide(
         self,
         invocation_id: str,

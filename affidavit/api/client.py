@@ -363,6 +363,11 @@ class Client:
     async def deny(self, invocation_id: str, *, note: str | None = None) -> dict[str, Any]:
         return await self._post_json(approval_path(invocation_id, "/deny"), {"note": note})
 
+    async def revoke(self, invocation_id: str, *, note: str) -> dict[str, Any]:
+        """Take back a grant not yet sent, as this peer (``ApiError`` 409 NOT_APPROVED when it
+        is not approved and undispatched, DISPATCHING while a dispatcher holds it)."""
+        return await self._post_json(approval_path(invocation_id, "/revoke"), {"note": note})
+
     async def reconcile(
         self,
         invocation_id: str,

@@ -10,6 +10,7 @@ from .service import (
     decide,
     pending,
     pending_page,
+    revoke,
     show,
 )
 
@@ -24,5 +25,6 @@ __all__ = [
     "decide",
     "pending",
     "pending_page",
+    "revoke",
     "show",
 ]

@@ -28,6 +28,7 @@ from affidavit.journal import (
     JournalError,
     JournalReader,
     JournalUnavailable,
+    LeaseBusy,
     ReadFailed,
 )
 from affidavit.protocols import get
@@ -55,6 +56,7 @@ __all__ = [
     "decision_failure",
     "pending",
     "pending_page",
+    "revoke",
     "show",
 ]
 
@@ -405,4 +407,57 @@ async def decide(
         # another daemon on a shared journal, which may have stopped since (``ready``).
         engine.approvals.learn(invocation_id)
     engine.approvals.changed()  # the waiting caller or the daemon's dispatcher, at once
+    return approval_view(journal, await engine.recorder.record(invocation_id))
+
+
+async def revoke(
+    engine: Engine,
+    policy: OperatorPolicy,
+    operator: Operator,
+    invocation_id: str,
+    *,
+    note: str | None,
+) -> dict[str, Any]:
+    """Take back a grant before its request is sent: APPROVAL_REVOKED with the operator and the
+    note (required: why), appended as a barrier only while the invocation is ``approved`` and
+    no live dispatch lease holds it -- both checked in the writing transaction, so a revoke and
+    a dispatch never both happen: whichever the journal took first wins, and its record shows
+    which.  The invocation then ends as a denied one: APPROVAL_DENIED (credential_injection,
+    not_attempted, retry ``never``), what a caller waiting on it, or coming back with its key,
+    is answered.  Refused (``OperatorError``): not an operator (403); no such approval (404);
+    not approved and undispatched -- pending (deny it instead), decided otherwise, expired or
+    dispatched (409 NOT_APPROVED); held by a dispatcher now (409 DISPATCHING: it may be being
+    sent -- its record says what became of it)."""
+    policy.require(operator, "revoke an approval")
+    checked = check_note(note, required=True)
+    journal = engine.journal
+    record = await expire_if_due(engine.recorder, _approval_record(journal, invocation_id))
+    if record.state != "approved":
+        raise OperatorError(
+            "NOT_APPROVED",
+            f"{invocation_id} is not approved and waiting for its dispatch (it is "
+            f"{record.state}): only a grant not yet sent can be revoked"
+            + (" -- deny a pending one" if record.state == "awaiting_approval" else ""),
+            409,
+        )
+    event = Event(
+        E.APPROVAL_REVOKED,
+        invocation_id,
+        {"code": Code.APPROVAL_DENIED.value, "operator": operator.attrs(), "note": checked},
+    )
+    try:
+        await engine.recorder.append(event, barrier=True, unleased=True)
+    except ImpossibleEvent:
+        raise OperatorError(
+            "NOT_APPROVED", f"{invocation_id} was dispatched, decided or expired meanwhile", 409
+        ) from None
+    except LeaseBusy:
+        raise OperatorError(
+            "DISPATCHING",
+            f"{invocation_id} is held by its dispatcher (a live dispatch lease): not revoked -- "
+            f"it may be being sent; `affidavit approvals show {invocation_id}` tells what "
+            "became of it",
+            409,
+        ) from None
+    engine.approvals.changed()  # a caller waiting on it reads the record at once
     return approval_view(journal, await engine.recorder.record(invocation_id))

@@ -8,6 +8,8 @@
     affidavit approvals approve ID [--note T]    APPROVAL_GRANTED; the request is then sent once
                         [--blind]               ... even one whose request cannot be read here
     affidavit approvals deny ID [--note T]       APPROVAL_DENIED; it is never sent
+    affidavit approvals revoke ID --note T       APPROVAL_REVOKED: a grant not yet sent taken
+                                                 back; it is never sent
     affidavit reconcile ID --query               run the target's reconciliation query
     affidavit reconcile ID --attest committed|rejected --note TEXT
 
@@ -68,7 +70,11 @@ def add_commands(sub: Any) -> None:
     )
     _options(show)
     show.set_defaults(handler=_show, holds_secrets=SECRETS_EMBEDDED)
-    for verb, what in (("approve", "approve: it is then sent once"), ("deny", "deny: never sent")):
+    for verb, what in (
+        ("approve", "approve: it is then sent once"),
+        ("deny", "deny: never sent"),
+        ("revoke", "take back an approval not yet sent: never sent (needs --note)"),
+    ):
         d = asub.add_parser(verb, help=f"{what} (operators only)")
         d.add_argument("invocation_id")
         d.add_argument("--note", help="why, kept in the journal with your identity")
@@ -291,6 +297,8 @@ def _decide(args: argparse.Namespace) -> int:
     async def decide(broker: Any) -> Any:
         if args.verb == "approve":
             return await broker.approve(iid, note=note, blind=args.blind)
+        if args.verb == "revoke":
+            return await broker.revoke(iid, note=note)
         return await broker.deny(iid, note=note)
 
     from affidavit.approvals import service

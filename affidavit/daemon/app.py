@@ -16,7 +16,7 @@
     GET  /v1/metrics                   Prometheus text (``?format=json``: ``metrics --json``)
     GET  /v1/health                    {"ok": true, ...}; 503 JOURNAL_REPLACED when the SQLite
                                        file at the journal's path is not the one it writes
-    ...  /v1/approvals[/{id}[/approve|/deny|/content/{name}]],
+    ...  /v1/approvals[/{id}[/approve|/deny|/revoke|/content/{name}]],
          POST /v1/invocations/{id}/reconcile, POST /v1/console/login: the operator routes
          (``operators.py``)
 
@@ -102,7 +102,7 @@ Handler = Callable[["Api", Request], Awaitable[None]]
 
 _INVOCATION = re.compile(r"/v1/invocations/([^/]+)(/result|/reconcile)?")
 _OPERATION = re.compile(r"/v1/operations/([^/]+)/poll")
-_APPROVAL = re.compile(r"/v1/approvals/([^/]+)(/approve|/deny|/content/[^/]+)?")
+_APPROVAL = re.compile(r"/v1/approvals/([^/]+)(/approve|/deny|/revoke|/content/[^/]+)?")
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 
 VIEW_THREADS = 4

@@ -6,6 +6,7 @@ and ``affidavit.reconcile`` with the socket peer as the identity.
     GET  /v1/approvals/{id}/content/{name}  its body or stdin, the exact bytes (operators)
     POST /v1/approvals/{id}/approve         {"note"?} -> the approval          (operators)
     POST /v1/approvals/{id}/deny            {"note"?} -> the approval          (operators)
+    POST /v1/approvals/{id}/revoke          {"note"} -> the approval           (operators)
     POST /v1/invocations/{id}/reconcile     {"query": true} (anyone admitted) or
                                             {"attest": "committed"|"rejected", "note"} (operators)
     POST /v1/console/login                  -> {"url", "expires_at"}: a one-time login link to
@@ -140,7 +141,7 @@ async def content(api: Api, req: Request, invocation_id: str, name: str) -> None
 
 async def decide(api: Api, req: Request, invocation_id: str, verb: str) -> None:
     body = _fields(await req.json_object(), DECISION_FIELDS)
-    who = _require(api, req, "approve or deny")
+    who = _require(api, req, "revoke an approval" if verb == "revoke" else "approve or deny")
     note = _note(body)
     blind = body.get("blind", False)
     if not isinstance(blind, bool) or (blind and verb != "approve"):
@@ -151,6 +152,8 @@ async def decide(api: Api, req: Request, invocation_id: str, verb: str) -> None:
     def decision() -> Awaitable[dict[str, Any]]:
         if verb == "approve":
             return api.broker.approve(invocation_id, note=note, operator=who, blind=blind)
+        if verb == "revoke":
+            return api.broker.revoke(invocation_id, note=note, operator=who)
         return api.broker.deny(invocation_id, note=note, operator=who)
 
     view = await _run(

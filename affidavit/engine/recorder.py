@@ -126,9 +126,11 @@ class Recorder:
         deadline: float | None = None,
         valid_until: float | None = None,
         cancellable: bool = False,
+        unleased: bool = False,
     ) -> None:
         """``lapsed``/``deadline``: a recovery's closing event; ``valid_until``: an approval's
-        expiry, checked in the writing transaction (``Journal.append``).  ``cancellable``: a
+        expiry; ``unleased``: no live lease (an operator's revoke) -- each checked in the
+        writing transaction (``Journal.append``).  ``cancellable``: a
         barrier whose answer may be given up, the write going on (``Journal.append``): a close
         recovery would make all the same (``internal_close``), never a call's own boundary --
         the journal refuses (``ValueError``) any other event, and ``lapsed`` or
@@ -138,8 +140,8 @@ class Recorder:
             return
         # Shielded: a caller's cancellation must not leave it unclear whether a record landed.
         with trio.CancelScope(shield=True):
-            if lapsed or valid_until is not None:
-                await self._checked(event, lapsed, deadline, valid_until)
+            if lapsed or unleased or valid_until is not None:
+                await self._checked(event, lapsed, deadline, valid_until, unleased=unleased)
                 return
             await self.write(event, barrier=barrier)
 
@@ -151,6 +153,7 @@ class Recorder:
         valid_until: float | None,
         *,
         cancellable: bool = False,
+        unleased: bool = False,
     ) -> None:
         """A barrier whose condition the writing transaction checks (``Journal.append``)."""
         task = trio.lowlevel.current_task()
@@ -163,6 +166,7 @@ class Recorder:
             valid_until=valid_until,
             cancellable=cancellable,
             after=self._posted.get(task, ()),
+            unleased=unleased,
         )
 
     async def write(

@@ -172,7 +172,7 @@ def make_event(
     elif kind is E.APPROVAL_GRANTED:
         approval = rec.evidence.get("approval") or {}
         attrs = {"fingerprint": approval.get("fingerprint", APPROVAL_FP), "operator": OPERATOR}
-    elif kind is E.APPROVAL_DENIED:
+    elif kind in (E.APPROVAL_DENIED, E.APPROVAL_REVOKED):
         attrs = {"code": Code.APPROVAL_DENIED.value, "operator": OPERATOR, "note": "no"}
     elif kind is E.DISPATCH_LEASE_ACQUIRED:
         attrs = {"generation": rec.generation + choose([1, 2]), "holder": choose(["w1", "w2"])}
