@@ -105,36 +105,51 @@ class LeaseRefusal(Exception):
 
 
 _APPROVAL_MESSAGES = {
-    Code.APPROVAL_STALE: "The request, its credential or its target's configuration changed "
-    "after approval; nothing was sent under the old approval.",
-    Code.APPROVAL_EXPIRED: "The approval window ran out before the request was dispatched; "
-    "nothing was sent.",
+    Code.APPROVAL_STALE: (
+        "The request, its credential or its target's configuration changed after approval",
+        "nothing was sent under the old approval",
+    ),
+    Code.APPROVAL_EXPIRED: (
+        "The approval window ran out before the request was dispatched",
+        "nothing was sent",
+    ),
 }
-
+"""Per code: why, and what an attempt with no earlier dispatch says of what it sent."""
 
 _PREDATES = (
     "The approval was granted for a credential version recorded before value digests (a vault "
-    "entry's counter alone): it cannot be matched; nothing was sent under it."
+    "entry's counter alone): it cannot be matched",
+    "nothing was sent under it",
 )
 
+_RETRY_SENT = "this retry sent nothing; an earlier attempt's outcome stands"
+"""What a retry of a dispatched attempt says instead (``Attempt.earlier_dispatch``), as a
+set-up failure's message words it: the earlier attempt was sent (the record's outcome stands);
+only this one is known unsent."""
 
-def _approval_refusal(code: Code, grant: Grant | None = None) -> dict[str, Any]:
-    """The gate's refusal; an APPROVAL_STALE whose grant bound a bare vault counter says it is
-    the upgrade (``predates_value_digests``), not a change."""
+
+def _approval_refusal(code: Code, attempt: Attempt, grant: Grant | None = None) -> dict[str, Any]:
+    """The gate's refusal of ``attempt``; an APPROVAL_STALE whose grant bound a bare vault
+    counter says it is the upgrade (``predates_value_digests``), not a change."""
     version = grant.version if grant is not None else None
     if code is Code.APPROVAL_STALE and version is not None and predates_value_digests(version):
-        return {"code": code.value, "field": "approval", "message": _PREDATES}
-    return {"code": code.value, "field": "approval", "message": _APPROVAL_MESSAGES[code]}
+        why, sent = _PREDATES
+    else:
+        why, sent = _APPROVAL_MESSAGES[code]
+    if attempt.earlier_dispatch:
+        sent = _RETRY_SENT
+    return {"code": code.value, "field": "approval", "message": f"{why}; {sent}."}
 
 
-def _disowned(grant: Grant) -> dict[str, Any]:
+def _disowned(grant: Grant, attempt: Attempt) -> dict[str, Any]:
     """The gate's refusal of a grant whose operator is no longer one (``Grant.disowned``)."""
     who = "no operator uid" if grant.operator is None else f"uid {grant.operator}"
+    sent = _RETRY_SENT if attempt.earlier_dispatch else "nothing was sent under it"
     return {
         "code": Code.APPROVAL_STALE.value,
         "field": "approval.operator",
         "message": f"The approval was granted by {who}, not an operator by [service] "
-        "operator_uids / operator_gids now; nothing was sent under it.",
+        f"operator_uids / operator_gids now; {sent}.",
     }
 
 
@@ -159,6 +174,11 @@ class Attempt:
     """The host's handle on the call (the daemon's): a stop before the gate wins."""
     grant: tuple[Grant, str] | None = None
     """An approved invocation's grant and the fingerprint of this dispatch, for the gate."""
+    earlier_dispatch: bool = False
+    """The record holds an earlier attempt's dispatch (this is a retry of it; its outcome is
+    the record's): a refusal of this attempt says "this retry sent nothing", never "nothing
+    was sent".  Not the generation: an approved call's first attempt already runs under a
+    claimed lease (generation 1)."""
     gate_entered: bool = False
     gate_stop: BaseException | None = None
     """What stopped the gate (its journal's answer: a ``LeaseRefusal``, a refusal, a
@@ -197,6 +217,7 @@ async def run_tries(
     lease_ends: float,
     control: CallControl | None = None,
     grant: tuple[Grant, str] | None = None,
+    earlier_dispatch: bool = False,
 ) -> tuple[Attempt, RemoteResult | None, Failure | None]:
     """Run the attempt within the caller's deadline, trying connection setup again (at most
     ``SETUP_ATTEMPTS`` times) while the failure's code allows it.  The attempt also ends within
@@ -221,6 +242,7 @@ async def run_tries(
     setup_code = Code.CALLER_CANCELLED if callers else Code.CONNECT_TIMEOUT
     attempt = _new_attempt(engine, iid, generation, lease, target.name, expected, binding, sink, 1)
     attempt.control, attempt.grant = control, grant
+    attempt.earlier_dispatch = earlier_dispatch
     now = time.time()
     if now >= lease_ends:
         # The lease itself ran out (a stall before the first try): another worker may take
@@ -246,6 +268,7 @@ async def run_tries(
                     engine, iid, generation, lease, target.name, expected, binding, sink, n
                 )
                 attempt.control, attempt.grant = control, grant
+                attempt.earlier_dispatch = earlier_dispatch
             result, failure, again = await _try_once(engine, binding, prepared, attempt, sink)
             if not again:
                 break
@@ -367,7 +390,7 @@ async def _try_once(
             # it anew.  Under a granted approval, the gate's answer to any change between the
             # approval and the dispatch: the approval does not cover what would be trusted.
             if attempt.grant is not None:
-                refused = _approval_refusal(Code.APPROVAL_STALE)
+                refused = _approval_refusal(Code.APPROVAL_STALE, attempt)
                 return None, Event(E.PREFLIGHT_FAILED, iid, refused), False
             field = f"targets.{attempt.target_name}" + (f".{exc.setting}" if exc.setting else "")
             return (
@@ -394,10 +417,10 @@ async def _try_once(
             # The code's own meaning would blame the remote ("the server certificate was
             # rejected"); the message says it is the setting (``detail``: the adapter's fixed
             # words for a setting, never a value).
-            # "Nothing was sent" is the first attempt's to say: a retry's earlier attempt may
-            # have been sent (its outcome is the record's, unknown), and this one sent nothing.
+            # "Nothing was sent" is not a retry's to say when an earlier attempt was sent (its
+            # outcome is the record's, unknown): this one sent nothing.
             field = f"targets.{attempt.target_name}.{exc.setting}"
-            sent = "nothing was sent" if attempt.generation == 0 else "this retry sent nothing"
+            sent = "this retry sent nothing" if attempt.earlier_dispatch else "nothing was sent"
             attrs["field"] = field
             attrs["message"] = f"{exc.detail}: fix {field}; {sent}."
         return None, Event(E.SETUP_FAILED, iid, attrs), False
@@ -696,7 +719,7 @@ def _passing(engine: Engine, attempt: Attempt) -> Any:
         # approved one, that the approval does not cover what would be sent.
         if await engine.snapshot.changed(attempt.target_name, attempt.expected_hash):
             if attempt.grant is not None:
-                raise _Refused(_approval_refusal(Code.APPROVAL_STALE))
+                raise _Refused(_approval_refusal(Code.APPROVAL_STALE, attempt))
             # The field is the section to look at: the target's settings (or the target itself,
             # now removed) are no longer what validation bound.
             raise _Refused(
@@ -709,9 +732,9 @@ def _passing(engine: Engine, attempt: Attempt) -> Any:
             grant, dispatch_fingerprint = attempt.grant
             problem = grant.problem(dispatch_fingerprint, await approval_now(engine.recorder))
             if problem is not None:
-                raise _Refused(_approval_refusal(problem, grant))
+                raise _Refused(_approval_refusal(problem, attempt, grant))
             if grant.disowned(engine.config.service):
-                raise _Refused(_disowned(grant))
+                raise _Refused(_disowned(grant, attempt))
         attrs: dict[str, Any] = {"generation": attempt.generation, "attempt": attempt.n}
         scrub = attempt.scrub
         for k in ("connection", "reused_connection", "peer", "hop", "origin", "via_proxy"):
@@ -750,7 +773,7 @@ def _passing(engine: Engine, attempt: Attempt) -> Any:
             )
         except ApprovalLapsed:
             _gate_left(attempt)
-            raise _Refused(_approval_refusal(Code.APPROVAL_EXPIRED)) from None
+            raise _Refused(_approval_refusal(Code.APPROVAL_EXPIRED, attempt)) from None
         except LeaseLost:
             _gate_left(attempt)
             raise LeaseRefusal(recorded=True) from None

@@ -515,10 +515,11 @@ async def resume(
         grant: Grant | None,
         version: str | None = None,
         policy: Any = None,
+        earlier_dispatch: bool = False,
     ) -> dict[str, Any]:
         """One more try under ``held`` (a lease this engine holds, and its end by this
         broker's clock: ``held_until``); ``policy``: it waits for an operator first (``run``'s
-        ``approval``)."""
+        ``approval``); ``earlier_dispatch``: ``run``'s."""
         lease, ends = held
         return await run(
             engine,
@@ -536,6 +537,7 @@ async def resume(
             control=control,
             grant=grant,
             approval=None if policy is None else (policy, requester),
+            earlier_dispatch=earlier_dispatch,
         )
 
     record = await expire_if_due(recorder, await recorder.record(iid))
@@ -606,7 +608,10 @@ async def resume(
         policy = None if granted_before is not None else needs_approval(action, target)
         recorder.attempting(iid, lease.generation)
         held = (lease, held_until(taken, ttl))
-        return await leased(held, timeout, granted_before, version, policy)
+        # An earlier attempt dispatched (its outcome the record's): a refusal of this one says
+        # only that this retry sent nothing.
+        earlier = record.evidence.get("dispatch_started") is True
+        return await leased(held, timeout, granted_before, version, policy, earlier)
     # FETCH, RETURN_RECORDED_RESULT, RECONCILE, STOP_FOR_CORRECTION, RETRY_WHEN_ALLOWED:
     # answer from the record; nothing is sent again.
     return recorder.envelope(record)
@@ -630,12 +635,14 @@ async def run(
     control: CallControl | None = None,
     grant: Grant | None = None,
     approval: tuple[Any, int | None] | None = None,
+    earlier_dispatch: bool = False,
 ) -> dict[str, Any]:
     """One try of the invocation: the credential step, the attempt, its ending.  ``approval``
     (the target's policy, the requester's uid): this new invocation waits for an operator
     first (``approval.py``); ``grant``: it was approved, and the gate re-checks that.
     ``lease_ends``: when the lease of ``generation`` runs out (wall clock): the attempt ends
-    within it."""
+    within it.  ``earlier_dispatch``: the record holds an earlier attempt's dispatch (a retry
+    of it): a refusal of this one never says nothing was sent (``Attempt.earlier_dispatch``)."""
     if control is not None:
         control.invocation_id = iid
     engine.recorder.attempting(iid, generation)
@@ -678,6 +685,7 @@ async def run(
         lease_ends=lease_ends,
         control=control,
         grant=check,
+        earlier_dispatch=earlier_dispatch,
     )
     return await conclude(engine, attempt, result, failure, sink, deliver, reader(action, target))
 

@@ -48,6 +48,18 @@ E = EventKind
 OK = Reply(200, body=b'{"ok": true}')
 CHARGE = {"target": "api", "method": "POST", "path": "/v1/charges", "body": '{"amount": 5}'}
 LIMIT = 20
+STALE_FIRST = (
+    "The request, its credential or its target's configuration changed after approval; "
+    "nothing was sent under the old approval."
+)
+STALE_RETRY = (
+    "The request, its credential or its target's configuration changed after approval; "
+    "this retry sent nothing; an earlier attempt's outcome stands."
+)
+EXPIRED_RETRY = (
+    "The approval window ran out before the request was dispatched; "
+    "this retry sent nothing; an earlier attempt's outcome stands."
+)
 
 
 async def _pending(broker: Broker, count: int = 1) -> list[dict[str, Any]]:
@@ -404,9 +416,75 @@ async def test_a_ca_file_edited_after_approval_is_approval_stale(
                 code="APPROVAL_STALE",
             )
             assert rec.field == "approval"
+            assert rec.message == STALE_FIRST, rec.message
             assert E.DISPATCH_STARTED not in event_kinds(b, iid)
             verify_ok(b)
     assert srv.requests == []
+
+
+async def test_a_retry_refused_stale_over_an_edited_ca_file_claims_nothing_of_the_first(
+    tmp_path: Path, token: str
+) -> None:
+    """An approved keyed POST the server got but never answered (unknown), its CA file then
+    edited, the same key retried under the reused approval: ``APPROVAL_STALE``, the outcome
+    still unknown -- and the message says this retry sent nothing, never that nothing was sent
+    (the first attempt was)."""
+    tls = make_tls(tmp_path)
+    ca = Path(tls.ca_file)
+    idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
+    async with HostileServer.running(scripts.apply_then_close(), tls=tls.good) as srv:
+        cfg = approval_config(
+            tmp_path, srv.url, approval={"wait": "20s"}, idempotency=idem, ca_file=str(ca)
+        )
+        async with open_broker(cfg) as b:
+            action = {**CHARGE, "idempotency_key": "charge-ca"}
+
+            async def approve(waiting: dict[str, Any]) -> None:
+                await b.approve(waiting["invocation_id"], operator=OPS)
+
+            first, _ = await _decided_while_waiting(b, action, approve)
+            assert first["error"]["outcome"] == "unknown", first
+            ca.write_bytes(ca.read_bytes() + trustme.CA().cert_pem.bytes())  # one more CA
+            with trio.fail_after(LIMIT):
+                again = await b.call(action)
+            rec = assert_error(
+                b, again, phase="validation", outcome="unknown", retry="reconcile",
+                code="APPROVAL_STALE",
+            )  # fmt: skip
+            assert again["invocation_id"] == first["invocation_id"]
+            assert again["error"]["message"] == rec.message == STALE_RETRY, again
+            verify_ok(b)
+    assert len(srv.requests) == 1
+
+
+async def test_a_retry_refused_stale_over_an_edited_config_claims_nothing_of_the_first(
+    tmp_path: Path, token: str
+) -> None:
+    """The same at the dispatch gate's re-read of the config file: the target's settings
+    edited after an approved keyed POST ended unknown, its same-key retry is refused
+    ``APPROVAL_STALE`` saying only that this retry sent nothing."""
+    idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
+    async with HostileServer.running(scripts.apply_then_close()) as srv:
+        cfg = approval_config(tmp_path, srv.url, approval={"wait": "20s"}, idempotency=idem)
+        async with open_broker(cfg) as b:
+            action = {**CHARGE, "idempotency_key": "charge-cfg"}
+
+            async def approve(waiting: dict[str, Any]) -> None:
+                await b.approve(waiting["invocation_id"], operator=OPS)
+
+            first, _ = await _decided_while_waiting(b, action, approve)
+            assert first["error"]["outcome"] == "unknown", first
+            cfg.write_text(cfg.read_text().replace("connect = 2", "connect = 3"))
+            assert "connect = 3" in cfg.read_text()
+            with trio.fail_after(LIMIT):
+                again = await b.call(action)
+            rec = assert_error(
+                b, again, phase="validation", outcome="unknown", retry="reconcile",
+                code="APPROVAL_STALE",
+            )  # fmt: skip
+            assert again["error"]["message"] == rec.message == STALE_RETRY, again
+            verify_ok(b)
+    assert len(srv.requests) == 1
 
 
 async def test_an_env_credential_swapped_after_approval_is_approval_stale(
@@ -556,6 +634,7 @@ async def test_a_retry_of_an_approved_unknown_request_reuses_the_approval_until_
                 code="APPROVAL_EXPIRED",
             )  # fmt: skip
             assert rec.state == "retry_invalid"
+            assert late["error"]["message"] == rec.message == EXPIRED_RETRY, late
             verify_ok(b)
     assert len(srv.requests) == 2
     assert {r.header("idempotency-key") for r in srv.requests} == {"charge-1"}
