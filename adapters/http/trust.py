@@ -30,9 +30,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import trio
-
 from affidavit.adapters.filestat import SETTLED_NS, identity, read_regular, stat_key
+from affidavit.adapters.filethread import off_loop
 
 __all__ = [
     "ENV_IGNORED",
@@ -196,13 +195,15 @@ class TrustStore:
         self._lock = threading.Lock()
 
     async def resolve(self, ca_file: str | None) -> Trust:
-        """``get`` in a worker thread, abandoned on cancellation: even the stat that says
-        whether the file moved (``held``) stays off the loop -- a stat on a hung network mount
-        blocks like a read (about 45 us a call more than a stat on the loop:
-        tests/benchmarks/ca_file_lookup.py).  The system store, once loaded, costs no hop."""
+        """``get`` in a file thread (``adapters.filethread``: its own limiter, one per path at a
+        time, given up on cancellation): even the stat that says whether the file moved
+        (``held``) stays off the loop -- a stat on a hung network mount blocks like a read
+        (about 45 us a call more than a stat on the loop: tests/benchmarks/ca_file_lookup.py).
+        The system store, once loaded, costs no hop."""
         if ca_file is None and self._system is not None:
             return self._system
-        return await trio.to_thread.run_sync(self.get, ca_file, abandon_on_cancel=True)
+        paths = () if ca_file is None else (ca_file,)
+        return await off_loop(("trust", id(self), ca_file), paths, lambda: self.get(ca_file))
 
     def held(self, ca_file: str | None) -> Trust | None:
         """The ``Trust`` the last read made when the file's stat vouches for it, else None (a

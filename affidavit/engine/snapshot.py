@@ -31,11 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from affidavit.adapters.filestat import SETTLED_NS
 from affidavit.adapters.filestat import identity as _key
 from affidavit.adapters.filestat import stat_key as _stat_key
+from affidavit.adapters.filethread import off_loop
 from affidavit.config import (
     Config,
     account,
@@ -134,7 +133,7 @@ class ConfigSnapshot:
         cached = self._unanchored(target)
         if cached is not None:
             return cached
-        return await trio.to_thread.run_sync(self.account_hash, target, abandon_on_cancel=True)
+        return (await self._account_off_loop(target))[0]
 
     async def trusted(self, target: Any, recorded: str | None) -> dict[str, str]:
         """Each file ``target`` trusts -> the digest of its bytes in the account ``recorded``
@@ -153,8 +152,16 @@ class ConfigSnapshot:
             return known
         held = self._held(target) if self._unanchored(target) is not None else None
         if held is None:
-            held = await trio.to_thread.run_sync(self._account, target, abandon_on_cancel=True)
+            value, anchors = await self._account_off_loop(target)
+            held = value, dict(anchors)  # (the thread's answer, shared by its waiters)
         return _pinned(recorded, *held)
+
+    async def _account_off_loop(self, target: Any) -> tuple[str, dict[str, str]]:
+        """``_account`` in a file thread (``adapters.filethread``: its own limiter, one per
+        path at a time, given up on cancellation)."""
+        paths = [path for path, _what in trust_anchors(target)]
+        key = ("account", id(self), id(target))
+        return await off_loop(key, paths, lambda: self._account(target))
 
     def _held(self, target: Any) -> tuple[str, dict[str, str]] | None:
         """``_account`` when its files' stat vouches for the last read (no file read)."""
@@ -241,7 +248,10 @@ class ConfigSnapshot:
             return False
         seen = self._seen
         if seen is None or not seen.settled or seen.key != _stat_key(path):
-            seen = await trio.to_thread.run_sync(_read, path, seen, abandon_on_cancel=True)
+            previous = seen
+            seen = await off_loop(
+                ("config", id(self), path), (path,), lambda: _read(path, previous)
+            )
             self._seen = seen
         if seen.config is None:
             return True
