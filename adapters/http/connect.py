@@ -477,11 +477,16 @@ async def _trust(
     trust: Callable[[str | None], Awaitable[Trust]],
 ) -> Trust:
     """What the handshake will trust, resolved before the TCP connect (``TrustStore.resolve``:
-    a CA file read in a worker thread, never on the loop) -- or the call refused, no byte sent
-    and no handshake made."""
+    a CA file read in a file thread, never on the loop) -- or the call refused, no byte sent
+    and no handshake made.  The read is part of connection setup and bounded as its other
+    steps are, by the connect timeout: a CA file on a hung mount is ``CONNECT_TIMEOUT`` at
+    stage ``ca_file`` (the target's ``timeout.connect``), not a wait to the call's deadline."""
     ca_file = request.ca_file
     try:
-        used = await trust(ca_file)
+        with trio.fail_after(request.timeouts.connect):
+            used = await trust(ca_file)
+    except trio.TooSlowError:
+        raise setup_failed(ctx, hop, Code.CONNECT_TIMEOUT, _CA_FILE_STAGE) from None
     except (OSError, ssl.SSLError) as e:
         raise setup_failed(
             ctx,

@@ -13,11 +13,14 @@ broker and through the daemon's socket, against a real TLS server on loopback.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
+import affidavit.adapters.http.trust as http_trust
 from affidavit.statemachine import EventKind as E
 from tests.daemon.kit import api_target, cli, running_daemon
 from tests.http.hostile import HostileServer, Reply, make_tls, scripts
@@ -159,3 +162,48 @@ async def test_a_retry_stopped_by_an_unusable_ca_file_does_not_say_nothing_was_s
     assert error["message"] == f"CA file unusable: fix {FIELD}; this retry sent nothing.", error
     assert len(srv.requests) == 1  # the retry sent nothing
     assert tls.ca_file not in json.dumps(second)
+
+
+async def test_a_ca_file_read_that_hangs_is_a_connect_timeout_at_stage_ca_file(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CA file's read is connection setup, bounded by the target's connect timeout as DNS
+    and the TCP connect are: a read hung on a network mount ends the attempt ``CONNECT_TIMEOUT``
+    (connection_setup, not_attempted, nothing sent) at stage ``ca_file`` after ``connect``
+    seconds -- each setup try -- not at the call's deadline (``total``)."""
+    tls = make_tls(tmp_path)
+    release = threading.Event()
+    real = http_trust.read_regular
+
+    def hanging(path: Any, *args: Any) -> Any:
+        if str(path) == tls.ca_file:
+            release.wait(LIMIT)
+        return real(path, *args)
+
+    monkeypatch.setattr(http_trust, "read_regular", hanging)
+    try:
+        async with HostileServer.running(scripts.serve(Reply(200)), tls=tls.good) as srv:
+            timeout = {"connect": 0.3, "total": 8}
+            target = http_target(srv.url, ca_file=tls.ca_file, timeout=timeout)
+            cfg = write_config(tmp_path, {"api": target})
+            async with open_broker(cfg) as broker:
+                began = trio.current_time()
+                with trio.fail_after(LIMIT):
+                    env = await broker.call(GET)
+                took = trio.current_time() - began
+                rows = broker.events(env["invocation_id"])
+            assert srv.connections == 0
+    finally:
+        release.set()
+    error = env["error"]
+    assert (error["phase"], error["outcome"], error["code"]) == (
+        "connection_setup",
+        "not_attempted",
+        "CONNECT_TIMEOUT",
+    ), error
+    assert took < 5, f"the call waited {took:.1f} s on the CA file, past its connect timeout"
+    assert env["evidence"]["http"]["stage"] == "ca_file", env
+    assert {a["stage"] for a in env["evidence"]["attempts"]} == {"ca_file"}, env
+    [failed] = [e for e in rows if e.kind is E.SETUP_FAILED]
+    assert failed.attrs["stage"] == "ca_file", rows
+    assert tls.ca_file not in json.dumps(env)
