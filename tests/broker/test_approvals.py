@@ -407,16 +407,25 @@ async def test_a_ca_file_edited_after_approval_is_approval_stale(
             ca.write_bytes(ca.read_bytes() + trustme.CA().cert_pem.bytes())  # one more CA
             with trio.fail_after(LIMIT):
                 await b.dispatch_approved(iid)
+            env = await b.fetch_result(iid) or {}
             rec = assert_error(
                 b,
-                await b.fetch_result(iid) or {},
+                env,
                 phase="validation",
                 outcome="not_attempted",
                 retry="after_correction",
                 code="APPROVAL_STALE",
             )
-            assert rec.field == "approval"
+            assert rec.field == "approval" and env["error"]["field"] == "approval"
             assert rec.message == STALE_FIRST, rec.message
+            # The gate's answer is the approval's; the driver's refusal stays as it happened
+            # (docs/approvals.md, under the table).
+            http = env["evidence"]["http"]
+            assert (http["code"], http["error"], http["stage"]) == (
+                "CONFIG_CHANGED",
+                "ca_file_changed",
+                "ca_file",
+            ), http
             assert E.DISPATCH_STARTED not in event_kinds(b, iid)
             verify_ok(b)
     assert srv.requests == []
