@@ -144,6 +144,14 @@ class ApiFault(Exception):
         self.action_code = action_code
         super().__init__(message)
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Every part, for ``pickle`` and ``copy``: the default would call the class with
+        ``args`` (the message alone) and fail -- a fault handed across processes or copied
+        by a test harness would raise TypeError in its place.  The instance ``__dict__`` too
+        (what a caller set on it, as ``BaseException`` keeps it)."""
+        parts = (self.status, self.code, self.message, self.field, self.retry_after)
+        return (type(self), (*parts, self.action_code), self.__dict__ or None)
+
 
 class ApiError(ClientError, ApiFault):
     """The daemon answered with an API-level error (400 bad JSON, 403 peer refused, 404,
