@@ -215,10 +215,11 @@ ALLOWED: Mapping[str, frozenset[str]] = {
 
 
 # Per-protocol packages: every sub-package or module of these is one protocol's, except the
-# shared modules listed (adapters' base and the stat rule for re-read files; the protocol
-# registry, common action parsing, the reconcile tables' settle window).
+# shared modules listed (adapters' base, the stat rule for re-read files and the threads that
+# stat and read them; the protocol registry, common action parsing, the reconcile tables'
+# settle window).
 PER_PROTOCOL = {
-    "adapters": {"base", "filestat"},
+    "adapters": {"base", "filestat", "filethread"},
     "protocols": {"spec", "registry", "actions", "catalog", "placeholders", "settle"},
 }
 

@@ -198,7 +198,7 @@ class TrustStore:
         """``get`` in a file thread (``adapters.filethread``: its own limiter, one per path at a
         time, given up on cancellation): even the stat that says whether the file moved
         (``held``) stays off the loop -- a stat on a hung network mount blocks like a read
-        (about 45 us a call more than a stat on the loop: tests/benchmarks/ca_file_lookup.py).
+        (what a hop costs beside a stat on the loop: tests/benchmarks/ca_file_lookup.py).
         The system store, once loaded, costs no hop."""
         if ca_file is None and self._system is not None:
             return self._system
