@@ -327,6 +327,7 @@ async def serve(
     process's (its signals taken off the loop, its end bounded); None, the proxy's: trio's
     signal receiver, a task."""
     session = McpSession(backend, transport, session_id, max_calls)
+    transport.limit_open(max_calls)
     if stop is not None:
         stop.attach(session)
     server = build_server(session)

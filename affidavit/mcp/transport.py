@@ -31,6 +31,19 @@ it as a notification and drops the id.  A notification or a response is not answ
 (JSON-RPC); every such fault is logged, the first few one line each, then one line per
 ``FAULT_LOG_EVERY`` (a hostile client cannot flood the log).
 
+What a client that does not read cannot do: hold this process's memory without bound.  At most
+``max_open`` requests are open at once (read and not yet settled -- whatever their method: tool
+calls, reads, ``tools/list``, ``ping``, ones the server refuses); past that, the transport reads
+no more of stdin until one is settled, so a client sending faster than it reads meets its own
+pipe's back-pressure and nothing is queued here (a request held open keeps its bytes: 60 refused
+5 MiB requests held 324 MB, 6,000 ``list_actions`` answers 1.1 GB, before this bound).  The
+server sets ``max_open`` to its ``max_calls`` plus ``OPEN_MARGIN``, room for the cheap requests
+beside the calls (``limit_open``).  And each line is written within ``write_wait``
+(``WRITE_WAIT``, 30 s, as the daemon's answers): a client that reads nothing for that long
+breaks the output -- the line was perhaps cut, so nothing more is written; every answer not
+written is settled not written (recorded RESULT_DELIVERY_FAILED by the backend, as when the
+client hangs up) and stdin is read no further, which ends the session.
+
 Stray output is kept off the wire: while serving, fd 0 reads /dev/null and fd 1 is stderr, and
 the protocol runs on private duplicates (as the SDK's ``stdio_server`` does).
 """
@@ -92,6 +105,13 @@ ID_TEXT = strictjson.SCAN_CHUNK
 one is answered under null, read no further."""
 MAX_DIGITS = 4300
 """Nor does it read longer integers (Python's own bound for ``int(str)``)."""
+OPEN_MARGIN = 16
+"""Requests open beyond the server's ``max_calls``: room for the cheap ones (``tools/list``,
+``ping``, a refusal) while every call is taken, and for the one more a full server answers
+OVERLOADED."""
+WRITE_WAIT = 30.0
+"""Seconds one line may take to be written whole: a client that reads nothing for that long
+has broken its output (the daemon's ``WRITE_WAIT``, the same bound for the same client)."""
 
 
 class Outcome:
@@ -141,6 +161,28 @@ class StdioTransport:
         """A longer message is read past and dropped, never held: memory stays bounded."""
         self.faults = 0
         """Protocol faults seen: malformed, oversized, or a duplicate request id."""
+        self._slots = trio.CapacityLimiter(OPEN_MARGIN)
+        """One per open request, borrowed by its ``_Request`` from when it is read until it is
+        settled; none free, stdin is not read.  ``OPEN_MARGIN`` until the server says how many
+        calls it runs (``limit_open``)."""
+        self._reading = trio.CancelScope()
+        """The reader's: cancelled when the output breaks, which ends the session."""
+        self.write_wait = WRITE_WAIT
+        self._stalled = False
+
+    def limit_open(self, max_calls: int) -> None:
+        """At most ``max_calls`` plus ``OPEN_MARGIN`` requests open at once (the module
+        docstring)."""
+        self._slots.total_tokens = max_calls + OPEN_MARGIN
+
+    @property
+    def max_open(self) -> int:
+        return int(self._slots.total_tokens)
+
+    @property
+    def open_requests(self) -> int:
+        """Requests open now: read, and not yet settled."""
+        return self._slots.borrowed_tokens
 
     def limit_actions(self, max_action_bytes: int) -> None:
         """Messages may be as large as the largest action the targets accept, and no larger."""
@@ -191,6 +233,7 @@ class StdioTransport:
 
     def _hang_up(self) -> None:
         self.hung_up.set()
+        self._reading.cancel()  # (a no-op once the input ended)
         for request in self._open.values():
             if request.outcome is not None:
                 request.outcome.settle(False)
@@ -199,6 +242,7 @@ class StdioTransport:
         """The SDK settled the request without writing anything (the client cancelled it)."""
         if self._open.get(key) is request:
             del self._open[key]
+            self._slots.release_on_behalf_of(request)
         if request.outcome is not None:
             request.outcome.settle(False)
 
@@ -224,40 +268,48 @@ class StdioTransport:
                 self._hang_up()
 
     async def _read(self, out: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
+        async with out:
+            with self._reading:
+                try:
+                    await self._lines(out)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass
+        if self._reading.cancelled_caught:
+            log.info("stdin is read no further: the output is broken")
+        else:
+            log.info("the client closed its end")
+        self._hang_up()
+
+    async def _lines(self, out: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
+        """Read stdin to its end, taking each line in turn."""
         buffer = bytearray()
         dropping = False
-        async with out:
-            try:
-                while True:
-                    data = await self._reader.receive_some(65536)
-                    if not data:
-                        break
-                    searched = len(buffer)  # held no newline: searched again per read, a
-                    buffer += data  # 64 MiB line took 1,024 searches, 2.95 s of the loop
-                    start = 0  # lines found by offset: one copy of the rest, not one per line
-                    while (end := _newline(buffer, searched)) >= 0:
-                        if dropping:
-                            dropping = False  # the end of the oversized message
-                        elif end - start > self.max_line:
-                            # Over the bound whatever the reads it came in: never cut or parsed.
-                            await self._oversized()
-                        else:
-                            line = _cut(buffer, start, end)
-                            if line.strip():
-                                await self._take(line, out)
-                        start = searched = end + 1
-                    del buffer[:start]
-                    if len(buffer) > self.max_line:
-                        if not dropping:
-                            await self._oversized()
-                        dropping = True
-                        buffer.clear()
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                pass
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
-        log.info("the client closed its end")
-        self._hang_up()
+        while True:
+            data = await self._reader.receive_some(65536)
+            if not data:
+                return
+            searched = len(buffer)  # held no newline: searched again per read, a
+            buffer += data  # 64 MiB line took 1,024 searches, 2.95 s of the loop
+            start = 0  # lines found by offset: one copy of the rest, not one per line
+            while (end := _newline(buffer, searched)) >= 0:
+                if dropping:
+                    dropping = False  # the end of the oversized message
+                elif end - start > self.max_line:
+                    # Over the bound whatever the reads it came in: never cut or parsed.
+                    await self._oversized()
+                else:
+                    line = _cut(buffer, start, end)
+                    if line.strip():
+                        await self._take(line, out)
+                start = searched = end + 1
+            del buffer[:start]
+            if len(buffer) > self.max_line:
+                if not dropping:
+                    await self._oversized()
+                dropping = True
+                buffer.clear()
 
     async def _oversized(self) -> None:
         """Answer a line over ``max_line`` bytes, as JSON-RPC answers what it cannot read: its
@@ -283,15 +335,28 @@ class StdioTransport:
         if not isinstance(message, types.JSONRPCRequest):
             await out.send(SessionMessage(message))
             return
-        if coerce_request_id(message.id) in self._open:
+        request = _Request()
+        await self._room(request)
+        key = coerce_request_id(message.id)
+        if key in self._open:
+            self._slots.release_on_behalf_of(request)
             await self._refuse(INVALID_REQUEST, message.id, "a second request")
             return
-        key = coerce_request_id(message.id)
-        request = self._open[key] = _Request()
+        self._open[key] = request
         settled = partial(self._unanswered, key, request)
         await out.send(
             SessionMessage(message, ServerMessageMetadata(on_request_unanswered=settled))
         )
+
+    async def _room(self, request: _Request) -> None:
+        """Take a slot for ``request``, waiting -- reading nothing more -- while none is free."""
+        if not self._slots.available_tokens and not self._stalled:
+            self._stalled = True  # (said once: a client kept at the bound would flood the log)
+            log.warning(
+                "%d requests are open: stdin is read no further until one is answered",
+                self.max_open,
+            )
+        await self._slots.acquire_on_behalf_of(request)
 
     async def _refuse(self, code: int, request_id: Any, what: str) -> None:
         """Answer a request the server never sees.  Under an id still in flight the error
@@ -326,7 +391,8 @@ class StdioTransport:
             if self.broken:
                 return False
             try:
-                await self._writer.send_all(data)
+                with trio.move_on_after(self.write_wait) as late:
+                    await self._writer.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 self.broken = True
                 log.info("stdout is closed: the client is gone")
@@ -336,6 +402,15 @@ class StdioTransport:
                 # Cancelled part-way: how much of the line left is unknown.
                 self.broken = True
                 raise
+            if late.cancelled_caught:  # part of the line may be out: nothing can follow it
+                self.broken = True
+                log.warning(
+                    "an answer was not taken within %gs: the client reads no more; "
+                    "ending the session",
+                    self.write_wait,
+                )
+                self._hang_up()
+                return False
             return True
 
     async def _write(self, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
@@ -356,6 +431,8 @@ class StdioTransport:
                 finally:
                     if outcome is not None:
                         outcome.settle(written)
+                    if request is not None:  # settled: its slot is free
+                        self._slots.release_on_behalf_of(request)
 
 
 def _newline(buffer: bytearray, start: int) -> int:

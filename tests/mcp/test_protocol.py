@@ -91,12 +91,16 @@ class Raw:
 
 @asynccontextmanager
 async def raw_server(
-    tmp: Path, remotes: Remotes, token: str, socket: Path | None = None
+    tmp: Path, remotes: Remotes, token: str, socket: Path | None = None, service: str = ""
 ) -> AsyncIterator[Raw]:
-    """``affidavit mcp`` embedded, or (``socket``) the proxy to the daemon listening there."""
+    """``affidavit mcp`` embedded (``service``: its config's ``[service]`` lines), or
+    (``socket``) the proxy to the daemon listening there."""
     log = tmp / "raw.log"
     if socket is None:
-        args, env = ["--config", str(remotes.config(tmp))], remotes.env(token)
+        cfg = remotes.config(tmp)
+        if service:
+            cfg.write_text(f"{cfg.read_text(encoding='utf-8')}\n[service]\n{service}\n")
+        args, env = ["--config", str(cfg)], remotes.env(token)
     else:
         args, env = ["--socket", str(socket)], env_without_secrets()
     with log.open("ab") as errlog:

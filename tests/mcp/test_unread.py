@@ -1,0 +1,180 @@
+"""A client that sends requests and does not read the answers cannot hold the server's memory
+without bound (``affidavit/mcp/transport.py``, the module docstring):
+
+* at most ``max_open`` requests are open at once; past them stdin is not read until one is
+  settled -- nothing is queued here, the client's own pipe pushes back;
+* an answer not taken within ``write_wait`` breaks the output: the call's answer is recorded
+  RESULT_DELIVERY_FAILED and the session ends, so a client that reads nothing holds no slot for
+  good.
+
+Counts, not memory figures: ``tests/benchmarks/mcp_unread.py`` prints the resident sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import trio
+import trio.testing
+
+from affidavit.mcp.backends import Embedded
+from affidavit.mcp.server import serve
+from affidavit.mcp.transport import OPEN_MARGIN, StdioTransport
+from tests.broker.helpers import TOKEN_ENV, http_target, write_config
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .conftest import Remotes
+from .kit import WAIT
+from .test_protocol import FAST, INIT, call, line, next_line, raw_server, response
+
+
+class Counted(trio.abc.ReceiveStream):
+    """A stdin that counts the bytes the transport took from it."""
+
+    def __init__(self, inner: trio.abc.ReceiveStream) -> None:
+        self.inner = inner
+        self.taken = 0
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        data = await self.inner.receive_some(max_bytes)
+        self.taken += len(data)
+        return data
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def listing(request_id: int) -> bytes:
+    return line({"jsonrpc": "2.0", "id": request_id, "method": "tools/list"})
+
+
+async def test_past_max_open_requests_stdin_is_read_no_further_until_one_is_settled() -> None:
+    to_server, server_in = trio.testing.memory_stream_one_way_pair()
+    server_out, _ = trio.testing.memory_stream_one_way_pair()
+    stdin = Counted(server_in)
+    transport = StdioTransport(stdin, server_out)
+    transport.limit_open(2)
+    cap = transport.max_open
+    assert cap == 2 + OPEN_MARGIN
+    async with transport.streams() as (read, write), read, write:
+        with trio.fail_after(WAIT):
+            for n in range(cap):  # each one handed to the server: all open
+                await to_server.send_all(listing(n))
+                assert (await read.receive()).message.id == n
+            assert transport.open_requests == cap
+            sent = b"".join(listing(n) for n in range(cap))
+            await to_server.send_all(listing(cap))  # read, and held: no slot
+            await trio.testing.wait_all_tasks_blocked()
+            await to_server.send_all(listing(cap + 1))  # not even read
+            await trio.testing.wait_all_tasks_blocked()
+            assert stdin.taken == len(sent + listing(cap))
+            assert transport.open_requests == cap
+            with pytest.raises(anyio.WouldBlock):
+                read.receive_nowait()  # nothing more reached the server
+
+            await write.send(response(0))  # one settled: one more in, and stdin read on
+            assert (await read.receive()).message.id == cap
+            await trio.testing.wait_all_tasks_blocked()
+            assert stdin.taken == len(sent + listing(cap) + listing(cap + 1))
+            assert transport.open_requests == cap
+
+
+async def test_a_refused_duplicate_gives_its_slot_back() -> None:
+    """A request refused here (its id in flight) is settled at once: the slot it waited for is
+    free again, or a client repeating an id would fill the bound with nothing running."""
+    to_server, server_in = trio.testing.memory_stream_one_way_pair()
+    server_out, from_server = trio.testing.memory_stream_one_way_pair()
+    transport = StdioTransport(server_in, server_out)
+    async with transport.streams() as (read, write), read, write:
+        with trio.fail_after(WAIT):
+            await to_server.send_all(listing(1))
+            await read.receive()
+            for _ in range(3 * transport.max_open):
+                await to_server.send_all(listing(1))
+                assert (await next_line(from_server))["error"]["code"] == -32600
+            assert transport.open_requests == 1
+
+
+@asynccontextmanager
+async def embedded(tmp: Path, token: str) -> AsyncIterator[Embedded]:
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        cfg = write_config(tmp, {"ok": http_target(srv.url)})
+        async with Embedded.open(str(cfg)) as backend:
+            yield backend
+
+
+async def test_an_answer_not_taken_within_write_wait_is_recorded_undelivered_and_ends_the_session(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client reads the initialize answer, sends a call, and reads nothing more: its answer
+    cannot be written (a lockstep pipe takes nothing unread).  Within ``write_wait`` the output
+    is broken, the call is recorded RESULT_DELIVERY_FAILED -- never delivered -- and ``serve``
+    returns though stdin is still open."""
+    monkeypatch.setenv(TOKEN_ENV, token)
+    to_server, server_in = trio.testing.memory_stream_one_way_pair()
+    server_out, from_server = trio.testing.lockstep_stream_one_way_pair()
+    transport = StdioTransport(server_in, server_out)
+    transport.write_wait = 0.5
+    with trio.fail_after(WAIT):
+        async with embedded(tmp_path, token) as backend, trio.open_nursery() as nursery:
+            nursery.start_soon(serve, backend, transport, "mcp-s1", 4, 5.0)
+            await to_server.send_all(line(INIT))
+            assert (await next_line(from_server))["id"] == 0
+            ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            await to_server.send_all(line(ready))
+            await to_server.send_all(line(call(1, "http_request", FAST)))
+            await transport.hung_up.wait()  # the write ran out of time
+        # (the nursery waited for ``serve``: the session ended with stdin still open)
+        assert transport.broken
+        page = await _actions(tmp_path, token)
+    [record] = page["actions"]
+    assert record["code"] == "RESULT_DELIVERY_FAILED", record
+    assert record["state"] == "delivery_failed_committed", record
+
+
+async def _actions(tmp: Path, token: str) -> dict[str, Any]:
+    async with embedded(tmp, token) as backend:
+        return await backend.actions("mcp-s1", None, 10)
+
+
+async def test_a_client_that_does_not_read_is_held_back_by_its_own_pipe(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """The process itself (``max_calls = 1``: 17 requests open at most): the client fills the
+    stdout pipe with ``tools/list`` answers, then writes 128 KiB requests and reads nothing.
+    The server stops reading: the client's writes stall after about the bound's worth of lines
+    (held open, one in the reader's buffer, one in the stdin pipe) -- not after all 60, each
+    of which the server would hold.  Once the client reads, every request is answered."""
+    pad = "A" * (128 * 1024)
+    padded = 60
+    async with raw_server(tmp_path, remotes, token, service="max_calls = 1") as raw:
+        fill = [{"jsonrpc": "2.0", "id": f"fill{n}", "method": "tools/list"} for n in range(10)]
+        sent = 0
+
+        async def write() -> None:
+            nonlocal sent
+            for message in fill:
+                await raw.send(message)
+            for n in range(padded):
+                await raw.send(call(n, "list_targets", {"pad": pad}))
+                sent += 1
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write)
+            with trio.fail_after(WAIT):  # until the writes stall (or all went out)
+                seen, still = -1, 0
+                while still < 10:
+                    await trio.sleep(0.1)
+                    seen, still = sent, (still + 1 if sent == seen else 0)
+            assert sent <= 1 + OPEN_MARGIN + 3, sent
+            answered = set()
+            while len(answered) < len(fill) + padded:
+                found = await raw.receive()
+                answered.add(found["id"])
+        assert sent == padded
+        assert "stdin is read no further" in raw.stderr()
