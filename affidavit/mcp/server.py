@@ -16,7 +16,12 @@ delivery error must not repeat execution").  ``backends.py`` says who then recor
 ``max_calls`` such tasks run at once (embedded: the config's ``[service] max_calls``; the proxy,
 which reads no config: its default, 256), each counted until its delivery is recorded; one more
 is answered ``api_error`` OVERLOADED at once and nothing runs for it -- as the daemon answers
-its 503.
+its 503.  The reads answered in the SDK's handler (``get_record``, ``list_actions``,
+``list_targets``) are bounded apart: at most ``READS_OPEN`` at once, each counted until its
+answer is written or cannot be (a ``list_actions`` page of 1,000 records held unwritten is MBs of
+objects); one more is answered OVERLOADED, nothing read -- as the daemon's views refuse past 16
+waiting.  Every request at all is bounded by the transport (``max_calls`` + ``OPEN_MARGIN``
+open at once, then stdin is not read).
 
 Stopping: end of input (the client is gone), SIGTERM or SIGINT ends the session as the daemon's
 shutdown does (``affidavit/daemon/calls.py``): no more calls are taken (one more is answered
@@ -64,7 +69,7 @@ from .tools import (
     refusal,
     visible_name,
 )
-from .transport import StdioTransport, shown_id
+from .transport import Outcome, StdioTransport, shown_id
 
 if TYPE_CHECKING:
     from .stop import EmbeddedStop
@@ -78,6 +83,9 @@ DEFAULT_LIMIT = 50
 DEFAULT_MAX_CALLS = 256
 """Tool requests running in tasks of their own at once, when no config says (``[service]
 max_calls``'s default: the proxy reads no config)."""
+READS_OPEN = 16
+"""Reads answered in the handler (``get_record``, ``list_actions``, ``list_targets``) open at
+once: read, and their answers not yet written (the daemon's views: 16 waiting)."""
 DEFAULT_GRACE = 30.0
 """Seconds calls in flight may finish once the session ends, when no config says (``[service]
 shutdown_grace``'s default)."""
@@ -103,6 +111,8 @@ class McpSession:
         self.max_calls = max_calls
         self.running = 0
         """Tasks of ``_run`` not yet over (a call runs on after its handler is gone)."""
+        self.reads = 0
+        """Reads of ``_bounded`` whose answers are not yet written (or known unwritten)."""
         self.nursery: trio.Nursery | None = None
         self.stopping = False
         self.ending = trio.Event()
@@ -212,8 +222,42 @@ class McpSession:
         if name == "reconcile_query":
             iid = args["invocation_id"]
             return await self._run(request_id, lambda ex: backend.reconcile_query(iid, ex))
+        return await self._bounded(request_id, name, args)
+
+    async def _bounded(self, request_id: Any, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        """A read answered here, in the handler: at most ``READS_OPEN`` at once, each counted
+        until its answer is written or cannot be."""
+        if self.reads >= READS_OPEN:
+            return api_error(
+                "OVERLOADED",
+                f"{READS_OPEN} reads are open (their answers not yet taken); read again later "
+                "(nothing was read)",
+                sent=False,
+            )
+        self.reads += 1
+        outcome = self.transport.expect(request_id) if request_id is not None else None
+        try:
+            answer = await self._answer_read(name, args)
+        except BaseException:
+            if outcome is not None:
+                self.transport.forget(outcome)
+            raise
+        finally:
+            if outcome is None or outcome.settled or self.nursery is None:
+                self.reads -= 1
+            else:
+                self.nursery.start_soon(self._read_taken, outcome)
+        return answer
+
+    async def _read_taken(self, outcome: Outcome) -> None:
+        try:
+            await outcome.wait()
+        finally:
+            self.reads -= 1
+
+    async def _answer_read(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         if name == "get_record":
-            return await backend.record(args["invocation_id"])
+            return await self.backend.record(args["invocation_id"])
         if name == "list_targets":
             found = await self.catalog()
             if "api_error" in found:
@@ -222,7 +266,7 @@ class McpSession:
         assert name == "list_actions"
         session = args["session"] or self.session
         limit = DEFAULT_LIMIT if args["limit"] is None else args["limit"]
-        listed = await backend.actions(session, args["outcome"], limit)
+        listed = await self.backend.actions(session, args["outcome"], limit)
         if "actions" not in listed:
             return listed
         return {"session": session, **listed}

@@ -33,16 +33,16 @@ it as a notification and drops the id.  A notification or a response is not answ
 
 What a client that does not read cannot do: hold this process's memory without bound.  At most
 ``max_open`` requests are open at once (read and not yet settled -- whatever their method: tool
-calls, reads, ``tools/list``, ``ping``, ones the server refuses); past that, the transport reads
-no more of stdin until one is settled, so a client sending faster than it reads meets its own
-pipe's back-pressure and nothing is queued here (a request held open keeps its bytes: 60 refused
-5 MiB requests held 324 MB, 6,000 ``list_actions`` answers 1.1 GB, before this bound).  The
-server sets ``max_open`` to its ``max_calls`` plus ``OPEN_MARGIN``, room for the cheap requests
-beside the calls (``limit_open``).  And each line is written within ``write_wait``
-(``WRITE_WAIT``, 30 s, as the daemon's answers): a client that reads nothing for that long
-breaks the output -- the line was perhaps cut, so nothing more is written; every answer not
-written is settled not written (recorded RESULT_DELIVERY_FAILED by the backend, as when the
-client hangs up) and stdin is read no further, which ends the session.
+calls, reads, ``tools/list``, ``ping``, ones the server refuses), their lines ``OPEN_BYTES`` in
+all (one longer alone); past that, the transport reads no more of stdin until one is settled, so
+a client sending faster than it reads meets its own pipe's back-pressure and nothing is queued
+here (a request held open keeps its bytes: 60 refused 5 MiB requests held 324 MB, 6,000
+``list_actions`` 1.1 GB, before these bounds).  The server sets ``max_open`` to its ``max_calls``
+plus ``OPEN_MARGIN``, room for the cheap requests beside the calls (``limit_open``).  And each
+line is written within ``write_wait`` (``WRITE_WAIT``, 30 s, as the daemon's answers): a client
+that reads nothing for that long breaks the output -- the line was perhaps cut, so nothing more
+is written; every answer not written is settled not written (recorded RESULT_DELIVERY_FAILED by
+the backend, as when the client hangs up) and stdin is read no further, which ends the session.
 
 Stray output is kept off the wire: while serving, fd 0 reads /dev/null and fd 1 is stderr, and
 the protocol runs on private duplicates (as the SDK's ``stdio_server`` does).
@@ -105,6 +105,10 @@ ID_TEXT = strictjson.SCAN_CHUNK
 one is answered under null, read no further."""
 MAX_DIGITS = 4300
 """Nor does it read longer integers (Python's own bound for ``int(str)``)."""
+OPEN_BYTES = MAX_LINE
+"""Bytes of the requests open at once, at most (one longer message is let in alone): as many as
+the longest message read before the catalog says how large an action may be.  The count alone
+let 272 requests of ``max_line`` each be held."""
 OPEN_MARGIN = 16
 """Requests open beyond the server's ``max_calls``: room for the cheap ones (``tools/list``,
 ``ping``, a refusal) while every call is taken, and for the one more a full server answers
@@ -140,10 +144,12 @@ class Outcome:
 class _Request:
     """A request read and not yet settled; ``outcome`` once the server expects its answer."""
 
-    __slots__ = ("outcome",)
+    __slots__ = ("outcome", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, size: int) -> None:
         self.outcome: Outcome | None = None
+        self.size = size
+        """Bytes of its line: what holding it open costs (``OPEN_BYTES``)."""
 
 
 class StdioTransport:
@@ -161,10 +167,16 @@ class StdioTransport:
         """A longer message is read past and dropped, never held: memory stays bounded."""
         self.faults = 0
         """Protocol faults seen: malformed, oversized, or a duplicate request id."""
-        self._slots = trio.CapacityLimiter(OPEN_MARGIN)
-        """One per open request, borrowed by its ``_Request`` from when it is read until it is
-        settled; none free, stdin is not read.  ``OPEN_MARGIN`` until the server says how many
-        calls it runs (``limit_open``)."""
+        self.max_open = OPEN_MARGIN
+        """Requests open at once at most: ``OPEN_MARGIN`` until the server says how many calls
+        it runs (``limit_open``)."""
+        self.open_requests = 0
+        """Requests open now: read, and not yet settled (each counted by ``_room``, uncounted
+        by ``_settled``); past a bound, stdin is not read."""
+        self.open_bytes = 0
+        """The bytes of their lines."""
+        self.max_open_bytes = OPEN_BYTES
+        self._freed = trio.Event()
         self._reading = trio.CancelScope()
         """The reader's: cancelled when the output breaks, which ends the session."""
         self.write_wait = WRITE_WAIT
@@ -173,16 +185,7 @@ class StdioTransport:
     def limit_open(self, max_calls: int) -> None:
         """At most ``max_calls`` plus ``OPEN_MARGIN`` requests open at once (the module
         docstring)."""
-        self._slots.total_tokens = max_calls + OPEN_MARGIN
-
-    @property
-    def max_open(self) -> int:
-        return int(self._slots.total_tokens)
-
-    @property
-    def open_requests(self) -> int:
-        """Requests open now: read, and not yet settled."""
-        return self._slots.borrowed_tokens
+        self.max_open = max_calls + OPEN_MARGIN
 
     def limit_actions(self, max_action_bytes: int) -> None:
         """Messages may be as large as the largest action the targets accept, and no larger."""
@@ -242,7 +245,7 @@ class StdioTransport:
         """The SDK settled the request without writing anything (the client cancelled it)."""
         if self._open.get(key) is request:
             del self._open[key]
-            self._slots.release_on_behalf_of(request)
+            self._settled(request)
         if request.outcome is not None:
             request.outcome.settle(False)
 
@@ -335,11 +338,11 @@ class StdioTransport:
         if not isinstance(message, types.JSONRPCRequest):
             await out.send(SessionMessage(message))
             return
-        request = _Request()
+        request = _Request(len(line))
         await self._room(request)
         key = coerce_request_id(message.id)
         if key in self._open:
-            self._slots.release_on_behalf_of(request)
+            self._settled(request)
             await self._refuse(INVALID_REQUEST, message.id, "a second request")
             return
         self._open[key] = request
@@ -349,14 +352,30 @@ class StdioTransport:
         )
 
     async def _room(self, request: _Request) -> None:
-        """Take a slot for ``request``, waiting -- reading nothing more -- while none is free."""
-        if not self._slots.available_tokens and not self._stalled:
-            self._stalled = True  # (said once: a client kept at the bound would flood the log)
-            log.warning(
-                "%d requests are open: stdin is read no further until one is answered",
-                self.max_open,
-            )
-        await self._slots.acquire_on_behalf_of(request)
+        """Count ``request`` open, first waiting -- reading nothing more -- while ``max_open``
+        requests are, or their lines and its own would pass ``max_open_bytes`` (one alone is let
+        in: a message may be as long as ``max_line``)."""
+        while self.open_requests >= self.max_open or (
+            self.open_requests and self.open_bytes + request.size > self.max_open_bytes
+        ):
+            if not self._stalled:
+                self._stalled = True  # (said once: a client kept at the bound would flood the log)
+                log.warning(
+                    "%d requests (%d bytes) are open: stdin is read no further until one is "
+                    "answered",
+                    self.open_requests,
+                    self.open_bytes,
+                )
+            self._freed = trio.Event()  # (one waiter: the reader)
+            await self._freed.wait()
+        self.open_requests += 1
+        self.open_bytes += request.size
+
+    def _settled(self, request: _Request) -> None:
+        """``request`` is no longer open (counted by ``_room``)."""
+        self.open_requests -= 1
+        self.open_bytes -= request.size
+        self._freed.set()
 
     async def _refuse(self, code: int, request_id: Any, what: str) -> None:
         """Answer a request the server never sees.  Under an id still in flight the error
@@ -431,8 +450,8 @@ class StdioTransport:
                 finally:
                     if outcome is not None:
                         outcome.settle(written)
-                    if request is not None:  # settled: its slot is free
-                        self._slots.release_on_behalf_of(request)
+                    if request is not None:
+                        self._settled(request)
 
 
 def _newline(buffer: bytearray, start: int) -> int:

@@ -23,14 +23,23 @@ import trio
 import trio.testing
 
 from affidavit.mcp.backends import Embedded
-from affidavit.mcp.server import serve
+from affidavit.mcp.server import READS_OPEN, McpSession, serve
 from affidavit.mcp.transport import OPEN_MARGIN, StdioTransport
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .conftest import Remotes
 from .kit import WAIT
-from .test_protocol import FAST, INIT, call, line, next_line, raw_server, response
+from .test_protocol import (
+    FAST,
+    INIT,
+    call,
+    line,
+    next_line,
+    raw_server,
+    response,
+    transport_on_memory,
+)
 
 
 class Counted(trio.abc.ReceiveStream):
@@ -84,6 +93,37 @@ async def test_past_max_open_requests_stdin_is_read_no_further_until_one_is_sett
             assert transport.open_requests == cap
 
 
+async def test_past_max_open_bytes_of_open_requests_stdin_is_read_no_further() -> None:
+    """The count alone would let ``max_open`` requests of ``max_line`` bytes each be held: their
+    lines' bytes are bounded too -- and a longer request than that bound is still let in alone
+    (a message may be ``max_line`` long)."""
+    to_server, server_in = trio.testing.memory_stream_one_way_pair()
+    server_out, _ = trio.testing.memory_stream_one_way_pair()
+    transport = StdioTransport(server_in, server_out)
+    size = len(listing(10)) - 1  # (its newline not counted)
+    transport.max_open_bytes = 3 * size
+    async with transport.streams() as (read, write), read, write:
+        with trio.fail_after(WAIT):
+            for n in range(10, 13):
+                await to_server.send_all(listing(n))
+                assert (await read.receive()).message.id == n
+            await to_server.send_all(listing(13))
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(anyio.WouldBlock):
+                read.receive_nowait()  # past the bytes: held, though 3 < max_open
+            assert (transport.open_requests, transport.open_bytes) == (3, 3 * size)
+            for n in range(10, 13):
+                await write.send(response(n))
+            assert (await read.receive()).message.id == 13
+
+            long = {"jsonrpc": "2.0", "id": 14, "method": "tools/list", "params": {}}
+            long["params"] = {"_meta": {"pad": "x" * (4 * size)}}
+            await write.send(response(13))  # none open: a longer one gets in alone
+            await to_server.send_all(line(long))
+            assert (await read.receive()).message.id == 14
+            assert transport.open_requests == 1
+
+
 async def test_a_refused_duplicate_gives_its_slot_back() -> None:
     """A request refused here (its id in flight) is settled at once: the slot it waited for is
     free again, or a client repeating an id would fill the bound with nothing running."""
@@ -98,6 +138,38 @@ async def test_a_refused_duplicate_gives_its_slot_back() -> None:
                 await to_server.send_all(listing(1))
                 assert (await next_line(from_server))["error"]["code"] == -32600
             assert transport.open_requests == 1
+
+
+class Catalog:
+    """A backend with no targets: ``list_targets`` answers from its catalog alone."""
+
+    async def catalog(self) -> dict[str, Any]:
+        return {"tools": [], "targets": [], "max_action_bytes": 1 << 20}
+
+
+async def test_reads_whose_answers_are_not_taken_are_bounded_apart() -> None:
+    """A read answered in the handler holds its answer until it is written: at most
+    ``READS_OPEN`` at once, one more OVERLOADED with nothing read; a read whose answer was
+    written frees its place."""
+    async with transport_on_memory() as (client, _, read, write, transport):
+        session = McpSession(Catalog(), transport, "mcp-s1")  # type: ignore[arg-type]
+        transport.limit_open(READS_OPEN)  # (room for them all in the transport)
+        async with trio.open_nursery() as nursery:
+            session.nursery = nursery
+            with trio.fail_after(WAIT):
+                for n in range(READS_OPEN + 1):
+                    await client.send_all(line(call(n, "list_targets", {})))
+                    await read.receive()
+                for n in range(READS_OPEN):  # answered, not yet written
+                    assert "targets" in await session.answer(n, "list_targets", {})
+                over = await session.answer(READS_OPEN, "list_targets", {})
+                assert over["api_error"]["code"] == "OVERLOADED", over
+                assert "nothing was read" in over["api_error"]["message"]
+
+                await write.send(response(0))  # one written: its place is free
+                await trio.testing.wait_all_tasks_blocked()
+                assert "targets" in await session.answer(READS_OPEN, "list_targets", {})
+            nursery.cancel_scope.cancel()
 
 
 @asynccontextmanager
