@@ -24,7 +24,8 @@ first keeps its own verdict.  (The SDK would overwrite its record of the first.)
 A line that is not a valid JSON-RPC message is answered here too, never dropped in silence: a
 parse error (-32700, id null) when no id can be read, else an invalid request (-32600) or
 invalid params (-32602) naming the fault -- invalid UTF-8, a lone surrogate, nesting or a
-number beyond the parser's limits, an id that is no id -- and never quoting the message.  A
+number beyond the parser's limits, an id that is no id, a ``tools/call`` whose ``arguments``
+are no object (``INVALID_FIELD at params.arguments``) -- and never quoting the message.  A
 message with an id is a request whatever else it holds: one whose id is not a string or an
 integer (true, 1.5, null, an object...) is answered under id null, though the SDK's parser reads
 it as a notification and drops the id.  A notification or a response is not answered
@@ -580,12 +581,37 @@ def _read_line(line: bytes) -> types.JSONRPCMessage | tuple[int, Any, str] | str
         return message
     ambiguous = _ambiguous(line)
     if ambiguous is None:
-        return message
+        shape = _arguments_fault(message)
+        return message if shape is None else (INVALID_PARAMS, message.id, shape)
     field, what = ambiguous
     if field == "message.id":  # which of its ids? neither: answered under null
         return INVALID_REQUEST, None, what
     in_params = field.startswith(("action", "message.params"))
     return (INVALID_PARAMS if in_params else INVALID_REQUEST), message.id, what
+
+
+def _arguments_fault(message: types.JSONRPCRequest) -> str | None:
+    """What is wrong with a ``tools/call`` request's ``arguments``: when given, a JSON object
+    (MCP; null reads as none given, as the SDK reads it).  The SDK's own refusal of another
+    (-32602) names no field; this one does, as every refusal here does."""
+    params = message.params
+    if message.method != "tools/call" or not isinstance(params, dict):
+        return None
+    arguments = params.get("arguments")
+    if arguments is None or isinstance(arguments, dict):
+        return None
+    return f"INVALID_FIELD at params.arguments: {_kind(arguments)}, not a JSON object"
+
+
+def _kind(value: Any) -> str:
+    """What kind of JSON value ``value`` is, in words (never its text)."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "a number"
 
 
 def _has_id(line: bytes) -> bool:
