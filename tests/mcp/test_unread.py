@@ -24,8 +24,9 @@ import trio.testing
 
 from affidavit.mcp.backends import Embedded
 from affidavit.mcp.server import READS_OPEN, McpSession, serve
-from affidavit.mcp.transport import OPEN_MARGIN, StdioTransport
+from affidavit.mcp.transport import OPEN_BYTES, OPEN_MARGIN, StdioTransport
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
+from tests.daemon.kit import running_daemon
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .conftest import Remotes
@@ -33,6 +34,7 @@ from .kit import WAIT
 from .test_protocol import (
     FAST,
     INIT,
+    Raw,
     call,
     line,
     next_line,
@@ -222,31 +224,52 @@ async def test_a_client_that_does_not_read_is_held_back_by_its_own_pipe(
     The server stops reading: the client's writes stall after about the bound's worth of lines
     (held open, one in the reader's buffer, one in the stdin pipe) -- not after all 60, each
     of which the server would hold.  Once the client reads, every request is answered."""
-    pad = "A" * (128 * 1024)
-    padded = 60
     async with raw_server(tmp_path, remotes, token, service="max_calls = 1") as raw:
-        fill = [{"jsonrpc": "2.0", "id": f"fill{n}", "method": "tools/list"} for n in range(10)]
-        sent = 0
+        sent = await _stalled(raw, 128 * 1024, 60)
+    assert sent <= 1 + OPEN_MARGIN + 3, sent
 
-        async def write() -> None:
-            nonlocal sent
-            for message in fill:
-                await raw.send(message)
-            for n in range(padded):
-                await raw.send(call(n, "list_targets", {"pad": pad}))
-                sent += 1
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(write)
-            with trio.fail_after(WAIT):  # until the writes stall (or all went out)
-                seen, still = -1, 0
-                while still < 10:
-                    await trio.sleep(0.1)
-                    seen, still = sent, (still + 1 if sent == seen else 0)
-            assert sent <= 1 + OPEN_MARGIN + 3, sent
-            answered = set()
-            while len(answered) < len(fill) + padded:
-                found = await raw.receive()
-                answered.add(found["id"])
-        assert sent == padded
-        assert "stdin is read no further" in raw.stderr()
+async def test_the_proxy_holds_back_a_client_that_does_not_read_by_the_bytes_open(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """The proxy (``--socket``; its ``max_calls`` the default, 256: 272 requests open at
+    most) is held to the same transport: 2 MiB requests stall at ``OPEN_BYTES`` of them."""
+    async with (
+        running_daemon(tmp_path, remotes.targets(), token=token) as daemon,
+        raw_server(tmp_path, remotes, token, socket=daemon.socket) as raw,
+    ):
+        sent = await _stalled(raw, 2 << 20, 60)
+    assert sent <= OPEN_BYTES // (2 << 20) + 3, sent
+
+
+async def _stalled(raw: Raw, size: int, padded: int) -> int:
+    """Fill the stdout pipe, then write ``padded`` ``list_targets`` requests of ``size`` bytes
+    reading nothing: how many were written whole once the writes stalled (or all went out).
+    Then read every answer (none is lost) and let the writes end."""
+    pad = "A" * size
+    fill = [{"jsonrpc": "2.0", "id": f"fill{n}", "method": "tools/list"} for n in range(10)]
+    sent = 0
+
+    async def write() -> None:
+        nonlocal sent
+        for message in fill:
+            await raw.send(message)
+        for n in range(padded):
+            await raw.send(call(n, "list_targets", {"pad": pad}))
+            sent += 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(write)
+        with trio.fail_after(WAIT):  # until the writes stall (or all went out)
+            seen, still = -1, 0
+            while still < 10:
+                await trio.sleep(0.1)
+                seen, still = sent, (still + 1 if sent == seen else 0)
+        stalled = sent
+        answered = set()
+        while len(answered) < len(fill) + padded:
+            found = await raw.receive()
+            answered.add(found["id"])
+    assert sent == padded
+    assert "stdin is read no further" in raw.stderr()
+    return stalled
