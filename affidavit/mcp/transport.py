@@ -425,8 +425,7 @@ class StdioTransport:
             if late.cancelled_caught:  # part of the line may be out: nothing can follow it
                 self.broken = True
                 log.warning(
-                    "an answer was not taken within %gs: the client reads no more; "
-                    "ending the session",
+                    "a line was not taken within %gs: the client reads no more; ending the session",
                     self.write_wait,
                 )
                 self._hang_up()
