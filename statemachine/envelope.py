@@ -407,7 +407,8 @@ def envelope_schema() -> dict[str, Any]:
                         "max_result and the bytes of the result received when the broker stopped "
                         "reading (decoded_bytes: what a compressed body had decoded to); for a "
                         "result that echoed a secret or was not scanned whole, received_withheld "
-                        "(redacted | unscanned) instead of the counts (docs/redaction.md).",
+                        "(redacted | tail_redacted | unscanned) instead of the counts "
+                        "(docs/redaction.md).",
                         "required": ["limit"],
                         "oneOf": [
                             {
@@ -428,7 +429,9 @@ def envelope_schema() -> dict[str, Any]:
                             "limit": {"type": "integer", "minimum": 0},
                             "received_bytes": {"type": "integer", "minimum": 0},
                             "decoded_bytes": {"type": "integer", "minimum": 0},
-                            "received_withheld": {"enum": ["redacted", "unscanned"]},
+                            "received_withheld": {
+                                "enum": ["redacted", "tail_redacted", "unscanned"]
+                            },
                         },
                     },
                 },

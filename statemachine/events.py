@@ -154,9 +154,10 @@ class EventKind(StrEnum):
     (REMOTE_OUTCOME_UNKNOWN | REMOTE_RESULT_INCOMPLETE | RESULT_SIZE_LIMIT | CALLER_CANCELLED |
     BROKER_SHUTDOWN), generation; with RESULT_SIZE_LIMIT, result_size_limit {limit,
     received_bytes, decoded_bytes?}: the target's ``max_result`` and what had arrived when the
-    broker stopped reading -- {limit, received_withheld} (redacted | unscanned), and a message
-    without counts, when the result echoed a secret or was not scanned whole (docs/redaction.md:
-    its counts would measure the secret)."""
+    broker stopped reading -- {limit, received_withheld} (redacted | tail_redacted | unscanned),
+    and a message without counts, when the result echoed a secret, ended with a form's
+    beginning, or was not scanned whole (docs/redaction.md: its counts would measure the
+    secret)."""
     RESULT_STORE_FAILED = "RESULT_STORE_FAILED"
     """Storing the result failed; rendered from what the durable record proves.  attrs: stage,
     generation."""

@@ -195,7 +195,8 @@ async def _commit(
     cut: list[str] = []
     received = received_evidence(result, sink, cut)
     redacted = [name for name in streams if sink.redacted(name)]
-    why = "redacted"
+    echoed = any(sink.why(name) == "redacted" for name in redacted)
+    why = "redacted" if echoed or not redacted else "tail_redacted"
     if cut:
         why = "unscanned"
         redacted.extend(cut)
@@ -296,7 +297,9 @@ def received_evidence(
     recorded only for a stream scanned whole in which redaction replaced nothing: the hash of
     bytes holding a secret (echoed, or compressed where no scan saw it) would let whoever reads
     the record test guesses of that secret offline, and their count would give its length.
-    Otherwise ``<stream>_received_withheld`` says why (``redacted`` or ``unscanned``); the
+    Otherwise ``<stream>_received_withheld`` says why (``redacted``, ``tail_redacted`` --
+    only its end was replaced, as the beginning of a form: ``Redactor.flush`` -- or
+    ``unscanned``); the
     ``unscanned`` streams' names are appended to ``cut``."""
     out: dict[str, Any] = {}
     for key in result.facts:
@@ -310,7 +313,7 @@ def received_evidence(
             if cut is not None:
                 cut.append(name)
         elif sink.redacted(name):
-            out[f"{name}_received_withheld"] = "redacted"
+            out[f"{name}_received_withheld"] = sink.why(name)
         else:
             out[key] = "sha256:" + str(result.facts[key])
             if f"{name}_bytes" in result.facts:

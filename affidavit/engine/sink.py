@@ -159,12 +159,14 @@ class StreamSink:
     def redacted_streams(self) -> list[str]:
         """The streams in which redaction replaced something, or would replace something in
         the bytes it still holds back (an answer cut right after an echo: never flushed)."""
-        out = []
-        for name, st in self._streams.items():
-            held = st["redactor"].pending
-            if st["fed"] is not None or (held and st["redactor"].sub_end(held) != held):
-                out.append(name)
-        return out
+        return [name for name, st in self._streams.items() if any(st["redactor"].ending())]
+
+    def _why(self) -> str:
+        """``redacted`` if a stream echoed a secret (or would in its held-back bytes), else
+        ``tail_redacted``: only a stream's end was replaced as a form's beginning."""
+        endings = [st["redactor"].ending() for st in self._streams.values()]
+        echoed, cut = (any(e[i] for e in endings) for i in (0, 1))
+        return "tail_redacted" if cut and not echoed else "redacted"
 
     def withhold(self, name: str) -> None:
         """``AttemptContext.withhold``: stream ``name`` was not scanned whole -- it may echo a
@@ -178,13 +180,19 @@ class StreamSink:
         something in (``redacted_streams``) and, ``unscanned`` then, those not scanned whole."""
         if self.unscanned:
             return self.redacted_streams() + self.unscanned, "unscanned"
-        return self.redacted_streams(), "redacted"
+        return self.redacted_streams(), self._why()
 
     def redacted(self, name: str) -> bool:
         """After ``finish``: whether redaction replaced anything in stream ``name`` (a stream
         never fed was not)."""
         st = self._streams.get(name)
         return st is not None and st["fed"] is not None
+
+    def why(self, name: str) -> str:
+        """After ``finish``, of a ``redacted`` stream: ``redacted`` if it echoed a secret,
+        ``tail_redacted`` if only its end was replaced as the beginning of a form (it may be
+        ordinary text: ``Redactor.flush``)."""
+        return "redacted" if self._streams[name]["redactor"].echoed else "tail_redacted"
 
     async def _put(
         self, name: str, st: dict[str, Any], chunk: bytes, *, last: bool = False

@@ -107,6 +107,11 @@ class Redactor:
         self.changed = False
         """True once ``feed``/``flush`` replaced anything: until then their output is their
         input, only held back by ``pending``."""
+        self.echoed = False
+        """True once they replaced a whole form: the stream echoed a secret."""
+        self.tail_redacted = False
+        """True once ``flush`` replaced the stream's end as the beginning of a form
+        (``CUT_FORM``): a secret's first bytes, or ordinary text that ends like them."""
 
     def fresh(self) -> Redactor:
         """A new redactor (no input held) of the same values, sharing this one's plan: a
@@ -117,7 +122,7 @@ class Redactor:
         other: Redactor = _new(Redactor)
         other._plan = self._plan
         other._buf = b""
-        other.changed = False
+        other.changed = other.echoed = other.tail_redacted = False
         return other
 
     @property
@@ -150,18 +155,32 @@ class Redactor:
         return out
 
     def _note(self, out: list[bytes | memoryview]) -> None:
-        if not self.changed and any(piece is REDACTED for piece in out):
-            self.changed = True
+        if not self.echoed and any(piece is REDACTED for piece in out):
+            self.changed = self.echoed = True
 
     def flush(self) -> bytes:
         plan = self._plan
         if plan is None:
             return b""
         buf, self._buf = self._buf, b""
-        out = self.sub_end(buf)
+        out = b"".join(_scan(plan, buf, len(buf))[0])
         if out != buf:
-            self.changed = True
+            self.changed = self.echoed = True
+        cut = _form_begun(plan, out)
+        if cut < len(out):
+            self.changed = self.tail_redacted = True
+            return out[:cut] + REDACTED
         return out
+
+    def ending(self) -> tuple[bool, bool]:
+        """(``echoed``, ``tail_redacted``) as they would be after ``flush``, which is not
+        done: what an answer cut now, its held-back bytes never flushed, would have had
+        replaced."""
+        plan, buf = self._plan, self._buf
+        if plan is None or not buf:
+            return self.echoed, self.tail_redacted
+        out = b"".join(_scan(plan, buf, len(buf))[0])
+        return self.echoed or out != buf, self.tail_redacted or _form_begun(plan, out) < len(out)
 
     def sub(self, data: bytes) -> bytes:
         """``data`` with every form replaced (not streaming; ``feed``'s state is untouched)."""
@@ -170,8 +189,8 @@ class Redactor:
 
     def sub_end(self, data: bytes) -> bytes:
         """``sub(data)`` for the end of a stream (what ``flush`` returns for the bytes it held
-        back): where it ends with the beginning of a form (``CUT_FORM`` bytes of it or more),
-        that beginning replaced too."""
+        back): where it ends with the beginning of a form (``CUT_FORM`` secret-derived bytes of
+        it or more: ``_form_begun``), that beginning replaced too."""
         plan = self._plan
         if plan is None:
             return data
@@ -181,7 +200,9 @@ class Redactor:
 
     def scrub_text(self, text: str) -> str:
         """``text`` with every form replaced, its letters in either case (``pattern_any_case``:
-        this is a remote's short text, never a body); replaced whole when a form shows only
+        this is a remote's short text, never a body), and its end where it is a form's
+        beginning (``CUT_FORM`` secret-derived bytes or more, as at a stream's end: a header
+        value, a reason phrase cut inside an echo); replaced whole when a form shows only
         after percent-decoding it up to three times (``holds``).  Text is matched as the bytes
         it was received as: latin-1 when it fits (header fields arrive as bytes decoded
         latin-1), else UTF-8."""
@@ -193,6 +214,11 @@ class Redactor:
             return text
         raw, codec = _text_bytes(text)
         out = plan.pattern_any_case.sub(REDACTED, raw) if plan.may_hold_any_case(raw) else raw
+        cut = _form_begun(plan, out, True)
+        if cut < len(out):
+            # A value cut inside an echo (a header that shows the first 20 bytes of the
+            # request's Authorization): its end goes as a stream's does (``flush``).
+            out = out[:cut] + REDACTED
         if b"%" in out and self.holds(out.decode(codec, "surrogatepass")):
             # A form only percent-decoding shows (a URL quoted inside a quoted parameter: a
             # token's "/" as %252F): no span of the text is the form, so the text goes whole.
@@ -273,25 +299,34 @@ class Redactor:
         return value
 
 
-CUT_FORM = 4
-"""A stream that ends with this many or more of a form's first bytes ends with them redacted
-(``flush``): an answer cut inside an echo -- a window of it, a preview -- would otherwise hand
-out the credential's first bytes, and, cut at other places, the rest.  Fewer are left as
-they are: an ordinary last byte or three (``s``, ``ey``) begin some form too."""
+CUT_FORM = 8
+"""A stream that ends with this many or more secret-derived bytes of a form's beginning ends
+with them redacted (``flush``): an answer cut inside an echo -- a window of it, a preview --
+would otherwise hand out the credential's first bytes, and, cut at other places, the rest.  So
+at most ``CUT_FORM - 1`` secret-derived bytes of a form ever reach a caller at a cut end.
+Eight, not fewer, because an ordinary ending must not match by chance: eight hex digits of a
+random secret are 32 bits (one ending in four billion), eight base64 characters 48; four hex
+digits were one in 65536.  A secret's own public prefix (a vendor's ``sk_live_``) is
+secret-derived to the redactor, which cannot tell it apart: an ending of eight such bytes is
+redacted, and the record says so for what it is (``tail_redacted``), never as an echo."""
 
 
-def _form_begun(plan: Any, data: bytes) -> int:
+def _form_begun(plan: Any, data: bytes, any_case_all: bool = False) -> int:
     """Where ``data``'s tail that is the beginning of a form written without escapes (letters
-    in either case) starts, ``CUT_FORM`` bytes of it or more; ``len(data)`` if none.  The
+    in either case where the form's count so; ``any_case_all``: every form's, for a remote's
+    short text, as ``pattern_any_case``) starts, with ``CUT_FORM`` or more of the form's
+    secret-derived bytes (``_Plan.starts``: past its public ones); ``len(data)`` if none.  The
     held-back bytes cover it: a form is at most ``widest`` bytes long."""
     tail = data[-plan.widest :]
     low = tail.lower()
     best = len(tail)
-    for form, any_case in plan.starts:
-        text = low if any_case else tail
+    for form, any_case, public in plan.starts:
+        # Each form not counted in either case is there lower-cased too (hex's two cases; a
+        # base64 one is whole once ``CUT_FORM`` bytes of it are: its core): ``low`` finds it.
+        text = low if any_case or any_case_all else tail
         # A strict beginning: a whole form was replaced already, in the case it counts in.
         i = text.find(form[:1], max(0, len(text) - len(form) + 1))
-        while 0 <= i <= len(text) - CUT_FORM and i < best:
+        while 0 <= i <= len(text) - CUT_FORM - public and i < best:
             if form.startswith(text[i:]):
                 best = i
                 break

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import os
@@ -61,15 +62,12 @@ class _Plan:
         encoded_forms = {f for _, f in by_value}
         forms |= encoded_forms
         self._literal_groups = groups
-        self.starts = tuple(
-            sorted(
-                {(f.lower(), True) for f in forms - encoded_forms}
-                | {(f.lower(), True) if _any_case(v) else (f, False) for v, f in by_value}
-            )
-        )
-        """Every form written without escapes, and whether its letters count in either case
-        (then lower-cased), as ``pattern`` matches it: a stream that ends with the beginning of
-        one ends with it redacted (``Redactor.sub_end``)."""
+        self.starts = _starts(values, literal, by_value)
+        """Per form written without escapes whose first bytes derive from a secret alone:
+        (the form -- lower-cased if its letters count in either case, as ``pattern`` matches
+        it --, whether they do, how many of its first bytes are public): a stream that ends
+        with ``CUT_FORM`` or more secret-derived bytes of one's beginning ends with them
+        redacted (``Redactor.flush``, ``_starts``)."""
         self._encoded = [(slots, _any_case(v)) for v in encoded for slots in _value_slots(v)]
         self._exact = not all(map(_any_case, encoded))
         """Whether a value is short enough for bodies to match it in its forms' case only."""
@@ -178,6 +176,54 @@ class _Plan:
             alts = sorted(groups[first].items(), key=lambda kv: (-kv[1], kv[0]))
             parts.append(_any_case_literal(bytes([first])) + _alternation(a for a, _ in alts))
         return b"|".join(parts)
+
+
+_OPENSSH_HEAD = base64.b64encode(
+    b"openssh-key-v1\0" + b"\0\0\0\4none" * 2 + b"\0\0\0\0" + b"\0\0\0\1"
+)[:52]
+"""The base64 characters every unencrypted OpenSSH private key's body begins with (the magic,
+cipher and KDF ``none``, no KDF options, one key: 39 bytes, 52 whole characters): the
+format's, shared by every such key, so no sign of this one (``_public``)."""
+
+
+def _starts(
+    values: tuple[bytes, ...], literal: set[bytes], by_value: list[tuple[bytes, bytes]]
+) -> tuple[tuple[bytes, bool, int], ...]:
+    """``_Plan.starts``.  Only the forms of a value that holds no other value (nor its whole
+    base64): ``Bearer <token>`` holds the token, ``Basic <base64>`` the base64 of
+    ``user:password``, which holds the password -- a cut inside the outer value ends inside
+    the inner one's forms, and only there is what was cut secret: ``Bearer``, the user name,
+    a PEM's armour are not.  So every form left starts with a byte that depends on the secret
+    (raw, hex, whole base64, a base64 core: ``redaction_forms``), but a PEM key's armoured
+    forms, left out (its body lines and whole body stand for them), and the OpenSSH format's
+    first characters of its body (``_OPENSSH_HEAD``), counted public."""
+    inner = {
+        v for v in values if not any(w != v and _holds(v, w) for w in values if len(w) < len(v))
+    }
+    out: set[tuple[bytes, bool, int]] = set()
+    for v in sorted(inner & literal):
+        pem = _pem_lines(v)
+        for form in pem or _literal_forms(v):
+            out.add((form.lower(), True, _public(form)))
+    for v, f in by_value:
+        if v in inner:
+            out.add((f.lower(), True, 0) if _any_case(v) else (f, False, 0))
+    return tuple(sorted(out))
+
+
+def _holds(outer: bytes, value: bytes) -> bool:
+    """Whether ``outer`` holds ``value`` as written or whole-base64'd (``Basic``)."""
+    return any(f in outer for f in _literal_forms(value))
+
+
+def _public(form: bytes) -> int:
+    """How many of ``form``'s first bytes are the OpenSSH format's own (``_OPENSSH_HEAD``)."""
+    n = 0
+    for a, b in zip(form, _OPENSSH_HEAD, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 _COMMON = b' etaoinsrhl"0123456789dcum:,.fpgwyb/-_vk=xj+qz'

@@ -5,18 +5,24 @@ stands whole (docs/redaction.md); a window of an echo -- ``Range: bytes=22-27`` 
 prints the request's ``Authorization`` -- is too short to be a form, and the windows put
 together are the credential.  So a caller may not ask for a part of the answer (``Range``,
 ``If-Range``: ``FORBIDDEN_HEADER``), and an answer that ends inside a form, however it came to
-end there, ends with that form's beginning redacted (``Redactor.flush``, ``CUT_FORM`` bytes of
-it or more).
+end there, ends with that form's beginning redacted (``Redactor.flush``, ``CUT_FORM``
+secret-derived bytes of it or more) -- and the record says so for what it is,
+``tail_redacted``, never as an echo.  Bytes that do not derive from the secret (``Bearer``, a
+Basic user name, a key's armour and its format's first characters) count for nothing, so an
+ordinary ending that only looks like a form's start is left as it was.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from affidavit.protocols.actions import ActionInvalid, parse_action
 from affidavit.secrets.redaction import CUT_FORM, REDACTED, Redactor
@@ -26,6 +32,7 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
 SECRET = "sk_live_Q7pW3xN9rT2vL5mK8jH4"
+PASSWORD = b"Zq8!vR2#mK5pL9wX"
 BEARER = b"Bearer " + SECRET.encode()
 
 
@@ -47,51 +54,159 @@ def _streamed(r: Redactor, data: bytes, step: int) -> bytes:
     return out + r.flush()
 
 
+BASIC = b"alice.smith:" + PASSWORD
+BASIC_VALUES = [BASIC, b"Basic " + base64.b64encode(BASIC), PASSWORD]  # as the binding lists them
+KEY = (
+    Ed25519PrivateKey.generate()
+    .private_bytes(Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption())
+    .replace(b"\r\n", b"\n")
+)
+KEY_BODY = KEY.splitlines()[1:-1]
+
+
 @pytest.mark.parametrize("step", [1, 3, 7, 1000])
 @pytest.mark.parametrize(
-    "tail",
+    ("values", "tail"),
     [
-        SECRET.encode()[:CUT_FORM],
-        SECRET.encode()[:-1],
-        BEARER[:-1],
-        BEARER[: len("Bearer ") + CUT_FORM],
-        base64.b64encode(SECRET.encode())[:12],
-        SECRET.encode().hex().encode()[:-1],
+        ([SECRET.encode(), BEARER], SECRET.encode()[:CUT_FORM]),
+        ([SECRET.encode(), BEARER], SECRET.encode()[:-1]),
+        ([SECRET.encode(), BEARER], BEARER[:-1]),
+        ([SECRET.encode(), BEARER], BEARER[: len("Bearer ") + CUT_FORM]),
+        ([SECRET.encode(), BEARER], base64.b64encode(SECRET.encode())[:12]),
+        ([SECRET.encode(), BEARER], SECRET.encode().hex().encode()[:-1]),
+        ([SECRET.encode(), BEARER], SECRET.encode().hex().encode()[:CUT_FORM]),
+        (BASIC_VALUES, b"alice.smith:" + PASSWORD[:CUT_FORM]),
+        (BASIC_VALUES, PASSWORD[:-1]),
+        # base64 of "alice.smith:" is 16 whole characters; the password's begin after them.
+        (BASIC_VALUES, b"Basic " + base64.b64encode(BASIC)[: 16 + CUT_FORM]),
+        ([KEY], KEY_BODY[1][:CUT_FORM]),
+        ([KEY], KEY_BODY[2][: CUT_FORM + 5]),
+        # The OpenSSH format's first 52 body characters are public; 8 past them are not.
+        ([KEY], KEY.splitlines()[0] + b"\n" + KEY_BODY[0][: 52 + CUT_FORM]),
     ],
 )
 def test_a_stream_ending_inside_a_form_ends_with_its_beginning_redacted(
-    tail: bytes, step: int
+    values: list[bytes], tail: bytes, step: int
 ) -> None:
     data = b'{"echo": "ok"}\nAuthorization: ' + tail
-    out = _streamed(Redactor([SECRET.encode(), BEARER]), data, step)
+    r = Redactor(values)
+    out = _streamed(r, data, step)
     assert out.endswith(REDACTED)
     assert out.startswith(b'{"echo": "ok"}\nAuthorization: ')
-    assert SECRET.encode()[:CUT_FORM] not in out
+    assert r.tail_redacted and not r.echoed
+    assert SECRET.encode()[:CUT_FORM] not in out and PASSWORD[:CUT_FORM] not in out
     assert base64.b64encode(BEARER)[:CUT_FORM] not in out
 
 
-@pytest.mark.parametrize("tail", [b"", b"s", b"sk_", b"Bea", b"items", b"}\n"])
-def test_fewer_bytes_of_a_form_or_none_end_the_stream_as_they_were(tail: bytes) -> None:
-    data = b"list of " + tail
-    r = Redactor([SECRET.encode(), BEARER])
-    assert _streamed(r, data, 2) == data
-    assert not r.changed
-
-
-async def test_an_answer_cut_inside_an_echo_reaches_no_caller(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("values", "tail"),
+    [
+        ([SECRET.encode(), BEARER], b""),
+        ([SECRET.encode(), BEARER], b"s"),
+        ([SECRET.encode(), BEARER], b"sk_l"),
+        ([SECRET.encode(), BEARER], SECRET.encode()[: CUT_FORM - 1]),
+        ([SECRET.encode(), BEARER], SECRET.encode().hex().encode()[: CUT_FORM - 1]),
+        ([SECRET.encode(), BEARER], b"Use Authorization: Bearer"),
+        ([SECRET.encode(), BEARER], b"Use Authorization: Bearer "),
+        ([SECRET.encode(), BEARER], b"Bearer " + SECRET.encode()[: CUT_FORM - 1]),
+        ([b"ghp_" + SECRET.encode()[8:]], b"token: ghp_"),
+        (BASIC_VALUES, b"alice.smith"),  # /whoami: the user name is no secret
+        (BASIC_VALUES, b"alice.smith:"),
+        (BASIC_VALUES, b"alice.smith:" + PASSWORD[: CUT_FORM - 1]),
+        (BASIC_VALUES, b"Basic " + base64.b64encode(b"alice.smith:")),
+        ([KEY], b"-----"),
+        ([KEY], b"see below\n----"),
+        ([KEY], KEY.splitlines()[0] + b"\n"),
+        ([KEY], KEY_BODY[0][:52]),  # another OpenSSH key's start: the format's, not this key's
+        ([KEY], b"items"),
+        ([KEY], b"}\n"),
+    ],
+)
+def test_an_ordinary_ending_or_too_few_secret_bytes_end_the_stream_as_they_were(
+    values: list[bytes], tail: bytes
 ) -> None:
-    """A target that shows the first 30 bytes of what it was sent (a preview)."""
+    data = b"list of " + tail
+    r = Redactor(values)
+    assert _streamed(r, data, 2) == data
+    assert not r.changed and not r.tail_redacted
+
+
+@pytest.mark.parametrize(
+    ("said", "body", "withheld"),
+    [
+        # A preview of the first 30 bytes of what the target was sent: cut inside the token.
+        (lambda auth: b"you sent: " + auth[:30], "you sent: Bearer [REDACTED]", "tail_redacted"),
+        (lambda auth: b"you sent: " + auth, "you sent: [REDACTED]", "redacted"),
+        (lambda auth: b"Use Authorization: Bearer", "Use Authorization: Bearer", None),
+    ],
+)
+async def test_an_answer_cut_inside_an_echo_reaches_no_caller_and_says_what_it_was(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    said: Callable[[bytes], bytes],
+    body: str,
+    withheld: str | None,
+) -> None:
     monkeypatch.setenv(TOKEN_ENV, SECRET)
 
-    def preview(r: Received) -> Reply:
-        return Reply(200, body=b"you sent: " + (r.header("authorization") or "").encode()[:30])
+    def reply(r: Received) -> Reply:
+        return Reply(200, body=said((r.header("authorization") or "").encode()))
 
-    async with HostileServer.running(scripts.serve(preview)) as server:
+    async with HostileServer.running(scripts.serve(reply)) as server:
         cfg = write_config(tmp_path, {"t": http_target(server.url)})
         async with open_broker(cfg) as broker:
             with trio.fail_after(20):
                 env = await broker.call({"target": "t", "method": "GET", "path": "/x"})
     assert server.requests[0].header("authorization") == BEARER.decode()
-    assert env["result"]["body"] == "you sent: [REDACTED]", env
+    assert env["result"]["body"] == body, env
     assert SECRET[:CUT_FORM] not in json.dumps(env)
+    http = env["evidence"]["http"]
+    assert http["received_withheld"] == withheld
+    assert (http["body_bytes"] is None) == (withheld is not None)
+
+
+@pytest.mark.parametrize(
+    ("text", "scrubbed"),
+    [
+        (f"Bearer {SECRET[:12]}", "Bearer [REDACTED]"),
+        (f"seen: BEARER {SECRET[:CUT_FORM].upper()}", "seen: BEARER [REDACTED]"),
+        (f"seen: {SECRET[: CUT_FORM - 1]}", f"seen: {SECRET[: CUT_FORM - 1]}"),
+        ("Use Authorization: Bearer", "Use Authorization: Bearer"),
+    ],
+)
+def test_a_header_value_or_reason_cut_inside_an_echo_ends_redacted(
+    text: str, scrubbed: str
+) -> None:
+    assert Redactor([SECRET.encode(), BEARER]).scrub_text(text) == scrubbed
+
+
+def test_short_text_ending_inside_a_short_values_form_in_another_case_ends_redacted() -> None:
+    """A short value's forms keep their case in bodies, not in short text (a parser may have
+    folded it): so too the end rule -- here a hex dump in mixed case."""
+    begun = b"k9#Lm2".hex()[: CUT_FORM + 2]  # of 12 digits; not a MIN_ANY_CASE value
+    mixed = begun[:2].upper() + begun[2:]
+    r = Redactor([b"k9#Lm2"])
+    assert r.scrub_text(f"id={mixed}") == "id=[REDACTED]"
+    assert _streamed(r, f"id={mixed}".encode(), 3) == f"id={mixed}".encode()
+
+
+async def test_a_head_cut_inside_an_echo_reaches_no_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target that shows 20 bytes of the Authorization it got in a header and its reason."""
+    monkeypatch.setenv(TOKEN_ENV, SECRET)
+
+    def reply(r: Received) -> Reply:
+        seen = (r.header("authorization") or "")[:20]
+        return Reply(200, headers=[("X-Seen", seen)], reason=f"Saw {seen}".encode(), body=b"ok")
+
+    async with HostileServer.running(scripts.serve(reply)) as server:
+        cfg = write_config(tmp_path, {"t": http_target(server.url)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(20):
+                env = await broker.call({"target": "t", "method": "GET", "path": "/x"})
+    assert env["result"]["body"] == "ok", env
+    text = json.dumps(env)
+    assert SECRET[:CUT_FORM] not in text
+    assert ["x-seen", "Bearer [REDACTED]"] in [[n.lower(), v] for n, v in env["result"]["headers"]]
+    assert "Saw Bearer [REDACTED]" in text

@@ -70,3 +70,27 @@ def test_the_streams_told_redacted_before_finish_are_those_after() -> None:
         assert {"stdout"} in seen and {"stdout", "stderr"} in seen and set() in seen
 
     trio.run(main)
+
+
+def test_a_stream_whose_end_alone_was_redacted_is_told_apart_from_an_echo() -> None:
+    """``tail_redacted``: only the end, as the beginning of a form (it may be ordinary text);
+    ``redacted``: a whole form -- told alike before ``finish`` (``withheld``, an attempt cut
+    short) and after (``why``, a committed result)."""
+
+    async def told(body: bytes) -> tuple[tuple[list[str], str], str]:
+        sink = StreamSink(_Journal(), "act_1", (SECRET,), keep_limit=1 << 20)  # type: ignore[arg-type]
+        await sink("body", body)
+        before = sink.withheld()
+        await sink.finish()
+        return before, sink.why("body")
+
+    async def main() -> None:
+        assert await told(b"you sent: " + SECRET[:-1]) == (
+            (["body"], "tail_redacted"),
+            "tail_redacted",
+        )
+        assert await told(b"you sent: " + SECRET) == ((["body"], "redacted"), "redacted")
+        both = b"you sent: " + SECRET + b" and " + SECRET[:-1]
+        assert await told(both) == ((["body"], "redacted"), "redacted")
+
+    trio.run(main)
