@@ -6,8 +6,9 @@ compared as servers read them (any case, ``_`` as ``-``).
   accepted, it would be recorded (fingerprint, operator view) but never sent -- the record
   would claim more than was sent.
 * ``Forwarded``, ``X-Forwarded-Host``/``-Proto``/``-Port``/``-Prefix``/``-Scheme``/``-Ssl``/
-  ``-For``, ``X-Real-IP``: what a reverse proxy tells the application it was reached as and
-  for whom; an application behind a trusted proxy builds its URLs (a reset link, a redirect)
+  ``-For``/``-Server``/``-Uri``, ``X-Real-IP`` and the other proxies', CDNs' and frameworks'
+  names (``ROUTING_HEADERS``): what a reverse proxy tells the application it was reached as
+  and for whom; an application behind a trusted proxy builds its URLs (a reset link, a redirect)
   and routes from them.  ``X-Original-URL`` and ``X-Rewrite-URL`` rewrite the path (they are
   method/path overrides, refused since before).
 
@@ -44,6 +45,21 @@ REFUSED = [
     "X-Forwarded-Ssl",
     "X-Forwarded-For",
     "X-Real-IP",
+    "X-Original-Host",
+    "X-Forwarded-Server",
+    "X-Host",
+    "X-HTTP-Host-Override",
+    "X-Forwarded-Uri",
+    "X-Original-Uri",
+    "X-Envoy-Original-Path",
+    "True-Client-IP",
+    "CF-Connecting-IP",
+    "X-Client-IP",
+    "X-Cluster-Client-IP",
+    "Client-IP",
+    "client_ip",
+    "Front-End-Https",
+    "X-Url-Scheme",
     "X-Original-URL",
     "X-Rewrite-URL",
 ]

@@ -36,7 +36,9 @@ PASSWORD = b"Zq8!vR2#mK5pL9wX"
 BEARER = b"Bearer " + SECRET.encode()
 
 
-@pytest.mark.parametrize("name", ["Range", "range", "If-Range", "IF_RANGE", "if-range"])
+@pytest.mark.parametrize(
+    "name", ["Range", "range", "If-Range", "IF_RANGE", "if-range", "Request-Range", "request_range"]
+)
 def test_a_caller_may_not_ask_for_part_of_the_answer(tmp_path: Path, name: str) -> None:
     from affidavit.config import config_from_dict
 

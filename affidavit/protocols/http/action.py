@@ -432,10 +432,10 @@ HTTP_FIELDS = (
                 Code.FORBIDDEN_HEADER,
                 "credential, framing and hop-by-hop headers, the injected header, the "
                 "idempotency header and method/path overrides (X-HTTP-Method-Override, "
-                "X-Original-URL, ...): the broker and the transport set them; Range and "
-                "If-Range (a window of an echo is too short to redact); Forwarded, "
-                "X-Forwarded-Host/-Proto/-Prefix/..., X-Real-IP (a proxy's, which "
-                "applications build URLs and routes from)",
+                "X-Original-URL, ...): the broker and the transport set them; Range, "
+                "If-Range, Request-Range (a window of an echo is too short to redact); "
+                "Forwarded, X-Forwarded-Host/-Proto/-Prefix/..., X-Real-IP, True-Client-IP, "
+                "... (a proxy's, which applications build URLs and routes from)",
             ),
             (Code.INVALID_FIELD, "a name given twice (names compare case-insensitively)"),
         ),

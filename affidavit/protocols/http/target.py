@@ -80,13 +80,17 @@ HOP_HEADERS = frozenset({"keep-alive", "proxy-connection", "proxy-authenticate"}
 # A part of the answer instead of the whole (RFC 9110 §14.2, §13.1.5): a server that echoes the
 # injected credential would hand it out in windows of a few bytes, none long enough to be a
 # redaction form (docs/redaction.md, "Partial answers").  Callers may not ask for them.
-RANGE_HEADERS = frozenset({"range", "if-range"})
+RANGE_HEADERS = frozenset({"range", "if-range", "request-range"})
+"""``Request-Range``: the pre-RFC 7233 spelling, which Apache httpd still serves ranges for."""
 # What a reverse proxy in front of the application writes, and the application trusts when it
 # builds URLs or routes (Rails, Django, Symfony, Spring, ASP.NET behind a trusted proxy): the
 # host, scheme, port and prefix it was reached as (a password-reset link or a redirect built
 # for another host; a route mounted under another prefix), and the client address it vouches
 # for (allow-lists, rate limits).  The broker is the client: none of it is the caller's to
 # say.  (X-Original-URL and X-Rewrite-URL, which rewrite the path, are OVERRIDE_HEADERS.)
+# Not exhaustive, and cannot be: which header an application reads its host or client from
+# is its own configuration (Rails' and Django's settings, Express's "trust proxy", a CDN's
+# name) -- these are the names proxies, CDNs and frameworks write or read by default.
 ROUTING_HEADERS = frozenset(
     {
         "forwarded",
@@ -97,7 +101,21 @@ ROUTING_HEADERS = frozenset(
         "x-forwarded-scheme",
         "x-forwarded-ssl",
         "x-forwarded-for",
+        "x-forwarded-server",
+        "x-forwarded-uri",
         "x-real-ip",
+        "x-original-host",
+        "x-original-uri",
+        "x-host",
+        "x-http-host-override",
+        "x-envoy-original-path",
+        "x-url-scheme",
+        "front-end-https",
+        "true-client-ip",
+        "cf-connecting-ip",
+        "x-client-ip",
+        "x-cluster-client-ip",
+        "client-ip",
     }
 )
 CALLER_REFUSED = (
