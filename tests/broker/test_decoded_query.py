@@ -3,7 +3,12 @@
 ``&``, ``;`` and ``=``, and the application behind it reads a query, or more names, where the
 caller wrote one name or a value.  Such a name that servers read as a method or path override,
 or as the credential's query parameter, is refused as the written one is (``FORBIDDEN_HEADER``
-at ``path``); an escaped separator that forms neither is left alone.
+at ``path``), worded as what a hop would read.
+
+A path's escaped ``?`` tail is checked for every target.  The query's own escaped separators
+only for a target that says a hop decodes its query (``decoding_hop = true``): otherwise they
+are values' own -- a URL-valued parameter, a JSON value, a ``return_to`` -- and such a hop
+would break them for every client (``params.check_query``).
 """
 
 from __future__ import annotations
@@ -19,33 +24,68 @@ from affidavit.statemachine import Code
 from .helpers import http_target
 
 
-def _parse(tmp_path: Path, path: str) -> object:
-    target = http_target("http://127.0.0.1:9/api", methods=["POST"], inject="query:api_key")
+def _parse(tmp_path: Path, path: str, decoding_hop: bool = False) -> object:
+    target = http_target(
+        "http://127.0.0.1:9/api",
+        methods=["POST"],
+        inject="query:api_key",
+        decoding_hop=decoding_hop or None,
+    )
     config = config_from_dict({"targets": {"q": target}}, base_dir=tmp_path)
     return parse_action({"target": "q", "method": "POST", "path": path}, config)
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        "/items/1%3F_method%3DDELETE",
-        "/items/1%253F_method%253DDELETE",
-        "/items/1%3Fa%3D1%26X-HTTP-Method-Override%3DDELETE",
-        "/x%3Fapi_key%3Dattacker",
-        "/x%3FAPI.KEY%3Dattacker",
-        "/items/1?a%26_method%3DDELETE",
-        "/items/1?a%3B_method%3DDELETE",
-        "/x?a%26api_key%3Dattacker",
-        "/x?a=1%26api_key%3Dattacker",
-        "/x?a=1%26api_key%255B%255D%3Dattacker",
-    ],
-)
-def test_a_name_a_decoding_hop_makes_is_held_to_the_query_s_rules(
+PATH_TAILS = [
+    "/items/1%3F_method%3DDELETE",
+    "/items/1%253F_method%253DDELETE",
+    "/items/1%3Fa%3D1%26X-HTTP-Method-Override%3DDELETE",
+    "/x%3Fapi_key%3Dattacker",
+    "/x%3FAPI.KEY%3Dattacker",
+]
+QUERY_SPLITS = [
+    "/items/1?a%26_method%3DDELETE",
+    "/items/1?a%3B_method%3DDELETE",
+    "/x?a%26api_key%3Dattacker",
+    "/x?a=1%26api_key%3Dattacker",
+    "/x?a=1%26api_key%255B%255D%3Dattacker",
+    "/x?a=1%2526api_key%253Dattacker",  # a hop that decodes twice
+    "/x?a=1%252526api_key%25253Dattacker",  # three times
+]
+LEGIT = [
+    # A URL-valued parameter (a callback), a JSON filter, a return_to: escaped separators that
+    # are the values' own.
+    "/x?url=https%3A%2F%2Fme.example%2Fcb%3Fa%3D1%26api_key%3Dabc",
+    "/x?filter=%7B%22q%22%3A%22a%26api_key%3Db%22%7D",
+    "/x?return_to=%2Fitems%2F1%3Fa%3D1%26_method%3Dpatch",
+]
+
+
+@pytest.mark.parametrize("decoding_hop", [False, True])
+@pytest.mark.parametrize("path", PATH_TAILS)
+def test_a_name_a_decoding_hop_makes_in_a_path_is_refused_for_every_target(
+    tmp_path: Path, path: str, decoding_hop: bool
+) -> None:
+    with pytest.raises(ActionInvalid) as info:
+        _parse(tmp_path, path, decoding_hop)
+    assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, "path")
+    assert info.value.message.startswith("a decoding hop would read")
+
+
+@pytest.mark.parametrize("path", QUERY_SPLITS + LEGIT)
+def test_a_name_a_decoding_hop_makes_in_the_query_is_refused_behind_one(
     tmp_path: Path, path: str
 ) -> None:
     with pytest.raises(ActionInvalid) as info:
-        _parse(tmp_path, path)
+        _parse(tmp_path, path, decoding_hop=True)
     assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, "path")
+    assert info.value.message.startswith("a decoding hop would read"), info.value.message
+
+
+@pytest.mark.parametrize("path", QUERY_SPLITS + LEGIT)
+def test_a_query_s_escaped_separators_are_values_own_without_a_decoding_hop(
+    tmp_path: Path, path: str
+) -> None:
+    assert _parse(tmp_path, path)
 
 
 @pytest.mark.parametrize(
@@ -59,7 +99,19 @@ def test_a_name_a_decoding_hop_makes_is_held_to_the_query_s_rules(
         "/x?next=%2Fitems%3Fpage%3D2",
     ],
 )
+@pytest.mark.parametrize("decoding_hop", [False, True])
 def test_an_escaped_separator_that_forms_no_refused_name_stays_allowed(
-    tmp_path: Path, path: str
+    tmp_path: Path, path: str, decoding_hop: bool
 ) -> None:
-    assert _parse(tmp_path, path)
+    assert _parse(tmp_path, path, decoding_hop)
+
+
+@pytest.mark.parametrize("path", ["/x?_method=DELETE", "/x?api_key=a", "/x?%255Fmethod=1"])
+@pytest.mark.parametrize("decoding_hop", [False, True])
+def test_a_name_written_in_the_query_is_refused_for_every_target(
+    tmp_path: Path, path: str, decoding_hop: bool
+) -> None:
+    with pytest.raises(ActionInvalid) as info:
+        _parse(tmp_path, path, decoding_hop)
+    assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, "path")
+    assert not info.value.message.startswith("a decoding hop")

@@ -50,24 +50,25 @@ async def _via_open_redirect(
 
 
 @pytest.mark.parametrize(
-    ("location", "inject"),
+    ("location", "target"),
     [
-        ("/api/items/1?_method=DELETE", "bearer"),
-        ("/api/items/1?x-http-method-override=DELETE", "bearer"),
-        ("/api/items/1?%255Fmethod=DELETE", "bearer"),
-        ("/api/items/1%3F_method%3DDELETE", "bearer"),  # a decoding hop's query
-        ("/api/items/1?a%26_method%3DDELETE", "bearer"),
-        ("/api/x?API_KEY=attacker", "query:api_key"),
-        ("/api/x?Api_Key=attacker", "query:api_key"),
-        ("/api/x?a=1&api.key=attacker", "query:api_key"),
-        ("/api/x?api_key%5B%5D=attacker", "query:api_key"),
+        ("/api/items/1?_method=DELETE", {"inject": "bearer"}),
+        ("/api/items/1?x-http-method-override=DELETE", {"inject": "bearer"}),
+        ("/api/items/1?%255Fmethod=DELETE", {"inject": "bearer"}),
+        ("/api/items/1%3F_method%3DDELETE", {"inject": "bearer"}),  # a decoding hop's query
+        # Behind a hop that decodes the query (``decoding_hop``): a query it re-splits.
+        ("/api/items/1?a%26_method%3DDELETE", {"inject": "bearer", "decoding_hop": True}),
+        ("/api/x?API_KEY=attacker", {"inject": "query:api_key"}),
+        ("/api/x?Api_Key=attacker", {"inject": "query:api_key"}),
+        ("/api/x?a=1&api.key=attacker", {"inject": "query:api_key"}),
+        ("/api/x?api_key%5B%5D=attacker", {"inject": "query:api_key"}),
     ],
 )
 async def test_a_location_naming_what_a_caller_may_not_is_not_followed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, location: str, inject: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, location: str, target: dict[str, Any]
 ) -> None:
     monkeypatch.setenv(TOKEN_ENV, SECRET)
-    env, requests, _ = await _via_open_redirect(tmp_path, location, inject=inject)
+    env, requests, _ = await _via_open_redirect(tmp_path, location, **target)
     assert env["result"]["status"] == 307
     assert [r.target.split("?")[0] for r in requests] == ["/api/go"]
     refused = env["evidence"].get("redirect_not_followed") or {}
@@ -83,6 +84,18 @@ async def test_a_clean_location_is_still_followed_with_the_credential(
     assert [r.target for r in requests][1] == "/api/items/1?page=2&method=x"
     assert requests[1].method == "POST"
     assert requests[1].header("authorization") == f"Bearer {SECRET}"
+
+
+async def test_a_location_with_an_escaped_separator_in_a_value_is_followed_without_a_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URL-valued parameter's own ``%26_method%3D`` is no name: only a target behind a hop
+    that decodes the query (``decoding_hop``) reads it as one (above)."""
+    monkeypatch.setenv(TOKEN_ENV, SECRET)
+    location = "/api/items/1?next=%2Fcb%3Fa%3D1%26_method%3Dx"
+    env, requests, _ = await _via_open_redirect(tmp_path, location)
+    assert env["result"]["status"] == 200
+    assert [r.target for r in requests][1] == location
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,7 @@ def _redirect_policy(target: HttpTarget) -> Any:
     origin and base path (seed: "Do not forward authorization credentials across origins")."""
     base = target.base_path.rstrip("/")
     param = query_param(target)
+    hop = bool(target.decoding_hop)
 
     def policy(method: str, url: str) -> RedirectDecision:
         if method.upper() not in target.methods:
@@ -162,7 +163,7 @@ def _redirect_policy(target: HttpTarget) -> Any:
             # either (a 307 keeps the method and the credential): an open redirect's
             # ``?_method=DELETE`` would run an allowed POST as a DELETE, another spelling of
             # the credential's parameter would shadow it.  The 3xx is then the result.
-            check_request_query(f"{path}?{parts.query}", param)
+            check_request_query(f"{path}?{parts.query}", param, hop)
         except ActionInvalid as exc:
             return RedirectDecision(False, False, f"{LOCATION_REFUSED}: {exc.message}")
         # A caller's path may not climb out of the base path (segments.py); a Location that

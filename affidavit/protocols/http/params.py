@@ -129,11 +129,19 @@ def credential_spelling(param: str) -> Callable[[str], bool]:
 
 
 def _check_name(
-    once: str, field: str, injected: str | None, param: str | None, controls: bool = True
+    once: str,
+    field: str,
+    injected: str | None,
+    param: str | None,
+    controls: bool = True,
+    hop: bool = False,
 ) -> None:
     """One parameter name, percent-decoded once (as UTF-8, like the frameworks); checked as
-    decoded once and twice (a double-decoding hop in front of the application reads
-    ``%255Fmethod`` as ``_method``)."""
+    decoded once and twice, whatever the target: no parameter a caller means is named
+    ``%255Fmethod`` or ``api%255Fkey``, and a stack that decodes a name once more (a second
+    ``unquote`` in an application's own parameter handling) reads it as the override or the
+    credential's.  ``hop``: the name exists only once a decoding hop re-split the query
+    (``check_query``), and the message says so."""
     for name in (once, urllib.parse.unquote_plus(once)):
         if controls and _CONTROL.search(name):
             raise ActionInvalid(
@@ -142,61 +150,83 @@ def _check_name(
                 "a parameter name holds a control character (also percent-encoded, like %00)",
             )
         readings = _readings(name)
+        said = "a decoding hop would read a parameter" if hop else "a parameter"
         if readings & _OVERRIDES:
             raise ActionInvalid(
                 Code.FORBIDDEN_HEADER,
                 field,
-                "a parameter servers read as the method or path (_method, "
+                f"{said} servers read as the method or path (_method, "
                 "X-HTTP-Method-Override, ...; in any case, percent-encoded, and with "
-                '"-", "." or " " for "_") is not allowed: the request line says them',
+                '"-", "." or " " for "_") here; it is not allowed: the request line says them',
             )
         if injected is not None and injected in readings | {_array_key(name)}:
+            if hop:
+                why = (
+                    f"a decoding hop would read query parameter {param}, the credential's, "
+                    "here (its escaped separators decoded)"
+                )
+            else:
+                why = f"query parameter {param} carries the credential"
             raise ActionInvalid(
                 Code.FORBIDDEN_HEADER,
                 field,
-                f"query parameter {param} carries the credential (in any case, with "
-                '"-", "." or " " for "_", or as an array, NAME[]); the broker sets it',
+                f'{why} (in any case, with "-", "." or " " for "_", or as an array, '
+                "NAME[]); the broker sets it",
             )
 
 
-def check_request_query(path: str, credential_param: str | None) -> None:
+def check_request_query(path: str, credential_param: str | None, decoding_hop: bool) -> None:
     """The query of a request target (origin-form ``path``) as servers read it, at field
     ``path``: every "%" an escape, and ``check_query``'s names.  An action's path and a
     followed redirect's Location to the target's own origin are held to it alike
-    (``action.py``, ``binding.py``)."""
+    (``action.py``, ``binding.py``).  ``decoding_hop``: the target's setting
+    (``check_query``)."""
     route, _, query = path.partition("?")
     why = bad_percent(query)
     if why is not None:
         raise ActionInvalid(Code.INVALID_FIELD, "path", why)
     if query:
-        check_query(query, credential_param)
+        check_query(query, credential_param, decoding_hop)
     # A proxy that decodes the path and forwards it unescaped (segments.py's class:
     # CVE-2024-38474) sends ``/items/1%3F_method%3DDELETE`` as ``/items/1?_method=DELETE``: the
-    # application reads a query there.  Each decoding's "?" tail is checked as one.
+    # application reads a query there.  Each decoding's "?" tail is checked as one, for every
+    # target: no path a caller means holds an escaped "?" followed by such a name.
     for _ in range(MAX_DECODES):
         if "%" not in route:
             break
         route = urllib.parse.unquote(route)
         if "?" in route:
-            check_query(route.partition("?")[2], credential_param)
+            check_query(route.partition("?")[2], credential_param, decoding_hop, hop=True)
 
 
-def check_query(query: str, credential_param: str | None) -> None:
-    """The names of a request's query (split on ``&`` and ``;``), at field ``path``."""
+def check_query(
+    query: str, credential_param: str | None, decoding_hop: bool, hop: bool = False
+) -> None:
+    """The names of a request's query (split on ``&`` and ``;``), at field ``path``.
+
+    ``decoding_hop`` (a target's setting, off by default): a hop in front of the application
+    forwards the query percent-decoded, so its ``%26``, ``%3B`` and ``%3D`` are separators
+    there (``a%26_method%3DDELETE`` is ``a&_method=DELETE``) -- the query is then decoded up to
+    ``MAX_DECODES`` times, as a path's tails are, and each decoding re-split: a name it makes
+    that servers read as an override or the credential's is refused; an escaped "&" that forms
+    neither (``q=a%26b``) is the value's own.  Off, the escaped separators of values are
+    theirs: a URL-valued parameter (``url=https%3A%2F%2Fme.example%2Fcb%3Fa%3D1%26key%3Dabc``),
+    a JSON value holding ``&key=``, a ``return_to`` holding ``_method`` -- such a hop would
+    break every one of them for every client, so a target behind one is known to its operator
+    (docs/configuration.md, ``decoding_hop``)."""
     injected = query_key(credential_param) if credential_param else None
     for pair in re.split(r"[&;]", query):
         once = urllib.parse.unquote_plus(pair.partition("=")[0])
-        _check_name(once, "path", injected, credential_param)
-    if "%" not in query:
+        _check_name(once, "path", injected, credential_param, hop=hop)
+    if not decoding_hop:
         return
-    # The same decoding hop forwards the query decoded: its "%26", "%3B" and "%3D" are then
-    # separators, and the application splits the names again (``a%26_method%3DDELETE`` is
-    # ``a&_method=DELETE`` there).  Only the names such a split makes that servers read as an
-    # override or the credential's are refused: an escaped "&" in a value that forms neither
-    # (``q=a%26b``, a control character after it) is the value's own.
-    for pair in re.split(r"[&;]", urllib.parse.unquote(query)):
-        once = urllib.parse.unquote_plus(pair.partition("=")[0])
-        _check_name(once, "path", injected, credential_param, controls=False)
+    for _ in range(MAX_DECODES):
+        if "%" not in query:
+            return
+        query = urllib.parse.unquote(query)
+        for pair in re.split(r"[&;]", query):
+            once = urllib.parse.unquote_plus(pair.partition("=")[0])
+            _check_name(once, "path", injected, credential_param, controls=False, hop=True)
 
 
 def check_form_body(body: bytes, content_type: str | None, field: str) -> None:

@@ -176,6 +176,10 @@ class HttpTarget:
     """True: the operator accepts an ``http://`` url whose host is not loopback -- the credential
     and every answer cross the network in clear, readable and forgeable on the way
     (docs/security.md, "Cleartext targets").  None otherwise (unset: not in the snapshot)."""
+    decoding_hop: Literal[True] | None
+    """True: a hop in front of the application forwards the query percent-decoded, so a
+    caller's escaped ``&``/``;``/``=`` are separators there (``params.check_query``).  None
+    otherwise (unset: not in the snapshot)."""
     follow_redirects: bool
     redirect_origins: frozenset[str]
     """Other origins a followed redirect may go to (normalized ``scheme://host:port``), never
@@ -543,6 +547,18 @@ HTTP_TARGET = TargetSchema(
             "whose first hop (the proxy if set, else the host) is not loopback (127.0.0.0/8, "
             "`::1`, `localhost`): the credential and the answers cross the network in clear (see "
             "[security](security.md#cleartext-targets))",
+        ),
+        Field(
+            "decoding_hop",
+            lambda r: True if r.boolean() else None,
+            default=False,
+            unset_omitted=True,
+            doc="`true`: a proxy or gateway in front of the application forwards the query "
+            "percent-decoded, so `%26`, `%3B` and `%3D` are separators there: a query whose "
+            "decoding (up to 4 times) makes a method/path override or the credential's "
+            "parameter is refused. Off, escaped separators are values' own (a URL-valued "
+            "parameter); an escaped `?` in the path is checked either way (see "
+            "[security](security.md#what-a-callers-request-may-not-say))",
         ),
         Field(
             "follow_redirects",
