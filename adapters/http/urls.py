@@ -128,10 +128,11 @@ def cleartext_hop(origin: str, proxy: str | None) -> bool:
     the response (issue 15, c=1).  What is kept is configured: a target's origin and proxy, a
     hop's origin, a redirect's only once its policy allowed it (the target's own or one in
     ``redirect_origins``) -- never a Location a remote wrote.  A URL that does not parse
-    raises and is not kept."""
-    if not origin.startswith("http://"):
-        return False
-    return not loopback_host(parse_url(proxy if proxy is not None else origin).host)
+    raises and is not kept -- an ``https://`` origin's too, and its proxy: both are parsed
+    before anything is answered."""
+    url = parse_url(origin)
+    hop = parse_url(proxy) if proxy is not None else url
+    return url.scheme == "http" and not loopback_host(hop.host)
 
 
 def query_values(url: str, name: str | None) -> list[str]:

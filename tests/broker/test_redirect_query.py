@@ -61,6 +61,7 @@ async def _via_open_redirect(
         ("/api/x?API_KEY=attacker", {"inject": "query:api_key"}),
         ("/api/x?Api_Key=attacker", {"inject": "query:api_key"}),
         ("/api/x?a=1&api.key=attacker", {"inject": "query:api_key"}),
+        ("/api/search?q=100%", {"inject": "bearer"}),  # a "%" that is no escape
         ("/api/x?api_key%5B%5D=attacker", {"inject": "query:api_key"}),
     ],
 )

@@ -40,11 +40,17 @@ def test_an_origin_is_parsed_once_whatever_the_calls_it_answers(parses: list[str
         assert not urls.cleartext_hop("http://127.0.0.1:8080", None)
         assert not urls.cleartext_hop("http://127.0.0.1:8080", "http://127.0.0.1:3128")
         assert urls.cleartext_hop("http://127.0.0.1:8080", "http://192.0.2.9:3128")
-        assert not urls.cleartext_hop("https://192.0.2.7:443", None)  # TLS: never parsed
+        assert not urls.cleartext_hop("https://192.0.2.7:443", None)  # TLS: parsed, then False
+        assert not urls.cleartext_hop("https://192.0.2.7:443", "http://192.0.2.9:3128")
     assert parses == [
         "http://192.0.2.7:8080",
         "http://127.0.0.1:8080",
+        "http://127.0.0.1:8080",
         "http://127.0.0.1:3128",
+        "http://127.0.0.1:8080",
+        "http://192.0.2.9:3128",
+        "https://192.0.2.7:443",
+        "https://192.0.2.7:443",
         "http://192.0.2.9:3128",
     ]
 
@@ -56,5 +62,24 @@ def test_a_url_that_does_not_parse_is_refused_every_time_and_not_kept(
     for _ in range(2):
         with pytest.raises(urls.BadUrl, match="userinfo"):
             urls.cleartext_hop("http://192.0.2.7:8080", secret)
-    assert parses == [secret, secret]
+    assert parses == ["http://192.0.2.7:8080", secret] * 2
+    assert urls.cleartext_hop.cache_info().currsize == 0
+
+
+@pytest.mark.parametrize(
+    ("origin", "proxy"),
+    [
+        ("https://192.0.2.7:443", "http://user:s3cret-0002@192.0.2.9:3128"),
+        ("https://bad host:443", None),
+        ("https://[::1:443", None),
+    ],
+)
+def test_an_https_origin_or_its_proxy_that_does_not_parse_is_refused_and_not_kept(
+    parses: list[str], origin: str, proxy: str | None
+) -> None:
+    """TLS or not, nothing is answered -- nor kept -- for a URL that does not parse (the
+    docstring's promise: an https:// one was answered False unparsed, and cached)."""
+    for _ in range(2):
+        with pytest.raises(urls.BadUrl):
+            urls.cleartext_hop(origin, proxy)
     assert urls.cleartext_hop.cache_info().currsize == 0

@@ -16,7 +16,10 @@ from affidavit.adapters.http.redirects import (
     CHANGES_REQUEST,
     REFUSED_WITHOUT_CREDENTIAL,
     RESENDS_REQUEST,
+    Plan,
+    next_hop,
 )
+from affidavit.protocols.http.params import credential_spelling
 from affidavit.statemachine import Code, Outcome
 
 from .fakes import FakeEngine
@@ -565,3 +568,24 @@ async def test_a_304_on_a_followed_hop_is_no_answer_to_the_callers_validators(
     assert (res.outcome, res.code, res.facts["status"]) == (*REDIRECTED, 304)
     assert res.facts["redirect_not_followed"] == {"reason": NOT_CONDITIONAL}
     assert (direct.outcome, direct.code, direct.facts["status"]) == (Outcome.COMMITTED, None, 304)
+
+
+@pytest.mark.parametrize("names", [True, False])
+def test_a_followed_hop_loses_every_spelling_of_the_credential_parameter(names: bool) -> None:
+    """``HttpRequest.credential_query_names``: the binding's policy refuses such a Location to
+    the target's origin before this (``params.check_request_query``), but the driver used with
+    another policy puts the credential back beside a caller's spelling only without it."""
+    request = HttpRequest(
+        method="GET",
+        url="https://h.example/api/x?api_key=SECRET",
+        headers=[],
+        credential_query="api_key",
+        credential_query_names=credential_spelling("api_key") if names else None,
+    )
+    plan = Plan(next_url="https://h.example/api/y?API_KEY=attacker&a=1", keep_credential=True)
+    hop = next_hop(request, plan, "GET", [], b"")
+    query = urllib.parse.parse_qsl(urllib.parse.urlsplit(hop.url).query)
+    if names:
+        assert query == [("a", "1"), ("api_key", "SECRET")]
+    else:  # the exact name only: the shadowing spelling stays beside the credential
+        assert ("API_KEY", "attacker") in query
