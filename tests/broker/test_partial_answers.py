@@ -212,3 +212,11 @@ async def test_a_head_cut_inside_an_echo_reaches_no_caller(
     assert SECRET[:CUT_FORM] not in text
     assert ["x-seen", "Bearer [REDACTED]"] in [[n.lower(), v] for n, v in env["result"]["headers"]]
     assert "Saw Bearer [REDACTED]" in text
+
+
+def test_a_result_cut_at_its_limit_with_its_end_redacted_is_not_called_an_echo() -> None:
+    from affidavit.engine.attempt import _too_large_message
+
+    message = _too_large_message({"limit": 64, "received_withheld": "tail_redacted"})
+    assert "may be ordinary text" in message and "echoed" not in message
+    assert "bytes received" not in message.replace("the bytes received are not told", "")

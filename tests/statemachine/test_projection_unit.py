@@ -504,7 +504,7 @@ def test_result_size_limit_with_its_counts_withheld() -> None:
                     {"code": "RESULT_SIZE_LIMIT", "result_size_limit": bad},
                 )
             )
-    for reason in ("redacted", "unscanned"):
+    for reason in ("redacted", "tail_redacted", "unscanned"):
         over = {"limit": 1024, "received_withheld": reason}
         p = projector_in("dispatched")
         attrs = {"code": "RESULT_SIZE_LIMIT", "result_size_limit": over}
@@ -564,6 +564,7 @@ def test_the_envelope_schema_admits_the_result_size_limit_the_projection_does() 
         {"limit": 1024, "received_bytes": 1500, "decoded_bytes": 9000},
         {"limit": 1024, "received_withheld": "redacted"},
         {"limit": 1024, "received_withheld": "unscanned"},
+        {"limit": 1024, "received_withheld": "tail_redacted"},
         {"limit": 1024, "received_withheld": "redacted", "received_bytes": 1500},
         {"limit": 1024, "received_withheld": "unscanned", "received_bytes": 1, "decoded_bytes": 2},
         {"limit": 1024, "received_withheld": "because"},
