@@ -101,6 +101,12 @@ class VerifyReport:
     """Idempotency bindings proven by the chained ACTION_ACCEPTED of the invocation they name."""
     also: tuple[str, ...] = ()
     """Further problems found after the first."""
+    complete_through: int | None = None
+    """The last seq the journal is proven *complete* through: an intact verify's anchor seq
+    (the journal still reaches it, with its hash); None without an anchor.  A tail cut back
+    to a checkpoint, the later checkpoints removed too, leaves a shorter journal every row of
+    which is signed: only an anchor kept elsewhere shows rows were there -- and only up to its
+    own seq (rows after it, back to a checkpoint, could have been removed unseen)."""
     code: str | None = None
     """A stable code for the first problem when a caller must tell it apart:
     ``SIGNING_RECORDS_REMOVED`` (rows that look from before signing were written by a signing

@@ -170,12 +170,14 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
         # (planted at head+1 it would wait for the next row).  Otherwise nothing from the first
         # bad row on is judged.
         walk.linked.finish(walked_bad, problems.add)
+    anchor_seq = trust.anchor.checkpoint.seq if trust.anchor is not None else None
     return VerifyReport(
         **_verdict(walk, problems),
         key_id=next(iter(trust.keys)) if len(trust.keys) == 1 else None,
         key_ids=tuple(sorted(trust.keys)),
         key_source=trust.source,
-        anchor_seq=trust.anchor.checkpoint.seq if trust.anchor is not None else None,
+        anchor_seq=anchor_seq,
+        complete_through=anchor_seq if not problems.found else None,
         results=results,
         bindings=bound,
     )

@@ -226,8 +226,7 @@ def _verify(args: argparse.Namespace) -> int:
         _out(f"journal intact: {report.count} events, head {report.head_hash}")
         if report.signed_seq:
             _out(f"  signed through seq {report.signed_seq} at {_when(report.signed_at)}, {key}")
-        if report.anchor_seq is not None:
-            _out(f"  matches the anchor at seq {report.anchor_seq}")
+        _out(f"  {_completeness(report.complete_through)}")
         if report.unsigned_through:
             _out(f"  rows 1..{report.unsigned_through} predate signing (accepted on the chain)")
         _out(f"  {report.results} stored results match their chained hashes")
@@ -252,6 +251,22 @@ def _verify(args: argparse.Namespace) -> int:
         for more in report.also:
             _out(f"  also: {more}")
     return 0 if report.ok else 1
+
+
+def _completeness(through: int | None) -> str:
+    """What a passing report proves of the journal's end: a tail cut back to a checkpoint (its
+    checkpoints removed too) leaves a shorter journal, every row signed -- only an anchor kept
+    elsewhere shows it, and only up to the anchor's seq."""
+    if through is None:
+        return (
+            "no anchor: rows after any checkpoint could have been removed unseen (a tail cut "
+            "back to a checkpoint leaves a shorter journal, every row signed); pass --anchor "
+            "FILE, kept elsewhere, to prove it complete through the anchor's seq"
+        )
+    return (
+        f"matches the anchor at seq {through}: complete through seq {through} only -- rows "
+        "after it could have been removed unseen, back to any checkpoint"
+    )
 
 
 def _keys_text(key_ids: tuple[str, ...], source: str) -> str:

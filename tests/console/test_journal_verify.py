@@ -73,6 +73,8 @@ async def test_the_journal_page_extends_its_verify_and_verifies_whole_on_request
         whole = b.journal.head()[0]
         assert _verify_line(page).startswith(f"intact: {whole} events")
         assert f"verified through seq {whole} (started " in page.decode()
+        # No anchor: the page claims nothing of the journal's end (a tail cut to a checkpoint).
+        assert b'id="complete">not proven (no anchor): rows after any checkpoint' in page
 
         await b.call(refused)
         await b.call(refused)
