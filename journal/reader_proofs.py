@@ -211,19 +211,26 @@ class ProvingReader(ReaderBase):
         return self._read(lambda t: t.latest_checkpoint(), "the latest checkpoint")
 
     def anchor(
-        self, public_key: bytes | None = None, *, public_keys: Sequence[bytes] = ()
+        self,
+        public_key: bytes | None = None,
+        *,
+        public_keys: Sequence[bytes] = (),
+        previous: Anchor | None = None,
     ) -> tuple[VerifyReport, Anchor | None]:
         """Verify the journal with ``public_key`` / ``public_keys`` (default: the recorded
         ones) and, in the same read, take its last checkpoint as an anchor to keep elsewhere,
         with the key that signed it.  The anchor is None when the journal does not verify (an
         anchor must vouch only for a journal that does) or has no signed checkpoint.  Rows from
-        before signing are accepted here: the anchor covers them as they are now."""
+        before signing are accepted here: the anchor covers them as they are now.  Given the
+        ``previous`` anchor, the journal must continue from it (``verify --anchor``'s check:
+        its key trusted, the journal reaching its seq with its hash) -- the report's ``code``
+        says which failed (``ANCHOR_KEY_DIFFERS``, ``ANCHOR_HISTORY_DIFFERS``)."""
         given = pinned_keys(public_key, public_keys)
 
         def run(t: Tables) -> tuple[VerifyReport, Checkpoint | None, dict[str, bytes]]:
             with self.snapshot():
                 keys = given if given else recorded_keys(t)  # (in the rows' snapshot: verify)
-                trust = Trust(keys, "public-key" if given else "journal", None, True)
+                trust = Trust(keys, "public-key" if given else "journal", previous, True)
                 return verify_journal(_Source(t), trust), t.latest_checkpoint(), keys
 
         report, cp, keys = self._read(run, "the rows a verify checks")

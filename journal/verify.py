@@ -43,7 +43,21 @@ from .errors import SigningRecordsRemoved, VerifyReport
 from .signing import Anchor, Checkpoint, key_id_of, verify_signature
 from .verify_linked import LinkedCheck
 
-__all__ = ["Source", "Trust", "verify_after", "verify_journal"]
+__all__ = [
+    "ANCHOR_HISTORY_DIFFERS",
+    "ANCHOR_KEY_DIFFERS",
+    "Source",
+    "Trust",
+    "verify_after",
+    "verify_journal",
+]
+
+ANCHOR_KEY_DIFFERS = "ANCHOR_KEY_DIFFERS"
+"""``VerifyReport.code``: the anchor checked against is signed by a key the check does not trust
+(``anchor --previous``: a journal that now names another key than the anchor before it)."""
+ANCHOR_HISTORY_DIFFERS = "ANCHOR_HISTORY_DIFFERS"
+"""``VerifyReport.code``: the journal does not continue from the anchor -- it ends before the
+anchor's seq, or holds another history up to it."""
 
 _RESULT_COMMITTED = EventKind.RESULT_COMMITTED.value
 
@@ -461,19 +475,21 @@ def _check_anchor(walk: _Walk, trust: Trust, anchor: Anchor, problems: _Problems
     a = anchor.checkpoint
     if trust.keys and trust.keys.get(key_id_of(anchor.public_raw)) != anchor.public_raw:
         problems.add(None, f"the anchor (seq {a.seq}) is signed by key {a.key_id}, not "
-                     f"{_named(trust, 'the trusted key')}")  # fmt: skip
+                     f"{_named(trust, 'the trusted key')}", ANCHOR_KEY_DIFFERS)  # fmt: skip
         return
     if walk.complete and walk.rows < a.seq:
         problems.add(
             walk.rows + 1,
             f"the journal ends at seq {walk.rows}, before the anchor's seq {a.seq}: rows "
             f"{walk.rows + 1}..{a.seq} were removed",
+            ANCHOR_HISTORY_DIFFERS,
         )
     elif walk.anchor_hash is not None and walk.anchor_hash != a.hash:
         problems.add(
             a.seq,
             f"the journal's history up to seq {a.seq} differs from the anchor's (signed at "
             f"{_when(a.at)})",
+            ANCHOR_HISTORY_DIFFERS,
         )
 
 

@@ -5,7 +5,9 @@ the ``journal`` command group, declared by ``affidavit.cli.journal`` beside the 
 
 ``verify`` and ``anchor`` open the journal read-only and check the hash chain, the signed
 checkpoints and the stored results with a public key (``--public-key``, an ``--anchor``'s, or
-the one the journal records); ``audit-open`` uses the *auditor's* private key, which the broker
+the one the journal records -- each note says when the key is not independent of the
+journal; ``anchor --previous`` refuses a journal that does not continue from the anchor before);
+``audit-open`` uses the *auditor's* private key, which the broker
 never holds.  Only ``public-key`` reads the broker's signing key file, to export its public
 half; ``migrate`` (``migrate.py``) reads it only to verify the source with its public half.
 
@@ -75,6 +77,12 @@ def add_command(sub: Any) -> None:
     common_options(an)
     _trust_args(an)
     an.add_argument("--out", metavar="FILE", help="write it here (default: stdout)")
+    an.add_argument(
+        "--previous",
+        metavar="FILE",
+        help="the anchor taken before this one: refuse (exit 1, ANCHOR_KEY_DIFFERS or "
+        "ANCHOR_HISTORY_DIFFERS) unless the journal continues from it, signed by its key",
+    )
     an.set_defaults(handler=_anchor, holds_secrets=SECRETS_NONE)
 
     pk = jsub.add_parser(
@@ -236,6 +244,12 @@ def _verify(args: argparse.Namespace) -> int:
                 "  note: checked with the public keys the journal records itself; pass "
                 "--public-key (one per broker) or --anchor for a check independent of it"
             )
+        elif report.key_source == "anchor":
+            _out(
+                "  note: checked with the key the anchor names itself; an anchor taken from a "
+                "journal someone replaced vouches for their key -- pass --public-key (one per "
+                "broker) for a check independent of both"
+            )
         elif report.key_source == "none":
             _out(
                 "  note: checked on the hash chain alone (the journal records no signing key), "
@@ -243,14 +257,18 @@ def _verify(args: argparse.Namespace) -> int:
                 "broker) or --anchor for a check independent of it"
             )
     else:
-        code = f" ({report.code})" if report.code else ""
-        _out(
-            f"journal BROKEN at seq {report.first_bad_seq}{code}: {report.reason} "
-            f"({report.count} events before it are intact; checked with {key})"
-        )
+        _out(f"{_broken(report)} ({report.count} events before it are intact; checked with {key})")
         for more in report.also:
             _out(f"  also: {more}")
     return 0 if report.ok else 1
+
+
+def _broken(report: Any) -> str:
+    """``journal BROKEN at seq N (CODE): reason`` -- no seq for a journal-level problem (an
+    anchor signed by another key)."""
+    where = "" if report.first_bad_seq is None else f" at seq {report.first_bad_seq}"
+    code = f" ({report.code})" if report.code else ""
+    return f"journal BROKEN{where}{code}: {report.reason}"
 
 
 def _completeness(through: int | None) -> str:
@@ -309,17 +327,37 @@ def _write_out(path: str | None, data: bytes, what: str) -> None:
 
 
 def _anchor(args: argparse.Namespace) -> int:
+    from affidavit.journal import load_anchor
+    from affidavit.journal.verify import ANCHOR_KEY_DIFFERS
+
     public_keys = _public_keys_arg(args)
+    previous = _journal_call(load_anchor, args.previous) if args.previous else None
     with reading(args, "the rows an anchor vouches for") as j:
-        report, anchor = j.anchor(public_keys=public_keys)
+        report, anchor = j.anchor(public_keys=public_keys, previous=previous)
     if not report.ok:
         _out(
-            f"journal BROKEN at seq {report.first_bad_seq}: {report.reason}; no anchor "
-            "written (an anchor must vouch only for a journal that verifies)"
+            f"{_broken(report)}; no anchor written (an anchor must vouch only for a journal "
+            "that verifies" + (", and continues from the previous anchor)" if previous else ")")
         )
         return 1
     if anchor is None:
         raise UsageError("the journal has no signed checkpoint to anchor yet", "NO_CHECKPOINT")
+    if previous is not None and anchor.public_raw != previous.public_raw and not public_keys:
+        # A key the journal records beside the previous anchor's (a shared journal's): the
+        # file names it, so the file could have added it -- only keys passed in may change it.
+        cp = anchor.checkpoint
+        _out(
+            f"the journal's last checkpoint (seq {cp.seq}) is signed by key {cp.key_id}, not "
+            f"the previous anchor's {previous.checkpoint.key_id} ({ANCHOR_KEY_DIFFERS}); no "
+            "anchor written: pass --public-key (one per broker) to anchor another key's"
+        )
+        return 1
+    if not public_keys:
+        _err(
+            f"note: verified with signing key {', '.join(report.key_ids) or 'none'} recorded "
+            "in the journal itself, which whoever rewrites the journal can replace: the anchor "
+            "vouches for that key; pass --public-key (and --previous) for one independent of it"
+        )
     text = json.dumps(anchor.to_json(), indent=2, sort_keys=True) + "\n"
     _write_out(args.out, text.encode("utf-8"), "anchor file")
     if args.out:

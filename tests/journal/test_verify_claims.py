@@ -4,10 +4,15 @@ Each transaction signs its own checkpoint, so cutting the last rows and their ch
 a shorter journal every row of which is signed: the public key cannot tell (docs/journal.md,
 "What verify proves").  A passing report says so -- complete only through an anchor's seq, or
 not at all without one -- in its text and in ``--json`` (``complete_through``).
+
+An anchor taken without ``--public-key`` vouches for the key the journal names itself, and
+``verify --anchor`` trusts the key the anchor names: both say so.  ``anchor --previous`` refuses a
+journal that does not continue from the anchor before (another key, another or shorter history).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import sqlite3
@@ -19,6 +24,7 @@ import trio
 
 from affidavit.cli import main as cli_main
 from affidavit.journal import Journal, SigningKey, public_key_pem
+from affidavit.journal.chain import row_hash
 
 from .helpers import happy, interrupted
 
@@ -127,3 +133,116 @@ def test_a_broken_journal_is_proven_complete_through_nothing(
     code, out, _ = _cli(capsys, *verify)
     data = json.loads(out)
     assert code == 1 and not data["ok"] and data["complete_through"] is None
+
+
+# -- item: an anchor does not vouch for its own key unseen --------------------------------------
+
+
+def test_an_anchor_from_the_journals_own_key_says_so(
+    built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "a.json"
+    argv = ("journal", "anchor", "--journal", str(built.db), "--out", str(out))
+    code, _, err = _cli(capsys, *argv)
+    assert code == 0 and "recorded in the journal itself" in err
+    code, _, err = _cli(capsys, *argv, "--public-key", str(built.public_key))
+    assert code == 0 and "recorded in the journal itself" not in err
+    # To stdout: the anchor alone there, the note on stderr.
+    code, stdout, err = _cli(capsys, "journal", "anchor", "--journal", str(built.db))
+    assert code == 0 and json.loads(stdout)["seq"] == built.rows and "note:" in err
+
+
+def test_verify_with_an_anchors_key_says_where_the_key_came_from(
+    built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    anchor = tmp_path / "a.json"
+    assert _anchor(built, anchor, capsys, "--public-key", str(built.public_key)) == 0
+    verify = ("journal", "verify", "--journal", str(built.db), "--anchor", str(anchor))
+    code, out, _ = _cli(capsys, *verify)
+    assert code == 0 and "note: checked with the key the anchor names itself" in out
+    code, out, _ = _cli(capsys, *verify, "--public-key", str(built.public_key))
+    assert code == 0 and "note:" not in out
+
+
+def _replaced(b: Built, tmp_path: Path) -> Path:
+    """A journal of someone's own, with its own signing key, put where ``b``'s was."""
+    other = tmp_path / "other" / "j.db"
+    other.parent.mkdir()
+    trio.run(_fill, other)
+    b.db.unlink()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{b.db}{suffix}").unlink(missing_ok=True)
+    shutil.copy2(other, b.db)
+    return b.db
+
+
+def _anchored(b: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    first = tmp_path / "first.json"
+    assert _anchor(b, first, capsys, "--public-key", str(b.public_key)) == 0
+    return first
+
+
+def test_anchor_previous_refuses_a_journal_replaced_with_another_key(
+    built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = _anchored(built, tmp_path, capsys)
+    _replaced(built, tmp_path)
+    out = tmp_path / "next.json"
+    argv = ("journal", "anchor", "--journal", str(built.db), "--out", str(out))
+    assert _cli(capsys, *argv)[0] == 0  # without --previous: the new key, vouched for (noted)
+    out.unlink()
+    code, stdout, _ = _cli(capsys, *argv, "--previous", str(first))
+    assert code == 1 and "(ANCHOR_KEY_DIFFERS)" in stdout and "no anchor written" in stdout
+    assert "BROKEN at seq None" not in stdout and not out.exists()
+
+
+def test_anchor_previous_refuses_a_journal_cut_before_it_or_rewritten(
+    built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = _anchored(built, tmp_path, capsys)
+    out = tmp_path / "next.json"
+    argv = ("journal", "anchor", "--journal", str(built.db), "--out", str(out))
+    code, _, _ = _cli(capsys, *argv, "--previous", str(first))
+    assert code == 0 and out.exists()  # the same history: it continues
+    out.unlink()
+    _cut(built.db, built.rows - 2)  # back to a checkpoint: every row left is signed
+    code, stdout, _ = _cli(capsys, *argv, "--previous", str(first))
+    assert code == 1 and "(ANCHOR_HISTORY_DIFFERS)" in stdout and not out.exists()
+
+
+def _forge_with_a_registered_key(b: Built, tmp_path: Path) -> None:
+    """Register a key of one's own beside the journal's (as a broker of a shared journal
+    registers its own) and append a row signed by it: the recorded keys verify it."""
+    other = SigningKey.create(tmp_path / "mine.key")
+    conn = sqlite3.connect(b.db, isolation_level=None)
+    for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+        conn.execute(f"DROP TRIGGER {name}")
+    raw = base64.b64encode(other.public_raw).decode()
+    conn.execute("INSERT INTO meta VALUES (?, ?)", (f"signing_key:{other.key_id}", raw))
+    seq, prev = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+    row = (seq + 1, 1_900_000_000.0, "inv-u", "sess-1", "RECONCILED", "operator_attested",
+           None, None, '{"outcome":"rejected"}', None, None)  # fmt: skip
+    h = row_hash(prev, *row)
+    conn.execute(f"INSERT INTO events VALUES ({','.join('?' * 13)})", (*row, prev, h))
+    cp = other.sign(seq + 1, h, seq, 1_900_000_000.0)
+    conn.execute(
+        "INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?)",
+        (cp.seq, cp.hash, cp.prev, cp.at, 0, cp.key_id, cp.signature),
+    )
+    conn.close()
+
+
+def test_anchor_previous_refuses_a_head_signed_by_a_key_the_file_added(
+    built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = _anchored(built, tmp_path, capsys)
+    _forge_with_a_registered_key(built, tmp_path)
+    out = tmp_path / "next.json"
+    argv = ("journal", "anchor", "--journal", str(built.db), "--out", str(out))
+    code, stdout, _ = _cli(capsys, *argv, "--previous", str(first))
+    assert code == 1 and "(ANCHOR_KEY_DIFFERS)" in stdout and not out.exists()
+    # Pinned to the broker's key, the forged checkpoint is what fails.
+    code, stdout, _ = _cli(
+        capsys, *argv, "--previous", str(first), "--public-key", str(built.public_key)
+    )
+    assert code == 1 and f"BROKEN at seq {built.rows + 1}" in stdout and not out.exists()
