@@ -99,6 +99,9 @@ class VerifyReport:
     """Stored results checked against their chained hashes."""
     bindings: int = 0
     """Idempotency bindings proven by the chained ACTION_ACCEPTED of the invocation they name."""
+    leases: int = 0
+    """Lease rows proven by their invocation's last chained lease event (holder, generation,
+    expires_at): the rows the writer decides "busy" from."""
     also: tuple[str, ...] = ()
     """Further problems found after the first."""
     complete_through: int | None = None

@@ -76,6 +76,9 @@ class _Source:
     def bindings(self) -> Iterator[tuple[Any, ...]]:
         return self.tables.idempotency_rows()
 
+    def leases(self) -> Iterator[tuple[Any, ...]]:
+        return self.tables.leases()
+
     def linked_calls(self) -> Iterator[tuple[Any, ...]] | None:
         return self.tables.stored_linked_calls()
 

@@ -16,7 +16,8 @@ What it proves depends on the key it trusts (docs/journal.md, "Threat model"):
 Stored results are checked without the broker key: the marker against the chained
 RESULT_COMMITTED event, and each sealed chunk (and auditor copy) against the hash the marker
 lists.  Each idempotency binding row is checked against the chained ACTION_ACCEPTED of the
-invocation it names, and each chained key against its binding row (``bindings.py``).  The
+invocation it names, and each chained key against its binding row (``bindings.py``); each lease
+row against its invocation's last chained lease event (``verify_leases.py``).  The
 trusted key is the ``--public-key`` file, else the anchor's, else the one recorded in the journal
 itself -- which someone rewriting the file could have replaced, so the report says which one it
 was.
@@ -36,7 +37,7 @@ from typing import Any, Protocol
 
 from affidavit.statemachine import EventKind
 
-from . import bindings
+from . import bindings, verify_leases
 from .chain import GENESIS, canonical_json, check_row
 from .checkpoints import signing_era, signing_era_row
 from .errors import SigningRecordsRemoved, VerifyReport
@@ -60,6 +61,10 @@ ANCHOR_HISTORY_DIFFERS = "ANCHOR_HISTORY_DIFFERS"
 anchor's seq, or holds another history up to it."""
 
 _RESULT_COMMITTED = EventKind.RESULT_COMMITTED.value
+_LEASE_KINDS = frozenset(
+    {EventKind.RETRY_LEASE_ACQUIRED.value, EventKind.DISPATCH_LEASE_ACQUIRED.value}
+)
+"""``leases.LEASE_KINDS``' values: the events a lease row names."""
 
 
 class Source(Protocol):
@@ -84,6 +89,10 @@ class Source(Protocol):
 
     def bindings(self) -> Iterable[tuple[Any, ...]]:
         """Idempotency rows as ``rows.IDEMPOTENCY_COLUMNS``."""
+        ...
+
+    def leases(self) -> Iterable[tuple[Any, ...]]:
+        """Every lease row: (invocation_id, holder, generation, expires_at, seq)."""
         ...
 
     def linked_calls(self) -> Iterable[tuple[Any, ...]] | None:
@@ -166,6 +175,8 @@ class _Walk:
     """ACTION_ACCEPTED rows: invocation -> (seq, the idempotency key it names, if any)."""
     linked: LinkedCheck | None = None
     """``linked_calls`` read beside the rows (None: a journal from before the table)."""
+    leased: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Lease events: invocation -> (seq, attrs JSON) of its last (``verify_leases``)."""
 
 
 def verify_journal(source: Source, trust: Trust) -> VerifyReport:
@@ -179,6 +190,7 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
         _check_anchor(walk, trust, trust.anchor, problems)
     results = _check_results(source, walk, limit, problems)
     bound = bindings.check(source.bindings(), walk.accepted, problems.add)
+    leases = verify_leases.check(source.leases(), walk.leased, limit, problems.add)
     if walk.linked is not None:
         # The walk intact: a stored row past its last row has no event, so it is one too many
         # (planted at head+1 it would wait for the next row).  Otherwise nothing from the first
@@ -194,6 +206,7 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
         complete_through=anchor_seq if not problems.found else None,
         results=results,
         bindings=bound,
+        leases=leases,
     )
 
 
@@ -362,6 +375,8 @@ def _walk(
                 walk.era_row = seq
         elif row[4] == bindings.ACCEPTED:
             walk.accepted[row[2]] = (seq, bindings.claim_of(row[8]))
+        elif row[4] in _LEASE_KINDS:
+            walk.leased[row[2]] = (seq, row[8])
         if linked is not None:
             linked.row(seq, row[2], row[8])
         if cp is not None and cp.seq == seq:

@@ -56,8 +56,8 @@ def add_command(sub: Any) -> None:
     jsub.required = True
     v = jsub.add_parser(
         "verify",
-        help="check the hash chain, signed checkpoints, stored results and idempotency "
-        "bindings; exit 1 and name the first bad seq",
+        help="check the hash chain, signed checkpoints, stored results, idempotency "
+        "bindings and lease rows; exit 1 and name the first bad seq",
     )
     common_options(v)
     _trust_args(v)
@@ -239,6 +239,7 @@ def _verify(args: argparse.Namespace) -> int:
             _out(f"  rows 1..{report.unsigned_through} predate signing (accepted on the chain)")
         _out(f"  {report.results} stored results match their chained hashes")
         _out(f"  {report.bindings} idempotency bindings match their chained ACTION_ACCEPTED")
+        _out(f"  {report.leases} lease rows match their chained lease events")
         if report.key_source == "journal":
             _out(
                 "  note: checked with the public keys the journal records itself; pass "
