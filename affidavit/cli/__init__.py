@@ -3,7 +3,8 @@
 Each sub-command lives in its own module exposing ``add_commands(subparsers)``; the module list
 below is the only place that names them.  Every handler returns an exit status: 0 success,
 1 the action answered with an error envelope (or a check failed), 2 usage or config error, or
-the daemon could not be reached (message on stderr, never a traceback).
+the daemon could not be reached (message on stderr, never a traceback), 3 ``actions`` or
+``sessions --socket`` printed only the page the daemon answered (``journal.TRUNCATED``).
 
 Building the parser imports every command module, so their top level imports nothing heavy:
 handlers import the engine, journal, config or trio when they run.  That keeps ``--help`` quick

@@ -14,7 +14,9 @@ JSON (``affidavit.views``), here, from data -- but for a lease's holder, which t
 caller's view) shows as its tag and the embedded view (the operator's) as recorded
 (``journal holder`` maps one to the other).
 
-Exit status: 0 success; 1 ``journal verify`` (or ``anchor``) found a bad row; 2 usage or
+Exit status: 0 success; 1 ``journal verify`` (or ``anchor``) found a bad row; 3 ``actions`` or
+``sessions`` through ``--socket`` printed a page the daemon cut (``TRUNCATED``: older records,
+or sessions seen earlier, left out -- the output as embedded, the count on stderr); 2 usage or
 config error (for example no journal at the path, an unreadable key or anchor file), or a view
 or check the journal could not answer (a shared journal's database away: "the journal cannot be
 read now (the actions view) ...", as the daemon says) — the message on stderr, never a
@@ -73,6 +75,11 @@ PHASES = (
 )
 """The contract's ``Outcome`` and ``Phase`` values, written out: importing the contract costs
 the parser ~0.1 s (tests/daemon/test_thin_client.py checks these equal the enums)."""
+
+TRUNCATED = 3
+"""Exit status of ``actions``/``sessions --socket`` when the daemon's page left some out: the
+output keeps the embedded shape (a bare array, the table), so a script told only by stdout
+would take the page for the whole -- the status says it is not (the count on stderr)."""
 
 
 def add_commands(sub: Any) -> None:
@@ -260,6 +267,7 @@ def _actions(args: argparse.Namespace) -> int:
                 f"only the newest {len(page['actions'])} of {page['total']} records: the "
                 "daemon answers a page; run without --socket (embedded) to list them all"
             )
+            return TRUNCATED
         return 0
     from affidavit.views import record_to_json
 
@@ -354,12 +362,14 @@ def _sessions(args: argparse.Namespace) -> int:
                 f"only the {len(sessions)} of {page['total']} sessions seen last: the daemon "
                 "answers a page; run without --socket (embedded) to list them all"
             )
+        done = TRUNCATED if page["truncated"] else 0
     else:
         with reading(args, "the sessions view") as j:
             sessions = j.sessions()
+        done = 0
     if args.json:
         print_json(sessions)
-        return 0
+        return done
     from affidavit.text import cell
 
     _out(f"{'SESSION':24} {'ACTIONS':>8}  {'FIRST SEEN':28} {'LAST SEEN':28} OUTCOMES")
@@ -369,7 +379,7 @@ def _sessions(args: argparse.Namespace) -> int:
             f"{cell(s['session'] or '-', 24)} {cell(s['actions'], 8, right=True)}  "
             f"{cell(_when(s['first_seen']), 28)} {cell(_when(s['last_seen']), 28)} {outcomes}"
         )
-    return 0
+    return done
 
 
 def _metrics(args: argparse.Namespace) -> int:
