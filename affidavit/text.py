@@ -41,6 +41,7 @@ NAMED = 20
 __all__ = [
     "INVISIBLE",
     "NAMED",
+    "NO_SESSION",
     "SPACES",
     "cell",
     "escape_char",
@@ -48,6 +49,7 @@ __all__ = [
     "named",
     "pieces",
     "printable",
+    "session_cell",
     "shown_as_is",
     "utc_time",
 ]
@@ -213,6 +215,22 @@ def cell(value: object, width: int, right: bool = False) -> str:
         tail = max(width - 3 - head, 0)
         text = text[:head] + "..." + (text[-tail:] if tail else "")
     return text.rjust(width) if right else text.ljust(width)
+
+
+NO_SESSION = "-"
+"""A table's session cell for an action without one: a session *named* ``-`` (a valid name:
+``affidavit.session``) is shown quoted, ``"-"`` (``session_cell``)."""
+
+
+def session_cell(name: str | None, width: int) -> str:
+    """``cell`` of a session's name, or ``NO_SESSION`` for none: a name that would show as that
+    (``-``), or as nothing (an empty one, which no caller can give), is quoted as a JSON string,
+    so the bare ``-`` means no session and nothing else."""
+    if name is None:
+        return cell(NO_SESSION, width)
+    if name in (NO_SESSION, ""):
+        return f'"{name}"'.ljust(width)
+    return cell(name, width)
 
 
 def json_escape(c: str) -> str:

@@ -291,14 +291,14 @@ def _print_actions(as_json: bool, rows: Iterable[dict[str, Any]]) -> int:
 
         write_array(map(json.JSONEncoder(sort_keys=True).encode, rows))
         return 0
-    from affidavit.text import cell
+    from affidavit.text import cell, session_cell
 
     _out(f"{'INVOCATION':30} {'SESSION':24} {'PHASE':20} {'OUTCOME':14} {'RETRY':20} CODE")
     for r in rows:
         # Each cell by ``cell``: a session name is the caller's, spaces and all, and must not
         # look like the columns after it.
         _out(
-            f"{cell(r['invocation_id'], 30)} {cell(r['session'] or '-', 24)} "
+            f"{cell(r['invocation_id'], 30)} {session_cell(r['session'], 24)} "
             f"{cell(r['phase'], 20)} {cell(r['outcome'], 14)} {cell(r['retry'], 20)} "
             f"{cell(r['code'] or '-', 0)}"
         )
@@ -331,11 +331,11 @@ def _record(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     rec_json = data["record"]
-    from affidavit.text import cell
+    from affidavit.text import cell, session_cell
 
     _out(
         f"invocation {cell(rec_json['invocation_id'], 0)}  "
-        f"session {cell(rec_json['session'] or '-', 0)}  state {cell(rec_json['state'], 0)}"
+        f"session {session_cell(rec_json['session'], 0)}  state {cell(rec_json['state'], 0)}"
     )
     _out(
         f"  phase {rec_json['phase']}  outcome {rec_json['outcome']}  retry {rec_json['retry']}  "
@@ -370,13 +370,13 @@ def _sessions(args: argparse.Namespace) -> int:
     if args.json:
         print_json(sessions)
         return done
-    from affidavit.text import cell
+    from affidavit.text import cell, session_cell
 
     _out(f"{'SESSION':24} {'ACTIONS':>8}  {'FIRST SEEN':28} {'LAST SEEN':28} OUTCOMES")
     for s in sessions:
         outcomes = " ".join(cell(f"{k}={v}", 0) for k, v in sorted(s["outcomes"].items()))
         _out(
-            f"{cell(s['session'] or '-', 24)} {cell(s['actions'], 8, right=True)}  "
+            f"{session_cell(s['session'], 24)} {cell(s['actions'], 8, right=True)}  "
             f"{cell(_when(s['first_seen']), 28)} {cell(_when(s['last_seen']), 28)} {outcomes}"
         )
     return done

@@ -87,7 +87,7 @@ from .request import (
     _shown,
     log,
 )
-from .text import length_mark, visible
+from .text import length_mark, session_name, visible
 from .verified import KeptVerify
 
 __all__ = ["COOKIE", "Console"]
@@ -167,6 +167,7 @@ class Console(Handlers):
         self.templates.filters["when"] = _when
         self.templates.filters["q"] = lambda s: quote(str(s), safe="")
         self.templates.filters["v"] = visible
+        self.templates.filters["session"] = session_name
         self.templates.filters["long"] = length_mark
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:

@@ -19,7 +19,17 @@ from markupsafe import Markup, escape
 
 from affidavit.text import escape_char, pieces
 
-__all__ = ["LONG", "length_mark", "visible"]
+__all__ = ["LONG", "NO_SESSION", "length_mark", "session_name", "visible"]
+
+
+NO_SESSION = Markup('<em class="muted">no session</em>')
+"""An action without a session: markup no name can produce (a name is text, escaped) -- ``-``
+and ``(none)`` are valid names (``affidavit.session``: printable ASCII)."""
+
+
+def session_name(name: str | None) -> Markup:
+    """A session's name (``visible``), or ``NO_SESSION``."""
+    return NO_SESSION if name is None else visible(name)
 
 
 def _mark(c: str) -> str:
