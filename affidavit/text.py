@@ -33,12 +33,14 @@ from __future__ import annotations
 TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
+    from typing import Any
 
 NAMED = 20
 """Items a log line names at most (then "and N more"): a line stays a line."""
 
 __all__ = [
+    "ATTESTED",
     "INVISIBLE",
     "NAMED",
     "NO_SESSION",
@@ -47,10 +49,12 @@ __all__ = [
     "escape_char",
     "json_escape",
     "named",
+    "outcome_counts",
     "pieces",
     "printable",
     "session_cell",
     "shown_as_is",
+    "shown_outcome",
     "utc_time",
 ]
 
@@ -215,6 +219,34 @@ def cell(value: object, width: int, right: bool = False) -> str:
         tail = max(width - 3 - head, 0)
         text = text[:head] + "..." + (text[-tail:] if tail else "")
     return text.rjust(width) if right else text.ljust(width)
+
+
+ATTESTED = "operator_attested"
+"""``evidence.source`` of a record whose outcome an operator attested (``EvidenceSource``'s
+value, written out: the thin client imports no contract; tests/journal/test_view_tables.py
+checks they agree)."""
+
+
+def shown_outcome(outcome: str, evidence: Mapping[str, Any] | None) -> str:
+    """A record's outcome as a table shows it, from its JSON: ``committed (attested)`` when it
+    rests on an operator's attestation, not on the remote's answer (``statemachine.attested``)."""
+    if isinstance(evidence, dict) and evidence.get("source") == ATTESTED:
+        return f"{outcome} (attested)"
+    return outcome
+
+
+def outcome_counts(entry: dict[str, Any]) -> list[tuple[str, int]]:
+    """A sessions entry's outcome counts as a table shows them, by outcome: those an operator
+    attested apart (``committed(attested)``), the rest under the outcome alone -- each once."""
+    attested = entry.get("attested") or {}
+    out: list[tuple[str, int]] = []
+    for outcome, n in sorted(entry["outcomes"].items()):
+        proven = n - attested.get(outcome, 0)
+        if proven:
+            out.append((outcome, proven))
+        if attested.get(outcome):
+            out.append((f"{outcome}(attested)", attested[outcome]))
+    return out
 
 
 NO_SESSION = "-"

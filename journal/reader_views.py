@@ -11,12 +11,13 @@ from collections.abc import Callable, Generator, Hashable, Iterable, Iterator
 from typing import Any
 
 from affidavit.statemachine import Outcome, Phase, Record
+from affidavit.statemachine import attested as is_attested
 
 from . import views
 from .errors import JournalUnavailable
 from .reader_base import ReaderBase
 from .rows import AlteredRow
-from .summary import AsOf, Page, SessionSummary
+from .summary import AsOf, Page, SessionSummary, attested_counts
 from .tables import Tables
 
 __all__ = ["ViewingReader"]
@@ -319,6 +320,7 @@ def _by_session(
 ) -> list[dict[str, Any]]:
     """``JournalReader.sessions``' entries from a stream of ``(record, first_at, last_at)``."""
     by: dict[str | None, dict[str, Any]] = {}
+    attested: dict[str | None, dict[str, int]] = {}
     for rec, first_at, last_at in folded:
         s = by.get(rec.session)
         if s is None:
@@ -326,13 +328,19 @@ def _by_session(
                 "session": rec.session,
                 "actions": 0,
                 "outcomes": {},
+                "attested": {},  # (filled at the end: in ``outcomes``' order)
                 "first_seen": first_at,
                 "last_seen": last_at,
             }
         s["actions"] += 1
         s["outcomes"][rec.outcome.value] = s["outcomes"].get(rec.outcome.value, 0) + 1
+        if is_attested(rec):
+            mine = attested.setdefault(rec.session, {})
+            mine[rec.outcome.value] = mine.get(rec.outcome.value, 0) + 1
         if first_at is not None and (s["first_seen"] is None or first_at < s["first_seen"]):
             s["first_seen"] = first_at
         if last_at is not None and (s["last_seen"] is None or last_at > s["last_seen"]):
             s["last_seen"] = last_at
+    for name, s in by.items():
+        s["attested"] = attested_counts(s["outcomes"], attested.get(name, {}))
     return list(by.values())

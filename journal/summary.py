@@ -40,13 +40,13 @@ import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, NamedTuple
 
-from affidavit.statemachine import ImpossibleEvent, Record, fold_runs
+from affidavit.statemachine import ImpossibleEvent, Record, attested, fold_runs
 
 from .rows import AlteredRow, close_rows, fold_events, noting_firsts, unfoldable
 from .summary_newest import NewestSessions, newest_page
 from .tables import Tables
 
-__all__ = ["AsOf", "Page", "SessionSummary"]
+__all__ = ["AsOf", "Page", "SessionSummary", "attested_counts"]
 
 _BATCH = 500
 """Invocations whose events one statement reads (``Tables.fold_rows_of``)."""
@@ -57,7 +57,17 @@ class _Inv:
     event, never changes: counted into its session's ``first_seen`` once, and kept for the
     metrics ``since`` a time)."""
 
-    __slots__ = ("first_at", "iid", "last_at", "outcome", "pos", "session", "tally", "target")
+    __slots__ = (
+        "attested",
+        "first_at",
+        "iid",
+        "last_at",
+        "outcome",
+        "pos",
+        "session",
+        "tally",
+        "target",
+    )
 
     def __init__(
         self,
@@ -68,12 +78,14 @@ class _Inv:
         first_at: float,
         last_at: float,
         target: str | None = None,
+        attested: bool = False,
     ) -> None:
         self.iid = iid  # (the key it is held under: the same string, not a copy)
         self.pos = pos  # the seq of its first event: the view's order
         self.session = session
         self.target = target  # as its ACTION_ACCEPTED names it (``readable_page``)
         self.outcome = outcome
+        self.attested = attested  # the outcome rests on an operator's attestation
         self.first_at = first_at
         self.last_at = last_at
         self.tally: Hashable = None  # ``SessionSummary``'s ``tally`` of its record, once counted
@@ -86,6 +98,7 @@ class _Session:
 
     __slots__ = (
         "actions",
+        "attested",
         "counts",
         "first_seen",
         "heaped",
@@ -105,6 +118,7 @@ class _Session:
         self.heaped: float | None = None
         self.actions = 0
         self.counts: dict[str, int] = {}
+        self.attested: dict[str, int] = {}  # outcome -> how many of ``counts``' are attested
         self.minpos: dict[str, int] = {}  # outcome -> pos of its first invocation (key order)
         self.first_seen = first_at
         self.last_seen = last_at
@@ -122,17 +136,20 @@ class _Session:
         if inv.last_at > self.last_seen:
             self.last_seen = inv.last_at
 
-    def change(self, inv: _Inv, outcome: str, last_at: float) -> None:
-        """``inv`` (a member) folded again: its outcome and last event's time now these."""
+    def change(self, inv: _Inv, outcome: str, attested: bool, last_at: float) -> None:
+        """``inv`` (a member) folded again: its outcome (``attested`` or not) and last event's
+        time now these."""
         stale = False
-        if outcome != inv.outcome:
+        if outcome != inv.outcome or attested != inv.attested:
             old = inv.outcome
             self.counts[old] -= 1
+            if inv.attested:
+                self.attested[old] -= 1
             if self.counts[old] == 0:
                 del self.counts[old], self.minpos[old]
             elif self.minpos[old] == inv.pos:
                 stale = True
-            inv.outcome = outcome
+            inv.outcome, inv.attested = outcome, attested
             self._count(inv)
         if last_at != inv.last_at:
             if last_at > self.last_seen:
@@ -146,11 +163,13 @@ class _Session:
     def _count(self, inv: _Inv) -> None:
         o = inv.outcome
         self.counts[o] = self.counts.get(o, 0) + 1
+        if inv.attested:
+            self.attested[o] = self.attested.get(o, 0) + 1
         if inv.pos < self.minpos.get(o, inv.pos + 1):
             self.minpos[o] = inv.pos
 
     def _recount(self) -> None:
-        self.counts, self.minpos = {}, {}
+        self.counts, self.minpos, self.attested = {}, {}, {}
         self.last_seen = self.members[0].last_at
         for inv in self.members:
             self._count(inv)
@@ -167,12 +186,16 @@ class _Session:
         if not shown:
             return None
         outcomes: dict[str, int] = {}
+        attested: dict[str, int] = {}
         for inv in shown:  # (in order of first event: outcomes in order of first appearance)
             outcomes[inv.outcome] = outcomes.get(inv.outcome, 0) + 1
+            if inv.attested:
+                attested[inv.outcome] = attested.get(inv.outcome, 0) + 1
         return shown[0].pos, {
             "session": self.name,
             "actions": len(shown),
             "outcomes": outcomes,
+            "attested": attested_counts(outcomes, attested),
             "first_seen": min(inv.first_at for inv in shown),
             "last_seen": max(inv.last_at for inv in shown),
         }
@@ -180,10 +203,12 @@ class _Session:
     def entry(self) -> dict[str, Any]:
         """As ``reader_views._by_session`` builds it (outcomes in order of first appearance)."""
         order = sorted(self.counts, key=self.minpos.__getitem__)
+        outcomes = {o: self.counts[o] for o in order}
         return {
             "session": self.name,
             "actions": self.actions,
-            "outcomes": {o: self.counts[o] for o in order},
+            "outcomes": outcomes,
+            "attested": attested_counts(outcomes, self.attested),
             "first_seen": self.first_seen,
             "last_seen": self.last_seen,
         }
@@ -534,7 +559,7 @@ class SessionSummary:
                 seen.append((known, inv, tally))
         for known, inv, tally in seen:
             member = state.sessions[known.session]
-            member.change(known, inv.outcome, inv.last_at)
+            member.change(known, inv.outcome, inv.attested, inv.last_at)
             state.touched.add(member)
             if tally != known.tally:
                 state.retally(known, tally)
@@ -545,6 +570,13 @@ class SessionSummary:
 
 class _Rebuild(Exception):
     pass
+
+
+def attested_counts(outcomes: dict[str, int], attested: dict[str, int]) -> dict[str, int]:
+    """A sessions entry's ``attested``: of each outcome's count in ``outcomes``, how many rest
+    on an operator's attestation (``statemachine.attested``), in ``outcomes``' order; none
+    attested: ``{}``."""
+    return {o: attested[o] for o in outcomes if attested.get(o)}
 
 
 def _entries(state: _State, ok: dict[str | None, bool] | None) -> list[dict[str, Any]]:
@@ -605,7 +637,8 @@ def _folded(
             # (a few targets, one string each: not one per invocation held)
             target = None if rec.target is None else sys.intern(rec.target)
             iid = rec.invocation_id
-            inv = _Inv(iid, first[n], rec.session, rec.outcome.value, at0, at1, target)
+            outcome = rec.outcome.value
+            inv = _Inv(iid, first[n], rec.session, outcome, at0, at1, target, attested(rec))
             yield iid, inv, at0, None if tally is None else tally(rec)
     except ImpossibleEvent as exc:  # stored events the broker could not have written
         raise unfoldable(exc) from None

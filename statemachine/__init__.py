@@ -4,6 +4,7 @@ retry decisions.  No I/O happens in this package."""
 from .contract import CODES, Code, CodeInfo, EvidenceSource, Outcome, Phase, Retry
 from .envelope import (
     CURRENT_CODE_STATES,
+    attested,
     current_code,
     envelope_schema,
     in_progress_error,
@@ -91,6 +92,7 @@ __all__ = [
     "Retry",
     "StateSpec",
     "Step",
+    "attested",
     "build_machine",
     "caller_event",
     "caller_evidence",

@@ -30,6 +30,7 @@ from .withheld import HolderTag, caller_evidence, caller_record, hashes_withheld
 __all__ = [
     "CURRENT_CODE_STATES",
     "ENVELOPE_SCHEMA_ID",
+    "attested",
     "current_code",
     "envelope_schema",
     "in_progress_error",
@@ -99,6 +100,13 @@ def render_envelope(
     evidence["state"] = record.state
     env["evidence"] = evidence
     return env
+
+
+def attested(record: Record) -> bool:
+    """The record's outcome rests on an operator's attestation (``reconcile --attest``:
+    ``evidence.source`` operator_attested), not on what the remote answered: the views count
+    and mark it apart (``affidavit.text.shown_outcome`` for their JSON rows)."""
+    return record.evidence.get("source") == EvidenceSource.OPERATOR_ATTESTED.value
 
 
 def shown_evidence(record: Record) -> Mapping[str, Any]:

@@ -291,15 +291,16 @@ def _print_actions(as_json: bool, rows: Iterable[dict[str, Any]]) -> int:
 
         write_array(map(json.JSONEncoder(sort_keys=True).encode, rows))
         return 0
-    from affidavit.text import cell, session_cell
+    from affidavit.text import cell, session_cell, shown_outcome
 
-    _out(f"{'INVOCATION':30} {'SESSION':24} {'PHASE':20} {'OUTCOME':14} {'RETRY':20} CODE")
+    _out(f"{'INVOCATION':30} {'SESSION':24} {'PHASE':20} {'OUTCOME':20} {'RETRY':20} CODE")
     for r in rows:
         # Each cell by ``cell``: a session name is the caller's, spaces and all, and must not
         # look like the columns after it.
         _out(
             f"{cell(r['invocation_id'], 30)} {session_cell(r['session'], 24)} "
-            f"{cell(r['phase'], 20)} {cell(r['outcome'], 14)} {cell(r['retry'], 20)} "
+            f"{cell(r['phase'], 20)} {shown_outcome(cell(r['outcome'], 0), r['evidence']):20} "
+            f"{cell(r['retry'], 20)} "
             f"{cell(r['code'] or '-', 0)}"
         )
     return 0
@@ -331,14 +332,16 @@ def _record(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     rec_json = data["record"]
-    from affidavit.text import cell, session_cell
+    from affidavit.text import cell, session_cell, shown_outcome
 
     _out(
         f"invocation {cell(rec_json['invocation_id'], 0)}  "
         f"session {session_cell(rec_json['session'], 0)}  state {cell(rec_json['state'], 0)}"
     )
     _out(
-        f"  phase {rec_json['phase']}  outcome {rec_json['outcome']}  retry {rec_json['retry']}  "
+        f"  phase {rec_json['phase']}  "
+        f"outcome {shown_outcome(cell(rec_json['outcome'], 0), rec_json['evidence'])}  "
+        f"retry {rec_json['retry']}  "
         f"code {rec_json['code'] or '-'}"
     )
     for ev in data["events"]:
@@ -370,11 +373,11 @@ def _sessions(args: argparse.Namespace) -> int:
     if args.json:
         print_json(sessions)
         return done
-    from affidavit.text import cell, session_cell
+    from affidavit.text import cell, outcome_counts, session_cell
 
     _out(f"{'SESSION':24} {'ACTIONS':>8}  {'FIRST SEEN':28} {'LAST SEEN':28} OUTCOMES")
     for s in sessions:
-        outcomes = " ".join(cell(f"{k}={v}", 0) for k, v in sorted(s["outcomes"].items()))
+        outcomes = " ".join(cell(f"{k}={v}", 0) for k, v in outcome_counts(s))
         _out(
             f"{session_cell(s['session'], 24)} {cell(s['actions'], 8, right=True)}  "
             f"{cell(_when(s['first_seen']), 28)} {cell(_when(s['last_seen']), 28)} {outcomes}"

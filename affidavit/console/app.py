@@ -68,7 +68,7 @@ from affidavit.api.broker import Broker
 from affidavit.approvals import Operator
 from affidavit.config import is_loopback
 from affidavit.journal import SessionSummary
-from affidavit.text import printable, utc_time
+from affidavit.text import outcome_counts, printable, shown_outcome, utc_time
 from affidavit.views import metrics_key
 
 from .auth import Session, Sessions, TokenDirError, TokenStore
@@ -168,6 +168,8 @@ class Console(Handlers):
         self.templates.filters["q"] = lambda s: quote(str(s), safe="")
         self.templates.filters["v"] = visible
         self.templates.filters["session"] = session_name
+        self.templates.filters["outcome"] = lambda r: shown_outcome(r["outcome"], r["evidence"])
+        self.templates.filters["outcome_counts"] = outcome_counts
         self.templates.filters["long"] = length_mark
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
