@@ -97,6 +97,9 @@ class VerifyReport:
     """Rows 1..this were written before the journal was signed (accepted only on request)."""
     results: int = 0
     """Stored results checked against their chained hashes."""
+    results_marker_only: int = 0
+    """Of ``results``, those stored before per-chunk hashes: only their marker is checked
+    against the chained event (the chunks are checked when read with the broker key)."""
     bindings: int = 0
     """Idempotency bindings proven by the chained ACTION_ACCEPTED of the invocation they name."""
     leases: int = 0

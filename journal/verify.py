@@ -188,7 +188,7 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
     _unsigned(walk, trust, problems, source.schema())
     if trust.anchor is not None:
         _check_anchor(walk, trust, trust.anchor, problems)
-    results = _check_results(source, walk, limit, problems)
+    results, marker_only = _check_results(source, walk, limit, problems)
     bound = bindings.check(source.bindings(), walk.accepted, problems.add)
     leases = verify_leases.check(source.leases(), walk.leased, limit, problems.add)
     if walk.linked is not None:
@@ -205,6 +205,7 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
         anchor_seq=anchor_seq,
         complete_through=anchor_seq if not problems.found else None,
         results=results,
+        results_marker_only=marker_only,
         bindings=bound,
         leases=leases,
     )
@@ -274,15 +275,23 @@ def verify_after(
     else:
         _extend(walk, rows, later, cp, trust, problems)
     _unsigned(walk, trust, problems)
-    checked = 0 if stored is None else _check_new_results(walk, problems, *stored)
-    return dataclasses.replace(base, **_verdict(walk, problems), results=base.results + checked)
+    checked, only = (0, 0) if stored is None else _check_new_results(walk, problems, *stored)
+    return dataclasses.replace(
+        base,
+        **_verdict(walk, problems),
+        results=base.results + checked,
+        results_marker_only=base.results_marker_only + only,
+    )
 
 
-def _check_new_results(walk: _Walk, problems: _Problems, source: Source, marker: Marker) -> int:
+def _check_new_results(
+    walk: _Walk, problems: _Problems, source: Source, marker: Marker
+) -> tuple[int, int]:
     """The results committed by the rows an extension read (``walk.committed``), each against
-    its marker and stored chunks, as ``_check_results`` checks them -- up to the first bad row."""
+    its marker and stored chunks, as ``_check_results`` checks them -- up to the first bad row.
+    Returns (checked, of them checked by their marker only)."""
     limit = problems.seq if problems.seq is not None else walk.rows + 1
-    checked = 0
+    checked = only = 0
     for iid, (seq, attrs) in walk.committed.items():
         if seq >= limit:
             continue
@@ -296,11 +305,12 @@ def _check_new_results(walk: _Walk, problems: _Problems, source: Source, marker:
             problems.add(seq, f"results row of invocation {iid} names seq {mseq}, which is "
                          "not its RESULT_COMMITTED event")  # fmt: skip
             continue
-        why = _check_result(source, iid, sha, streams, bytes(summary), attrs)
+        why, marker_only = _check_result(source, iid, sha, streams, bytes(summary), attrs)
         if why is not None:
             problems.add(seq, f"stored result of invocation {iid} (seq {seq}): {why}")
         checked += 1
-    return checked
+        only += marker_only
+    return checked, only
 
 
 def _extend(
@@ -508,10 +518,11 @@ def _check_anchor(walk: _Walk, trust: Trust, anchor: Anchor, problems: _Problems
         )
 
 
-def _check_results(source: Source, walk: _Walk, limit: int, problems: _Problems) -> int:
+def _check_results(source: Source, walk: _Walk, limit: int, problems: _Problems) -> tuple[int, int]:
     """Each results row against its chained event, each stored blob against the marker's list.
-    Only results whose event is before ``limit`` (the first bad row) are checked."""
-    checked = 0
+    Only results whose event is before ``limit`` (the first bad row) are checked.  Returns
+    (checked, of them checked by their marker only: stored before per-chunk hashes)."""
+    checked = only = 0
     seen: set[str] = set()
     for iid, seq, sha, streams_json, summary in source.markers():
         seen.add(iid)
@@ -528,15 +539,16 @@ def _check_results(source: Source, walk: _Walk, limit: int, problems: _Problems)
             continue
         if seq >= limit:
             continue
-        why = _check_result(source, iid, sha, streams_json, bytes(summary), chained[1])
+        why, marker_only = _check_result(source, iid, sha, streams_json, bytes(summary), chained[1])
         if why is not None:
             problems.add(seq, f"stored result of invocation {iid} (seq {seq}): {why}")
         checked += 1
+        only += marker_only
     for iid, (seq, _) in walk.committed.items():
         if iid not in seen and seq < limit:
             problems.add(seq, f"the result of invocation {iid} (seq {seq}) has no completeness "
                          "marker (its results row was removed)")  # fmt: skip
-    return checked
+    return checked, only
 
 
 def _misplaced(
@@ -579,13 +591,23 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_MARKER_ONLY = "stored before per-chunk hashes"
+"""``_check_result_fields``' answer for a result whose marker alone matches its chained event:
+its chained event lists no chunk hash to check the stored chunks against."""
+
+
 def _check_result(
     source: Source, iid: str, sha: str, streams_json: str, summary: bytes, attrs_json: str
-) -> str | None:
+) -> tuple[str | None, bool]:
+    """Why the stored result differs from its chained event (None: it does not), and whether
+    only its marker could be checked (stored before per-chunk hashes)."""
     try:
-        return _check_result_fields(source, iid, sha, streams_json, summary, attrs_json)
+        why = _check_result_fields(source, iid, sha, streams_json, summary, attrs_json)
     except (TypeError, ValueError, KeyError, AttributeError):  # rows not as the broker writes them
-        return "its marker is not readable"
+        return "its marker is not readable", False
+    if why is _MARKER_ONLY:
+        return None, True
+    return why, False
 
 
 def _check_result_fields(
@@ -597,7 +619,7 @@ def _check_result_fields(
     if attrs.get("sha256") != sha or whole != sha:
         return "marker hash differs from the chained event"
     if "marker_sha256" not in attrs:
-        return None  # stored before per-chunk hashes: opening it with the broker key checks it
+        return _MARKER_ONLY  # opening it with the broker key checks its stream's hash
     if _sha(canonical_json(declared).encode("utf-8")) != attrs["marker_sha256"]:
         return "marker differs from the chained event"
     if _sha(summary) != attrs.get("sealed_summary_sha256"):

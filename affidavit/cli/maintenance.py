@@ -237,7 +237,14 @@ def _verify(args: argparse.Namespace) -> int:
         _out(f"  {_completeness(report.complete_through)}")
         if report.unsigned_through:
             _out(f"  rows 1..{report.unsigned_through} predate signing (accepted on the chain)")
-        _out(f"  {report.results} stored results match their chained hashes")
+        whole = report.results - report.results_marker_only
+        _out(f"  {whole} stored results match their chained hashes")
+        if report.results_marker_only:
+            _out(
+                f"  {report.results_marker_only} stored results predate per-chunk hashes: only "
+                "their marker matches the chained event (their chunks are checked when read "
+                "with the broker key)"
+            )
         _out(f"  {report.bindings} idempotency bindings match their chained ACTION_ACCEPTED")
         _out(f"  {report.leases} lease rows match their chained lease events")
         if report.key_source == "journal":

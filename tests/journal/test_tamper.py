@@ -519,6 +519,25 @@ def test_a_result_from_before_signing_is_read_once_its_journal_is_adopted(j: Bui
         r.read_result("inv-r")
 
 
+def test_a_result_from_before_per_chunk_hashes_is_counted_apart(
+    j: Built, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its chunks have no chained hash to be checked against: verify checks its marker only,
+    and says so instead of counting it among the results that match their chained hashes."""
+    argv = ["journal", "verify", "--journal", str(j.db), "--accept-unsigned"]
+    assert cli_main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["results"], data["results_marker_only"]) == (1, 0)  # checked chunk by chunk
+    _legacy_unsigned(j)
+    assert cli_main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["results"], data["results_marker_only"]) == (1, 1)
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "0 stored results match their chained hashes" in out
+    assert "1 stored results predate per-chunk hashes: only their marker matches" in out
+
+
 # -- a checkpoint's hash changed under a signature already checked ------------------------------
 
 
