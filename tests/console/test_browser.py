@@ -122,7 +122,7 @@ async def test_an_unknown_dropped_post_is_reconciled_by_attestation(
         await chrome.type("#attest-note", "the transfer is in the bank's ledger")
         await chrome.click("#attest-committed")
         await wait_until(lambda: chrome.count("#done"), "the reconciliation is confirmed")
-        assert await chrome.text("#outcome") == "committed"
+        assert await chrome.text("#outcome") == "committed (attested)"  # not the remote's word
         assert await chrome.text("#source") == "operator_attested"
         assert "RECONCILED" in await chrome.text("#timeline")
         assert await chrome.count("#reconcile") == 0  # nothing left to reconcile
