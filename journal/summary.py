@@ -145,6 +145,8 @@ class _Session:
             self.counts[old] -= 1
             if inv.attested:
                 self.attested[old] -= 1
+                if self.attested[old] == 0:
+                    del self.attested[old]
             if self.counts[old] == 0:
                 del self.counts[old], self.minpos[old]
             elif self.minpos[old] == inv.pos:
@@ -576,6 +578,8 @@ def attested_counts(outcomes: dict[str, int], attested: dict[str, int]) -> dict[
     """A sessions entry's ``attested``: of each outcome's count in ``outcomes``, how many rest
     on an operator's attestation (``statemachine.attested``), in ``outcomes``' order; none
     attested: ``{}``."""
+    if not attested:  # (nearly every session: no dict walked per entry of a page)
+        return {}
     return {o: attested[o] for o in outcomes if attested.get(o)}
 
 
