@@ -253,7 +253,9 @@ class Client:
         ``ApiError`` (422 ``OPERATION_ERROR``) for an unknown id or
         a job with nothing to query; (409 ``POLL_PENDING``, no field) while the operation's
         poll the target's approval covers awaits an operator or is being sent -- nothing more
-        was asked or sent: poll again once it is decided."""
+        was asked or sent: poll again once it is decided; (429 ``POLL_TOO_SOON``, its
+        ``retry_after``) within the target's ``operations.min_poll_interval`` of the last poll,
+        nothing asked."""
         timeout = _timeout(timeout)
         path = "/v1/operations/" + quote(operation_id, safe="") + "/poll"
         response = await self._request("POST", target(path, {"timeout": timeout}), b"", retry=False)

@@ -11,7 +11,8 @@ Exit status: 0 the poll read the job's state (or the job had already ended: noth
 1 the poll got no readable answer and the state was kept, or its answer was not recorded
 (``refused``, POLL_SUPERSEDED: the operation shows another asker's poll, not this one); 2
 usage or config error (an unknown operation, or one with no status resource the broker may
-query), a journal that could not take the poll (``poll_failure``'s words, then the journal's
+query; a poll refused for now, its message saying when to poll again: POLL_PENDING,
+POLL_TOO_SOON), a journal that could not take the poll (``poll_failure``'s words, then the journal's
 own: a shared journal away at the opening too) or that could not be opened (the daemon's,
 unusable...: ``run_journal``'s codes, as ``call`` says them); 143 SIGTERM stopped it, the
 poll's own record closed where it stood (``run_journal``).

@@ -332,8 +332,8 @@ class Api:
                     requester=req.peer.uid,  # it may not approve its own poll
                     deliver=deliver,  # the poll recorded delivered once this answer is written
                 )
-        except OperationError as exc:
-            raise ApiProblem(exc.status, exc.code, str(exc), exc.field) from None
+        except OperationError as exc:  # POLL_TOO_SOON: its Retry-After
+            raise ApiProblem(exc.status, exc.code, str(exc), exc.field, exc.retry_after) from None
         except JournalError as exc:
             # The submission's record (its polls are on it) tells what was.
             failure = poll_failure(exc, operation_id, check=operators.RECORD_CHECK)

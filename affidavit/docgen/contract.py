@@ -377,11 +377,13 @@ def _operation_section() -> list[str]:
         "operation, a poll without a readable answer (no complete 2xx; a body withheld or "
         "truncated; an answer a redirect fetched from another origin) leaves it as it was, and "
         "a terminal state is never left. A 202's job id is read from its body only when the body "
-        "is whole. An operation is polled at most its target's `operations.max_polls` times "
-        "(10000 unless it says: each poll adds to the submission's stream); past them a poll is "
-        "refused `POLL_LIMIT`, nothing asked or recorded -- an ended job is still answered, a "
-        "poll still open still taken up, and the stream stays readable, through the daemon a "
-        "page of events at a time. "
+        "is whole. Two polls of an operation that reach the status resource are at least its "
+        "target's `operations.min_poll_interval` apart (1 s unless it says: each poll adds to "
+        "the submission's stream, so it grows by at most a poll per interval of the job's "
+        "life); a poll sooner, whoever asks, is refused `POLL_TOO_SOON` with when to poll "
+        "again, nothing asked or recorded -- the job still pending as its last poll left it; "
+        "an ended job is still answered, a poll still open still taken up, and the stream "
+        "stays readable, through the daemon a page of events at a time. "
         "Diagram: [../diagrams/operation.mmd](../diagrams/operation.mmd).",
         "",
     ]

@@ -104,6 +104,9 @@ class Engine:
         self.recorder = Recorder(journal, self.settings.inline_result_limit)
         self.snapshot = ConfigSnapshot(config, journal.keyed_digest)
         self.approvals = ApprovalBoard()
+        self.poll_due: dict[str, float] = {}
+        """Operation id -> when (``time.monotonic``) this broker may next ask its status
+        resource (``operations.paced``)."""
 
     async def call(
         self,

@@ -15,6 +15,8 @@ accepted) stays as recorded.  A poll never re-sends the submission.
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -63,10 +65,10 @@ class OperationError(Exception):
     caller should correct what it sent (the daemon's 422 names it, MCP answers INVALID_FIELD
     there); ``"targets.<name>"`` when the target now reaches another account than the
     submission did (the operator's setting to look at); None when the operation exists but
-    cannot be queried now.  ``code``/``status``: ``OPERATION_ERROR`` (422), ``POLL_LIMIT``
-    (422: polled its target's ``operations.max_polls`` times -- never again), or
-    ``POLL_PENDING`` (409: an earlier poll of it awaits an operator or is being sent -- poll
-    again later)."""
+    cannot be queried now.  ``code``/``status``: ``OPERATION_ERROR`` (422), ``POLL_TOO_SOON``
+    (429: polled less than its target's ``operations.min_poll_interval`` ago -- poll again
+    after ``retry_after`` seconds), or ``POLL_PENDING`` (409: an earlier poll of it awaits an
+    operator or is being sent -- poll again later)."""
 
     def __init__(
         self,
@@ -75,10 +77,12 @@ class OperationError(Exception):
         *,
         code: str = "OPERATION_ERROR",
         status: int = 422,
+        retry_after: int | None = None,
     ) -> None:
         self.field = field
         self.code = code
         self.status = status
+        self.retry_after = retry_after
         super().__init__(message)
 
 
@@ -161,11 +165,12 @@ async def poll(
             f"{moved}; nothing was polled",
             f"targets.{target.name}",
         )
-    _check_polls(op, op_id, target, contracts.max_polls(target))
     try:
         action = dict(contracts.poll(target, op))
     except ValueError as exc:
         raise OperationError(str(exc)) from None
+    if op.get("open_poll") is None:  # one open is taken up: nothing new is asked
+        paced(engine, record, op_id, contracts.min_poll_interval(target))
     if record.session is not None:
         action["session"] = record.session
     link = {"operation": op_id, "invocation": record.invocation_id}
@@ -210,24 +215,55 @@ async def poll(
     return await deliver_linked(engine, answer, ran, deliver)
 
 
-def _check_polls(op: Mapping[str, Any], op_id: str, target: Any, most: int) -> None:
-    """``POLL_LIMIT`` once the operation was polled ``most`` times (the target's
-    ``operations.max_polls``), before anything is asked or written: every poll adds to its
-    submission's record, and a caller polling without end grew it past what the daemon ever
-    answers whole (audit 50).  Not for a poll still open (awaiting an operator, or being
-    sent): taking it up asks nothing new, and its answer -- the job's state -- is not lost.
-    An ended job is answered before this (``poll``): its outcome stays readable, as does the
-    submission's record (``affidavit record``, a page at a time through the daemon)."""
-    polls = op.get("polls", 0)
-    if op.get("open_poll") is None and isinstance(polls, int) and polls >= most:
+def paced(engine: Engine, record: Record, op_id: str, interval: float) -> None:
+    """``POLL_TOO_SOON`` (429, ``retry_after``: whole seconds) when the operation's status
+    resource was asked less than ``interval`` seconds ago (its target's
+    ``operations.min_poll_interval``), before anything is asked or written; else this broker's
+    next poll of it is due ``interval`` from now.  Every poll adds to its submission's record,
+    so it grows by at most a poll per interval of the job's life (audit 50) -- bounding the
+    rate, not the count, leaves no poll refused for good, and no caller can spend another's:
+    any caller's poll, past the interval, learns the job's state for all, on the same record.
+    Two clocks: this broker's polls in flight (``Engine.poll_due``, set before any await, so
+    that concurrent polls here are paced too) and the record's last poll row, whoever wrote it
+    (``at``, another broker's or the command line's on a shared journal; a row labelled in the
+    future by a skewed clock holds a poll back by ``interval`` at most).  The answer is the
+    record's, never fresher: a job still pending, as its last poll left it."""
+    now = time.monotonic()
+    due = engine.poll_due
+    wait = due.get(op_id, now) - now
+    at = _last_poll_at(engine, record)
+    if at is not None:
+        wait = max(wait, min(interval, at + interval - time.time()))
+    if wait > 0:
+        after = max(1, math.ceil(wait))
         raise OperationError(
-            f"{op_id} was polled {polls} times, the most {target.name} allows "
-            f"(targets.{target.name}.operations.max_polls); nothing was asked or sent. Its "
-            "state as last polled is on its submission's record",
-            f"targets.{target.name}.operations.max_polls",
-            code="POLL_LIMIT",
-            status=422,
+            f"{op_id} was polled less than {interval:g} s ago (the target's "
+            "operations.min_poll_interval); nothing was asked or sent. Its state as last "
+            f"polled: pending (its submission's record). Poll again in {after} s",
+            code="POLL_TOO_SOON",
+            status=429,
+            retry_after=after,
         )
+    if len(due) >= DUE_KEPT:  # the lapsed go first: a due time past is no bound
+        for key in [k for k, t in due.items() if t <= now]:
+            del due[key]
+    due[op_id] = now + interval
+
+
+DUE_KEPT = 1024
+"""``Engine.poll_due``'s length past which its lapsed entries are dropped."""
+
+
+def _last_poll_at(engine: Engine, record: Record) -> float | None:
+    """The time label of the row that recorded the operation's last poll (``last_poll``): one
+    seek of the rows naming that poll (``events_naming``), not the record's length."""
+    last = (record.operation or {}).get("last_poll")
+    if not isinstance(last, Mapping) or not isinstance(last.get("invocation_id"), str):
+        return None
+    for event in engine.journal.events_naming(record.invocation_id, last["invocation_id"]):
+        if event.seq == last.get("seq"):
+            return event.at
+    return None
 
 
 ASKING = (

@@ -280,7 +280,7 @@ class Embedded:
                     operation_id, control=control, deliver=_deliver(exchange)
                 )
         except OperationError as exc:  # the id sent, echoed as sent: no journal words to unplace
-            return act_refused(exc.code, str(exc), exc.field, "operation_id")
+            return act_refused(exc.code, str(exc), exc.field, "operation_id", exc.retry_after)
         except JournalError as exc:
             # Its polls are on its submission's record: get_record of that tells what was.
             _status, code, message = poll_failure(exc, operation_id, check=GET_RECORD)

@@ -110,7 +110,7 @@ NOT_SENT: dict[str, str] = {
     "STILL_RUNNING": "backoff",
     "QUERY_PENDING": "backoff",
     "POLL_PENDING": "backoff",
-    "POLL_LIMIT": "never",  # polled its target's operations.max_polls times: read its record
+    "POLL_TOO_SOON": "backoff",  # polled within operations.min_poll_interval: retry_after
     "NOT_UNKNOWN": "never",
     "NO_QUERY": "never",
     "BATCH_NOT_ATOMIC": "never",
@@ -346,7 +346,9 @@ READ_TOOLS: dict[str, ReadTool] = {
             "already ended and nothing was sent). Under the target's approval a poll answers "
             "APPROVAL_PENDING in `poll`; until it is decided and read, polling again is refused "
             "POLL_PENDING (an `api_error`: wait, nothing was sent) -- once approved the next poll "
-            "sends it or reads its answer. OPERATION_ERROR: check the job by hand. A poll that ran "
+            "sends it or reads its answer. POLL_TOO_SOON (an `api_error`, `retry_after`): polled "
+            "within the target's min_poll_interval, by anyone -- nothing sent, the job still "
+            "pending; poll again after it. OPERATION_ERROR: check the job by hand. A poll that ran "
             "and came back still open (APPROVAL_PENDING, or being sent) while another asker "
             "closed that poll (and perhaps opened another), or the job ended meanwhile, answers "
             "`refused` "

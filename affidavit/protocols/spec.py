@@ -18,7 +18,7 @@ from affidavit.schema import TargetSchema
 from affidavit.statemachine import Code, ProtocolTable
 
 __all__ = [
-    "MAX_POLLS",
+    "MIN_POLL_INTERVAL",
     "Action",
     "ActionField",
     "ActionSpec",
@@ -190,10 +190,12 @@ class Reading:
     plus the item's own ``status`` when it had one."""
 
 
-MAX_POLLS = 10_000
-"""An operation's polls at most, unless its target says: each adds a row or two to its
-submission's record, and each is an invocation of its own (audit 50: a caller polling without
-end grew the record past what the daemon answers whole)."""
+MIN_POLL_INTERVAL = 1.0
+"""Seconds, unless its target says, from one poll of an operation that reaches the remote to the
+next: each adds a row or two to its submission's record and is an invocation of its own, so the
+record grows by at most a poll per interval of the job's life (audit 50: a caller polling
+without pause grew it past what the daemon answers whole).  A poll sooner is answered
+``POLL_TOO_SOON`` with when to poll again, nothing asked or written."""
 
 
 @dataclass(frozen=True)
@@ -220,10 +222,11 @@ class ResultContracts:
     """``(target, summary, body) -> (state, remote_status)`` from the status resource's
     complete answer without an error: ``pending``, ``succeeded`` or ``failed``, or None when
     it names none."""
-    max_polls: Callable[[Any], int] = lambda _target: MAX_POLLS
-    """``target -> polls``: the most polls an operation on it may be asked (each adds rows to
-    its submission's record); past them a poll is refused ``POLL_LIMIT``, nothing asked.
-    ``MAX_POLLS`` unless the protocol says (HTTP: ``operations.max_polls``)."""
+    min_poll_interval: Callable[[Any], float] = lambda _target: MIN_POLL_INTERVAL
+    """``target -> seconds``: the least time between two polls of an operation on it that reach
+    the remote (each adds rows to its submission's record); a poll sooner is refused
+    ``POLL_TOO_SOON``, nothing asked.  ``MIN_POLL_INTERVAL`` unless the protocol says (HTTP:
+    ``operations.min_poll_interval``)."""
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,17 @@ def http_target(url: str, **overrides: Any) -> dict[str, Any]:
         "timeout": {"connect": 2, "total": 5},
     }
     target.update(overrides)
+    ops = target.get("operations")
+    if isinstance(ops, Mapping) and "min_poll_interval" not in ops:
+        # Tests drive a job through its states poll after poll; the pace itself (1 s unless
+        # set) is proven where it is set (tests/broker/test_poll_pace.py).
+        target["operations"] = {**ops, "min_poll_interval": POLL_PACE}
     return {k: v for k, v in target.items() if v is not None}
+
+
+POLL_PACE = 1e-6
+"""``operations.min_poll_interval`` of an ``http_target`` that sets none (seconds): less than
+from one poll's last row to the next poll's check in any test."""
 
 
 def pg_journal(tmp: Path, url: str, **overrides: Any) -> dict[str, Any]:

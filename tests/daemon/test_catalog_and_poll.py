@@ -98,3 +98,27 @@ async def test_an_operation_is_polled_in_the_daemon(tmp_path: Path, token: str) 
     assert polled["operation"]["state"] == "succeeded"
     assert polled["poll"]["result"]["status"] == 200
     assert [r.method for r in srv.requests] == ["POST", "GET"]
+
+
+async def test_a_poll_sooner_than_the_interval_is_429_poll_too_soon_with_retry_after(
+    tmp_path: Path, token: str
+) -> None:
+    # The status resource's answer names no state (``json:/nope``): the job stays pending.
+    operations = {"status": "json:/nope", "succeeded": ["done"], "min_poll_interval": "90s"}
+    async with (
+        serving(
+            tmp_path, scripts.serve(job_api), token=token, overrides={"operations": operations}
+        ) as (srv, daemon),
+        Client.open(daemon.socket) as client,
+    ):
+        envelope = await client.call(
+            {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
+        )
+        op = envelope["operation"]["id"]
+        assert (await client.poll_operation(op))["operation"]["state"] == "pending"
+        with pytest.raises(ApiError) as soon:
+            await client.poll_operation(op)
+    refused = soon.value
+    assert (refused.status, refused.code, refused.field) == (429, "POLL_TOO_SOON", None)
+    assert refused.retry_after is not None and 89 <= refused.retry_after <= 90  # the time left
+    assert [r.method for r in srv.requests] == ["POST", "GET"]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import trio
 
+from affidavit.mcp.tools import NOT_SENT, api_error
 from tests.broker.helpers import http_target, write_config
 from tests.daemon.kit import running_daemon
 
@@ -30,7 +31,14 @@ def _targets(remotes: Remotes) -> dict[str, dict[str, Any]]:
     """The remotes' targets, and ``elsewhere``: the jobs API under another base path, so its
     202's status resource (``/v1/jobs/j1``) is off the target's base path: never queried."""
     ops = {"status": "json:/state", "succeeded": ["done"], "failed": ["x"]}
-    return {**remotes.targets(), "elsewhere": http_target(remotes.jobs.url + "/v2", operations=ops)}
+    # ``paced``: the jobs API, its answer naming no state (the job stays pending), polled at
+    # most once in 90 s.
+    paced = {"status": "json:/nope", "succeeded": ["done"], "min_poll_interval": "90s"}
+    return {
+        **remotes.targets(),
+        "elsewhere": http_target(remotes.jobs.url + "/v2", operations=ops),
+        "paced": http_target(remotes.jobs.url + "/v1", operations=paced),
+    }
 
 
 @contextlib.asynccontextmanager
@@ -78,3 +86,41 @@ async def test_still_running_and_an_unqueryable_job_keep_the_daemon_s_codes(
             "INVALID_FIELD",
             "invocation_id",
         ), unknown
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_poll_too_soon_is_not_attempted_backoff_with_retry_after(
+    tmp_path: Path, remotes: Remotes, token: str, mode: str
+) -> None:
+    async with _session(mode, tmp_path, remotes, token) as mcp:
+        job = {"target": "paced", "method": "POST", "path": "/jobs", "body": "{}"}
+        op_id = structured(await mcp.call("http_request", job))["operation"]["id"]
+        first = structured(await mcp.call("poll_operation", {"operation_id": op_id}))
+        assert first["operation"]["state"] == "pending", first
+        polled = await mcp.call("poll_operation", {"operation_id": op_id})
+        assert polled.is_error is True
+        error = structured(polled)["api_error"]
+        assert (error["code"], error["outcome"], error["retry"]) == (
+            "POLL_TOO_SOON",
+            "not_attempted",
+            "backoff",
+        ), error
+        assert 89 <= error["retry_after"] <= 90 and "field" not in error, error
+    assert [r.method for r in remotes.jobs.requests] == ["POST", "GET"]  # the second unsent
+
+
+@pytest.mark.parametrize(
+    ("code", "retry"),
+    [
+        # Wait retry_after and poll again: the next slot learns the job's state.
+        ("POLL_TOO_SOON", "backoff"),
+        # Never held whole, however long one waits: read it in parts (results.held).
+        ("ANSWER_TOO_LARGE", "never"),
+    ],
+)
+def test_refusals_carry_their_own_retry_hint(code: str, retry: str) -> None:
+    # Named in the table, not left to the fallback for codes it does not list (backoff, which
+    # would tell an agent to wait for an answer no wait brings).
+    assert NOT_SENT.get(code) == retry
+    error = api_error(code, "m", sent=False)["api_error"]
+    assert (error["outcome"], error["retry"]) == ("not_attempted", retry)

@@ -9,7 +9,7 @@ from affidavit.adapters.base import RemoteResult
 from affidavit.protocols.spec import Reading, ResultContracts
 
 from .batch import read_items, sent_items
-from .operations import max_polls, poll_action, poll_state, read_operation
+from .operations import min_poll_interval, poll_action, poll_state, read_operation
 from .target import HttpTarget
 
 __all__ = ["HTTP_CONTRACTS"]
@@ -23,5 +23,9 @@ def _read(action: Any, target: HttpTarget, result: RemoteResult, body: bytes | N
 
 
 HTTP_CONTRACTS = ResultContracts(
-    batch=sent_items, read=_read, poll=poll_action, poll_state=poll_state, max_polls=max_polls
+    batch=sent_items,
+    read=_read,
+    poll=poll_action,
+    poll_state=poll_state,
+    min_poll_interval=min_poll_interval,
 )

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from affidavit.adapters.base import RemoteResult
 from affidavit.adapters.http.urls import split_url
-from affidavit.protocols.spec import MAX_POLLS
-from affidavit.schema import Field, Read, Schema
+from affidavit.protocols.spec import MIN_POLL_INTERVAL
+from affidavit.schema import Field, Read, Schema, duration_setting
 from affidavit.statemachine import Outcome
 
 from .selectors import ABSENT, Selector, json_body, scalar, select, selector_field
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # target.py declares the ``operations`` field with this modul
 __all__ = [
     "OPERATIONS",
     "OperationsContract",
-    "max_polls",
+    "min_poll_interval",
     "poll_action",
     "poll_state",
     "read_operation",
@@ -52,7 +52,7 @@ class OperationsContract:
     status: Selector
     succeeded: frozenset[str]
     failed: frozenset[str]
-    max_polls: int = MAX_POLLS
+    min_poll_interval: float = MIN_POLL_INTERVAL
 
 
 def _states(r: Read) -> frozenset[str]:
@@ -108,11 +108,14 @@ OPERATIONS = Schema(
             doc="state values meaning the job failed",
         ),
         Field(
-            "max_polls",
-            lambda r: r.integer(1, 1_000_000),
-            default=MAX_POLLS,
-            doc="the polls an operation may be asked; past them a poll is refused `POLL_LIMIT` "
-            "(nothing asked; an ended job is still answered, an open poll still taken up)",
+            "min_poll_interval",
+            duration_setting,
+            default=MIN_POLL_INTERVAL,
+            shown='`"1s"`',
+            doc="the least time between two polls of an operation that reach the status resource "
+            "(a duration or seconds); a poll sooner, from any caller, is refused `POLL_TOO_SOON` "
+            "with `Retry-After`, nothing asked or recorded (an ended job is still answered, an "
+            "open poll still taken up): a job's record grows by at most a poll per interval",
             binding=False,
             reason="how often an operation may be polled changes neither what a call sends nor "
             "to whom: a same-key retry across a change of it is the same request, and a target's "
@@ -122,10 +125,11 @@ OPERATIONS = Schema(
 )
 
 
-def max_polls(target: HttpTarget) -> int:
-    """The polls an operation on ``target`` may be asked (``MAX_POLLS`` unless it says)."""
+def min_poll_interval(target: HttpTarget) -> float:
+    """The seconds between two polls of an operation on ``target`` that reach it
+    (``MIN_POLL_INTERVAL`` unless it says)."""
     contract = target.operations
-    return contract.max_polls if contract is not None else MAX_POLLS
+    return contract.min_poll_interval if contract is not None else MIN_POLL_INTERVAL
 
 
 def parse_operations(r: Read) -> OperationsContract | None:
