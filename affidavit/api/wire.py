@@ -278,7 +278,8 @@ MAX_ACTIONS_LIMIT = 10000
 (a hostile caller fills the journal cheaply -- every refused call is a record)."""
 EVENTS_LIMIT = 1000
 """How many events a page of a record (``GET /v1/invocations/{id}?from_seq=N``) holds when no
-``limit`` says; at most ``MAX_ACTIONS_LIMIT``.  A record answered whole may be larger than the
+``limit`` says; at least 1 (a page of none would never move ``next_seq``), at most
+``MAX_ACTIONS_LIMIT``.  A record answered whole may be larger than the
 daemon ever holds for one answer (an operation's, grown by its polls): 413 ``ANSWER_TOO_LARGE``,
 read it in pages instead (``Client.invocation`` does)."""
 SESSIONS_LIMIT = 1000
@@ -288,11 +289,15 @@ MAX_SESSIONS_LIMIT = 10000
 """The most it answers with: a caller names its sessions, as many as it likes."""
 
 
-def parse_limit(value: str, maximum: int) -> int:
-    """``?limit=``: a whole number from 0 to ``maximum``; ``ValueError`` says what was
+def parse_limit(value: str, maximum: int, least: int = 0) -> int:
+    """``?limit=``: a whole number from ``least`` to ``maximum``; ``ValueError`` says what was
     expected."""
-    if not (value.isascii() and value.isdigit()) or len(value) > 19 or int(value) > maximum:
-        raise ValueError(f"expected a whole number from 0 to {maximum}")
+    if (
+        not (value.isascii() and value.isdigit())
+        or len(value) > 19
+        or not least <= int(value) <= maximum
+    ):
+        raise ValueError(f"expected a whole number from {least} to {maximum}")
     return int(value)
 
 

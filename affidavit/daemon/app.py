@@ -419,7 +419,7 @@ class Api:
     async def record(self, req: Request, invocation_id: str) -> None:
         """The record and its events, read in a view thread (``read``): a database slow to
         answer this read stalls it alone, never the calls.  ``?from_seq=N[&limit=M]``: a page
-        of its events -- those from seq N, at most M (``EVENTS_LIMIT``, at most
+        of its events -- those from seq N, at most M (``EVENTS_LIMIT``, 1 to
         ``MAX_ACTIONS_LIMIT``) -- and ``next_seq``, the seq of the first one left out (null
         when none is): a record answered whole past what the daemon ever holds for one answer
         is 413 ``ANSWER_TOO_LARGE`` (``results.held``), and any record is readable so."""
@@ -427,7 +427,9 @@ class Api:
         holder = self.broker.journal.holder_tag
         from_seq = req.count_param("from_seq")
         paged = from_seq is not None or "limit" in req.params
-        limit = _limit_param(req, EVENTS_LIMIT, MAX_ACTIONS_LIMIT)
+        # At least one: a page of none would answer next_seq == from_seq, and a reader
+        # following next_seq would ask the same page for ever.
+        limit = _limit_param(req, EVENTS_LIMIT, MAX_ACTIONS_LIMIT, least=1)
 
         def both(j: JournalReader) -> tuple[Record | None, bytes]:
             # Encoded here, with the read: a record of many events is megabytes of JSON, which
@@ -785,14 +787,14 @@ def _enum_param(req: Request, name: str, enum: type[Outcome] | type[Phase]) -> s
     return raw
 
 
-def _limit_param(req: Request, default: int, maximum: int) -> int:
-    """``?limit=``: a whole number from 0 to ``maximum`` (``default`` when absent); else --
-    an empty value too -- 400 ``BAD_REQUEST`` naming it."""
+def _limit_param(req: Request, default: int, maximum: int, least: int = 0) -> int:
+    """``?limit=``: a whole number from ``least`` to ``maximum`` (``default`` when absent);
+    else -- an empty value too -- 400 ``BAD_REQUEST`` naming it."""
     raw = req.params.get("limit")
     if raw is None:
         return default
     try:
-        return parse_limit(raw, maximum)
+        return parse_limit(raw, maximum, least)
     except ValueError as exc:
         raise ApiProblem(400, "BAD_REQUEST", f"limit: {exc}", "limit") from None
 

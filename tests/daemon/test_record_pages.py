@@ -83,6 +83,25 @@ async def test_a_record_over_the_share_is_413_and_is_read_in_pages(
                 assert (await client.record(iid) or {}).get("state") == read["record"]["state"]
 
 
+async def test_a_page_limit_is_1_to_10000(tmp_path: Path, token: str) -> None:
+    """``limit=0`` answered a page of no events with ``next_seq`` its own ``from_seq``: a
+    reader following it asked the same page for ever.  Refused, as past the most."""
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            async with Client.open(socket) as client:
+                call = {"target": "api", "method": "GET", "path": "/x"}
+                iid = (await client.call(call))["invocation_id"]
+            for limit in ("0", "10001", ""):
+                status, _, body = await ask(
+                    socket, "GET", f"/v1/invocations/{iid}?from_seq=0&limit={limit}"
+                )
+                error = json.loads(body)["api_error"]
+                assert (status, error["code"], error["field"]) == (400, "BAD_REQUEST", "limit")
+                assert "from 1 to 10000" in error["message"]
+            status, _, body = await ask(socket, "GET", f"/v1/invocations/{iid}?limit=1")
+            assert (status, len(json.loads(body)["events"])) == (200, 1)
+
+
 async def test_a_page_that_makes_no_progress_ends_the_read() -> None:
     """``read_record_pages`` trusts no daemon to page honestly: a page naming its own seq (or
     none past its events) as the next is refused, never asked again for ever."""
