@@ -87,6 +87,14 @@ class JournalReader(ViewingReader, ProvingReader):
             f"the record of invocation {invocation_id}",
         )
 
+    def events_page(self, invocation_id: str, from_seq: int, limit: int) -> list[Event]:
+        """The invocation's events by seq from seq ``from_seq``, at most ``limit`` of them: the
+        rows before it are never read (a page of a record grown long by an operation's polls)."""
+        return self._read(
+            lambda t: events_from_rows(t.invocation_events_page(invocation_id, from_seq, limit)),
+            f"the record of invocation {invocation_id}",
+        )
+
     def events_naming(self, invocation_id: str, call: str) -> list[Event]:
         """The invocation's events, by seq, whose attrs name the linked call ``call`` (a query
         or a poll: ``statemachine.LINKED_ATTRS``), found through ``linked_calls`` (SQLite

@@ -91,6 +91,10 @@ SQL: dict[str, str] = {
     # ``events_invocation``, whatever came after (an operation's polls) left unread.
     "invocation_events_through": f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE "
     "invocation_id = ? AND seq <= ? ORDER BY seq",
+    # A page of them (``Tables.invocation_events_page``): a range of ``events_invocation``
+    # from a seq, the rows before it left unread (the daemon's ``?from_seq=`` pages).
+    "invocation_events_page": f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE "
+    "invocation_id = ? AND seq >= ? ORDER BY seq LIMIT ?",
     # The attrs of an invocation's rows naming a call (``Tables.attrs_naming``): a claim's
     # check (``journal/txn``) seeks ``linked_calls``' key, never reads the rest of the record.
     "attrs_naming": "SELECT e.attrs FROM linked_calls AS c JOIN events AS e ON e.seq = c.seq "
@@ -336,6 +340,11 @@ class Tables:
         if through is None:
             return self.rows("invocation_events", (iid,))
         return self.rows("invocation_events_through", (iid, max(0, min(through, _LAST_SEQ))))
+
+    def invocation_events_page(self, iid: str, from_seq: int, limit: int) -> Iterator[Any]:
+        """``iid``'s rows from seq ``from_seq``, at most ``limit``, by seq."""
+        first = max(0, min(from_seq, _LAST_SEQ))
+        return self.rows("invocation_events_page", (iid, first, max(0, min(limit, _LAST_SEQ))))
 
     def stored_linked_calls(self) -> Iterator[Any] | None:
         """Every ``linked_calls`` row (invocation_id, call_sha256, seq), by seq, for ``verify``;

@@ -36,6 +36,7 @@ from .wire import (
     AFTER_BROKEN_SEND,
     EVENTS_LIMIT,
     HEADERS,
+    MAX_COUNT,
     MAX_RESULT_PAGE_CHUNKS,
     READ_SIZE,
     AnswerLost,
@@ -268,8 +269,11 @@ class Client:
         return data
 
     async def record(self, invocation_id: str) -> dict[str, Any] | None:
-        """The projected record as plain JSON (``affidavit record --json``'s ``record``)."""
-        found = await self.invocation(invocation_id)
+        """The projected record as plain JSON (``affidavit record --json``'s ``record``): asked
+        alone, as the page of events past the last seq there can be -- none of its events is
+        read out, however long the record (an operation's, grown by its polls)."""
+        path = target(invocation_path(invocation_id), {"from_seq": MAX_COUNT, "limit": 1})
+        found: dict[str, Any] | None = await self._get_or_none(path)
         if found is None:
             return None
         record: dict[str, Any] = found["record"]

@@ -82,9 +82,9 @@ async def read_record_pages(
     too large to be answered whole (413 ``ANSWER_TOO_LARGE``) is read by: ``{"record",
     "events"}`` as a whole read answers, the record of the last page.  A page itself too large
     is asked again with half the ``limit`` (down to one event: then the refusal is the
-    caller's).  Each page must hold an event and name a ``next_seq`` past its own events (else
-    ``ValueError``): a daemon that pages dishonestly cannot keep a client asking the same page
-    for ever."""
+    caller's).  Each page must hold a list of events (objects) and name a ``next_seq`` past
+    its own events (else ``ValueError``): a daemon that pages dishonestly cannot keep a
+    client asking the same page for ever."""
     at = 0
     events: list[Any] = []
     while True:
@@ -101,10 +101,13 @@ async def read_record_pages(
             return None
         got = page.get("events")
         nxt = page.get("next_seq")
-        seqs = [e.get("seq") for e in got] if isinstance(got, list) else []
+        if not (isinstance(got, list) and all(isinstance(e, dict) for e in got)):
+            # A string's characters, a mapping's keys would be taken for events.
+            raise ValueError(f"the page from seq {at} holds no list of events")
+        seqs = [e.get("seq") for e in got]
         if not all(isinstance(q, int) and q >= at for q in seqs):
             raise ValueError(f"the page from seq {at} holds an event before it")
-        events.extend(got or ())
+        events.extend(got)
         if nxt is None:
             return {"record": page.get("record"), "events": events}
         if not (isinstance(nxt, int) and seqs and nxt > max(seqs)):

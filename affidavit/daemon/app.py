@@ -441,10 +441,11 @@ class Api:
             # altered event row turns into JOURNAL_UNREADABLE (MCP's ``get_record`` likewise).
             if rec is None or not self.broker.callable_by_caller(rec):
                 return None, b""
-            events = j.events(invocation_id)
             if not paged:  # a caller's: its lease holder tagged, plain hashes withheld
-                return rec, json_body(record_view(rec, events, holder=holder))
-            page = [e for e in events if e.seq is not None and e.seq >= (from_seq or 0)]
+                return rec, json_body(record_view(rec, j.events(invocation_id), holder=holder))
+            # The page and one more (is there a next?), read from its seq: never the rows
+            # before it, nor those past it.
+            page = j.events_page(invocation_id, from_seq or 0, limit + 1)
             view = record_view(rec, page[:limit], holder=holder)
             view["next_seq"] = page[limit].seq if len(page) > limit else None
             return rec, json_body(view)

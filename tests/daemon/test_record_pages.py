@@ -17,6 +17,7 @@ import trio
 
 from affidavit.api.client import Client
 from affidavit.api.pages import read_record_pages
+from affidavit.journal.tables import Tables
 from tests.broker.helpers import TOKEN_ENV
 from tests.http.hostile import Reply, scripts
 
@@ -100,6 +101,58 @@ async def test_a_page_limit_is_1_to_10000(tmp_path: Path, token: str) -> None:
                 assert "from 1 to 10000" in error["message"]
             status, _, body = await ask(socket, "GET", f"/v1/invocations/{iid}?limit=1")
             assert (status, len(json.loads(body)["events"])) == (200, 1)
+
+
+async def test_a_page_reads_its_events_from_its_seq_and_the_client_s_record_none(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page used to read every event of the record, then filter (a second whole read beside
+    the record's own fold); ``Client.record`` read every page of a record to keep its
+    ``record``.  Now a page reads the record's rows once (its fold) and the page's from its
+    seq; the client asks the record alone, past the last seq there can be."""
+    reads: dict[str, int] = {}
+    for name in ("invocation_events", "invocation_events_page"):
+        real = getattr(Tables, name)
+
+        def counted(tables: Tables, iid: str, *args: Any, _n: str = name, _r: Any = real) -> Any:
+            reads[_n] = reads.get(_n, 0) + 1
+            return _r(tables, iid, *args)
+
+        monkeypatch.setattr(Tables, name, counted)
+    asked: list[str] = []
+    real_get = Client._get_or_none
+
+    async def get(client: Client, path: str) -> Any:
+        asked.append(path)
+        return await real_get(client, path)
+
+    monkeypatch.setattr(Client, "_get_or_none", get)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            async with Client.open(socket) as client:
+                call = {"target": "api", "method": "GET", "path": "/x"}
+                iid = (await client.call(call))["invocation_id"]
+                whole = await client.invocation(iid)
+                assert whole is not None
+                reads.clear()
+                status, _, body = await ask(socket, "GET", f"/v1/invocations/{iid}?from_seq=2")
+                assert status == 200
+                assert json.loads(body)["events"] == [e for e in whole["events"] if e["seq"] >= 2]
+                assert reads == {"invocation_events": 1, "invocation_events_page": 1}
+                asked.clear()
+                assert await client.record(iid) == whole["record"]
+                assert asked == [f"/v1/invocations/{iid}?from_seq={2**63 - 1}&limit=1"]
+
+
+async def test_a_page_whose_events_are_not_a_list_ends_the_read() -> None:
+    """``events`` a string or a mapping would be taken apart for events: refused."""
+    for events in ("abc", {"seq": 1}, [1, 2], None):
+
+        async def odd(at: int, limit: int, events: Any = events) -> dict[str, Any]:
+            return {"record": {}, "events": events, "next_seq": None}
+
+        with pytest.raises(ValueError, match="no list of events"):
+            await read_record_pages(odd, 10)
 
 
 async def test_a_page_that_makes_no_progress_ends_the_read() -> None:
