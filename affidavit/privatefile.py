@@ -39,13 +39,14 @@ import os
 import secrets
 import shlex
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
 
 from affidavit.acl import access_entries, grants, read_may, setfacl
 
 __all__ = [
+    "OPEN_FLAGS",
     "FileExposed",
     "FileMissing",
     "FileRefused",
@@ -58,7 +59,7 @@ __all__ = [
     "write_private_file",
 ]
 
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
 
 
 _serving: ContextVar[bool] = ContextVar("serving", default=False)
@@ -265,14 +266,18 @@ def read_small_file(
     private: bool = False,
     subject: str = "file",
     credential: bool = False,
+    opener: Callable[[Path], int] | None = None,
 ) -> tuple[bytes, os.stat_result]:
     """The contents of the regular file at ``path`` (at most ``limit`` bytes) and its ``fstat``.
     ``FileMissing`` if absent, ``FileRefused`` (a reason) otherwise.  ``private``: refuse a file
     anyone but this user (or root) may read, or another user owns (``FileExposed``, its words
     about ``subject``), as ``[journal] key_file`` and ``signing_key`` are refused
-    (``journal.sealing.read_secret_file``): a secret others can read is already disclosed."""
+    (``journal.sealing.read_secret_file``): a secret others can read is already disclosed.
+    ``opener``: opens ``path`` read-only and ``O_NONBLOCK`` (``OPEN_FLAGS``) instead, for a
+    caller that judges the very file it opens (``api.trusted``: the config's bytes parsed are
+    those of the file judged); its ``OSError`` is this one's, anything else its own."""
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = opener(path) if opener is not None else os.open(path, OPEN_FLAGS)
     except FileNotFoundError:
         raise FileMissing("file not found") from None
     except OSError as exc:

@@ -31,8 +31,9 @@ A ``file:`` or ``systemd:`` credential is the secret itself: the broker's alone,
 ``LoadCredential=`` makes it (root ``0400`` plus ``user:<the service>:r``).
 Whoever can write a directory on the path to any of these files can rename or replace the file
 in it, whatever the file's own mode -- a swapped config points a credential at their host -- so
-each directory, up to ``/``, as written and as resolved (as OpenSSH's StrictModes walks to
-``authorized_keys``; a directory above could be renamed away with everything under it), is
+every directory a name on the way is looked up in, from ``/`` (as OpenSSH's StrictModes walks
+to ``authorized_keys``; a directory above could be renamed away with everything under it) and
+inside each link's target, wherever a link in the middle of the path leads (``walk``), is
 held to ``DIRECTORY``: no write bit for group or others unless sticky (in ``/tmp`` only a
 file's owner can rename it, and the file's own owner is checked), this user's or root's.  On a
 file system mounted read-only as a whole no one writes: a write bit or another owner there is no
@@ -61,6 +62,7 @@ refuses to start instead (docs/deployment.md, "Files others can reach").
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shlex
@@ -100,8 +102,10 @@ __all__ = [
     "is_serving",
     "journal_exposures",
     "journal_files",
+    "opened_exposures",
     "serving",
     "summarised",
+    "walk",
     "warn_exposed",
 ]
 
@@ -343,36 +347,84 @@ def directories_to(*starts: Path) -> list[tuple[Path, os.stat_result]]:
     return list(seen.items())
 
 
-def _link_hops(path: Path) -> list[Path]:
-    """Where the walk starts for ``path``: each link on the way to the file, one ``readlink``
-    at a time (itself: judged as a link, and every directory above it -- whoever can write the
-    directory holding a link in the middle of a chain re-points it), then the directory of the
-    path it ends at.  Ends after 40 links, as the kernel does."""
-    hop = Path(os.path.abspath(path))
-    hops: list[Path] = []
-    with contextlib.suppress(OSError, ValueError):
-        for _ in range(40):
-            target = os.readlink(hop)
-            hops.append(hop)
-            hop = Path(os.path.normpath(os.path.join(hop.parent, target)))
-    hops.append(hop.parent)
-    return hops
+_DIRECTORY_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+"""How the walk holds a directory: ``O_PATH`` (search permission is all a lookup needs)."""
+MAX_LINKS = 40
+"""Links a walk follows before it gives up, as the kernel does (``ELOOP``)."""
 
 
-def directory_exposures(files: Iterable[tuple[Path, str]]) -> list[Exposure]:
-    """Those of the directories on the path to each file (a ``what``) of ``files``: its own,
-    as written, at each link of a chain (``_link_hops``) and as the file resolves, and every
-    one above, to ``/`` (``DIRECTORY``; a link on the way: only its owner).  A path that cannot
-    be walked is left to whoever opens the file (it says why); a missing file's directory is
-    still looked at (whoever can write it can put the file there first)."""
+def walk(
+    path: Path, steps: list[tuple[Path, os.stat_result]], flags: int | None = None
+) -> tuple[int, Path]:
+    """Resolve ``path`` as the kernel does, one name at a time from ``/`` (a relative one from
+    the working directory), each directory held open (``openat``, ``O_NOFOLLOW``), appending
+    to ``steps`` every directory a name is looked up in, with the ``fstat`` of the very
+    directory looked in -- inside each link's target too, wherever a link in the middle of the
+    path or of another link leads -- and every link followed in a sticky directory, with its
+    ``lstat``: there its owner may replace it; in any other only the directory's writers may,
+    and the directory is judged.  With ``flags``, the final name is opened (``O_NOFOLLOW``
+    added: its links were followed here) from the directory judged, and its descriptor
+    returned (the caller's to close); without, nothing is opened (-1) -- each with where the
+    final name is, every link resolved.  Raises
+    ``OSError`` where the walk cannot go on (``FileNotFoundError``: a name is missing), what it
+    judged so far already in ``steps``."""
+    text = os.fspath(path)
+    if not text.startswith("/"):
+        text = os.path.join(os.getcwd(), text)
+    names = text.split("/")[::-1]  # a stack: the next name to look up is the last
+    fd = os.open("/", _DIRECTORY_FLAGS)
+    where: list[str] = []
+    links = 0
+    try:
+        steps.append((Path("/"), os.fstat(fd)))
+        while names:
+            name = names.pop()
+            last = all(n in ("", ".") for n in names)
+            if name in ("", "."):
+                continue
+            if name != "..":
+                st = os.lstat(name, dir_fd=fd)
+                if stat.S_ISLNK(st.st_mode):
+                    links += 1
+                    if links > MAX_LINKS:
+                        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), text)
+                    if steps[-1][1].st_mode & stat.S_ISVTX:
+                        steps.append((Path("/", *where, name), st))
+                    target = os.readlink(name, dir_fd=fd)
+                    names.extend(target.split("/")[::-1])
+                    if target.startswith("/"):
+                        os.close(fd)
+                        fd = os.open("/", _DIRECTORY_FLAGS)
+                        where = []
+                        steps.append((Path("/"), os.fstat(fd)))
+                    continue
+            if last:
+                final = Path("/", *where, name) if name != ".." else Path("/", *where[:-1])
+                if flags is None:
+                    return -1, final
+                return os.open(name, flags | os.O_NOFOLLOW, dir_fd=fd), final
+            inner = os.open(name, _DIRECTORY_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+            if name == "..":
+                del where[-1:]
+            else:
+                where.append(name)
+            steps.append((Path("/", *where), os.fstat(fd)))
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), text)
+    finally:
+        os.close(fd)
+
+
+def _step_exposures(steps: Iterable[tuple[Path, os.stat_result, str]]) -> list[Exposure]:
+    """Those of ``walk``'s steps (each with the file, a ``what``, on whose path it is): each
+    directory held to ``DIRECTORY``, each link to its owner (``_LINK``), once, naming every
+    file it is on the path to."""
     seen: dict[Path, tuple[os.stat_result, list[str]]] = {}
-    for path, what in files:
-        starts = (*_link_hops(Path(path)), Path(os.path.realpath(path)).parent)
-        with contextlib.suppress(OSError, ValueError):
-            for where, st in directories_to(*starts):
-                held = seen.setdefault(where, (st, []))[1]
-                if what not in held:
-                    held.append(what)
+    for where, st, what in steps:
+        held = seen.setdefault(where, (st, []))[1]
+        if what not in held:
+            held.append(what)
     found = (
         _judged(
             where,
@@ -384,6 +436,50 @@ def directory_exposures(files: Iterable[tuple[Path, str]]) -> list[Exposure]:
         for where, (st, held) in seen.items()
     )
     return [e for e in found if e is not None]
+
+
+def directory_exposures(files: Iterable[tuple[Path, str]]) -> list[Exposure]:
+    """Those of the directories on the path to each file (a ``what``) of ``files``: every one a
+    name is looked up in on the way to it (``walk``: from ``/``, through each link's target),
+    held to ``DIRECTORY``, and each link followed in a sticky directory (``_LINK``: only its
+    owner).  A path that cannot be walked further is left to whoever opens the file (it says
+    why); a missing file's directory is still looked at (whoever can write it can put the
+    file there first)."""
+    steps: list[tuple[Path, os.stat_result, str]] = []
+    for path, what in files:
+        walked: list[tuple[Path, os.stat_result]] = []
+        with contextlib.suppress(OSError, ValueError):
+            walk(Path(path), walked)
+        steps += ((where, st, what) for where, st in reversed(walked))  # nearest first
+    return _step_exposures(steps)
+
+
+def opened_exposures(
+    path: Path, what: str, rule: Rule, flags: int
+) -> tuple[int | None, list[Exposure]]:
+    """Open the file at ``path`` (``walk``, with ``flags``) and judge what was opened: the
+    file's owner and mode by ``fstat`` of the descriptor (under ``rule``, named by where it
+    resolved to, when a regular file: whoever reads it refuses any other), then every directory
+    and link on the way (``directory_exposures``' rule).  The descriptor (the caller's to
+    close; None: no file there) and the exposures: the file judged is the file read from it --
+    nothing can be swapped between a check and an open.  ``OSError`` when it cannot be opened
+    for another reason than a missing name."""
+    steps: list[tuple[Path, os.stat_result]] = []
+    fd: int | None = None
+    with contextlib.suppress(FileNotFoundError):
+        fd, real = walk(Path(path), steps, flags)
+    found: list[Exposure | None] = []
+    if fd is not None:
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                found.append(_judged(real, what, rule, st))
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd, [e for e in found if e is not None] + _step_exposures(
+        (where, st, what) for where, st in reversed(steps)
+    )
 
 
 def config_exposure(

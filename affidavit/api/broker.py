@@ -33,7 +33,7 @@ import trio
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy
 from affidavit.approvals import service as approvals
-from affidavit.config import Config, load_config, trust_anchors
+from affidavit.config import Config, trust_anchors
 from affidavit.engine import CallControl, Deliver, Engine, EngineSettings
 from affidavit.engine import approval as engine_approval
 from affidavit.engine.delivery import STORE_ONLY
@@ -61,7 +61,7 @@ from affidavit.statemachine import Event, Record, operation_json
 
 from . import readers as view_readers
 from .readers import BoundedTurn, ThreadTurn, ViewReaders
-from .trusted import refuse_exposed_config
+from .trusted import load_trusted_config, refuse_exposed_config
 from .wire import check_timeout
 
 __all__ = ["Broker", "exposed_files"]
@@ -210,8 +210,9 @@ class Broker:
         ``exposed``: ``exposed_files(config)`` as this start found it already (``affidavit
         serve`` looked before it would refuse), logged as it is; None: looked at here."""
         if config is None:
-            config = load_config(config_path)
-        refuse_exposed_config(config)  # another user choosing where the credentials go
+            config = load_trusted_config(config_path)  # another user choosing where they go
+        else:
+            refuse_exposed_config(config)  # (and the file judged is the one it was parsed from)
         # A configured vault is handed over even before its file exists: a lookup then says
         # the vault file is missing (CREDENTIAL_MISSING), not that no vault is configured.
         vault = Vault(config.vault_path) if config.vault_path else None

@@ -9,48 +9,80 @@ credential from a config -- ``affidavit serve``, an embedded ``call``/``result``
 embedder's ``Broker.open``, ``affidavit vault`` finding the vault through ``[vault] path`` --
 refuses it (CONFIG_EXPOSED, naming each path, its owner or mode and the command that mends it;
 never the file's contents) while its owner is another user than this process's or root, or
-group or others may write it or a directory above it that is not sticky (the journal's
-``CONFIG`` and ``DIRECTORY`` rules, ``journal.exposure``).  ``--allow-exposed-files`` does not
+group or others may write it or a directory a name on the way to it is looked up in (inside
+each link's target too) that is not sticky (the journal's ``CONFIG`` and ``DIRECTORY`` rules,
+``journal.exposure``).  The bytes parsed are those of the file judged: it is opened once, from
+the directories judged, and judged by ``fstat`` of that descriptor -- a link swapped between a
+check and a read (the review of this rule) has nothing to win.  ``--allow-exposed-files`` does not
 lift it: the other files it excuses are the broker's own to keep; this one is where its secrets
 go.  The password a ``[journal] url`` holds is ``serve``'s ``FILES_EXPOSED`` check, as before.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import os
 from pathlib import Path
 
-from affidavit.config import Config, ConfigError
-from affidavit.journal import Exposure, directory_exposures, exposure
-from affidavit.journal.exposure import CONFIG
-from affidavit.privatefile import serving
+from affidavit.config import CONFIG_UNREADABLE, Config, ConfigError, load_config, read_config
+from affidavit.journal.exposure import CONFIG, opened_exposures
+from affidavit.privatefile import OPEN_FLAGS, serving
 
-__all__ = ["CONFIG_EXPOSED", "config_exposures", "refuse_exposed_config"]
+__all__ = ["CONFIG_EXPOSED", "load_trusted_config", "open_trusted_config", "refuse_exposed_config"]
 
 CONFIG_EXPOSED = "CONFIG_EXPOSED"
 
 
-def config_exposures(path: Path) -> list[Exposure]:
-    """What lets another user change the config file at ``path``: its owner or write bits
-    (``CONFIG``), and those of each directory (or link) on the path to it, up to ``/``.  Judged
-    as the broker this process is (``serving``): the fix of a config another user owns is the
-    ``chown`` to this user or root, which root may own."""
+def open_trusted_config(path: Path) -> int:
+    """The config file at ``path`` opened read-only (``O_NONBLOCK``, the descriptor the
+    caller's), once what was opened is judged (``journal.exposure.opened_exposures``): every
+    directory a name was looked up in on the way, inside each link's target too, each link in
+    a sticky directory, and the file's own owner and write bits by ``fstat`` of the descriptor
+    -- the bytes read from it are those of the file judged.  Judged as the broker this process
+    is (``serving``): the fix of a config another user owns is the ``chown`` to this user or
+    root, which root may own.  ``ConfigError`` (CONFIG_EXPOSED, each path with its owner or mode
+    and the fix, never the contents) when another user can change it; ``FileNotFoundError``
+    when it is not there, ``OSError`` when it cannot be opened (``read_config`` says which)."""
     with serving():
-        found = exposure(path, "config file", CONFIG)
-        return ([found] if found is not None else []) + directory_exposures([(path, "config file")])
-
-
-def refuse_exposed_config(config: Config) -> None:
-    """Raise ``ConfigError`` (CONFIG_EXPOSED, the file named) when another user can change
-    ``config``'s file (``config_exposures``); a config built from a mapping has none."""
-    if config.path is None:
-        return
-    found = config_exposures(config.path)
+        fd, found = opened_exposures(path, "config file", CONFIG, OPEN_FLAGS)
     if found:
+        if fd is not None:
+            os.close(fd)
         said = "; ".join(map(str, found))
         raise ConfigError(
             "",
             f"refused: another user can change what this config says, and so where its "
             f"credentials are sent: {said}",
-            config.path,
+            path,
             CONFIG_EXPOSED,
+        )
+    if fd is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    return fd
+
+
+def load_trusted_config(path: str | Path | None = None) -> Config:
+    """``load_config`` of the file ``open_trusted_config`` judged: one open, the bytes parsed
+    those of the file judged.  Its ``ConfigError``s and ``OSError``s are ``load_config``'s, and
+    CONFIG_EXPOSED."""
+    return load_config(path, open_trusted_config)
+
+
+def refuse_exposed_config(config: Config) -> None:
+    """Raise ``ConfigError`` when another user can change ``config``'s file (CONFIG_EXPOSED,
+    ``open_trusted_config``), or its file no longer holds the bytes ``config`` was parsed from
+    (CONFIG_UNREADABLE: changed since, perhaps swapped; whatever was judged is not what was
+    parsed -- load it again); a config built from a mapping has no file, and one not parsed
+    from its file is judged alone."""
+    if config.path is None:
+        return
+    raw, _ = read_config(config.path, open_trusted_config)
+    if config.source_digest is not None and hashlib.sha256(raw).digest() != config.source_digest:
+        raise ConfigError(
+            "",
+            "refused: the config file changed since this config was read from it (the file "
+            "judged is not the one parsed): load it again",
+            config.path,
+            CONFIG_UNREADABLE,
         )

@@ -97,7 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     import trio
 
-    from affidavit.config import ConfigError, console_address, load_config, served_through_tls
+    from affidavit.config import ConfigError, console_address, served_through_tls
     from affidavit.daemon import DaemonError, serve
     from affidavit.journal import JournalError
 
@@ -107,11 +107,10 @@ def _serve(args: argparse.Namespace) -> int:
     os.umask(0o077)
     # Before the config: loading it logs what it allows but an operator should know.
     logging.basicConfig(level=logging.INFO, handlers=[log_handler(os.environ, sys.stderr)])
-    from affidavit.api.trusted import refuse_exposed_config
+    from affidavit.api.trusted import load_trusted_config
 
     try:
-        config = load_config(args.config)
-        refuse_exposed_config(config)  # before FILES_EXPOSED: no override lifts it
+        config = load_trusted_config(args.config)  # before FILES_EXPOSED: no override lifts it
     except ConfigError as exc:
         raise config_refusal(exc) from None
     except OSError as exc:

@@ -98,15 +98,14 @@ def add_commands(subparsers: Any) -> None:
 
 
 def _vault_path(args: argparse.Namespace) -> Path:
-    from affidavit.config import ConfigError, load_config
+    from affidavit.config import ConfigError
 
     if args.vault:
         return Path(args.vault)
-    from affidavit.api.trusted import refuse_exposed_config
+    from affidavit.api.trusted import load_trusted_config
 
     try:
-        config = load_config(args.config)
-        refuse_exposed_config(config)  # a planted config's vault: the planter's key
+        config = load_trusted_config(args.config)  # a planted config's vault: the planter's key
     except ConfigError as exc:
         raise config_refusal(exc, " (or pass --vault PATH)") from None
     if config.vault_path is None:

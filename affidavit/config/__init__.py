@@ -1,10 +1,11 @@
 """``affidavit.toml``: the broker's configuration — locating and loading it (``loader``), the
 sample ``affidavit init`` writes (``sample``), and, re-exported from ``affidavit.schema``, the
-error type, the target snapshot the engine binds to each invocation and a target's result
-limit (``result_limit``: its ``max_result`` or the default) and the files that decide whom it
-trusts (``trust_anchors``)."""
+error type (and an unreadable file's code), the target snapshot the engine binds to each
+invocation and a target's result limit (``result_limit``: its ``max_result`` or the default)
+and the files that decide whom it trusts (``trust_anchors``)."""
 
 from affidavit.schema import (
+    CONFIG_UNREADABLE,
     ConfigError,
     Target,
     Timeouts,
@@ -36,6 +37,7 @@ from .service import SERVICE, ServiceConfig
 
 __all__ = [
     "CONFIG_ENV",
+    "CONFIG_UNREADABLE",
     "DEFAULT_CONFIG",
     "SERVICE",
     "Config",

@@ -246,14 +246,17 @@ MAX_CONFIG_BYTES = 1 << 20
 """The largest config file read (1 MiB: a config of a thousand targets is a tenth of it)."""
 
 
-def read_config(path: Path) -> tuple[bytes, os.stat_result]:
+def read_config(
+    path: Path, opener: Callable[[Path], int] | None = None
+) -> tuple[bytes, os.stat_result]:
     """The bytes of the config file at ``path`` and its ``fstat`` as read, through
-    ``read_small_file``: a FIFO there neither blocks the read nor a huge file swells it (the
-    running broker reads it again before a dispatch: ``engine.snapshot``).  Not ``private``:
-    the config names credentials, never holds them (its journal URL's password is the start's
-    ``exposed_files`` check)."""
+    ``read_small_file`` (opened by ``opener`` when given: ``api.trusted``'s, judging what it
+    opens): a FIFO there neither blocks the read nor a huge file swells it (the running broker
+    reads it again before a dispatch: ``engine.snapshot``).  Not ``private``: the config names
+    credentials, never holds them (its journal URL's password is the start's ``exposed_files``
+    check)."""
     try:
-        return read_small_file(path, MAX_CONFIG_BYTES, subject="config file")
+        return read_small_file(path, MAX_CONFIG_BYTES, subject="config file", opener=opener)
     except FileMissing:
         raise ConfigError(
             "", "config file not found (create one with `affidavit init`)", path, CONFIG_NOT_FOUND
@@ -285,13 +288,15 @@ brokers from one file.  One entry per distinct content loaded, which ``load_conf
 _TOLD_LOCK = threading.Lock()
 
 
-def load_config(path: str | Path | None = None) -> Config:
-    """Read and validate a config file.  Relative paths inside resolve against its directory.
-    What it allows but an operator should know (``caveats``) is logged, one WARNING each, once
-    per process for each path and content -- here, not in ``parse_config``, which a running
-    broker calls again before dispatches."""
+def load_config(
+    path: str | Path | None = None, opener: Callable[[Path], int] | None = None
+) -> Config:
+    """Read and validate a config file (opened by ``opener``, when given: ``read_config``).
+    Relative paths inside resolve against its directory.  What it allows but an operator should
+    know (``caveats``) is logged, one WARNING each, once per process for each path and content
+    -- here, not in ``parse_config``, which a running broker calls again before dispatches."""
     p = config_path(str(path) if path is not None else None)
-    config = parse_config(read_config(p)[0], p)
+    config = parse_config(read_config(p, opener)[0], p)
     told = (os.path.abspath(p), config.source_digest)
     with _TOLD_LOCK:
         new = told not in _TOLD

@@ -21,20 +21,24 @@ DEPLOY = {
 
 
 async def _serve_refused(tmp: Path, approval: dict[str, object]) -> str:
-    """serve's stderr for a config others can write (refused CONFIG_EXPOSED right after the
-    config loaded: nothing is opened or bound)."""
+    """serve's stderr for a journal in a directory others can write (refused FILES_EXPOSED
+    right after the config loaded: nothing is opened or bound -- a config others can write is
+    refused before it is parsed, CONFIG_EXPOSED, with no caveat to log)."""
+    shared = tmp / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
     config = write_daemon_config(
         tmp,
         {"deploy": {**DEPLOY, "approval": approval}},
         socket=tmp / "affidavit.sock",
         service={"operator_uids": [1001]},
+        journal={"path": str(shared / "journal.db")},
     )
-    config.chmod(0o664)
     done = await run(
         [PYTHON, "-m", "affidavit", "serve", "--config", str(config)], env=client_env()
     )
     err = done.stderr.decode()
-    assert done.returncode == 2 and "affidavit: CONFIG_EXPOSED: " in err, err
+    assert done.returncode == 2 and "affidavit: FILES_EXPOSED: " in err, err
     assert "Traceback" not in err
     return err
 

@@ -504,13 +504,21 @@ def test_the_directory_a_linked_file_resolves_into_is_looked_at_too(tmp_path: Pa
     assert [(e.path, e.holding) for e in found] == [(loose, "broker key file")]
 
 
-def test_a_link_on_the_way_another_user_owns_is_named_by_its_owner(tmp_path: Path) -> None:
-    """In a sticky directory its owner may replace it; its mode means nothing."""
+def test_a_link_on_the_way_another_user_owns_is_named_in_a_sticky_directory_only(
+    tmp_path: Path,
+) -> None:
+    """In a sticky directory its owner may replace it; its mode means nothing.  In any other
+    only the directory's writers may (a link cannot be re-pointed, only replaced), and the
+    directory is judged: root's 0755 holding another user's link is fine."""
     require_root()
     (tmp_path / "real").mkdir(mode=0o700)
-    link = tmp_path / "state"
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    link = shared / "state"
     link.symlink_to(tmp_path / "real")
     os.lchown(link, NOBODY, NOBODY)
+    assert directory_exposures([(link / "journal.db", "journal")]) == []
+    shared.chmod(0o1777)
     (found,) = directory_exposures([(link / "journal.db", "journal")])
     assert str(found) == (
         f"link {link} (on the path to the journal) is owned by uid {NOBODY}, not by this "
