@@ -20,18 +20,22 @@ go.  The password a ``[journal] url`` holds is ``serve``'s ``FILES_EXPOSED`` che
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import os
+import shlex
 from pathlib import Path
 
 from affidavit.config import CONFIG_UNREADABLE, Config, ConfigError, load_config, read_config
-from affidavit.journal.exposure import CONFIG, opened_exposures
+from affidavit.journal.exposure import CONFIG, Exposure, opened_exposures
 from affidavit.privatefile import OPEN_FLAGS, serving
 
 __all__ = ["CONFIG_EXPOSED", "load_trusted_config", "open_trusted_config", "refuse_exposed_config"]
 
 CONFIG_EXPOSED = "CONFIG_EXPOSED"
+MOVED_TO = "/etc/affidavit/affidavit.toml"
+"""Where a config in another user's directory is told to live: a directory only root writes."""
 
 
 def open_trusted_config(path: Path) -> int:
@@ -49,7 +53,7 @@ def open_trusted_config(path: Path) -> int:
     if found:
         if fd is not None:
             os.close(fd)
-        said = "; ".join(map(str, found))
+        said = "; ".join(str(_advised(e, path)) for e in found)
         raise ConfigError(
             "",
             f"refused: another user can change what this config says, and so where its "
@@ -60,6 +64,21 @@ def open_trusted_config(path: Path) -> int:
     if fd is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
     return fd
+
+
+def _advised(found: Exposure, path: Path) -> Exposure:
+    """``found`` with the fix for the config at ``path``: a directory or link on the way that
+    another user owns is theirs -- a ``chown`` would take their directory (a home, a shared
+    project) from them -- so the config is to live where only this user or root may write.
+    The file's own owner keeps its ``chown``: a config is this user's or root's to hold."""
+    if found.owner is None or found.what == "config file":
+        return found
+    fix = (
+        f"keep the config in a directory only this user or root can write ({MOVED_TO}, say, "
+        f"once what {shlex.quote(str(path))} says is checked: another user could have written "
+        f"it) and pass --config {MOVED_TO}; not a chown of another user's {found.what}"
+    )
+    return dataclasses.replace(found, fix=fix)
 
 
 def load_trusted_config(path: str | Path | None = None) -> Config:

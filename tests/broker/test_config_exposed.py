@@ -81,6 +81,33 @@ async def test_a_planted_cwd_config_is_refused_before_anything_is_sent(tmp_path:
         assert not _reached(listener)
 
 
+async def test_a_directory_another_user_owns_is_never_told_to_be_chowned(tmp_path: Path) -> None:
+    """A ``chown`` of another user's directory (their home, a shared project) would take it
+    from them: the config is told to live where only this user or root may write.  The file
+    itself keeps its ``chown``: a config is this user's or root's to hold."""
+    require_root()
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    config = home / "affidavit.toml"
+    _write(config, tmp_path / "s.vault", 9)
+    os.chown(home, NOBODY, NOBODY)
+    os.chown(config, NOBODY, NOBODY)
+    with pytest.raises(ConfigError) as caught:
+        async with Broker.open(config):
+            pass
+    said = str(caught.value)
+    assert caught.value.code == "CONFIG_EXPOSED", said
+    assert f"config file {config} is owned by uid {NOBODY}, not by this process's uid 0: " in said
+    assert f"chown 0 {config}" in said, said
+    assert f"directory {home} (on the path to the config file) is owned by uid {NOBODY}" in said
+    assert (
+        "keep the config in a directory only this user or root can write "
+        "(/etc/affidavit/affidavit.toml, say, once what"
+    ) in said, said
+    assert "pass --config /etc/affidavit/affidavit.toml" in said, said
+    assert said.count("chown 0 ") == 1 and f"chown {NOBODY}" not in said, said  # the file's
+
+
 @pytest.mark.parametrize("mode", [0o666, 0o620])
 async def test_an_embedded_broker_refuses_a_config_others_can_write(
     tmp_path: Path, mode: int
