@@ -41,9 +41,10 @@ import shlex
 import stat
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 
-from affidavit.acl import access_entries, grants, read_may, setfacl
+from affidavit.acl import ACCESS, access_entries, grants, read_may, setfacl
 
 __all__ = [
     "OPEN_FLAGS",
@@ -327,14 +328,20 @@ FileId = tuple[int, int]
 
 
 def write_private_file(
-    path: Path, data: bytes, *, replace: bool = True, mode: int = 0o600
+    path: Path,
+    data: bytes,
+    *,
+    replace: bool = True,
+    mode: int = 0o600,
+    keep: bool = False,
 ) -> FileId:
     """Write ``data`` to ``path``, written and fsynced before it has the name, then put in
     place: renamed over ``path`` (``replace``) or linked to it, never replacing one
     (``FileExistsError``: a key is never clobbered), and the directory fsynced -- so a crash
     leaves the old file or the whole new one, never a torn or short one, and a name the
     journal records survives with it.  The secret never sits in a wider-mode file; ``mode``
-    (a public key's 0644) is set whatever the umask, before the file has a byte.
+    (a public key's 0644) is set whatever the umask, before the file has a byte.  ``keep``
+    (``init --force``): a regular file ``path`` names is replaced in kind (``_kept``).
 
     Where the platform allows (Linux ``O_TMPFILE``, linked in through ``/proc/self/fd``), the
     file has no name until it is whole: a process killed mid-write (SIGKILL at its fsync) leaves
@@ -347,9 +354,11 @@ def write_private_file(
     removes.  Answers the written file's ``FileId`` (``unlink_if_made``)."""
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        made = _write_unnamed(dfd, path.name, data, replace, mode)
+        kept = _kept(path) if keep else None
+        kept = kept or _Kept(mode, None, None)
+        made = _write_unnamed(dfd, path.name, data, replace, kept)
         if made is None:
-            made = _write_named(dfd, path.name, data, replace, mode)
+            made = _write_named(dfd, path.name, data, replace, kept)
         os.fsync(dfd)
     finally:
         os.close(dfd)
@@ -379,7 +388,7 @@ _UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.EN
 system or the mount (no ``/proc``) does not support it: the named temp file is used instead."""
 
 
-def _write_unnamed(dfd: int, name: str, data: bytes, replace: bool, mode: int) -> FileId | None:
+def _write_unnamed(dfd: int, name: str, data: bytes, replace: bool, kept: _Kept) -> FileId | None:
     """``write_private_file`` through an unnamed file in the directory ``dfd``; None (nothing
     written, nothing left) where that is not supported."""
     flag = getattr(os, "O_TMPFILE", None)
@@ -392,7 +401,7 @@ def _write_unnamed(dfd: int, name: str, data: bytes, replace: bool, mode: int) -
             return None
         raise
     try:
-        made = _fill(fd, data, mode)
+        made = _fill(fd, data, kept)
         target = _tmp_name(name) if replace else name
         try:
             # linkat(AT_SYMLINK_FOLLOW) of the descriptor's /proc name: a dst_dir_fd makes
@@ -414,14 +423,14 @@ def _write_unnamed(dfd: int, name: str, data: bytes, replace: bool, mode: int) -
     return made
 
 
-def _write_named(dfd: int, name: str, data: bytes, replace: bool, mode: int) -> FileId:
+def _write_named(dfd: int, name: str, data: bytes, replace: bool, kept: _Kept) -> FileId:
     """``write_private_file`` through a 0600 temp file beside ``name``, removed if the write
     fails (a retry is then not blocked by a short file)."""
     tmp = _tmp_name(name)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dfd)
     try:
         try:
-            made = _fill(fd, data, mode)
+            made = _fill(fd, data, kept)
         finally:
             os.close(fd)
         if replace:
@@ -436,15 +445,50 @@ def _write_named(dfd: int, name: str, data: bytes, replace: bool, mode: int) -> 
     return made
 
 
-def _fill(fd: int, data: bytes, mode: int) -> FileId:
-    if mode != 0o600:
-        os.fchmod(fd, mode)
+@dataclass(frozen=True)
+class _Kept:
+    """What a new file gets before its first byte (``write_private_file``)."""
+
+    mode: int
+    owner: tuple[int, int] | None
+    acl: bytes | None
+
+
+def _kept(path: Path) -> _Kept | None:
+    """What a file put in place of the regular file at ``path`` keeps of it: its mode less
+    group and others' write, its owner and group (``root:affidavit 0640`` stays so: the daemon
+    reads it through its group) and its access ACL, if any (its mask set from that mode, less
+    write too).  None: no regular file there -- a link is replaced, never followed, and its
+    target is not asked."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    acl = None
+    with contextlib.suppress(OSError, AttributeError):  # none, no ACL support, or no xattrs
+        acl = os.getxattr(path, ACCESS, follow_symlinks=False)
+    return _Kept(stat.S_IMODE(st.st_mode) & 0o755, _owner(st), acl)
+
+
+def _fill(fd: int, data: bytes, kept: _Kept) -> FileId:
+    if kept.owner is not None and kept.owner != _owner(os.fstat(fd)):
+        os.fchown(fd, *kept.owner)
+    if kept.acl is not None:
+        os.setxattr(fd, ACCESS, kept.acl)  # (its mask: the mode's group bits, set next)
+    if kept.mode != 0o600 or kept.acl is not None:
+        os.fchmod(fd, kept.mode)
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
     os.fsync(fd)
     st = os.fstat(fd)
     return (st.st_dev, st.st_ino)
+
+
+def _owner(st: os.stat_result) -> tuple[int, int]:
+    return st.st_uid, st.st_gid
 
 
 _TMP_HEX = 12

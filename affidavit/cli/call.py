@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import stat
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -48,7 +47,6 @@ __all__ = ["acting", "add_commands", "load_or_usage", "run_journal"]
 TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
 
 if TYPE_CHECKING:
-    from pathlib import Path
     from typing import Any, TypeVar
 
     T = TypeVar("T")
@@ -505,17 +503,6 @@ async def acting(
         raise journal_refusal(exc, failure_line(exc, answer), answer[1]) from None
 
 
-def _kept_mode(path: Path) -> int:
-    """The mode ``init --force`` gives the config it puts in place of the regular file at
-    ``path``: that file's (its owner's ``0640``), less group and others' write; 0600 when
-    there is none, or a link (replaced, never followed: its target's mode is not asked)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return 0o600
-    return stat.S_IMODE(st.st_mode) & 0o755 if stat.S_ISREG(st.st_mode) else 0o600
-
-
 def _init(args: argparse.Namespace) -> int:
     from affidavit.config import config_path, sample_config
     from affidavit.config.sample import write_config
@@ -530,7 +517,7 @@ def _init(args: argparse.Namespace) -> int:
     ):
         raise refusal("expected a postgresql:// URL", "INVALID_FIELD", "--journal-url")
     try:
-        write_config(path, sample_config(url), replace=args.force, mode=_kept_mode(path))
+        write_config(path, sample_config(url), replace=args.force)
     except FileExistsError:  # put there since the look above
         raise UsageError(f"{path} exists; use --force to overwrite", "FILE_EXISTS") from None
     except OSError as exc:

@@ -103,14 +103,15 @@ def sample_config(journal_url: str | None = None) -> str:
     return _SAMPLE[:start] + _SHARED.format(url=journal_url) + "\n" + _SAMPLE[end:]
 
 
-def write_config(path: Path, text: str, *, replace: bool = False, mode: int = 0o600) -> None:
+def write_config(path: Path, text: str, *, replace: bool = False) -> None:
     """Write a config the broker generated (``affidavit init``, the demo's): a new file 0600
     from its first byte, whatever the umask -- under a umask of 002 (many desktops' default) it
     would be group-writable, which the broker refuses (CONFIG_EXPOSED), and a journal URL in it
     may carry a password.  Through ``write_private_file``: whole or not at all, and never
     through a link at ``path`` -- a name already there (a dangling link another user planted
     included) is ``FileExistsError``; ``replace`` (``init --force``) renames the new file over
-    it, the link itself and never the file it names (which stays as it was), ``mode`` from
-    its first byte (the one the file replaced had: ``init --force``).  ``OSError`` as the write
+    it, the link itself and never the file it names (which stays as it was); a regular file's
+    owner, group, access ACL and mode less group and others' write are kept (``keep``:
+    ``root:affidavit 0640`` stays so, for the daemon to read).  ``OSError`` as the write
     raises it."""
-    write_private_file(path, text.encode("utf-8"), replace=replace, mode=mode)
+    write_private_file(path, text.encode("utf-8"), replace=replace, keep=replace)

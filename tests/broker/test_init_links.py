@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 import trio
 
+from affidavit.acl import GROUP_OBJ, MASK, OTHER, USER, USER_OBJ, access_entries
 from affidavit.cli import main as cli_main
 from affidavit.config import load_config
 from affidavit.journal import Journal
+from tests.daemon.kit import NOBODY
+from tests.external import require_posix_acl, require_root
 
 LIMIT = 60
 
@@ -62,6 +65,29 @@ async def test_init_force_keeps_the_replaced_files_mode_less_others_write(tmp_pa
     done = await _init("--config", str(config), "--force")
     assert done.returncode == 0, done.stderr
     assert stat.S_IMODE(config.stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize("owner", [0, NOBODY])
+async def test_init_force_keeps_the_replaced_files_owner_group_and_acl(
+    tmp_path: Path, owner: int
+) -> None:
+    """``root:affidavit 0640`` stays so (it became ``root:root 0640``, which the daemon, reading
+    it through its group, could not open), a named user's ACL entry too -- its mask, as the
+    group bits, less write."""
+    require_root()
+    config = tmp_path / "affidavit.toml"
+    assert (await _init("--config", str(config))).returncode == 0
+    os.chown(config, owner, NOBODY)  # (nogroup: a group that is not root's)
+    config.chmod(0o640)
+    entries = [(USER_OBJ, 6, 0), (USER, 4, 4242), (GROUP_OBJ, 4, 0), (MASK, 6, 0), (OTHER, 0, 0)]
+    require_posix_acl(config, *entries)  # (mask rw: 0660 until --force takes the write away)
+    done = await _init("--config", str(config), "--force")
+    assert done.returncode == 0, done.stderr
+    st = os.lstat(config)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (owner, NOBODY, 0o640), st
+    kept = access_entries(config)
+    assert kept is not None and (USER, 4, 4242) in kept and (MASK, 4, 0xFFFFFFFF) in kept, kept
+    assert set(load_config(config).targets) == {"example", "deploy"}
 
 
 async def _journal(path: Path) -> None:
