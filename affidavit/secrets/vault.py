@@ -318,6 +318,10 @@ class Vault:
             raise VaultError("entry names are 1-128 characters of A-Z a-z 0-9 _ . -")
         if not isinstance(value, bytes) or not value:
             raise VaultError("the value must be non-empty bytes")
+        # The key first, outside the lock: from $AFFIDAVIT_VAULT_PASSPHRASE it is an scrypt
+        # (a second or more), which every other write would wait out; kept (``_env_cache``)
+        # for the header read under the lock, unless the vault was made again meanwhile.
+        self._key(self._read_header())
         with self._exclusive():
             raw = self._read_raw()
             header = _Header(raw)
@@ -362,14 +366,16 @@ class Vault:
     # -- internals ------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[None]:
+    def _exclusive(self, wait: float | None = None) -> Iterator[None]:
         """Serialize read-modify-write across processes (two concurrent ``put``s must not lose
         one another's entry) -- never as root on another user's vault, which every write
-        holds this for (``refuse_root_on_theirs``)."""
+        holds this for (``refuse_root_on_theirs``).  Waits ``wait`` seconds for another
+        holder (None: ``LOCK_WAIT``; 0: one try), then ``VaultBusy``."""
         self.refuse_root_on_theirs()
         fd = self._open_lock()
+        wait = LOCK_WAIT if wait is None else wait
         try:
-            deadline = time.monotonic() + LOCK_WAIT
+            deadline = time.monotonic() + wait
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -378,7 +384,7 @@ class Vault:
                     if time.monotonic() >= deadline:
                         raise VaultBusy(
                             f"{self.lock_path}: another process has held the vault's lock for "
-                            f"{LOCK_WAIT:g} s: let it finish and try again (`fuser -v "
+                            f"{wait:g} s: let it finish and try again (`fuser -v "
                             f"{shlex.quote(str(self.lock_path))}` names it)"
                         ) from None
                     time.sleep(_LOCK_POLL)
@@ -399,7 +405,7 @@ class Vault:
             # message is the OS's reason and our own path, no caller value).
             reason = "it is a link, never followed" if exc.errno == errno.ELOOP else exc.strerror
             raise VaultLockUnusable(
-                f"{self.lock_path}: cannot open the lock file: {reason}"
+                f"{self.lock_path}: cannot open the lock file: {self._whose_lock() or reason}"
             ) from None
         try:
             refuse_shared_fd(fd, self.lock_path, "vault lock file")
@@ -407,6 +413,24 @@ class Vault:
             os.close(fd)
             raise VaultLockUnusable(f"{self.lock_path}: cannot use the lock file: {exc}") from None
         return fd
+
+    def _whose_lock(self) -> str | None:
+        """Why this user may not open a lock file another uid owns -- root's, most often, left
+        by a ``sudo affidavit vault put`` -- and the command that mends it; None when it is
+        this user's (or not there, or not to be looked at: the OS's reason says it)."""
+        try:
+            uid = os.lstat(self.lock_path).st_uid
+        except OSError:
+            return None
+        me = os.geteuid()
+        if uid == me:
+            return None
+        quoted = shlex.quote(str(self.lock_path))
+        return (
+            f"it is owned by uid {uid}, not by this process's uid {me} (a vault command run as "
+            f"that user -- sudo -- made it), and no one else may open it: `chown {me} {quoted}` "
+            f"as uid {uid} or root (it holds nothing: removing it does as well)"
+        )
 
     def refuse_root_on_theirs(self) -> None:
         """Every write's first step, and a command's before it asks for a value or the
@@ -421,7 +445,11 @@ class Vault:
         if found is None:
             return
         path, uid = found
-        chown = f"chown 0 {' '.join(shlex.quote(str(f)) for f in files[:3])}"
+        # The files there and their directory: root's broker needs them all, and a name
+        # not there yet is made root's by its first write anyway.
+        there = [f for f in files[:3] if os.path.lexists(f)]
+        named = [*there, Path(os.path.abspath(self.path.parent))]
+        chown = f"chown 0 {' '.join(shlex.quote(str(f)) for f in named)}"
         raise VaultNotRoots(
             f"{path} is owned by uid {uid} and this process runs as root, which would make the "
             "vault's files it writes (the vault, its unlock file, its lock) root's, 0600, which "
@@ -437,10 +465,11 @@ class Vault:
         remove_leftovers(self.path)
 
     def _sweep(self) -> None:
-        """``_remove_leftovers`` at an open, when the lock can be had: a reader in a directory
-        it cannot write (no lock file to make) reads the vault as before."""
+        """``_remove_leftovers`` at an open, when the lock can be had at once (one ``LOCK_NB``
+        try: ``vault list`` and ``lock`` never wait on a holder): a reader in a directory it
+        cannot write (no lock file to make) reads the vault as before."""
         try:
-            with self._exclusive():
+            with self._exclusive(wait=0):
                 self._remove_leftovers()
         except VaultError:
             pass

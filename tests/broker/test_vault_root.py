@@ -93,3 +93,29 @@ async def test_put_says_why_the_vault_is_locked(tmp_path: Path) -> None:
     assert status == 2, err
     assert err.startswith(f"affidavit: VAULT_LOCKED: {unlock}: cannot read the unlock file ("), err
     assert "0644" in err and "chmod 600" in err, err
+
+
+def test_the_chown_to_root_names_the_directory_and_only_the_files_there(tmp_path: Path) -> None:
+    """Root to run the broker from now on needs the directory too (whoever owns it can swap
+    the files), and a ``chown`` of a file not there fails the whole command: a locked vault
+    has no unlock file."""
+    require_root()
+    path, _ = _theirs(tmp_path)
+    vault = Vault(path)
+    vault.unlock_path.unlink()
+    with pytest.raises(VaultNotRoots) as caught:
+        vault.refuse_root_on_theirs()
+    said = str(caught.value)
+    chown = said.rsplit("if root is to run the broker from now on: ", 1)[1]
+    assert chown == f"chown 0 {path} {vault.lock_path} {path.parent}", said
+
+
+async def test_unlock_is_refused_before_the_passphrase_is_asked(tmp_path: Path) -> None:
+    """No passphrase anywhere (no --passphrase-stdin, no variable, no terminal): the refusal
+    comes first, so nobody is asked for a passphrase that could not be used."""
+    require_root()
+    path, before = _theirs(tmp_path)
+    status, err = await _vault("unlock", "--vault", str(path))
+    assert status == 2, err
+    assert err.startswith(f"affidavit: VAULT_NOT_ROOTS: {path} is owned by uid {NOBODY}"), err
+    assert {p: (p.stat().st_uid, p.read_bytes()) for p in path.parent.iterdir()} == before
