@@ -169,3 +169,28 @@ async def test_vault_put_refuses_the_vault_an_exposed_config_names(tmp_path: Pat
     assert done.returncode == 2, err
     assert err.startswith(f"affidavit: CONFIG_EXPOSED: {config}: "), err
     assert Vault.open(vault).list() == []
+
+
+NO_ID = "00000000-0000-0000-0000-000000000000"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["mcp"], ["result", NO_ID], ["approvals", "approve", NO_ID]],  # (--config after them all)
+    ids=["mcp", "result", "approvals-approve"],
+)
+async def test_every_embedded_command_refuses_an_exposed_config(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """``affidavit mcp --config``, ``result`` and ``approvals approve``, embedded: refused before
+    the journal is opened (none is made), one line, no traceback."""
+    config = tmp_path / "affidavit.toml"
+    _write(config, tmp_path / "s.vault", 9)
+    config.chmod(0o666)
+    argv = [PYTHON, "-m", "affidavit", *command, "--config", str(config)]
+    done = await run(argv, env=client_env())
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert err.startswith(f"affidavit: CONFIG_EXPOSED: {config}: refused: "), err
+    assert f"(mode 0666): chmod 644 {config}" in err and "Traceback" not in err, err
+    assert not (tmp_path / "j.db").exists()
