@@ -311,14 +311,20 @@ def text_arg(value: str | None, what: str) -> str | None:
     return value
 
 
-def add_socket_arg(p: argparse.ArgumentParser) -> None:
+def add_socket_arg(p: argparse.ArgumentParser, *, inherited: bool = False) -> None:
+    """``--socket`` and ``--daemon-uid``; ``inherited``: a sub-command's copy of its parent's,
+    which leaves the parent's value alone when not given (argparse lets a sub-parser's default
+    overwrite what was given before the sub-command's name)."""
+    keep = argparse.SUPPRESS if inherited else None
     p.add_argument(
         "--socket",
+        default=keep,
         help="ask the daemon on this socket (default: $AFFIDAVIT_SOCKET; neither: run embedded); "
         "it must be root's, yours or the daemon's user's (--daemon-uid)",
     )
     p.add_argument(
         "--daemon-uid",
+        default=keep,
         metavar="UID",
         help="the uid or user name the daemon runs as, whose socket is then trusted (default: "
         "$AFFIDAVIT_DAEMON_UID; neither: only root's or yours)",

@@ -68,7 +68,7 @@ def add_commands(sub: Any) -> None:
         help="write the request's content NAME (body, stdin) whole to stdout, as raw bytes: "
         "what the approval view shows only when small (its SHA-256 is checked)",
     )
-    _options(show)
+    _options(show, inherited=True)
     show.set_defaults(handler=_show, holds_secrets=SECRETS_EMBEDDED)
     for verb, what in (
         ("approve", "approve: it is then sent once"),
@@ -85,7 +85,7 @@ def add_commands(sub: Any) -> None:
                 help="approve even though the sealed request cannot be read here (refused "
                 "REQUEST_UNREADABLE otherwise); the grant records that it was blind",
             )
-        _options(d)
+        _options(d, inherited=True)
         d.set_defaults(handler=_decide, holds_secrets=SECRETS_EMBEDDED, verb=verb, blind=False)
 
     r = sub.add_parser("reconcile", help="settle an unknown outcome: query the remote, or attest")
@@ -107,9 +107,13 @@ def add_commands(sub: Any) -> None:
     r.set_defaults(handler=_reconcile, holds_secrets=SECRETS_EMBEDDED)
 
 
-def _options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)")
-    add_socket_arg(p)
+def _options(p: argparse.ArgumentParser, *, inherited: bool = False) -> None:
+    """``--config`` and the socket's options; ``inherited``: a sub-command's copies of
+    ``approvals``' own, given before or after its name (``add_socket_arg``)."""
+    keep = argparse.SUPPRESS if inherited else None
+    what = "config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)"
+    p.add_argument("--config", default=keep, help=what)
+    add_socket_arg(p, inherited=inherited)
 
 
 def _operator_errors(work: Callable[[], T]) -> T:
