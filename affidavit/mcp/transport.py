@@ -35,15 +35,21 @@ it as a notification and drops the id.  A notification or a response is not answ
 What a client that does not read cannot do: hold this process's memory without bound.  At most
 ``max_open`` requests are open at once (read and not yet settled -- whatever their method: tool
 calls, reads, ``tools/list``, ``ping``, ones the server refuses), their lines ``OPEN_BYTES`` in
-all (one longer alone); past that, the transport reads no more of stdin until one is settled, so
-a client sending faster than it reads meets its own pipe's back-pressure and nothing is queued
-here (a request held open keeps its bytes: 60 refused 5 MiB requests held 324 MB, 6,000
-``list_actions`` 1.1 GB, before these bounds).  The server sets ``max_open`` to its ``max_calls``
-plus ``OPEN_MARGIN``, room for the cheap requests beside the calls (``limit_open``).  And each
-line is written within ``write_wait`` (``WRITE_WAIT``, 30 s, as the daemon's answers): a client
-that reads nothing for that long breaks the output -- the line was perhaps cut, so nothing more
-is written; every answer not written is settled not written (recorded RESULT_DELIVERY_FAILED by
-the backend, as when the client hangs up) and stdin is read no further, which ends the session.
+all (one longer alone); one more request is answered here at once with a JSON-RPC error
+(``OVERLOADED``, its ``data`` the tools' ``api_error`` OVERLOADED with ``retry_after``), nothing
+run, its line dropped once its id is read (a request held open keeps its bytes: 60 refused 5 MiB
+requests held 324 MB, 6,000 ``list_actions`` 1.1 GB, before these bounds).  The reader never
+waits for room: a ``notifications/cancelled`` or a response behind a request past the bounds is
+still read -- it held the reader once, and a cancel behind it was never read.  What the reader
+itself holds is one line at most (``max_line``, and one read past it).  The server sets
+``max_open`` to its ``max_calls`` plus ``OPEN_MARGIN``, room for the cheap requests beside the
+calls (``limit_open``).  And each line is written within ``write_wait`` (``WRITE_WAIT``, 30 s,
+as the daemon's answers): a client that reads nothing for that long breaks the output -- the
+line was perhaps cut, so nothing more is written; every answer not written is settled not written
+(recorded RESULT_DELIVERY_FAILED by the backend, as when the client hangs up) and stdin is read
+no further, which ends the session.  Every write -- the refusals written by the reader too --
+is bounded so: a client that does not read stops the reader within ``write_wait`` at most, and
+its own pipe pushes back meanwhile.
 
 Stray output is kept off the wire: while serving, fd 0 reads /dev/null and fd 1 is stderr, and
 the protocol runs on private duplicates (as the SDK's ``stdio_server`` does).
@@ -81,6 +87,9 @@ ENVELOPE = 64 * 1024
 """Room for JSON-RPC's own fields around a tool's arguments."""
 
 PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS = -32700, -32600, -32602
+OVERLOADED = -32000
+"""JSON-RPC's first implementation-defined server error: a request past the open bounds, its
+``data`` the tools' ``{"api_error": {"code": "OVERLOADED", ...}}``."""
 FAULT_LOG_FIRST = 5
 """Protocol faults logged one line each; after them, one line per ``FAULT_LOG_EVERY``."""
 FAULT_LOG_EVERY = 1000
@@ -114,6 +123,9 @@ OPEN_MARGIN = 16
 """Requests open beyond the server's ``max_calls``: room for the cheap ones (``tools/list``,
 ``ping``, a refusal) while every call is taken, and for the one more a full server answers
 OVERLOADED."""
+OPEN_RETRY = 1
+"""Seconds after which a request refused past the open bounds may be sent again (its
+``retry_after``, as the daemon's views say past their queue)."""
 WRITE_WAIT = 30.0
 """Seconds one line may take to be written whole: a client that reads nothing for that long
 has broken its output (the daemon's ``WRITE_WAIT``, the same bound for the same client)."""
@@ -173,15 +185,13 @@ class StdioTransport:
         it runs (``limit_open``)."""
         self.open_requests = 0
         """Requests open now: read, and not yet settled (each counted by ``_room``, uncounted
-        by ``_settled``); past a bound, stdin is not read."""
+        by ``_settled``); past a bound, one more is answered OVERLOADED (``_overloaded``)."""
         self.open_bytes = 0
         """The bytes of their lines."""
         self.max_open_bytes = OPEN_BYTES
-        self._freed = trio.Event()
         self._reading = trio.CancelScope()
         """The reader's: cancelled when the output breaks, which ends the session."""
         self.write_wait = WRITE_WAIT
-        self._stalled = False
 
     def limit_open(self, max_calls: int) -> None:
         """At most ``max_calls`` plus ``OPEN_MARGIN`` requests open at once (the module
@@ -339,12 +349,13 @@ class StdioTransport:
         if not isinstance(message, types.JSONRPCRequest):
             await out.send(SessionMessage(message))
             return
-        request = _Request(len(line))
-        await self._room(request)
         key = coerce_request_id(message.id)
         if key in self._open:
-            self._settled(request)
             await self._refuse(INVALID_REQUEST, message.id, "a second request")
+            return
+        request = _Request(len(line))
+        if not self._room(request):
+            await self._overloaded(message.id)
             return
         self._open[key] = request
         settled = partial(self._unanswered, key, request)
@@ -352,31 +363,38 @@ class StdioTransport:
             SessionMessage(message, ServerMessageMetadata(on_request_unanswered=settled))
         )
 
-    async def _room(self, request: _Request) -> None:
-        """Count ``request`` open, first waiting -- reading nothing more -- while ``max_open``
-        requests are, or their lines and its own would pass ``max_open_bytes`` (one alone is let
-        in: a message may be as long as ``max_line``)."""
-        while self.open_requests >= self.max_open or (
+    def _room(self, request: _Request) -> bool:
+        """Count ``request`` open, if there is room: fewer than ``max_open`` requests are, and
+        their lines and its own stay within ``max_open_bytes`` (one alone is let in: a message
+        may be as long as ``max_line``)."""
+        if self.open_requests >= self.max_open or (
             self.open_requests and self.open_bytes + request.size > self.max_open_bytes
         ):
-            if not self._stalled:
-                self._stalled = True  # (said once: a client kept at the bound would flood the log)
-                log.warning(
-                    "%d requests (%d bytes) are open: stdin is read no further until one is "
-                    "answered",
-                    self.open_requests,
-                    self.open_bytes,
-                )
-            self._freed = trio.Event()  # (one waiter: the reader)
-            await self._freed.wait()
+            return False
         self.open_requests += 1
         self.open_bytes += request.size
+        return True
+
+    async def _overloaded(self, request_id: Any) -> None:
+        """Answer a request past the bounds at once, nothing run: the reader never waits for
+        room, so a cancel or a response behind it is still read.  Its line is dropped here."""
+        what = (
+            f"OVERLOADED: {self.open_requests} requests ({self.open_bytes} bytes) are open; "
+            f"send it again in {OPEN_RETRY} s (nothing was run)"
+        )
+        overloaded = {
+            "code": "OVERLOADED",
+            "message": what,
+            "outcome": "not_attempted",
+            "retry": "backoff",
+            "retry_after": OPEN_RETRY,
+        }
+        await self._fault(OVERLOADED, request_id, what, {"api_error": overloaded})
 
     def _settled(self, request: _Request) -> None:
         """``request`` is no longer open (counted by ``_room``)."""
         self.open_requests -= 1
         self.open_bytes -= request.size
-        self._freed.set()
 
     async def _refuse(self, code: int, request_id: Any, what: str) -> None:
         """Answer a request the server never sees.  Under an id still in flight the error
@@ -390,10 +408,15 @@ class StdioTransport:
             )
         await self._fault(code, request_id, what)
 
-    async def _fault(self, code: int, request_id: Any, what: str) -> None:
+    async def _fault(
+        self, code: int, request_id: Any, what: str, data: dict[str, Any] | None = None
+    ) -> None:
         """Answer a message the server never sees with a JSON-RPC error."""
         self._note(f"{what} (answered {code})")
-        error = {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": what}}
+        body: dict[str, Any] = {"code": code, "message": what}
+        if data is not None:
+            body["data"] = data
+        error = {"jsonrpc": "2.0", "id": request_id, "error": body}
         await self._send((json.dumps(error) + "\n").encode("ascii"))
 
     def _note(self, what: str) -> None:

@@ -14,9 +14,10 @@ pipe:
   request is held until its answer is written);
 * ``listings``: 150 calls, read back, then M ``list_actions`` with ``limit`` 1000, unread.
 
-The client's writes run ``SEND_FOR`` seconds at most (after the bound they stall: the server
-stops reading); then VmRSS and VmHWM of the server are read from /proc (``idle``: its VmRSS
-just before the scenario's requests).  A script, not a test: it asserts nothing.
+The client's writes run ``SEND_FOR`` seconds at most (after the bound they stall: the
+server's OVERLOADED answers wait on the full pipe, its reader with them); then VmRSS and VmHWM
+of the server are read from /proc (``idle``: its VmRSS just before the scenario's requests).
+A script, not a test: it asserts nothing.
 """
 
 from __future__ import annotations

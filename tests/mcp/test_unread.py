@@ -1,8 +1,9 @@
 """A client that sends requests and does not read the answers cannot hold the server's memory
 without bound (``affidavit/mcp/transport.py``, the module docstring):
 
-* at most ``max_open`` requests are open at once; past them stdin is not read until one is
-  settled -- nothing is queued here, the client's own pipe pushes back;
+* at most ``max_open`` requests are open at once; one more is answered OVERLOADED at once and
+  nothing is kept of it -- once the client's stdout pipe is full, that answer waits (up to
+  ``write_wait``) and the reader with it: the client's own pipe pushes back;
 * an answer not taken within ``write_wait`` breaks the output: the call's answer is recorded
   RESULT_DELIVERY_FAILED and the session ends, so a client that reads nothing holds no slot for
   good.
@@ -24,7 +25,7 @@ import trio.testing
 
 from affidavit.mcp.backends import Embedded
 from affidavit.mcp.server import READS_OPEN, McpSession, serve
-from affidavit.mcp.transport import OPEN_BYTES, OPEN_MARGIN, StdioTransport
+from affidavit.mcp.transport import OPEN_BYTES, OPEN_MARGIN, OPEN_RETRY, StdioTransport
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
 from tests.daemon.kit import running_daemon
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -64,9 +65,9 @@ def listing(request_id: int) -> bytes:
     return line({"jsonrpc": "2.0", "id": request_id, "method": "tools/list"})
 
 
-async def test_past_max_open_requests_stdin_is_read_no_further_until_one_is_settled() -> None:
+async def test_past_max_open_requests_one_more_is_answered_overloaded_at_once() -> None:
     to_server, server_in = trio.testing.memory_stream_one_way_pair()
-    server_out, _ = trio.testing.memory_stream_one_way_pair()
+    server_out, from_server = trio.testing.memory_stream_one_way_pair()
     stdin = Counted(server_in)
     transport = StdioTransport(stdin, server_out)
     transport.limit_open(2)
@@ -78,29 +79,37 @@ async def test_past_max_open_requests_stdin_is_read_no_further_until_one_is_sett
                 await to_server.send_all(listing(n))
                 assert (await read.receive()).message.id == n
             assert transport.open_requests == cap
-            sent = b"".join(listing(n) for n in range(cap))
-            await to_server.send_all(listing(cap))  # read, and held: no slot
-            await trio.testing.wait_all_tasks_blocked()
-            await to_server.send_all(listing(cap + 1))  # not even read
-            await trio.testing.wait_all_tasks_blocked()
-            assert stdin.taken == len(sent + listing(cap))
+            for n in (cap, cap + 1):  # read, answered here, nothing kept
+                await to_server.send_all(listing(n))
+                overloaded(await next_line(from_server), n)
+            sent = b"".join(listing(n) for n in range(cap + 2))
+            assert stdin.taken == len(sent)
             assert transport.open_requests == cap
             with pytest.raises(anyio.WouldBlock):
-                read.receive_nowait()  # nothing more reached the server
+                read.receive_nowait()  # neither reached the server
 
-            await write.send(response(0))  # one settled: one more in, and stdin read on
-            assert (await read.receive()).message.id == cap
-            await trio.testing.wait_all_tasks_blocked()
-            assert stdin.taken == len(sent + listing(cap) + listing(cap + 1))
+            await write.send(response(0))  # one settled: room for one more
+            assert (await next_line(from_server))["id"] == 0
+            await to_server.send_all(listing(cap + 2))
+            assert (await read.receive()).message.id == cap + 2
             assert transport.open_requests == cap
 
 
-async def test_past_max_open_bytes_of_open_requests_stdin_is_read_no_further() -> None:
+def overloaded(answer: dict[str, Any], request_id: Any) -> None:
+    """``answer`` is the transport's refusal past its open bounds, under ``request_id``."""
+    assert answer["id"] == request_id, answer
+    assert answer["error"]["code"] == -32000, answer
+    refusal = answer["error"]["data"]["api_error"]
+    assert refusal["code"] == "OVERLOADED", answer
+    assert refusal["outcome"] == "not_attempted" and refusal["retry_after"] == OPEN_RETRY
+
+
+async def test_past_max_open_bytes_of_open_requests_one_more_is_answered_overloaded() -> None:
     """The count alone would let ``max_open`` requests of ``max_line`` bytes each be held: their
     lines' bytes are bounded too -- and a longer request than that bound is still let in alone
     (a message may be ``max_line`` long)."""
     to_server, server_in = trio.testing.memory_stream_one_way_pair()
-    server_out, _ = trio.testing.memory_stream_one_way_pair()
+    server_out, from_server = trio.testing.memory_stream_one_way_pair()
     transport = StdioTransport(server_in, server_out)
     size = len(listing(10)) - 1  # (its newline not counted)
     transport.max_open_bytes = 3 * size
@@ -110,18 +119,17 @@ async def test_past_max_open_bytes_of_open_requests_stdin_is_read_no_further() -
                 await to_server.send_all(listing(n))
                 assert (await read.receive()).message.id == n
             await to_server.send_all(listing(13))
-            await trio.testing.wait_all_tasks_blocked()
+            overloaded(await next_line(from_server), 13)  # past the bytes, though 3 < max_open
             with pytest.raises(anyio.WouldBlock):
-                read.receive_nowait()  # past the bytes: held, though 3 < max_open
+                read.receive_nowait()
             assert (transport.open_requests, transport.open_bytes) == (3, 3 * size)
             for n in range(10, 13):
                 await write.send(response(n))
-            assert (await read.receive()).message.id == 13
+                await next_line(from_server)
 
             long = {"jsonrpc": "2.0", "id": 14, "method": "tools/list", "params": {}}
             long["params"] = {"_meta": {"pad": "x" * (4 * size)}}
-            await write.send(response(13))  # none open: a longer one gets in alone
-            await to_server.send_all(line(long))
+            await to_server.send_all(line(long))  # none open: a longer one gets in alone
             assert (await read.receive()).message.id == 14
             assert transport.open_requests == 1
 
@@ -221,9 +229,11 @@ async def test_a_client_that_does_not_read_is_held_back_by_its_own_pipe(
 ) -> None:
     """The process itself (``max_calls = 1``: 17 requests open at most): the client fills the
     stdout pipe with ``tools/list`` answers, then writes 128 KiB requests and reads nothing.
-    The server stops reading: the client's writes stall after about the bound's worth of lines
-    (held open, one in the reader's buffer, one in the stdin pipe) -- not after all 60, each
-    of which the server would hold.  Once the client reads, every request is answered."""
+    Past the bound the server answers OVERLOADED, an answer the full pipe does not take: the
+    reader waits on it, and the client's writes stall after about the bound's worth of lines
+    (held open, the one refused, one in the reader's buffer, one in the stdin pipe) -- not
+    after all 60, each of which the server would hold.  Once the client reads, every request
+    is answered."""
     async with raw_server(tmp_path, remotes, token, service="max_calls = 1") as raw:
         sent = await _stalled(raw, 128 * 1024, 60)
     assert sent <= 1 + OPEN_MARGIN + 3, sent
@@ -271,5 +281,5 @@ async def _stalled(raw: Raw, size: int, padded: int) -> int:
             found = await raw.receive()
             answered.add(found["id"])
     assert sent == padded
-    assert "stdin is read no further" in raw.stderr()
+    assert "OVERLOADED" in raw.stderr()  # past the bounds, refused: its answers fill the pipe
     return stalled

@@ -1,0 +1,111 @@
+"""The transport's open bounds through ``serve`` and the SDK's own server, with a backend whose
+calls are held until released: a request past the bounds is answered OVERLOADED at once and the
+reader reads on (``affidavit/mcp/transport.py``, the module docstring)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+import trio.testing
+
+from affidavit.mcp.backends import Exchange
+from affidavit.mcp.server import McpSession, serve
+from affidavit.mcp.transport import StdioTransport
+
+from .kit import WAIT
+from .test_protocol import INIT, call, line, next_line
+from .test_unread import overloaded
+
+TOOL = {"name": "http_request", "kind": "http", "doc": "", "input_schema": {"type": "object"}}
+
+
+class Held:
+    """A backend whose calls run until the test releases them; ``gone`` counts the calls whose
+    caller went away (``Exchange.abandon``: withdrawn)."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.gone = 0
+        self.release = trio.Event()
+
+    async def catalog(self) -> dict[str, Any]:
+        return {"tools": [TOOL], "targets": [], "max_action_bytes": 1 << 20}
+
+    async def call(self, args: dict[str, Any], exchange: Exchange) -> dict[str, Any]:
+        self.started += 1
+        exchange.on_gone(self._gone)
+        await self.release.wait()
+        return {"api_error": {"code": "INTERNAL", "message": "released"}}
+
+    def _gone(self) -> None:
+        self.gone += 1
+
+    def stop(self) -> None:
+        self.release.set()
+
+
+@asynccontextmanager
+async def serving(
+    backend: Held, max_calls: int
+) -> AsyncIterator[tuple[Any, Any, StdioTransport, McpSession]]:
+    """``serve`` on in-memory pipes, initialized: (client's sender, client's receiver, the
+    transport, the session)."""
+    to_server, server_in = trio.testing.memory_stream_one_way_pair()
+    server_out, from_server = trio.testing.memory_stream_one_way_pair()
+    transport = StdioTransport(server_in, server_out)
+    sessions: list[McpSession] = []
+    real = McpSession.__init__
+
+    def kept(self: McpSession, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        sessions.append(self)
+
+    async with trio.open_nursery() as nursery:
+        McpSession.__init__ = kept  # type: ignore[method-assign]
+        try:
+            nursery.start_soon(serve, backend, transport, "mcp-s1", max_calls, 0.1)
+            await trio.testing.wait_all_tasks_blocked()
+        finally:
+            McpSession.__init__ = real  # type: ignore[method-assign]
+        await to_server.send_all(line(INIT))
+        assert (await next_line(from_server))["id"] == 0
+        await to_server.send_all(line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        yield to_server, from_server, transport, sessions[0]
+        await to_server.aclose()
+        backend.release.set()
+
+
+def cancel(request_id: Any) -> bytes:
+    params = {"requestId": request_id, "reason": "test"}
+    return line({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+
+
+def ping(request_id: Any) -> bytes:
+    return line({"jsonrpc": "2.0", "id": request_id, "method": "ping"})
+
+
+async def test_a_cancel_behind_a_request_past_the_bytes_bound_reaches_the_server() -> None:
+    """The review's case: one call longer than ``max_open_bytes`` let in alone, then a ping
+    (past the bound) and a cancel of the call.  The ping is answered OVERLOADED at once, and the
+    cancel is read: the call is withdrawn.  Before, the reader waited for room at the ping and
+    read nothing more -- the cancel never reached the server."""
+    backend = Held()
+    async with serving(backend, 4) as (client, replies, transport, session):
+        transport.max_open_bytes = 1000
+        with trio.fail_after(WAIT):
+            await client.send_all(line(call(1, "http_request", {"pad": "x" * 2000})))
+            while backend.started < 1:
+                await trio.sleep(0.01)
+            await client.send_all(ping(2))
+            overloaded(await next_line(replies), 2)
+            await client.send_all(cancel(1))
+            while backend.gone < 1:  # the call's handler ended: its caller is gone
+                await trio.sleep(0.01)
+            while transport.open_requests:  # settled unanswered: its slot is back
+                await trio.sleep(0.01)
+            await client.send_all(ping(3))
+            assert (await next_line(replies)) == {"jsonrpc": "2.0", "id": 3, "result": {}}
+        assert session.running == 1  # (the call runs on past its request, as every call)
