@@ -43,13 +43,15 @@ waits for room: a ``notifications/cancelled`` or a response behind a request pas
 still read -- it held the reader once, and a cancel behind it was never read.  What the reader
 itself holds is one line at most (``max_line``, and one read past it).  The server sets
 ``max_open`` to its ``max_calls`` plus ``OPEN_MARGIN``, room for the cheap requests beside the
-calls (``limit_open``).  And each line is written within ``write_wait`` (``WRITE_WAIT``, 30 s,
-as the daemon's answers): a client that reads nothing for that long breaks the output -- the
-line was perhaps cut, so nothing more is written; every answer not written is settled not written
-(recorded RESULT_DELIVERY_FAILED by the backend, as when the client hangs up) and stdin is read
-no further, which ends the session.  Every write -- the refusals written by the reader too --
-is bounded so: a client that does not read stops the reader within ``write_wait`` at most, and
-its own pipe pushes back meanwhile.
+calls (``limit_open``).  And each write must make progress within ``write_wait``
+(``WRITE_WAIT``, 30 s, as the daemon's answers): a line is written in slices of ``WRITE_SLICE``
+bytes, each taken within it, so a slow but steady reader takes a line of any length, while a
+client that reads nothing for that long breaks the output -- the line was perhaps cut, so
+nothing more is written; every answer not written is settled not written (recorded
+RESULT_DELIVERY_FAILED by the backend, as when the client hangs up) and stdin is read no
+further, which ends the session.  Every write -- the refusals written by the reader too -- is
+bounded so: a client that does not read stops the reader within ``write_wait`` at most, and its
+own pipe pushes back meanwhile.
 
 Stray output is kept off the wire: while serving, fd 0 reads /dev/null and fd 1 is stderr, and
 the protocol runs on private duplicates (as the SDK's ``stdio_server`` does).
@@ -127,8 +129,12 @@ OPEN_RETRY = 1
 """Seconds after which a request refused past the open bounds may be sent again (its
 ``retry_after``, as the daemon's views say past their queue)."""
 WRITE_WAIT = 30.0
-"""Seconds one line may take to be written whole: a client that reads nothing for that long
-has broken its output (the daemon's ``WRITE_WAIT``, the same bound for the same client)."""
+"""Seconds one slice of a line (``WRITE_SLICE``) may take to be written: a client that reads
+nothing for that long has broken its output (the daemon's ``WRITE_WAIT``, the same bound for
+the same client)."""
+WRITE_SLICE = 64 * 1024
+"""Bytes written under one ``WRITE_WAIT``: a pipe's buffer (Linux's default), so a slice is
+taken as soon as the client has read what came before it."""
 
 
 class Outcome:
@@ -434,8 +440,7 @@ class StdioTransport:
             if self.broken:
                 return False
             try:
-                with trio.move_on_after(self.write_wait) as late:
-                    await self._writer.send_all(data)
+                late = await self._send_slices(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 self.broken = True
                 log.info("stdout is closed: the client is gone")
@@ -445,15 +450,31 @@ class StdioTransport:
                 # Cancelled part-way: how much of the line left is unknown.
                 self.broken = True
                 raise
-            if late.cancelled_caught:  # part of the line may be out: nothing can follow it
+            if late:  # part of the line may be out: nothing can follow it
                 self.broken = True
                 log.warning(
-                    "a line was not taken within %gs: the client reads no more; ending the session",
+                    "%d bytes of a line were not taken within %gs: the client reads no more; "
+                    "ending the session",
+                    WRITE_SLICE,
                     self.write_wait,
                 )
                 self._hang_up()
                 return False
             return True
+
+    async def _send_slices(self, data: bytes) -> bool:
+        """Write ``data`` in slices of ``WRITE_SLICE`` bytes, each within ``write_wait``: True
+        if one was not taken in time.  The deadline is each slice's, not the line's -- a 100 MiB
+        ``fetch_result`` line to a client reading a steady 4 MB/s takes 25 s and more; a
+        client that takes nothing is still cut after ``write_wait`` (as the daemon bounds each
+        part of an answer, ``h11server.py``)."""
+        view = memoryview(data)  # (slices, not copies; a stream may keep one it was given)
+        for start in range(0, len(view), WRITE_SLICE):
+            with trio.move_on_after(self.write_wait) as late:
+                await self._writer.send_all(view[start : start + WRITE_SLICE])
+            if late.cancelled_caught:
+                return True
+        return False
 
     async def _write(self, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
         async with source:

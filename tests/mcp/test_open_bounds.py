@@ -13,7 +13,7 @@ import trio.testing
 
 from affidavit.mcp.backends import Exchange
 from affidavit.mcp.server import McpSession, serve
-from affidavit.mcp.transport import StdioTransport
+from affidavit.mcp.transport import WRITE_SLICE, StdioTransport
 
 from .kit import WAIT
 from .test_protocol import INIT, call, line, next_line
@@ -109,3 +109,53 @@ async def test_a_cancel_behind_a_request_past_the_bytes_bound_reaches_the_server
             await client.send_all(ping(3))
             assert (await next_line(replies)) == {"jsonrpc": "2.0", "id": 3, "result": {}}
         assert session.running == 1  # (the call runs on past its request, as every call)
+
+
+async def _drain(stream: trio.abc.ReceiveStream, size: int, pause: float) -> None:
+    """A client reading ``size`` bytes per read, ``pause`` seconds apart, for good."""
+    while await stream.receive_some(size):
+        await trio.sleep(pause)
+
+
+async def test_a_long_line_to_a_slow_but_steady_reader_is_written_whole(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A line taking 16 times ``write_wait`` to read, read steadily: written whole -- the limit
+    bounds each slice (``WRITE_SLICE``), not the line.  Before, the whole line had
+    ``write_wait``: the session ended."""
+    server_out, from_server = trio.testing.lockstep_stream_one_way_pair()
+    server_in, _ = trio.testing.memory_stream_one_way_pair()
+    transport = StdioTransport(server_in, server_out)
+    transport.write_wait = 1.0
+    # Read 4 KiB per 10 ms: a 64 KiB slice in 0.16 s, the line in 16 s.
+    data = b"x" * (100 * WRITE_SLICE) + b"\n"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_drain, from_server, 4096, 0.01)
+        started = trio.current_time()
+        assert await transport._send(data)
+        assert trio.current_time() - started > 15 * transport.write_wait
+        assert not transport.broken and not transport.hung_up.is_set()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_reader_that_stops_mid_line_breaks_the_output_within_write_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Read steadily, then not at all: the slice under way is not taken within ``write_wait``
+    and the output is broken -- a client that stops reading is still cut."""
+    server_out, from_server = trio.testing.lockstep_stream_one_way_pair()
+    server_in, _ = trio.testing.memory_stream_one_way_pair()
+    transport = StdioTransport(server_in, server_out)
+    transport.write_wait = 1.0
+    data = b"x" * (100 * WRITE_SLICE) + b"\n"
+    async with trio.open_nursery() as nursery:
+
+        async def stops() -> None:
+            with trio.move_on_after(3.0):  # some slices taken, then nothing
+                await _drain(from_server, 4096, 0.01)
+
+        nursery.start_soon(stops)
+        started = trio.current_time()
+        assert not await transport._send(data)
+        assert transport.broken and transport.hung_up.is_set()
+        assert trio.current_time() - started < 3.0 + transport.write_wait + 0.5
