@@ -17,11 +17,13 @@ delivery error must not repeat execution").  ``backends.py`` says who then recor
 which reads no config: its default, 256), each counted until its delivery is recorded; one more
 is answered ``api_error`` OVERLOADED at once and nothing runs for it -- as the daemon answers
 its 503.  The reads answered in the SDK's handler (``get_record``, ``list_actions``,
-``list_targets``) are bounded apart: at most ``READS_OPEN`` at once, each counted until its
-answer is written or cannot be (a ``list_actions`` page of 1,000 records held unwritten is MBs of
-objects); one more is answered OVERLOADED, nothing read -- as the daemon's views refuse past 16
-waiting.  Every request at all is bounded by the transport (``max_calls`` + ``OPEN_MARGIN``
-open at once, then stdin is not read).
+``list_targets``) are bounded apart: ``READS_AT_ONCE`` worked on at once, the others waiting
+their turn (they are bounded by the transport's open requests); while ``READS_OPEN`` answers
+are not yet written (a ``list_actions`` page of 1,000 records held unwritten is MBs of objects)
+the read whose turn came waits ``READS_WAIT``, then is answered OVERLOADED with a
+``retry_after``, nothing read.  (The daemon's views give one uid two threads and refuse past
+16 waiting: a wait, not unwritten answers.)  Every request at all is bounded by the transport
+(``max_calls`` + ``OPEN_MARGIN`` open at once, one more answered OVERLOADED there).
 
 Stopping: end of input (the client is gone), SIGTERM or SIGINT ends the session as the daemon's
 shutdown does (``affidavit/daemon/calls.py``): no more calls are taken (one more is answered
@@ -84,8 +86,17 @@ DEFAULT_MAX_CALLS = 256
 """Tool requests running in tasks of their own at once, when no config says (``[service]
 max_calls``'s default: the proxy reads no config)."""
 READS_OPEN = 16
-"""Reads answered in the handler (``get_record``, ``list_actions``, ``list_targets``) open at
-once: read, and their answers not yet written (the daemon's views: 16 waiting)."""
+"""Answers to reads answered in the handler (``get_record``, ``list_actions``,
+``list_targets``) not yet written, at most (one more read is refused OVERLOADED): a
+``list_actions`` page of 1,000 records held unwritten is MBs of objects."""
+READS_AT_ONCE = 2
+"""Such reads worked on at once; the rest wait their turn (the embedded backend's own two view
+threads; the daemon's views give one uid two threads and 16 waiting)."""
+READS_WAIT = 1.0
+"""Seconds a read whose turn came waits for ``READS_OPEN`` unwritten answers to drop below the
+bound before it is refused."""
+READS_RETRY = 1
+"""The ``retry_after`` of a read refused past ``READS_OPEN`` (the daemon's views' too)."""
 DEFAULT_GRACE = 30.0
 """Seconds calls in flight may finish once the session ends, when no config says (``[service]
 shutdown_grace``'s default)."""
@@ -112,7 +123,10 @@ class McpSession:
         self.running = 0
         """Tasks of ``_run`` not yet over (a call runs on after its handler is gone)."""
         self.reads = 0
-        """Reads of ``_bounded`` whose answers are not yet written (or known unwritten)."""
+        """Reads of ``_bounded`` past their turn whose answers are not yet written (or known
+        unwritten)."""
+        self._reading = trio.Semaphore(READS_AT_ONCE)
+        self._answer_taken = trio.Event()
         self.nursery: trio.Nursery | None = None
         self.stopping = False
         self.ending = trio.Event()
@@ -225,35 +239,52 @@ class McpSession:
         return await self._bounded(request_id, name, args)
 
     async def _bounded(self, request_id: Any, name: str, args: dict[str, Any]) -> dict[str, Any]:
-        """A read answered here, in the handler: at most ``READS_OPEN`` at once, each counted
-        until its answer is written or cannot be."""
-        if self.reads >= READS_OPEN:
-            return api_error(
-                "OVERLOADED",
-                f"{READS_OPEN} reads are open (their answers not yet taken); read again later "
-                "(nothing was read)",
-                sent=False,
-            )
-        self.reads += 1
-        outcome = self.transport.expect(request_id) if request_id is not None else None
-        try:
-            answer = await self._answer_read(name, args)
-        except BaseException:
-            if outcome is not None:
-                self.transport.forget(outcome)
-            raise
-        finally:
-            if outcome is None or outcome.settled or self.nursery is None:
-                self.reads -= 1
-            else:
-                self.nursery.start_soon(self._read_taken, outcome)
+        """A read answered here, in the handler: ``READS_AT_ONCE`` worked on at once, the rest
+        waiting their turn (as many as the transport lets be open); refused only when
+        ``READS_OPEN`` answers stay unwritten ``READS_WAIT`` seconds -- the client is not
+        taking them -- each counted from its turn until it is written or cannot be."""
+        async with self._reading:
+            if not await self._answer_room():
+                return api_error(
+                    "OVERLOADED",
+                    f"{READS_OPEN} answers to reads are not yet written (the client has not "
+                    f"taken them); read again in {READS_RETRY} s (nothing was read)",
+                    sent=False,
+                    retry_after=READS_RETRY,
+                )
+            self.reads += 1
+            outcome = self.transport.expect(request_id) if request_id is not None else None
+            try:
+                answer = await self._answer_read(name, args)
+            except BaseException:
+                if outcome is not None:
+                    self.transport.forget(outcome)
+                raise
+            finally:
+                if outcome is None or outcome.settled or self.nursery is None:
+                    self._read_over()
+                else:
+                    self.nursery.start_soon(self._read_taken, outcome)
         return answer
+
+    async def _answer_room(self) -> bool:
+        """Whether fewer than ``READS_OPEN`` answers are unwritten, or become so within
+        ``READS_WAIT`` (answers given in a burst are written a moment later)."""
+        with trio.move_on_after(READS_WAIT):
+            while self.reads >= READS_OPEN:
+                self._answer_taken = trio.Event()  # (one waiter: the read holding the turn)
+                await self._answer_taken.wait()
+        return self.reads < READS_OPEN
 
     async def _read_taken(self, outcome: Outcome) -> None:
         try:
             await outcome.wait()
         finally:
-            self.reads -= 1
+            self._read_over()
+
+    def _read_over(self) -> None:
+        self.reads -= 1
+        self._answer_taken.set()
 
     async def _answer_read(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         if name == "get_record":

@@ -24,7 +24,7 @@ import trio
 import trio.testing
 
 from affidavit.mcp.backends import Embedded
-from affidavit.mcp.server import READS_OPEN, McpSession, serve
+from affidavit.mcp.server import READS_AT_ONCE, READS_OPEN, READS_RETRY, McpSession, serve
 from affidavit.mcp.transport import OPEN_BYTES, OPEN_MARGIN, OPEN_RETRY, StdioTransport
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
 from tests.daemon.kit import running_daemon
@@ -174,12 +174,60 @@ async def test_reads_whose_answers_are_not_taken_are_bounded_apart() -> None:
                     assert "targets" in await session.answer(n, "list_targets", {})
                 over = await session.answer(READS_OPEN, "list_targets", {})
                 assert over["api_error"]["code"] == "OVERLOADED", over
+                assert over["api_error"]["retry_after"] == READS_RETRY, over
+                assert "not yet written" in over["api_error"]["message"]
                 assert "nothing was read" in over["api_error"]["message"]
 
                 await write.send(response(0))  # one written: its place is free
                 await trio.testing.wait_all_tasks_blocked()
                 assert "targets" in await session.answer(READS_OPEN, "list_targets", {})
             nursery.cancel_scope.cancel()
+
+
+class SlowListing(Catalog):
+    """A backend whose ``list_actions`` pages wait until released."""
+
+    def __init__(self) -> None:
+        self.release = trio.Event()
+        self.asked = 0
+
+    async def actions(self, session: str, outcome: Any, limit: int) -> dict[str, Any]:
+        self.asked += 1
+        await self.release.wait()
+        return {"actions": [], "next": None}
+
+
+async def test_reads_whose_answers_are_taken_at_once_are_never_refused() -> None:
+    """40 reads at once, each answer taken as soon as it is given: none is refused, however
+    many wait their turn (``READS_AT_ONCE`` worked on at once).  Before, a read counted while
+    worked on: 40 parallel ``list_actions`` through the proxy had up to 17 answered OVERLOADED
+    though the client read promptly."""
+    backend = SlowListing()
+    async with transport_on_memory() as (client, _, read, write, transport):
+        session = McpSession(backend, transport, "mcp-s1")  # type: ignore[arg-type]
+        transport.limit_open(40)
+        answers: dict[int, dict[str, Any]] = {}
+
+        async def ask(n: int) -> None:
+            answers[n] = await session.answer(n, "list_actions", {})
+            await write.send(response(n))  # taken at once
+
+        async with trio.open_nursery() as nursery:
+            session.nursery = nursery
+            with trio.fail_after(WAIT):
+                for n in range(40):
+                    await client.send_all(line(call(n, "list_actions", {})))
+                    await read.receive()
+                async with trio.open_nursery() as asking:
+                    for n in range(40):
+                        asking.start_soon(ask, n)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert backend.asked == READS_AT_ONCE  # the rest wait their turn
+                    backend.release.set()
+            nursery.cancel_scope.cancel()
+    refused = [a for a in answers.values() if "api_error" in a]
+    assert not refused, refused[0]
+    assert len(answers) == 40
 
 
 @asynccontextmanager
