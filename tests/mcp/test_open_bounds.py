@@ -13,7 +13,7 @@ import trio.testing
 
 from affidavit.mcp.backends import Exchange
 from affidavit.mcp.server import McpSession, serve
-from affidavit.mcp.transport import WRITE_SLICE, StdioTransport
+from affidavit.mcp.transport import OPEN_MARGIN, WRITE_SLICE, StdioTransport
 
 from .kit import WAIT
 from .test_protocol import INIT, call, line, next_line
@@ -39,6 +39,10 @@ class Held:
         exchange.on_gone(self._gone)
         await self.release.wait()
         return {"api_error": {"code": "INTERNAL", "message": "released"}}
+
+    async def actions(self, session: str, outcome: Any, limit: int) -> dict[str, Any]:
+        await self.release.wait()
+        return {"actions": [], "next": None}
 
     def _gone(self) -> None:
         self.gone += 1
@@ -109,6 +113,29 @@ async def test_a_cancel_behind_a_request_past_the_bytes_bound_reaches_the_server
             await client.send_all(ping(3))
             assert (await next_line(replies)) == {"jsonrpc": "2.0", "id": 3, "result": {}}
         assert session.running == 1  # (the call runs on past its request, as every call)
+
+
+async def test_serve_lets_max_calls_plus_the_margin_be_open_and_refuses_one_more() -> None:
+    """``serve`` with ``max_calls`` 20: 20 calls running and ``OPEN_MARGIN`` reads held open
+    beside them -- 36 open, each reached the server -- and one more request is answered
+    OVERLOADED by the transport.  (The transport's own default is ``OPEN_MARGIN`` alone: had
+    ``serve`` not raised it, the 17th call would have been refused.)"""
+    backend = Held()
+    max_calls = 20
+    async with serving(backend, max_calls) as (client, replies, transport, session):
+        with trio.fail_after(WAIT):
+            for n in range(max_calls):
+                await client.send_all(line(call(n, "http_request", {})))
+            while backend.started < max_calls:
+                await trio.sleep(0.01)
+            for n in range(max_calls, max_calls + OPEN_MARGIN):
+                await client.send_all(line(call(n, "list_actions", {})))
+            while transport.open_requests < max_calls + OPEN_MARGIN:
+                await trio.sleep(0.01)
+            await client.send_all(ping("over"))
+            overloaded(await next_line(replies), "over")
+        assert session.running == max_calls
+        assert transport.open_requests == max_calls + OPEN_MARGIN
 
 
 async def _drain(stream: trio.abc.ReceiveStream, size: int, pause: float) -> None:
