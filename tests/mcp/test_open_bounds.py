@@ -16,7 +16,7 @@ from affidavit.mcp.server import McpSession, serve
 from affidavit.mcp.transport import OPEN_MARGIN, WRITE_SLICE, StdioTransport
 
 from .kit import WAIT
-from .test_protocol import INIT, call, line, next_line
+from .test_protocol import INIT, call, line, next_line, transport_on_memory
 from .test_unread import overloaded
 
 TOOL = {"name": "http_request", "kind": "http", "doc": "", "input_schema": {"type": "object"}}
@@ -186,3 +186,20 @@ async def test_a_reader_that_stops_mid_line_breaks_the_output_within_write_wait(
         assert not await transport._send(data)
         assert transport.broken and transport.hung_up.is_set()
         assert trio.current_time() - started < 3.0 + transport.write_wait + 0.5
+
+
+async def test_requests_settled_unanswered_give_their_slots_back() -> None:
+    """More requests than ``max_open``, each settled unanswered (the SDK's word when the client
+    cancelled it): none stays open, and the next request still reaches the server -- not
+    answered OVERLOADED by slots no request holds."""
+    async with transport_on_memory() as (client, _, read, _write, transport):
+        transport.max_open = 3
+        with trio.fail_after(WAIT):
+            for n in range(3 * transport.max_open):
+                await client.send_all(ping(n))
+                message = await read.receive()
+                assert message.message.id == n
+                await message.metadata.on_request_unanswered()
+            assert (transport.open_requests, transport.open_bytes) == (0, 0)
+            await client.send_all(ping("next"))
+            assert (await read.receive()).message.id == "next"
