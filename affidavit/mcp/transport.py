@@ -12,9 +12,10 @@ its answer went out:
   returned).  That is the last instant this process can observe: a client killed after it loses
   the answer unread -- JSON-RPC has no receipt -- and the result stays fetchable.
 * **not written**: the write failed or was interrupted, the output was already broken, the
-  input ended first (the client hung up), or the server settled the request without answering
-  it (the client cancelled it: MCP forbids an answer then -- the SDK says so through the
-  request's ``on_request_unanswered``).
+  session ended first (the streams closed: after the input's end answers are still written
+  while the server runs -- a client may close stdin and read on), or the server settled the
+  request without answering it (the client cancelled it: MCP forbids an answer then -- the
+  SDK says so through the request's ``on_request_unanswered``).
 
 An answer is matched to its request by id, so an id is the request's until it is settled
 (answered, or settled unanswered): a second request with an id still in flight is refused here
@@ -180,8 +181,11 @@ class StdioTransport:
         """Requests in flight by id (as the SDK correlates them: "7" is 7), until answered or
         settled unanswered."""
         self.hung_up = trio.Event()
-        """The input ended or the output broke: the client is gone."""
+        """The input ended or the output broke: the client is gone.  (Answers are still written
+        after the input's end, while the server runs: a client may close stdin and read on.)"""
         self.broken = False
+        self._closed = False
+        """The streams are closed (``streams``): nothing more is written."""
         self.max_line = MAX_LINE
         """A longer message is read past and dropped, never held: memory stays bounded."""
         self.faults = 0
@@ -236,10 +240,10 @@ class StdioTransport:
     def expect(self, request_id: Any) -> Outcome:
         """Watch for the answer to ``request_id`` (a request in flight, read here); settled once
         it is written or cannot be.  Settled not written at once when nothing here could see its
-        answer written: the client is gone, or no such request is in flight."""
+        answer written: the output is broken or closed, or no such request is in flight."""
         outcome = Outcome()
         request = self._open.get(coerce_request_id(request_id))
-        if request is None or request.outcome is not None or self.hung_up.is_set():
+        if request is None or request.outcome is not None or self.broken or self._closed:
             outcome.settle(False)
         else:
             request.outcome = outcome
@@ -252,6 +256,7 @@ class StdioTransport:
         outcome.settle(False)
 
     def _hang_up(self) -> None:
+        """Nothing more is written: every answer not written yet never will be."""
         self.hung_up.set()
         self._reading.cancel()  # (a no-op once the input ended)
         for request in self._open.values():
@@ -284,6 +289,12 @@ class StdioTransport:
             try:
                 yield from_stdin, to_stdout
             finally:
+                # A line under way is finished first (within ``write_wait``), so that what the
+                # record says of it is what happened; then nothing more is written.
+                with trio.CancelScope(shield=True), trio.move_on_after(self.write_wait):
+                    async with self._writing:
+                        self._closed = True
+                self._closed = True
                 nursery.cancel_scope.cancel()
                 self._hang_up()
 
@@ -299,8 +310,9 @@ class StdioTransport:
         if self._reading.cancelled_caught:
             log.info("stdin is read no further: the output is broken")
         else:
+            # Not settled yet: answers handed over still go out, each recorded as it went.
             log.info("the client closed its end")
-        self._hang_up()
+        self.hung_up.set()
 
     async def _lines(self, out: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
         """Read stdin to its end, taking each line in turn."""
@@ -437,7 +449,7 @@ class StdioTransport:
     async def _send(self, data: bytes) -> bool:
         """Write ``data`` whole; False if the output is (or now is) broken."""
         async with self._writing:
-            if self.broken:
+            if self.broken or self._closed:
                 return False
             try:
                 late = await self._send_slices(data)

@@ -16,7 +16,7 @@ from affidavit.mcp.server import McpSession, serve
 from affidavit.mcp.transport import OPEN_MARGIN, WRITE_SLICE, StdioTransport
 
 from .kit import WAIT
-from .test_protocol import INIT, call, line, next_line, transport_on_memory
+from .test_protocol import INIT, call, line, next_line, response, transport_on_memory
 from .test_unread import overloaded
 
 TOOL = {"name": "http_request", "kind": "http", "doc": "", "input_schema": {"type": "object"}}
@@ -203,3 +203,27 @@ async def test_requests_settled_unanswered_give_their_slots_back() -> None:
             assert (transport.open_requests, transport.open_bytes) == (0, 0)
             await client.send_all(ping("next"))
             assert (await read.receive()).message.id == "next"
+
+
+async def test_an_answer_written_after_the_input_ended_is_recorded_written() -> None:
+    """The client closes stdin and reads on: an answer handed over after the input's end is
+    written, and its outcome says written -- before, the end of input settled it not written
+    (RESULT_DELIVERY_FAILED) and the answer then went out all the same.  Once the streams
+    close, an answer not yet given is settled not written."""
+    to_server, server_in = trio.testing.memory_stream_one_way_pair()
+    server_out, from_server = trio.testing.memory_stream_one_way_pair()
+    transport = StdioTransport(server_in, server_out)
+    with trio.fail_after(WAIT):
+        async with transport.streams() as (read, write), read, write:
+            for n in (1, 2):
+                await to_server.send_all(ping(n))
+                assert (await read.receive()).message.id == n
+            answered, unanswered = transport.expect(1), transport.expect(2)
+            await to_server.aclose()
+            await transport.hung_up.wait()
+            assert not answered.settled
+            await write.send(response(1))
+            assert (await next_line(from_server))["id"] == 1
+            assert await answered.wait()
+        assert not await unanswered.wait()
+        assert transport.expect(1).settled  # closed: nothing more can be written
