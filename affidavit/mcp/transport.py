@@ -289,11 +289,8 @@ class StdioTransport:
             try:
                 yield from_stdin, to_stdout
             finally:
-                # A line under way is finished first (within ``write_wait``), so that what the
-                # record says of it is what happened; then nothing more is written.
-                with trio.CancelScope(shield=True), trio.move_on_after(self.write_wait):
-                    async with self._writing:
-                        self._closed = True
+                # Nothing more is written; a line under way is cut (its answer settled not
+                # written by ``_write``): the stop's bound has no wait for answers.
                 self._closed = True
                 nursery.cancel_scope.cancel()
                 self._hang_up()
