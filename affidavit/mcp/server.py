@@ -272,7 +272,8 @@ class McpSession:
         ``READS_WAIT`` (answers given in a burst are written a moment later)."""
         with trio.move_on_after(READS_WAIT):
             while self.reads >= READS_OPEN:
-                self._answer_taken = trio.Event()  # (one waiter: the read holding the turn)
+                if self._answer_taken.is_set():  # (shared by the reads holding a turn)
+                    self._answer_taken = trio.Event()
                 await self._answer_taken.wait()
         return self.reads < READS_OPEN
 
