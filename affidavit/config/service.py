@@ -203,7 +203,10 @@ SERVICE = Schema(
             "session -- a job's poll and a reconciliation query (the socket's or the console's) "
             "count as calls (each reaches the remote); one more is answered overloaded (503 / "
             "OVERLOADED), nothing run (an operator's attestation, which sends nothing, is never "
-            "refused so)",
+            "refused so); `affidavit mcp` (embedded; the proxy, `--socket`, reads no config and "
+            "uses 256) also holds at most `max_calls` + 16 requests open, their lines 64 MiB in "
+            "all (a longer one alone), and answers one more OVERLOADED at once "
+            "([mcp](mcp.md#delivery-what-is-recorded-when-the-agent-goes-away))",
         ),
         Field(
             "call_rate",
