@@ -190,7 +190,9 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
         _check_anchor(walk, trust, trust.anchor, problems)
     results, marker_only = _check_results(source, walk, limit, problems)
     bound = bindings.check(source.bindings(), walk.accepted, problems.add)
-    leases = verify_leases.check(source.leases(), walk.leased, limit, problems.add)
+    leases = verify_leases.check(
+        source.leases(), walk.leased, limit, walk.rows if walk.complete else None, problems.add
+    )
     if walk.linked is not None:
         # The walk intact: a stored row past its last row has no event, so it is one too many
         # (planted at head+1 it would wait for the next row).  Otherwise nothing from the first

@@ -33,12 +33,17 @@ def check(
     rows: Iterable[tuple[Any, ...]],
     leased: Mapping[str, tuple[int, str]],
     limit: int,
+    end: int | None,
     add: Callable[[int | None, str], None],
 ) -> int:
     """Each lease row (``rows``: invocation_id, holder, generation, expires_at, seq) against
     ``leased`` (invocation -> (seq, attrs JSON) of its last chained lease event the walk read),
     and each of those against its row; ``add(seq, reason)`` for every mismatch.  Nothing whose
-    event is at ``limit`` (the first bad row) or after is judged.  Returns the rows proven."""
+    event is at ``limit`` (the first bad row) or after is judged -- except a row whose
+    invocation has no lease event at all once the walk read every row (``end``: the last seq,
+    None when the walk stopped early): no later row can be its event, whatever seq it names
+    (past the journal's head included), so it is reported (``_eventless``).  Returns the rows
+    proven."""
     proven = 0
     seen: set[str] = set()
     for row in rows:
@@ -52,12 +57,7 @@ def check(
         seen.add(iid)
         chained = leased.get(iid)
         if chained is None:
-            if lease.seq < limit:
-                add(
-                    lease.seq if lease.seq >= 1 else None,
-                    f"the lease row of invocation {iid} names seq {lease.seq}, but the "
-                    "invocation has no lease event: the row was altered",
-                )
+            _eventless(iid, lease.seq, limit, end, add)
             continue
         seq, attrs = chained
         if seq >= limit:
@@ -77,6 +77,25 @@ def check(
             add(seq, f"invocation {iid} has a lease event at seq {seq} but no lease row: the "
                 "row was removed")  # fmt: skip
     return proven
+
+
+def _eventless(
+    iid: str, seq: int, limit: int, end: int | None, add: Callable[[int | None, str], None]
+) -> None:
+    """A lease row whose invocation has no chained lease event: at the seq it names if the walk
+    judged that row, at journal level if no row can have it (0 or less), and past the rows read
+    once the walk read them all, at the journal's end (``end + 1``, as verify reports a results
+    row past the end) -- never at a seq the journal does not have.  A forged row there would
+    otherwise keep every acquire of that invocation out (LeaseBusy) while verify said intact."""
+    why = f"the lease row of invocation {iid} names seq {seq}, but the invocation has no lease "
+    why += "event"
+    if seq < 1:
+        add(None, why + ", and no row has that seq: the row was altered")
+    elif end is not None and seq > end:
+        add(end + 1, why + f", and the journal ends at seq {end}: rows from {end + 1} on were "
+            "removed, or the row was altered")  # fmt: skip
+    elif seq < limit:
+        add(seq, why + ": the row was altered")
 
 
 def _differ(attrs_json: str, row: tuple[str, int, float]) -> list[str]:

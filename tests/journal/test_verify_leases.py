@@ -134,3 +134,18 @@ def test_a_lease_row_pointed_elsewhere_or_invented_is_caught(
     _edit(db, "UPDATE leases SET generation = 'x' WHERE invocation_id = 'inv-none'")
     code, data, _ = _verify(db, capsys)
     assert code == 1 and "not of its type" in str(data["reason"])
+
+
+def test_an_invented_lease_row_past_the_head_is_caught(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A row naming a seq past the journal's head, for an invocation with no lease event: it
+    would keep every acquire of inv-3 out (LeaseBusy) while verify said "intact"."""
+    conn = sqlite3.connect(db)
+    (head,) = conn.execute("SELECT MAX(seq) FROM events").fetchone()
+    conn.close()
+    _edit(db, "INSERT INTO leases VALUES ('inv-3', 'evil', 7, 9e18, 100000)")
+    code, data, text = _verify(db, capsys)
+    assert code == 1 and data["first_bad_seq"] == head + 1
+    assert "inv-3 names seq 100000, but the invocation has no lease event" in str(data["reason"])
+    assert f"the journal ends at seq {head}" in str(data["reason"]) and "evil" not in text
