@@ -23,6 +23,7 @@ __all__ = [
     "KeyRetentionPassed",
     "Lease",
     "LeaseBusy",
+    "LeaseEventRefused",
     "LeaseLost",
     "ReadFailed",
     "ResultStoreFailed",
@@ -312,6 +313,23 @@ class ApprovalLapsed(JournalError):
         self.invocation_id = invocation_id
         super().__init__(
             f"invocation {invocation_id}: its approval expired before its dispatch was recorded"
+        )
+
+
+class LeaseEventRefused(JournalError):
+    """``append``/``post`` of a lease event (RETRY_/DISPATCH_LEASE_ACQUIRED): only
+    ``Journal.acquire_lease`` writes one, with its lease row in the same transaction -- an event
+    without its row would leave the journal verifying BROKEN ("the row was removed"), and a
+    caller writing lease events without their row would decide nothing the row decides.
+    Nothing was written."""
+
+    code = "LEASE_EVENT_REFUSED"
+
+    def __init__(self, invocation_id: str, kind: str) -> None:
+        self.invocation_id = invocation_id
+        super().__init__(
+            f"invocation {invocation_id}: {kind} is written by acquire_lease only "
+            f"({self.code}); nothing written"
         )
 
 

@@ -36,7 +36,14 @@ from .backend import Lock, open_backend
 from .chain import canonical_json
 from .checkpoints import Keys
 from .connect import Made, bind_keys
-from .errors import ApprovalLapsed, CommitUnknown, IdempotencyRecord, JournalError, Lease
+from .errors import (
+    ApprovalLapsed,
+    CommitUnknown,
+    IdempotencyRecord,
+    JournalError,
+    Lease,
+    LeaseEventRefused,
+)
 from .names import refuse_left_beside
 from .reader import JournalReader, default_signing_key
 from .reader_base import default_key_file
@@ -90,6 +97,15 @@ CANCELLABLE_KINDS = frozenset(
 )
 """The events a ``cancellable`` append may write: those that close an attempt with what its
 record proves (``recovery.closing_event``) -- recovery would write the same one later."""
+
+
+def _refuse_lease_event(event: Event) -> None:
+    """``LeaseEventRefused`` for a lease event: ``acquire_lease`` alone writes one, in the
+    transaction of its lease row (``leases.acquire_op``) -- the row acquire decides from, and
+    ``verify`` holds to the event (``verify_leases``).  Appended without it, the journal
+    would verify BROKEN; a hostile caller must not write lease events without their row."""
+    if event.kind in leases.LEASE_KINDS:
+        raise LeaseEventRefused(event.invocation_id, event.kind.value)
 
 
 def _refuse_cancellable(
@@ -464,7 +480,10 @@ class Journal(JournalReader):
         stored, fails this event with the same error, nothing written -- a task's facts about
         an invocation presuppose those it wrote before (``requests.presupposed``).
         ``unleased``: written only while no live lease holds the invocation
-        (``leases.check_unleased``), else ``LeaseBusy``, nothing written."""
+        (``leases.check_unleased``), else ``LeaseBusy``, nothing written.  A lease event
+        (RETRY_/DISPATCH_LEASE_ACQUIRED) is ``LeaseEventRefused``, nothing written: only
+        ``acquire_lease`` writes one, with its lease row."""
+        _refuse_lease_event(event)
         if cancellable and unleased:
             raise ValueError("cancellable append with unleased: its answer cannot be given up")
         if cancellable:
@@ -539,7 +558,9 @@ class Journal(JournalReader):
         queue order, so once any write queued later has returned, this event has been committed
         in that transaction or an earlier one -- or it failed, and ``Posted.wait()`` raises why
         (``ImpossibleEvent``, ``JournalWriteError``, as ``append`` would have).  Barrier kinds
-        (DISPATCH_STARTED, RESULT_COMMITTED) cannot be posted.  ``after``: as ``append``'s."""
+        (DISPATCH_STARTED, RESULT_COMMITTED) cannot be posted, nor lease events
+        (``LeaseEventRefused``, as ``append``).  ``after``: as ``append``'s."""
+        _refuse_lease_event(event)
         if event.kind in BARRIER_KINDS:
             raise ValueError(f"{event.kind.value} is a durability barrier: use append()")
         attrs_text = attrs_json(event)
@@ -572,6 +593,7 @@ class Journal(JournalReader):
         refused, nothing of the call is written; a call's row refused, nor is its claim)."""
         rows: list[tuple[Any, ...]] = []
         for event, payload in items:
+            _refuse_lease_event(event)
             if event.kind in BARRIER_KINDS:
                 raise ValueError(f"{event.kind.value} is a durability barrier: use append()")
             text = attrs_json(event)

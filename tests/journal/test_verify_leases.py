@@ -18,7 +18,15 @@ import pytest
 import trio
 
 from affidavit.cli import main as cli_main
-from affidavit.journal import Journal, JournalReader, SigningKey, public_key_pem
+from affidavit.journal import (
+    Journal,
+    JournalReader,
+    LeaseEventRefused,
+    SigningKey,
+    public_key_pem,
+)
+from affidavit.statemachine import Event
+from affidavit.statemachine import EventKind as E
 
 from .helpers import interrupted
 
@@ -149,3 +157,31 @@ def test_an_invented_lease_row_past_the_head_is_caught(
     assert code == 1 and data["first_bad_seq"] == head + 1
     assert "inv-3 names seq 100000, but the invocation has no lease event" in str(data["reason"])
     assert f"the journal ends at seq {head}" in str(data["reason"]) and "evil" not in text
+
+
+async def test_a_lease_event_is_refused_outside_acquire_lease(tmp_path: Path) -> None:
+    """Appended (or posted) by a caller, a lease event had no lease row -- only acquire_lease
+    writes one -- so the journal verified BROKEN ("the row was removed").  Refused with a
+    stable code, nothing written; acquire_lease still writes both."""
+    db = tmp_path / "j.db"
+    attrs = {"generation": 1, "holder": "evil", "expires_at": 9e18}
+    async with Journal.open(db) as j:
+        for ev in interrupted("inv-1"):
+            await j.append(ev)
+        before = len(j.events("inv-1"))
+        seen = Event(E.PROTOCOL_OBSERVED, "inv-1", {})
+        for kind in (E.RETRY_LEASE_ACQUIRED, E.DISPATCH_LEASE_ACQUIRED):
+            ev = Event(kind, "inv-1", attrs)
+            for how in ("append", "post", "post_many"):
+                with pytest.raises(LeaseEventRefused) as caught:
+                    if how == "post_many":
+                        await j.post_many([(seen, None), (ev, None)])
+                    else:
+                        await getattr(j, how)(ev)
+                assert caught.value.code == "LEASE_EVENT_REFUSED"
+                assert "evil" not in str(caught.value)
+        assert len(j.events("inv-1")) == before
+        await j.acquire_lease("inv-1", "worker-1", 60.0)
+    with JournalReader.open(db) as r:
+        report = r.verify()
+    assert report.ok and report.leases == 1
