@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from affidavit.text import json_escape, pieces, shown_as_is
+from affidavit.text import json_escape, pieces, shown_as_is, shown_outcome
 
 __all__ = ["ID", "ITEMS", "PREVIEW", "render"]
 
@@ -178,7 +178,8 @@ def _api_error(api: Mapping[str, Any]) -> list[str]:
 def _status(envelope: Mapping[str, Any]) -> str:
     """An envelope's contract fields on one line: its error's (code, phase, outcome, retry,
     field) or, with none, ``evidence.outcome`` as recorded, first -- never assumed committed,
-    ``ok`` only when committed -- and the result's HTTP or exit status beside either (a
+    ``ok`` only when committed, ``committed (attested)`` when an operator attested it
+    (``text.shown_outcome``) -- and the result's HTTP or exit status beside either (a
     REMOTE_REJECTED carries both), then ``evidence.retry_after``: a REMOTE_THROTTLED is
     ``backoff`` only with a Retry-After, whose seconds are the wait (``sdk._delay``)."""
     error = envelope.get("error")
@@ -195,8 +196,8 @@ def _status(envelope: Mapping[str, Any]) -> str:
             + result
         )
     outcome = evidence.get("outcome")
-    if outcome == "committed":
-        return "ok: outcome committed" + result
+    if outcome == "committed":  # an operator's attestation marked: not the remote's answer
+        return f"ok: outcome {shown_outcome(outcome, evidence)}" + result
     # Not "no error: ...": statemachine/envelope.py -- "no error" would read as success.
     return f"outcome {outcome or 'not stated'} (no error object)" + result
 
@@ -388,8 +389,11 @@ def _record_lines(label: str, record: Mapping[str, Any], cap: int = ITEMS) -> li
     """A record's deciding fields (``views.record_to_json``): one line, ``retry_after`` when
     it has one, then its operation and its batch items as an envelope's (``_operation``,
     ``_items``).  Before, these were left to the JSON line, where attempts, budget and evidence
-    sort first: a record read committed/never with a pending job and an unknown item unseen."""
+    sort first: a record read committed/never with a pending job and an unknown item unseen.
+    An outcome an operator attested reads ``committed (attested)`` (``text.shown_outcome``)."""
     got = {k: record.get(k) for k in ("state", "outcome", "retry", "code")}
+    if isinstance(got["outcome"], str):  # attested: marked, as the tables mark it
+        got["outcome"] = shown_outcome(got["outcome"], record.get("evidence"))
     name = f"{label} {record.get('invocation_id')}"
     after = record.get("retry_after")
     items = record.get("items")

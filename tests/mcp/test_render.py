@@ -894,3 +894,20 @@ def test_items_that_are_not_objects_are_counted_malformed_not_as_items() -> None
     assert counted == (
         "items 1: 1 outcome committed code null retry never; 2 more malformed (not objects)"
     ), counted
+
+
+def test_an_attested_outcome_is_marked_in_every_line_that_shows_it() -> None:
+    """After ``reconcile --attest committed`` the agent read "ok: outcome committed" and a
+    record or listed action "outcome committed", as if the remote's answer proved it; the
+    tables mark it ``committed (attested)`` (``text.shown_outcome``), and so does the text."""
+    attested = {"outcome": "committed", "source": "operator_attested"}
+    envelope = {"invocation_id": "i-1", "evidence": attested, "result": None}
+    assert render(envelope).splitlines()[0] == "ok: outcome committed (attested), result null"
+    record = {**_record("i-2", "succeeded", "committed", "never", "X"), "evidence": attested}
+    assert render({"events": [], "record": record}).splitlines()[0] == (
+        "record i-2: state succeeded, outcome committed (attested), retry never, code X, field null"
+    )
+    listed = render({"session": "s-1", "actions": [record], "total": 1, "truncated": False})
+    assert "action i-2: state succeeded, outcome committed (attested), retry never" in listed
+    proven = {**record, "evidence": {"outcome": "committed", "source": "remote_response"}}
+    assert "outcome committed, retry" in render({"record": proven}).splitlines()[0]
