@@ -248,14 +248,15 @@ def verify_after(
     signs the chain so far, and the rows after the last one are reported unsigned.  The chain
     makes this sound -- a row after ``base.count`` that links to ``base.head_hash`` extends
     what ``base`` proved -- for the rows after it only: a row before it altered since is not
-    read (nor a stored result, nor an idempotency binding), a whole verify finds that.
+    read (nor a stored result, an idempotency binding or a lease row), a whole verify finds
+    that.
     ``rows``: ``chain.EVENT_COLUMNS`` from ``base.count + 1``, by seq; ``checkpoints``: by
     seq, those after ``base.signed_seq`` at least.  Given ``stored`` (the result chunks'
     digests, each invocation's marker), the results the new rows commit are checked against
     their chained hashes too, as a whole verify checks them (``results``: ``base``'s and
-    these); the idempotency bindings and ``linked_calls`` are not.  The caller checks first
-    that the row at ``base.count`` still has the hash ``base.head_hash`` (or this journal is
-    not ``base``'s)."""
+    these); the idempotency bindings, the lease rows and ``linked_calls`` are not.  The
+    caller checks first that the row at ``base.count`` still has the hash ``base.head_hash``
+    (or this journal is not ``base``'s)."""
     if not base.ok or base.head_hash is None:
         raise ValueError("only an intact report is extended")
     problems = _Problems()

@@ -4,15 +4,16 @@
 A whole verify runs when nothing is kept, and when the operator asks for one (the page's
 "verify the whole journal" button).  Every other request extends the last intact report to the
 journal's head (``JournalReader.verify_since``): the rows appended since -- their links, hashes,
-checkpoints and the results they commit, not the idempotency keys they bind -- are checked as
+checkpoints and the results they commit, not the idempotency keys they bind nor their lease
+rows -- are checked as
 a whole verify checks them, continuing the chain from the row the report reached, which the
 chain makes sound for those rows; the page's verdict says what was not checked.  It does not
-read again what it checked before: a row altered in place before that point, a stored result or
-an idempotency binding changed since, is found by the next whole verify only.  So the page says
-both: when the whole verify ran and how far it reached, and how far the rows after it were
-checked since, and when -- and from which row the last request read: each extension continues
-the last one's, so a row an earlier request checked is not read again either (the page says the
-rows before that one are as of their check).
+read again what it checked before: a row altered in place before that point, a stored result,
+an idempotency binding or a lease row changed since, is found by the next whole verify only.
+So the page says both: when the whole verify ran and how far it reached, and how far the rows
+after it were checked since, and when -- and from which row the last request read: each
+extension continues the last one's, so a row an earlier request checked is not read again
+either (the page says the rows before that one are as of their check).
 
 When the report cannot be extended -- the row it reached is gone or another (the journal was
 replaced, rewound or re-chained: another broker of a shared journal cannot do that, only
@@ -205,6 +206,7 @@ class KeptVerify:
                 "through": whole.report.count,
                 "ok": whole.report.ok,
                 "results": whole.report.results,
+                "results_marker_only": whole.report.results_marker_only,
             },
             "checked_at": at if since else None,
             "checked_through": shown.count if since else None,

@@ -223,7 +223,8 @@ async def test_a_result_stored_after_the_whole_verify_is_checked_by_the_next_vis
             line = _verify_line(page)
             assert line.startswith("intact") and "as of their last check" in line, line
             assert f"after seq {whole} the chain, signed checkpoints and the 1 stored" in line
-            assert "idempotency keys they bind are not checked" in line, line
+            # Nor the lease rows: verify holds them to their events, an extension does not.
+            assert "idempotency keys they bind and their lease rows are not checked" in line, line
             await b.call({"target": "api", "method": "GET", "path": "/s"})
             conn = sqlite3.connect(tmp_path / "journal.db", isolation_level=None)
             try:

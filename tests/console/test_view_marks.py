@@ -15,7 +15,7 @@ from affidavit.statemachine import Event, EventKind, EvidenceSource
 from tests.broker.helpers import http_target, open_broker
 from tests.journal.helpers import happy, interrupted
 
-from .kit import get, log_in_to, operator_config, served
+from .kit import get, log_in_to, operator_config, post, served
 
 
 async def test_no_session_is_not_shown_as_a_name(
@@ -68,3 +68,23 @@ async def test_an_attested_outcome_is_marked_and_counted_apart(
     assert b"<b>committed</b>" in of_proven and b"(attested)" not in of_proven
     assert b'<span class="committed">committed 1</span>' in journal
     assert b'<span class="committed">committed(attested) 1</span>' in journal
+
+
+async def test_the_reconciled_banner_marks_an_attested_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the operator attests on the invocation's page, its banner said "the outcome is
+    now committed" -- as if the remote's answer proved it; the table below it said attested."""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, csrf = await log_in_to(console, origin)
+        for ev in interrupted("inv-banner", "ops"):
+            await b.journal.append(ev)
+        status, _, _ = await post(
+            f"{origin}/invocations/inv-banner/reconcile",
+            {"csrf": csrf, "how": "committed", "note": "checked the ledger"},
+            {"Origin": origin, "Cookie": cookie},
+        )
+        assert status == 303
+        _, _, page = await get(f"{origin}/invocations/inv-banner", cookie=cookie)
+    assert b"Reconciled: the outcome is now <b>committed (attested)</b>." in page, page[:3000]
