@@ -282,6 +282,9 @@ def verify_after(
     return dataclasses.replace(
         base,
         **_verdict(walk, problems),
+        # An anchor proves completeness through its seq only while nothing is found: as
+        # ``verify_journal``'s report, a broken one claims none.
+        complete_through=base.complete_through if not problems.found else None,
         results=base.results + checked,
         results_marker_only=base.results_marker_only + only,
     )

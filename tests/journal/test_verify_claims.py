@@ -13,6 +13,7 @@ journal that does not continue from the anchor before (another key, another or s
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shutil
 import sqlite3
@@ -23,7 +24,7 @@ import pytest
 import trio
 
 from affidavit.cli import main as cli_main
-from affidavit.journal import Journal, SigningKey, public_key_pem
+from affidavit.journal import Journal, JournalReader, SigningKey, public_key_pem
 from affidavit.journal.chain import row_hash
 
 from .helpers import happy, interrupted
@@ -246,3 +247,26 @@ def test_anchor_previous_refuses_a_head_signed_by_a_key_the_file_added(
         capsys, *argv, "--previous", str(first), "--public-key", str(built.public_key)
     )
     assert code == 1 and f"BROKEN at seq {built.rows + 1}" in stdout and not out.exists()
+
+
+def test_an_extension_that_finds_a_problem_claims_no_completeness(built: Built) -> None:
+    """``verify_since`` extends an intact report; one that finds a new row altered is broken
+    and, as a whole verify's broken report, proves the journal complete through nothing --
+    it kept ``base.complete_through``."""
+    with JournalReader.open(built.db) as r:
+        base = dataclasses.replace(r.verify(), complete_through=3)  # as an anchored one says
+    trio.run(_more, built.db)
+    conn = sqlite3.connect(built.db, isolation_level=None)
+    conn.execute("DROP TRIGGER IF EXISTS events_no_update")
+    conn.execute("UPDATE events SET at = at + 1 WHERE seq = ?", (built.rows + 1,))
+    conn.close()
+    with JournalReader.open(built.db) as r:
+        ext = r.verify_since(base)
+    assert ext is not None and not ext.ok and ext.first_bad_seq == built.rows + 1
+    assert ext.complete_through is None
+
+
+async def _more(db: Path) -> None:
+    async with Journal.open(db) as j:
+        for ev in happy("inv-c"):
+            await j.append(ev)
