@@ -24,7 +24,7 @@ from .reader_base import ReaderBase, pinned_keys
 from .sealing import BrokerKey
 from .signing import Anchor, Checkpoint
 from .tables import Tables
-from .verify import Trust, verify_after, verify_journal
+from .verify import ANCHOR_KEY_DIFFERS, Trust, verify_after, verify_journal
 
 __all__ = ["HOLDER_LABEL", "HOLDER_PREFIX", "ProvingReader", "default_signing_key"]
 
@@ -227,7 +227,10 @@ class ProvingReader(ReaderBase):
         before signing are accepted here: the anchor covers them as they are now.  Given the
         ``previous`` anchor, the journal must continue from it (``verify --anchor``'s check:
         its key trusted, the journal reaching its seq with its hash) -- the report's ``code``
-        says which failed (``ANCHOR_KEY_DIFFERS``, ``ANCHOR_HISTORY_DIFFERS``)."""
+        says which failed (``ANCHOR_KEY_DIFFERS``, ``ANCHOR_HISTORY_DIFFERS``).  With the
+        recorded keys (none given), the head must be signed by the previous anchor's own key:
+        a key the journal records beside it (a shared journal's) is one the file could have
+        added, so only keys given may change it -- else ``ANCHOR_KEY_DIFFERS``, no anchor."""
         given = pinned_keys(public_key, public_keys)
 
         def run(t: Tables) -> tuple[VerifyReport, Checkpoint | None, dict[str, bytes]]:
@@ -239,6 +242,8 @@ class ProvingReader(ReaderBase):
         report, cp, keys = self._read(run, "the rows a verify checks")
         if not report.ok or cp is None or cp.key_id not in keys:
             return report, None
+        if previous is not None and not given and keys[cp.key_id] != previous.public_raw:
+            return _key_added(report, cp, previous), None
         return report, Anchor(cp, keys[cp.key_id])
 
     def verify(
@@ -300,3 +305,18 @@ class ProvingReader(ReaderBase):
                 return verify_after(base, rows, cps, trust, (_Source(t), t.marker))
 
         return self._read(run, "the rows a verify checks")
+
+
+def _key_added(report: VerifyReport, cp: Checkpoint, previous: Anchor) -> VerifyReport:
+    """``anchor``'s refusal of a head signed by another key than the previous anchor's, found
+    with the keys the journal records: nothing proves the file did not add that key."""
+    return dataclasses.replace(
+        report,
+        ok=False,
+        first_bad_seq=None,
+        reason=f"the journal's last checkpoint (seq {cp.seq}) is signed by key {cp.key_id}, "
+        f"not the previous anchor's {previous.checkpoint.key_id}, and the journal names that "
+        "key itself: pass the brokers' public keys to anchor another key's",
+        code=ANCHOR_KEY_DIFFERS,
+        complete_through=None,
+    )

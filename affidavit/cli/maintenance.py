@@ -336,7 +336,6 @@ def _write_out(path: str | None, data: bytes, what: str) -> None:
 
 def _anchor(args: argparse.Namespace) -> int:
     from affidavit.journal import load_anchor
-    from affidavit.journal.verify import ANCHOR_KEY_DIFFERS
 
     public_keys = _public_keys_arg(args)
     previous = _journal_call(load_anchor, args.previous) if args.previous else None
@@ -350,16 +349,6 @@ def _anchor(args: argparse.Namespace) -> int:
         return 1
     if anchor is None:
         raise UsageError("the journal has no signed checkpoint to anchor yet", "NO_CHECKPOINT")
-    if previous is not None and anchor.public_raw != previous.public_raw and not public_keys:
-        # A key the journal records beside the previous anchor's (a shared journal's): the
-        # file names it, so the file could have added it -- only keys passed in may change it.
-        cp = anchor.checkpoint
-        _out(
-            f"the journal's last checkpoint (seq {cp.seq}) is signed by key {cp.key_id}, not "
-            f"the previous anchor's {previous.checkpoint.key_id} ({ANCHOR_KEY_DIFFERS}); no "
-            "anchor written: pass --public-key (one per broker) to anchor another key's"
-        )
-        return 1
     if not public_keys:
         _err(
             f"note: verified with signing key {', '.join(report.key_ids) or 'none'} recorded "

@@ -24,7 +24,14 @@ import pytest
 import trio
 
 from affidavit.cli import main as cli_main
-from affidavit.journal import Journal, JournalReader, SigningKey, public_key_pem
+from affidavit.journal import (
+    Journal,
+    JournalReader,
+    SigningKey,
+    load_anchor,
+    load_public_key,
+    public_key_pem,
+)
 from affidavit.journal.chain import row_hash
 
 from .helpers import happy, interrupted
@@ -270,3 +277,20 @@ async def _more(db: Path) -> None:
     async with Journal.open(db) as j:
         for ev in happy("inv-c"):
             await j.append(ev)
+
+
+def test_the_library_anchor_refuses_a_head_signed_by_a_key_the_file_added(
+    built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The "same key as the previous anchor" rule lived only in the CLI: ``anchor(previous=)``
+    with the recorded keys returned an anchor for the key the file added."""
+    first = load_anchor(_anchored(built, tmp_path, capsys))
+    _forge_with_a_registered_key(built, tmp_path)
+    with JournalReader.open(built.db) as r:
+        report, anchor = r.anchor(previous=first)
+        assert anchor is None and not report.ok and report.code == "ANCHOR_KEY_DIFFERS"
+        assert report.first_bad_seq is None and "not the previous anchor's" in report.reason
+        # Given keys decide: the broker's alone, the forged checkpoint is what fails.
+        pinned = load_public_key(built.public_key)
+        report, anchor = r.anchor(public_keys=[pinned], previous=first)
+        assert anchor is None and report.first_bad_seq == built.rows + 1
