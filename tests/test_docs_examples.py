@@ -10,6 +10,7 @@ import io
 import itertools
 import re
 import shlex
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,12 +91,16 @@ def test_every_documented_config_block_validates(where: str, tmp_path: Path) -> 
     config_from_dict(_completed(data), base_dir=tmp_path)
 
 
+SET_ONLY = re.compile(r"\$\{\w+:\+([^}]*)\}")
+"""``${VAR:+words}``: the words if VAR is set and not empty, else nothing (docs' cron recipes)."""
+
+
 def _argvs(command: str) -> list[list[str]]:
     """A documented command line as argv, one per alternative of its ``a|b`` word (a
     ``show|approve|deny ... [--note ...]`` line holds if one of them takes the rest):
     placeholders kept as values, ``[--opt]`` optional parts included, comments and
-    redirections dropped."""
-    words = shlex.split(command, comments=True)[1:]
+    redirections dropped; a shell's ``${VAR:+words}`` (the words when VAR is set) as its words."""
+    words = shlex.split(SET_ONLY.sub(r"\1", command), comments=True)[1:]
     argv: list[str] = []
     skip = False
     choices: tuple[int, list[str]] | None = None
@@ -521,3 +526,77 @@ def test_every_documented_mcp_server_entry_runs_an_affidavit_command_that_exists
         if entry["command"] != "affidavit" or _refusal(entry["args"]) is not None:
             bad.append(f"{where}: {entry}: {_refusal(entry['args'])}")
     assert bad == []
+
+
+async def _signed_rows(db: Path, iid: str) -> None:
+    from affidavit.journal import Journal
+    from tests.journal.helpers import happy
+
+    async with Journal.open(db) as j:
+        for ev in happy(iid):
+            await j.append(ev)
+
+
+@pytest.mark.parametrize("doc", ["deployment.md", "journal.md"])
+def test_the_cron_anchor_recipe_runs_from_its_first_run_on(doc: str, tmp_path: Path) -> None:
+    """The anchor recipe from cron, run by bash as written (its paths made this test's): the
+    first run has no previous anchor, so it passes no ``--previous`` (it passed ``--previous
+    ''``, which the CLI happens to take as none), and the second continues from the first."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import trio
+
+    [recipe] = [
+        b for where, b in _blocks("sh") if where.startswith(f"docs/{doc}:") and "$last" in b
+    ]
+    assert "${last:+" in recipe
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    base = [sys.executable, "-m", "affidavit"]
+    done = subprocess.run([*base, "init"], cwd=tmp_path, env=env, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    anchors = tmp_path / "anchors"
+    anchors.mkdir()
+    config = tmp_path / "affidavit.toml"
+    run = subprocess.run(
+        [*base, "journal", "public-key", "--config", str(config), "--out", str(anchors / "p")],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    script = (
+        recipe.replace("/srv/anchors/journal.pub", str(anchors / "p"))
+        .replace("/srv/anchors", str(anchors))
+        .replace("/etc/affidavit/affidavit.toml", str(config))
+    )
+    # The argv each run passes, one line each (empty words kept visible as '').
+    shim = (
+        f"affidavit() {{ printf '%q ' \"$@\" >> {shlex.quote(str(tmp_path / 'argv'))}; "
+        f'echo >> {shlex.quote(str(tmp_path / "argv"))}; {shlex.join(base)} "$@"; }}\n'
+    )
+    bash = shutil.which("bash")
+    assert bash is not None
+    for n in (1, 2):
+        trio.run(_signed_rows, tmp_path / "affidavit.db", f"inv-{n}")
+        if n == 2:  # (the recipe names its anchor by the second)
+            first = next(anchors.glob("anchor-*.json")).name
+            for _ in range(30):  # at most 1.5 s
+                if first != f"anchor-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json":
+                    break
+                time.sleep(0.05)
+        done = subprocess.run(
+            [bash, "-e", "-c", shim + script],
+            cwd=tmp_path,
+            env={**env, "AFFIDAVIT_CONFIG": str(config)},
+            capture_output=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (n, done.stdout, done.stderr)
+        assert len(list(anchors.glob("anchor-*.json"))) == n
+    lines = (tmp_path / "argv").read_text().splitlines()
+    first_run, second_run = [x for x in lines if x.startswith("journal anchor ")]
+    assert "--previous" not in first_run, first_run  # not --previous '': no anchor before
+    assert f"--previous {anchors}/anchor-" in second_run, second_run
