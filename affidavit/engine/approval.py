@@ -538,6 +538,9 @@ async def dispatch_approved(
         grant = grant_of(record)
         if record.state != "approved" or grant is None:
             return None
+        target = engine.config.targets.get(record.target or "")
+        if not await _sendable_here(engine, record, target):
+            return None
         action = await _accepted_action(engine, iid)
         if action is None:
             # Payloads sealed to the auditor alone: the broker cannot read the request back.
@@ -545,8 +548,7 @@ async def dispatch_approved(
             log.warning("approved %s cannot be dispatched: its action is not readable", iid)
             board.close(iid)
             return None
-        target = engine.config.targets.get(record.target or "")
-        ttl = engine.lease_ttl(target, None) if target else engine.settings.lease_margin
+        ttl = engine.lease_ttl(target, None)
         held = await claim(engine, iid, ttl)
         if held is None:
             return None
@@ -583,6 +585,23 @@ async def dispatch_approved(
         )
     finally:
         board.dispatching.discard(iid)
+
+
+async def _sendable_here(engine: Engine, record: Record, target: Any) -> bool:
+    """Whether this broker's configuration can send ``record`` as it was approved: its target
+    is in it, of the protocol recorded, bound to the same snapshot (``config_hash``).
+    Checked before the dispatch lease is taken, and nothing written when it fails: on a
+    shared journal another daemon -- the asker's, or one whose configuration already (or
+    still) matches during a rolling change -- may send it, and a grant nobody can send is
+    closed APPROVAL_EXPIRED at its expiry.  Taken here, it was ended APPROVAL_STALE under
+    the caller waiting for it elsewhere.  What this host's files hold now (a config file
+    edited since it was loaded, a CA file edited in place: the account) is the gate's to
+    re-check under the lease, as for every dispatch; a record from before the hash was
+    recorded too."""
+    if target is None or target.kind != record.protocol:
+        return False
+    bound = record.evidence.get("config_hash")
+    return not isinstance(bound, str) or bound == engine.snapshot.hash(target)
 
 
 def watch(engine: Engine) -> None:

@@ -364,12 +364,16 @@ async def test_a_config_reloaded_after_approval_is_not_sent_under_the_old_approv
             )
             assert rec.field == "approval"
             assert E.DISPATCH_STARTED not in event_kinds(b, iid)
-        async with open_broker(cfg) as b:  # a broker started on the new config: the same
+        async with open_broker(cfg) as b:
             iid = await _approved_with_caller_gone(b)
         cfg.write_text(text.replace("total = 6", "total = 7"))
         async with open_broker(cfg) as b:
-            await b.dispatch_approved(iid)
-            assert (await b.fetch_result(iid) or {})["error"]["code"] == "APPROVAL_STALE"
+            # A broker started on another config cannot send it as approved, and leaves it --
+            # no lease taken, nothing written -- to one that can, or to its expiry
+            # (apprfix50b #1: on a shared journal, it ended the grant under a waiting caller).
+            assert await b.dispatch_approved(iid) is None
+            assert E.DISPATCH_LEASE_ACQUIRED not in event_kinds(b, iid)
+            assert (await b.fetch_result(iid) or {})["error"]["code"] == "IN_PROGRESS"
             verify_ok(b)
     assert srv.requests == []
 
