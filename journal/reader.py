@@ -171,14 +171,15 @@ class JournalReader(ViewingReader, ProvingReader):
     def head(self) -> tuple[int, str]:
         return self._read(lambda t: t.head(), "the journal's head")
 
-    def approvals_after(self, seq: int) -> tuple[int, set[str]]:
+    def approvals_after(self, seq: int) -> tuple[int, dict[str, bool]]:
         """The head's seq and the invocations an approval was asked or granted for after
-        ``seq`` through it: what a daemon's dispatcher learns at each sweep of what other
-        brokers on a shared journal asked or decided (``engine.approval.refresh``).  The rows
+        ``seq`` through it, each with whether it was granted there: what a daemon's
+        dispatcher learns at each sweep of what other brokers on a shared journal asked or
+        decided (``engine.approval.refresh``).  The rows
         appended since ``seq``, read by the primary key: a sweep costs what was written since
         the last one, never a scan of the journal."""
 
-        def run(t: Tables) -> tuple[int, set[str]]:
+        def run(t: Tables) -> tuple[int, dict[str, bool]]:
             head = t.head()[0]
             return head, t.approvals_between(seq, head)
 

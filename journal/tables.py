@@ -138,7 +138,7 @@ SQL: dict[str, str] = {
     # of ``events_invocation`` instead of the rows after ``seq`` (issue 15).
     "touched_after": "SELECT invocation_id FROM events WHERE seq > ?",
     # A range of the primary key, then the kind: the rows appended since, never the journal.
-    "approvals_between": "SELECT invocation_id FROM events WHERE seq > ? AND seq <= ? AND "
+    "approvals_between": "SELECT invocation_id, kind FROM events WHERE seq > ? AND seq <= ? AND "
     "kind IN ('APPROVAL_REQUESTED', 'APPROVAL_GRANTED')",
     "hash_at": "SELECT hash FROM events WHERE seq = ?",
     "event_at": "SELECT kind, invocation_id, attrs FROM events WHERE seq = ?",
@@ -462,9 +462,13 @@ class Tables:
         """The invocations with an event after ``seq`` (what another writer appended)."""
         return {str(r[0]) for r in self.rows("touched_after", (seq,))}
 
-    def approvals_between(self, after: int, through: int) -> set[str]:
-        """The invocations an approval was asked or granted for in ``(after, through]``."""
-        return {str(r[0]) for r in self.rows("approvals_between", (after, through))}
+    def approvals_between(self, after: int, through: int) -> dict[str, bool]:
+        """The invocations an approval was asked or granted for in ``(after, through]``, each
+        with whether a grant (APPROVAL_GRANTED) of it is among those rows."""
+        out: dict[str, bool] = {}
+        for iid, kind in self.rows("approvals_between", (after, through)):
+            out[str(iid)] = out.get(str(iid), False) or kind == "APPROVAL_GRANTED"
+        return out
 
     def hash_at(self, seq: int) -> str | None:
         row = self.one("hash_at", (seq,))

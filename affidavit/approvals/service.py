@@ -405,7 +405,7 @@ async def decide(
     if approve:
         # The daemon's dispatcher sends it if nobody else does -- also a request asked through
         # another daemon on a shared journal, which may have stopped since (``ready``).
-        engine.approvals.learn(invocation_id)
+        engine.approvals.learn(invocation_id, granted=True)
     engine.approvals.changed()  # the waiting caller or the daemon's dispatcher, at once
     return approval_view(journal, await engine.recorder.record(invocation_id))
 

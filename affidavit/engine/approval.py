@@ -108,7 +108,8 @@ class ApprovalBoard:
         so a grant of one nobody here waits for is dispatched at once."""
         self.seen: dict[str, float] = {}
         """Of ``open``, those asked elsewhere and learnt while this process runs (``learn``),
-        by when (``trio.current_time``): dispatched only ``GRACE`` after.  Those found open at
+        by when (``trio.current_time``) this process learnt of their grant -- or, not granted
+        yet, of their request: dispatched only ``GRACE`` after.  Those found open at
         start (``watch``) are not in it: their callers went away with the daemon that
         stopped, as far as a daemon starting can know (sent at once, as they always were)."""
         self.through: int | None = None
@@ -124,12 +125,15 @@ class ApprovalBoard:
         too, so concurrent requests of one uid never get past the bound together."""
         self._changed = trio.Event()
 
-    def learn(self, iid: str) -> None:
+    def learn(self, iid: str, granted: bool = False) -> None:
         """``iid`` may need the dispatcher: asked or decided elsewhere (``refresh``), or a
-        grant recorded here (``affidavit.approvals.decide``)."""
+        grant recorded here (``affidavit.approvals.decide``).  ``granted``: what was learnt is
+        its grant, from which ``GRACE`` counts -- not from its request, seen perhaps long
+        before: a caller waiting for it elsewhere learns of the grant no sooner than this."""
         self.open.add(iid)
         if iid not in self.asked:
-            self.seen.setdefault(iid, trio.current_time())
+            now = trio.current_time()
+            self.seen[iid] = now if granted else self.seen.get(iid, now)
 
     def close(self, iid: str) -> None:
         """``iid`` needs no dispatcher any more (decided otherwise, expired, dispatched)."""
@@ -635,8 +639,8 @@ async def refresh(engine: Engine) -> None:
     through, iids = await engine.recorder.read(
         functools.partial(engine.journal.approvals_after, board.through)
     )
-    for iid in iids:
-        board.learn(iid)
+    for iid, granted in iids.items():
+        board.learn(iid, granted)
     board.through = through
 
 
@@ -644,7 +648,8 @@ async def ready(engine: Engine) -> list[str]:
     """Approved invocations to dispatch now: no caller in this process waits for them, no live
     dispatch lease holds them, and their approval has not expired -- an expired one is closed
     on the way (APPROVAL_EXPIRED).  One asked in another process and learnt while this one
-    runs is returned only ``GRACE`` after (its waiting caller there may take it).  What the
+    runs is returned only ``GRACE`` after this process learnt of its grant (its waiting
+    caller there may take it).  What the
     journal gained since the last sweep is learnt first (``refresh``).  Each one returned is
     marked ``dispatching`` until ``dispatch_approved`` is done with it (or
     ``ApprovalBoard.dispatching`` is cleared).  A

@@ -31,6 +31,8 @@ from .kit import DaemonProc, api_target, start_daemon, stop, wait_until, write_d
 IDEM = {"header": "Idempotency-Key", "scope": "api.create", "retention": "24h"}
 SETTLE = 2.0
 """How long after the send the test watches for a second one: two sweeps of every daemon."""
+LATE = 2.0
+"""How long after the requests are listed d2 grants them: two of its sweeps have seen them."""
 CALLERS = 12
 """Requests callers wait for on d1 while d2 grants them: a d2 that took each at once won the
 race for the dispatch lease of some of them (seen with ``GRACE`` 0)."""
@@ -153,7 +155,11 @@ async def test_a_caller_waiting_on_one_daemon_gets_the_result_of_a_grant_on_anot
                     rows = list(await c.approvals())
                     return rows if len(rows) == CALLERS else []
 
-                for row in await wait_until(asked, "the requests wait for a decision", 10):
+                rows = await wait_until(asked, "the requests wait for a decision", 10)
+                # Well after d2 first saw them (its sweeps learn each request within a second):
+                # the grace counts from the grant, so it cannot pass by the grant coming early.
+                await trio.sleep(LATE)
+                for row in rows:
                     await c.approve(row["invocation_id"], note="on d2")
         assert [a for a in answers if "result" not in a] == []
         assert len(srv.requests) == CALLERS
