@@ -97,6 +97,19 @@ class OperatorPolicy:
             return True
         return any(g in self.gids for g in who.groups)
 
+    def admitted_by(self, who: Operator) -> dict[str, int]:
+        """What admits ``who`` (an operator: ``require`` passed), as APPROVAL_GRANTED records
+        it under ``operator.admitted``: ``{"uid": n}`` when the uid is listed, else
+        ``{"gid": n}``, the first of its primary and supplementary groups (the kernel's word,
+        as the decision took it) listed.  The dispatch gate re-checks exactly that against the
+        settings as they are then (``Grant.disowned``), with no user-database lookup: a group
+        the kernel gave the caller need not be one NSS knows (``sg``, a container, a host
+        sharing the journal that does not know the uid)."""
+        if who.uid in self.uids:
+            return {"uid": who.uid}
+        gid = next(g for g in (who.gid, *who.groups) if g in self.gids)
+        return {"gid": gid}
+
     def admits_uid(self, uid: int) -> bool:
         """``affidavit.engine.approval.admits_uid`` by this policy: for sharing the console's
         places, where only a socket's owner uid is known."""

@@ -377,6 +377,8 @@ async def decide(
     policy.require_not_requester(operator, (requested.attrs.get("requester") or {}).get("uid"))
     who = operator.attrs()
     if approve:
+        # What admitted the operator, re-checked at the dispatch gate (``Grant.disowned``).
+        who["admitted"] = policy.admitted_by(operator)
         attrs = {"fingerprint": approval["fingerprint"], "operator": who, "note": note}
         attrs.update(_blindness(journal, record, invocation_id, blind))
         event = Event(E.APPROVAL_GRANTED, invocation_id, attrs)

@@ -161,6 +161,9 @@ class Grant:
     """The credential version the approval was asked for (its fingerprint holds it too)."""
     operator: int | None = None
     """The uid of the operator who granted it, as APPROVAL_GRANTED recorded it."""
+    admitted: tuple[str, int] | None = None
+    """What admitted that operator, as APPROVAL_GRANTED recorded it (``operator.admitted``):
+    ``("uid", n)`` or ``("gid", n)``; None in a grant recorded before it was."""
 
     def problem(self, dispatch_fingerprint: str, now: float) -> Code | None:
         if dispatch_fingerprint != self.fingerprint:
@@ -169,31 +172,57 @@ class Grant:
             return Code.APPROVAL_EXPIRED
         return None
 
-    def disowned(self, service: ServiceConfig) -> bool:
+    async def disowned(self, service: ServiceConfig) -> bool:
         """Whether the operator who granted it is not one by the operator settings as they are
         now (``[service] operator_uids`` / ``operator_gids``, a reloaded file's or a restarted
         daemon's): removed since, the grant no longer stands -- the gate sends nothing under it
-        (APPROVAL_STALE).  A grant naming no uid names nobody who could be checked: disowned."""
+        (APPROVAL_STALE).  What admitted them at the decision (``admitted``: the uid, or the
+        group of the kernel's credentials) is re-checked against the lists, nothing looked up:
+        the decision took the caller's kernel groups, which the user database need not know.
+        A grant recorded before ``admitted`` was: its uid listed, else its groups by the user
+        database, looked up in a worker thread, and a failed lookup (the uid unknown here, NSS
+        away) proves no removal -- not disowned (logged).  A grant naming no uid: disowned."""
         uid = self.operator
-        return uid is None or not admits_uid(service.operator_uids, service.operator_gids, uid)
+        if uid is None:
+            return True
+        if self.admitted is not None:
+            how, n = self.admitted
+            listed = service.operator_uids if how == "uid" else service.operator_gids
+            return n not in listed
+        if uid in service.operator_uids:
+            return False
+        if not service.operator_gids:
+            return True
+        lookup = functools.partial(groups_of, uid)
+        groups = await trio.to_thread.run_sync(lookup, abandon_on_cancel=True)
+        if groups is None:
+            log.warning("the operator uid %d of a grant: its groups cannot be looked up", uid)
+            return False
+        return not any(g in service.operator_gids for g in groups)
 
 
 def admits_uid(uids: Collection[int], gids: Collection[int], uid: int) -> bool:
     """Whether a local ``uid`` is an operator by ``uids`` / ``gids`` as the user database tells
     it: the uid, its primary group or a supplementary one (``getgrouplist``) named.  Where only
-    a uid is known: the operator a grant names (``Grant.disowned``), and the console's places
-    (a socket's owner: ``OperatorPolicy.admits_uid``) -- a decision itself is
-    ``OperatorPolicy.is_operator``'s, on the kernel's credentials of the caller."""
+    a uid is known: the console's places (a socket's owner: ``OperatorPolicy.admits_uid``) --
+    a decision itself is ``OperatorPolicy.is_operator``'s, on the kernel's credentials of the
+    caller, and a grant records what admitted it (``Grant.disowned``).  Blocking."""
     if uid in uids:
         return True
     if not gids:
         return False
+    groups = groups_of(uid)
+    return groups is not None and any(g in gids for g in groups)
+
+
+def groups_of(uid: int) -> list[int] | None:
+    """The primary and supplementary groups of ``uid`` by the user database; None when it
+    cannot tell (the uid unknown, a lookup failing).  Blocking: off the event loop."""
     try:
         entry = pwd.getpwuid(uid)
-        groups = os.getgrouplist(entry.pw_name, entry.pw_gid)
+        return os.getgrouplist(entry.pw_name, entry.pw_gid)
     except (KeyError, OSError):
-        return False
-    return any(g in gids for g in groups)
+        return None
 
 
 def grant_of(record: Record) -> Grant | None:
@@ -209,7 +238,20 @@ def grant_of(record: Record) -> Grant | None:
         float(approval["expires_at"]),
         version if isinstance(version, str) else None,
         uid if type(uid) is int else None,
+        _admitted(who.get("admitted") if isinstance(who, Mapping) else None),
     )
+
+
+def _admitted(value: Any) -> tuple[str, int] | None:
+    """``operator.admitted`` as recorded: ``{"uid": n}`` or ``{"gid": n}``; anything else
+    admits nobody -- ``("uid", -1)``, never listed -- and None only where it is absent."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping) and len(value) == 1:
+        ((how, n),) = value.items()
+        if how in ("uid", "gid") and type(n) is int:
+            return how, n
+    return ("uid", -1)
 
 
 def needs_approval(action: Any, target: Any) -> Any:

@@ -135,7 +135,12 @@ async def test_an_approved_request_is_sent_once_by_its_waiting_caller(
     ]
     assert kinds.count(E.DISPATCH_STARTED) == 1
     approval = rec.evidence["approval"]
-    assert approval["operator"] == {"uid": OPS_UID, "name": "ops", "via": "embedded"}
+    assert approval["operator"] == {
+        "uid": OPS_UID,
+        "name": "ops",
+        "via": "embedded",
+        "admitted": {"uid": OPS_UID},  # what admitted it, for the gate to re-check
+    }
     assert approval["fingerprint"] == waiting["fingerprint"]
     # The operator saw the reference (sealed for them); the caller's evidence has none.
     assert "AFFIDAVIT_TEST_TOKEN" not in seen
