@@ -4,8 +4,9 @@ docs/approvals.md: ``affidavit serve`` "sends each approved request nobody holds
 asked through daemon d1, which then stops, is held by nobody; the daemons still running learn
 it from the journal at their sweeps (``engine.approval.refresh``: the rows appended since the
 last one), not only at their start -- they were started before it was asked.  So a grant
-recorded on d2 is sent once (the dispatch lease decides between d2 and d3, both able to), and a
-request nobody decides is closed APPROVAL_EXPIRED when its window runs out, with nobody asking.
+recorded embedded (by neither) is sent once (the dispatch lease decides between d2 and d3,
+both able to), and a request nobody decides is closed APPROVAL_EXPIRED when its window runs
+out, with nobody asking.
 
 Real ``affidavit serve`` processes, a real PostgreSQL, the scripted remote counting what it
 received; every wait bounded.
@@ -21,7 +22,9 @@ from typing import Any
 
 import trio
 
+from affidavit.api.broker import Broker
 from affidavit.api.client import Client
+from affidavit.config import load_config
 from affidavit.journal.sealing import BrokerKey
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
@@ -95,11 +98,13 @@ async def test_a_grant_on_another_daemon_is_sent_once_after_the_asking_daemon_st
 ) -> None:
     async with (
         HostileServer.running(scripts.serve(Reply(200, body=b"{}"))) as srv,
-        _daemons(tmp_path, pg.database(), srv.url, token, 3) as (d1, d2, d3),
+        _daemons(tmp_path, pg.database(), srv.url, token, 3) as (d1, _d2, d3),
     ):
         iid = await _asked_then_stopped(d1)
-        async with Client.open(d2.socket) as c:
-            await c.approve(iid, note="d2; the asking daemon is gone")
+        # Granted embedded on the stopped d1's config: neither running daemon records it, so
+        # only their sweeps' ``refresh`` (the rows the journal gained) can learn of it.
+        async with Broker.open(config=load_config(d1.config)) as embedded:
+            await embedded.approve(iid, note="embedded; the asking daemon is gone")
         await wait_until(lambda: len(srv.requests) >= 1, "the approved request is sent", 10)
         await trio.sleep(SETTLE)
         kinds = await _kinds(d3, iid)
