@@ -59,7 +59,7 @@ __all__ = [
 
 log = logging.getLogger("affidavit.journal")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """2: the table ``chunk_owners``; 3: the columns ``idempotency.send_by`` (``IdempotencyRecord``:
 when the binder's first attempt may send no more) and ``idempotency.target`` (its target, which
 a fence names) -- a broker of schema 2 refuses the journal, as it would bind without them and
@@ -68,7 +68,10 @@ judge another's binding by its own window; 4: no table or column, the fence's ru
 binder's preamble into a record fenced under them and go on to send; 5: the table
 ``linked_calls`` (a claim's check seeks the rows naming its call: ``Tables.attrs_naming``),
 filled by every writer with the rows it inserts and, once, from the events already there -- a
-broker of schema 4 refuses the journal, as its rows would go unindexed."""
+broker of schema 4 refuses the journal, as its rows would go unindexed; 6: no table or column,
+the rules of APPROVAL_REVOKED (an operator takes a grant back before it is sent) -- a broker of
+schema 5 refuses the journal, as it reads that row as altered and would send the revoked grant's
+request, and skip the gate's re-check of the granting operator."""
 SESSION_INDEX = "events_session"
 SESSION_INDEX_DDL = (
     f"CREATE INDEX IF NOT EXISTS {SESSION_INDEX} ON events (session_id, seq, invocation_id)"
@@ -595,22 +598,27 @@ class PostgresBackend:
             # schema 2 chunk_owners exists (and was granted: ``grant_statements``); the columns
             # are covered by the existing grants on idempotency; schema 4 is a number only,
             # which the broker role may not change (``meta``: no UPDATE); schema 5's table
-            # is new, filled once by the owner, and granted.
+            # is new, filled once by the owner, and granted; schema 6 is a number only.
             before = 1 if found is None else int(found)
-            what = ["a table linked_calls, filled once from the events (schema 5)"]
+            what = ["the rules of APPROVAL_REVOKED (schema 6)"]
+            grants: list[str] = []
+            if before < 5:
+                what.insert(0, "a table linked_calls, filled once from the events (schema 5)")
+                grants.insert(0, _GRANT_LINKED)
             if before < 4:
                 what.insert(0, "the fence's rules (schema 4)")
             if before < 3:
                 what.insert(0, "the columns idempotency.send_by and idempotency.target (schema 3)")
-            grants = [_GRANT_LINKED]
             if before < 2:
                 what.insert(0, "a table chunk_owners, filled once (schema 2)")
                 grants.insert(0, _GRANT_OWNERS)
+            then = "; ".join(g.format(role=_role(conn)) for g in grants)
             raise JournalError(
                 f"journal {self.where} has schema {found or 1}; this affidavit upgrades it to "
                 f"schema {SCHEMA_VERSION} ({', '.join(what)}), which only the tables' owner may "
-                f"do: {_OWNER_OPENS}, then, as the owner, run "
-                f"{'; '.join(g.format(role=_role(conn)) for g in grants)} (docs/journal.md)"
+                f"do: {_OWNER_OPENS}"
+                + (f", then, as the owner, run {then}" if then else "")
+                + " (docs/journal.md)"
             ) from None
         # New, or from before schema 2: name the chunks no marker names (``chunk_owners``), once
         # -- inside the opening transaction, which holds the chain head: no chunk or marker of

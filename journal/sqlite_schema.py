@@ -66,7 +66,11 @@ scanning its record under the write lock (``Txn._attrs_naming``).  Append-only l
 a writer opening a journal from before fills it, once, from every event (decoded as the check
 decodes: no JSON function of the database, which a row that is not JSON would make fail).  A
 broker of schema 10 refuses it: its rows would go unindexed, and a claim naming a call one of
-them names would be taken.
+them names would be taken.  Schema 12 changes no table: it is the rules of APPROVAL_REVOKED (an
+operator takes a grant back before it is sent).  A broker of schema 11 does not know the row --
+it reads it as altered, and would send the revoked grant's request and skip the gate's re-check
+of the granting operator -- so it refuses the journal; a writer opening one from before only
+records the new number.
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ __all__ = ["EXTEND_CHAIN", "SCHEMA", "SCHEMA_VERSION", "SESSION_INDEX"]
 log = logging.getLogger("affidavit.journal")
 
 SESSION_INDEX = "events_session"
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 _CHAIN_REFUSED = "'journal rows must extend the hash chain by one'"
 _CHAIN_WHEN = f"""coalesce((SELECT NEW.seq IS NOT seq + 1 OR NEW.prev_hash IS NOT hash FROM events
