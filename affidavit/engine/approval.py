@@ -116,6 +116,10 @@ class ApprovalBoard:
         """The journal's seq through which the dispatcher has learnt the approvals asked and
         granted (``refresh``); None: this process does not watch (no dispatcher)."""
         self.dispatching: set[str] = set()
+        self.pending: dict[str, float] = {}
+        """Of ``open``, those ``ready`` last read awaiting a decision, by their approval's
+        ``expires_at`` (the clock ``approval_now`` reads): not read again at each sweep, only
+        once it has passed or a grant of it is learnt (``learn``)."""
         self.requesters: dict[str, int] = {}
         """Invocations this process asked approval for (or found open at start: ``watch``),
         by requester uid: what ``max_pending_approvals`` counts, each re-read before it is
@@ -131,6 +135,8 @@ class ApprovalBoard:
         its grant, from which ``GRACE`` counts -- not from its request, seen perhaps long
         before: a caller waiting for it elsewhere learns of the grant no sooner than this."""
         self.open.add(iid)
+        if granted:
+            self.pending.pop(iid, None)  # decided: ``ready`` reads it again
         if iid not in self.asked:
             now = trio.current_time()
             self.seen[iid] = now if granted else self.seen.get(iid, now)
@@ -140,6 +146,7 @@ class ApprovalBoard:
         self.open.discard(iid)
         self.asked.discard(iid)
         self.seen.pop(iid, None)
+        self.pending.pop(iid, None)
 
     def changed(self) -> None:
         """A decision was recorded in this process: wake whoever waits for one."""
@@ -692,24 +699,35 @@ async def ready(engine: Engine) -> list[str]:
     on the way (APPROVAL_EXPIRED).  One asked in another process and learnt while this one
     runs is returned only ``GRACE`` after this process learnt of its grant (its waiting
     caller there may take it).  What the
-    journal gained since the last sweep is learnt first (``refresh``).  Each one returned is
+    journal gained since the last sweep is learnt first (``refresh``).  One read awaiting a
+    decision is not read again until its expiry or a grant of it is learnt
+    (``ApprovalBoard.pending``); the others' record and lease are read as every read is
+    (``Recorder.read``: a shared journal's reconnect waited out).  Each one returned is
     marked ``dispatching`` until ``dispatch_approved`` is done with it (or
     ``ApprovalBoard.dispatching`` is cleared).  A
     ``JournalError`` (a shared journal away) marks none: the next sweep looks at them all again."""
-    board, journal = engine.approvals, engine.journal
+    board, journal, recorder = engine.approvals, engine.journal, engine.recorder
     out: list[str] = []
     await refresh(engine)
     try:
         candidates = sorted(board.open - board.waiting - board.dispatching)
-        now = await approval_now(engine.recorder) if candidates else 0.0
+        now = await approval_now(recorder) if candidates else 0.0
         for iid in candidates:
-            record = journal.record(iid)
+            until = board.pending.get(iid)
+            if until is not None and now < until:
+                continue  # awaiting a decision: read again once a grant is learnt, or expired
+            record = await recorder.read(functools.partial(journal.record, iid))
             if record is not None:
-                record = await expire_if_due(engine.recorder, record)
+                record = await expire_if_due(recorder, record)
             if record is None or record.state not in APPROVAL_STATES:
                 board.close(iid)
                 continue
-            lease = journal.lease(iid)
+            approval = record.evidence.get("approval")
+            if record.state == "awaiting_approval" and isinstance(approval, Mapping):
+                board.pending[iid] = float(approval["expires_at"])
+                continue
+            board.pending.pop(iid, None)
+            lease = await recorder.read(functools.partial(journal.lease, iid))
             # The lease's expiry is recorded in the same clock as the approval's (``now``).
             if record.state == "approved" and (lease is None or lease.expires_at <= now):
                 first = board.seen.get(iid)
