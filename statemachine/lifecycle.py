@@ -174,7 +174,7 @@ TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingPro
         E.CREDENTIAL_AUTHORIZED: "authorized",
         E.CREDENTIAL_FAILED: "credential_failed",
         E.PREFLIGHT_FAILED: "validation_failed",      # APPROVAL_EXPIRED / APPROVAL_STALE
-        E.APPROVAL_REVOKED: "approval_denied",        # taken back before any dispatch lease
+        E.APPROVAL_REVOKED: "approval_denied",        # taken back while no live dispatch lease holds it
     },
     "approval_denied": {**_DIAG},
     "credential_failed": {

@@ -177,6 +177,12 @@ def approval_view(
     return view
 
 
+def _revoked(record: Record) -> bool:
+    """Whether ``record``'s grant was taken back (APPROVAL_REVOKED)."""
+    approval = record.evidence.get("approval")
+    return isinstance(approval, Mapping) and approval.get("state") == "revoked"
+
+
 def _decision(state: str, live: bool, lapsed: bool) -> str:
     """The view's ``approval``: ``granted`` or ``denied`` once decided (whatever came after:
     ``state`` and ``code`` say); undecided, ``pending`` while the request waits, ``expired``
@@ -429,11 +435,16 @@ async def revoke(
     is answered.  Refused (``OperatorError``): not an operator (403); no such approval (404);
     not approved and undispatched -- pending (deny it instead), decided otherwise, expired or
     dispatched (409 NOT_APPROVED); held by a dispatcher now (409 DISPATCHING: it may be being
-    sent -- its record says what became of it)."""
+    sent -- its record says what became of it).  Revoking one already revoked answers that
+    revoke (its view: ``revoked``, the revoker and note recorded), writing nothing."""
     policy.require(operator, "revoke an approval")
     checked = check_note(note, required=True)
     journal = engine.journal
     record = await expire_if_due(engine.recorder, _approval_record(journal, invocation_id))
+    if _revoked(record):
+        # Already taken back (a repeat, an operator's retry after a lost answer): what was
+        # asked holds -- the recorded revoke is the answer, nothing written again.
+        return approval_view(journal, record)
     if record.state != "approved":
         raise OperatorError(
             "NOT_APPROVED",
@@ -450,6 +461,9 @@ async def revoke(
     try:
         await engine.recorder.append(event, barrier=True, unleased=True)
     except ImpossibleEvent:
+        record = await engine.recorder.record(invocation_id)
+        if _revoked(record):  # revoked meanwhile, by this operator or another: it holds
+            return approval_view(journal, record)
         raise OperatorError(
             "NOT_APPROVED", f"{invocation_id} was dispatched, decided or expired meanwhile", 409
         ) from None

@@ -129,3 +129,56 @@ async def test_a_revoke_racing_the_dispatch_one_wins_and_the_journal_says_which(
                     ), outcome
         verify_ok(b)
     assert len(srv.requests) == sent
+
+
+async def test_a_same_key_retry_after_a_revoke_is_answered_denied_and_sends_nothing(
+    tmp_path: Path, token: str
+) -> None:
+    """The caller coming back with its key after the revoke: APPROVAL_DENIED, retry ``never``
+    -- the revoked invocation's answer, not a new approval asked -- and nothing sent."""
+    idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url, idempotency=idem)
+        async with open_broker(cfg) as b:
+            action = {**CHARGE, "idempotency_key": "charge-revoked"}
+            first = await b.call(action)
+            assert first["error"]["code"] == "APPROVAL_PENDING", first
+            iid = first["invocation_id"]
+            await b.approve(iid, operator=OPS)
+            await b.revoke(iid, note="the amount was wrong", operator=OPS)
+            again = await b.call(action)
+            assert again["invocation_id"] == iid
+            error = again["error"]
+            assert (error["code"], error["retry"], error["outcome"]) == (
+                "APPROVAL_DENIED",
+                "never",
+                "not_attempted",
+            ), again
+            assert b.approvals() == []  # no new approval asked under the key
+            assert E.DISPATCH_LEASE_ACQUIRED not in event_kinds(b, iid)
+            verify_ok(b)
+    assert srv.requests == []
+
+
+async def test_revoking_a_revoked_grant_again_answers_the_recorded_revoke(
+    tmp_path: Path, token: str
+) -> None:
+    """Idempotent, as an operator retrying after a lost answer needs: the second revoke (by
+    another operator, another note) writes nothing and answers the revoke on record."""
+    async with (
+        HostileServer.running(scripts.serve(OK)) as srv,
+        open_broker(approval_config(tmp_path, srv.url)) as b,
+    ):
+        iid = await _approved(b)
+        first = await b.revoke(iid, note="the amount was wrong", operator=OPS)
+        other = Operator(OPS.uid, OPS.gid, (), "ops", "socket")
+        again = await b.revoke(iid, note="retried", operator=other)
+        assert again == first
+        assert (again["approval"], again["note"]) == ("revoked", "the amount was wrong")
+        assert event_kinds(b, iid).count(E.APPROVAL_REVOKED) == 1
+        # Still an operator's action: a non-operator is refused, the note still required.
+        agent = Operator(4343, 4343, (), "agent")
+        await _refused("NOT_AN_OPERATOR", b.revoke(iid, note="x", operator=agent))
+        await _refused("NOTE_REQUIRED", b.revoke(iid, note=None, operator=OPS))
+        verify_ok(b)
+    assert srv.requests == []
