@@ -775,3 +775,39 @@ async def test_the_approval_fingerprint_does_not_confirm_a_guessed_credential_re
     for v in (1, 2, 3):  # the doc as this version and the earlier ones hashed it
         assert _fingerprint_of_guess(caller_sees, ref, v) != fingerprint
     assert srv.requests == []
+
+
+async def test_a_retry_refused_for_a_removed_operator_claims_nothing_of_the_first(
+    tmp_path: Path, token: str
+) -> None:
+    """An approved keyed POST the server got (unknown), its granting operator then removed
+    from ``[service] operator_uids``, the same key retried: APPROVAL_STALE at
+    approval.operator, and the message says only this retry sent nothing -- the first attempt
+    was sent, its outcome stands -- never that nothing was sent under the approval."""
+    idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
+    async with HostileServer.running(scripts.apply_then_close()) as srv:
+        cfg = approval_config(tmp_path, srv.url, approval={"wait": "20s"}, idempotency=idem)
+        action = {**CHARGE, "idempotency_key": "charge-op"}
+        async with open_broker(cfg) as b:
+
+            async def approve(waiting: dict[str, Any]) -> None:
+                await b.approve(waiting["invocation_id"], operator=OPS)
+
+            first, _ = await _decided_while_waiting(b, action, approve)
+            assert first["error"]["outcome"] == "unknown", first
+        cfg.write_text(
+            cfg.read_text().replace(f"operator_uids = [{OPS_UID}]", "operator_uids = [1]")
+        )
+        async with open_broker(cfg) as b:
+            late = await b.call(action)
+            assert late["invocation_id"] == first["invocation_id"]
+            error = late["error"]
+            assert (error["code"], error["field"]) == ("APPROVAL_STALE", "approval.operator")
+            assert error["outcome"] == "unknown", late
+            assert error["message"] == (
+                f"The approval was granted by uid {OPS_UID}, not an operator by [service] "
+                "operator_uids / operator_gids now; this retry sent nothing; an earlier "
+                "attempt's outcome stands."
+            ), late
+            verify_ok(b)
+    assert len(srv.requests) == 1
