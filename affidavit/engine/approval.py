@@ -46,7 +46,7 @@ from affidavit.config.service import ServiceConfig
 from affidavit.journal import JournalError, JournalUnavailable, Lease, LeaseBusy, ReadFailed
 from affidavit.protocols import Binding, Prepared, get
 from affidavit.protocols.actions import ActionInvalid, fingerprint, parse_action
-from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
+from affidavit.statemachine import KEYED_PREFIX, Code, Event, EventKind, ImpossibleEvent, Record
 
 from .asker import asker
 from .control import CallControl
@@ -650,11 +650,12 @@ async def _sendable_here(engine: Engine, record: Record, target: Any) -> bool:
     the caller waiting for it elsewhere.  What this host's files hold now (a config file
     edited since it was loaded, a CA file edited in place: the account) is the gate's to
     re-check under the lease, as for every dispatch; a record from before the hash was
-    recorded too."""
+    recorded (or a plain one, from before keyed hashes) too."""
     if target is None or target.kind != record.protocol:
         return False
     bound = record.evidence.get("config_hash")
-    return not isinstance(bound, str) or bound == engine.snapshot.hash(target)
+    keyed = isinstance(bound, str) and bound.startswith(KEYED_PREFIX)
+    return not keyed or bound == engine.snapshot.hash(target)
 
 
 def watch(engine: Engine) -> None:

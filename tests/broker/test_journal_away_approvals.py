@@ -255,7 +255,9 @@ async def test_a_sweep_cut_short_by_the_journal_leaves_no_approval_marked_dispat
             finally:
                 monkeypatch.undo()
                 await trio.to_thread.run_sync(pg.start)
-            assert reads == sorted([first, second]), reads
+            # The second's read tried again within the reconnect window (``Recorder.read``),
+            # then the sweep raised: the first read once, nothing read past the second.
+            assert reads[:2] == sorted([first, second]) and set(reads[2:]) <= {reads[1]}, reads
             assert broker._engine.approvals.dispatching == set()
             with trio.fail_after(LIMIT):
                 assert await broker.approvals_ready() == sorted([first, second])
