@@ -1016,6 +1016,40 @@ async def test_a_broker_role_opening_a_schema_4_journal_is_told_the_owner_indexe
     assert len(pg.sql("SELECT seq FROM linked_calls", database)) == 2
 
 
+async def test_a_broker_role_opening_a_schema_5_journal_is_told_the_owner_records_schema_6(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """Schema 6 is APPROVAL_REVOKED's rules: a number only, which a broker role may not write
+    (``meta``).  It is told the owner's open, and no grant (nothing new to grant); the owner's
+    open records the number, and the role then writes on with the grants it had."""
+    database = pg_url.rsplit("/", 1)[1]
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")) as j:
+        for ev in happy("inv-1"):
+            await j.append(ev)
+    pg.sql("UPDATE meta SET value = '5' WHERE name = 'schema'", database)
+    pg.sql("DROP ROLE IF EXISTS old_broker5")
+    pg.sql("CREATE ROLE old_broker5 LOGIN PASSWORD 'broker-pw'")
+    for statement in grant_statements("old_broker5"):
+        pg.sql(statement, database)
+    broker_url = pg.url(database, user="old_broker5", password="broker-pw")
+    with pytest.raises(JournalError) as refused:
+        async with Journal.open(broker_url, **_keys(tmp_path, "broker")):
+            pass
+    message = str(refused.value)
+    assert f"has schema 5; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
+    assert "(the rules of APPROVAL_REVOKED (schema 6))" in message, message
+    assert "GRANT" not in message and "linked_calls" not in message, message
+    assert "broker-pw" not in message
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+        pass  # the owner's open records the number
+    assert pg.sql("SELECT value FROM meta WHERE name = 'schema'", database) == [
+        (str(SCHEMA_VERSION),)
+    ]
+    async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:  # no new grant
+        for ev in happy("inv-2"):
+            await j.append(ev)
+
+
 async def test_a_journal_of_schema_5_that_lost_linked_calls_is_made_whole_by_its_owner(
     pg: Cluster, pg_url: str, tmp_path: Path
 ) -> None:
