@@ -124,15 +124,6 @@ def taken_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
 
 
 @pytest.fixture(autouse=True)
-def config_restat_every_gate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every dispatch gate stats the config file again (``RESTAT_NS`` 0): a test that edits
-    the config between two calls expects the next gate to see it, and two calls of a test can
-    come within the 20 ms a gate trusts the last stat for.  test_config_recheck.py holds the
-    window itself."""
-    monkeypatch.setattr("affidavit.engine.snapshot.RESTAT_NS", 0)
-
-
-@pytest.fixture(autouse=True)
 def core_dumps_forbidden(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Each time a command run in this process asked to forbid core dumps (``affidavit.cli``
     does before a command that holds secrets), recorded here instead: made real, the test

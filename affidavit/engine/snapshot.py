@@ -27,7 +27,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -242,17 +242,17 @@ class ConfigSnapshot:
         snapshot existed, and an edit in between would otherwise be the stat it trusts -- but
         bytes the same as those the config was parsed from are that config, not parsed again
         (a parse also judges the files the config names: a CA file removed since is not an
-        edit of the configuration, and must not make every target CONFIG_CHANGED).  The stat
-        is made in a file thread (``adapters.filethread``: a stat on a hung mount holds this
-        call to its deadline, never the loop), at most once per ``RESTAT_NS``."""
+        edit of the configuration, and must not make every target CONFIG_CHANGED)."""
         path = self.config.path
         if path is None:
             return False
         seen = self._seen
-        if seen is None or not seen.settled or _restat(seen):
+        if seen is None or not seen.settled or seen.key != _stat_key(path):
             previous = seen
-            key = ("config", id(self), path)
-            seen = self._seen = await off_loop(key, (path,), lambda: _recheck(path, previous))
+            seen = await off_loop(
+                ("config", id(self), path), (path,), lambda: _read(path, previous)
+            )
+            self._seen = seen
         if seen.config is None:
             return True
         value = seen.hashes.get(target_name)
@@ -295,44 +295,17 @@ class _Account:
     value: str
 
 
-RESTAT_NS = 20_000_000
-"""How long the dispatch gate trusts the config file's last stat (``changed``) before it stats
-it again: 20 ms.  The stat runs in a file thread (a stat on a hung mount must not hold the
-loop), and a hop there costs 60-210 us against 1-7 us for the stat on the loop
-(tests/benchmarks/config_recheck.py, loaded 2-CPU machine) -- up to 40 % of the 0.5 ms a call
-at concurrency 1 may add over bare HTTP (issue 15).  With gates 1 ms apart, one stat per 20 ms
-costs 15.5 us a gate (thread every gate: 67.2 us; the loop: 7.1 us).  The price: an edit made
-less than 20 ms after the gates' last stat may go unseen by the gates of those 20 ms -- as an
-edit made just after any gate's stat goes unseen by that gate (docs/configuration.md)."""
-
-
 @dataclass(frozen=True)
 class _Seen:
     """The config file as last read: its ``_stat_key`` (None: not read), whether that stat
     vouches for the bytes (``SETTLED_NS``), their digest, the config they hold (None: not a
-    valid one), the keyed hashes of its targets asked so far, and when (``monotonic_ns``) the
-    last stat that vouched for it began (None: never)."""
+    valid one) and the keyed hashes of its targets asked so far."""
 
     key: tuple[int, ...] | None
     settled: bool
     digest: bytes
     config: Config | None
     hashes: dict[str, str] = field(default_factory=dict)
-    statted: int | None = None
-
-
-def _restat(seen: _Seen) -> bool:
-    """Whether ``seen``'s last stat is too old to vouch for the file now (``RESTAT_NS``)."""
-    return seen.statted is None or time.monotonic_ns() - seen.statted > RESTAT_NS
-
-
-def _recheck(path: Path, previous: _Seen | None) -> _Seen:
-    """In a file thread: ``previous`` when the file's stat vouches for it (settled, unmoved),
-    else ``_read``; stamped with when the stat began."""
-    began = time.monotonic_ns()
-    if previous is not None and previous.settled and previous.key == _stat_key(path):
-        return replace(previous, statted=began)
-    return replace(_read(path, previous), statted=began)
 
 
 def _read(path: Path, previous: _Seen | None) -> _Seen:

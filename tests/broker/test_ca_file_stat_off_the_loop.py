@@ -105,17 +105,3 @@ async def test_the_recorded_account_stats_its_ca_file_off_the_loop(
         await _gives_up_while_the_loop_runs(lambda: snap.trusted(target, None))
     else:
         await _gives_up_while_the_loop_runs(lambda: snap.account_hash_async(target))
-
-
-async def test_the_gates_config_file_stat_is_off_the_loop(
-    tmp_path: Path, hung_stat: Callable[[Any], None]
-) -> None:
-    """The dispatch gate's re-check of the config file (``ConfigSnapshot.changed``): its stat,
-    once the last read is settled, hangs -- the loop keeps ticking and the gate gives up at its
-    deadline (rvfix50b F3: it was made on the loop at every gate)."""
-    path = write_config(tmp_path, {"api": http_target("http://127.0.0.1:9/")})
-    snap = ConfigSnapshot(load_config(path), lambda label, data: label + data.hex())
-    bound = snap.hash(snap.config.targets["api"])
-    assert not await snap.changed("api", bound)  # read and kept, settled
-    hung_stat(engine_snapshot)
-    await _gives_up_while_the_loop_runs(lambda: snap.changed("api", bound))

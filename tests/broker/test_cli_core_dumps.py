@@ -32,6 +32,7 @@ EMBEDDED = {
     "approvals show",
     "approvals approve",
     "approvals deny",
+    "approvals revoke",
 }
 NONE = {
     "diagrams",

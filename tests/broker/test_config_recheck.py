@@ -127,34 +127,6 @@ async def test_a_fresh_file_is_read_per_dispatch_but_parsed_once_and_a_settled_o
     assert (len(reads), len(parses)) == (6, 1)
 
 
-async def test_a_gate_trusts_the_last_stat_for_restat_ns_then_stats_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The cheap path (``RESTAT_NS``): a settled file's stat, made in a file thread, is
-    trusted by the gates that follow within the window -- no stat, no thread hop -- and the
-    first gate after it stats again and sees an edit."""
-    stats: list[Any] = []
-    real_stat = snapshot_module._stat_key
-
-    def counting_stat(p: Any) -> Any:
-        stats.append(p)
-        return real_stat(p)
-
-    monkeypatch.setattr(snapshot_module, "SETTLED_NS", -(10**18))  # every read settled
-    monkeypatch.setattr(snapshot_module, "_stat_key", counting_stat)
-    window = 0.5
-    monkeypatch.setattr(snapshot_module, "RESTAT_NS", int(window * 1e9))
-    path, snap, bound = _snapshot(tmp_path)
-    began = trio.current_time()
-    assert not await snap.changed("api", bound)  # the first: read, in the thread
-    assert [await snap.changed("api", bound) for _ in range(20)] == [False] * 20
-    assert stats == [] and trio.current_time() - began < window  # trusted: no stat
-    path.write_text(_edited(path))
-    await trio.sleep(window - (trio.current_time() - began) + 0.05)
-    assert await snap.changed("api", bound)  # past the window: stat again, the edit seen
-    assert stats == [path]
-
-
 async def test_a_file_the_config_names_removed_is_not_an_edit_of_the_config(
     tmp_path: Path,
 ) -> None:
