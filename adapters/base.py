@@ -77,6 +77,11 @@ class AttemptContext:
     passes ``stream`` on not scanned whole (a ``br`` body): the engine then treats it as a
     stream redaction replaced something in -- none of its sizes or hashes reach a caller,
     ``received_withheld: "unscanned"`` (``engine/echoed.py``)."""
+    holds: Callable[[str], bool] | None = None
+    """If set, ``holds(text)``: whether a remote's text holds any form of the secrets the
+    streams are redacted of (``Redactor.holds``: base64, hex, escaped, in either case) -- what
+    a driver asks of a response head before it calls the bytes received an echo or not (HTTP's
+    ``_head_echoed``)."""
 
 
 class SetupError(Exception):

@@ -117,6 +117,9 @@ class HopResult:
     conditional: bool
     """The request this hop wrote is one a 304 may answer (``classify.is_conditional``), judged
     on the method and headers as sent."""
+    head_echoed: bool = False
+    """A head of this hop held a secret (``_head_echoed``): the result's record calls the
+    bytes received an echo (``received_withheld: "redacted"``), whatever its body ends with."""
 
 
 async def exchange(
@@ -529,15 +532,20 @@ class _Hop:
         """Whether a response head of this hop holds a secret: one parsed (``ex.heads``: every
         interim and final head, kept before any abort -- its reason, its header fields), the
         bytes received before a final head was parsed (``ex.head_bytes``: a head h11 refused
-        has left its buffer), or the bytes received and not parsed yet (a head cut short)."""
-        red, ex = self.redactor, self.ex
+        has left its buffer), or the bytes received and not parsed yet (a head cut short) --
+        as sent or in any form the streams are redacted of (``AttemptContext.holds``)."""
+        red, ex, holds = self.redactor, self.ex, self.ctx.holds
+
+        def seen(text: str) -> bool:  # as sent, or any other form (a base64 of it: ``holds``)
+            return red.contains(text) or (holds is not None and holds(text))
+
         for reason, fields_ in ex.heads:
-            if red.contains(reason) or any(red.contains(f"{n}: {v}") for n, v in fields_):
+            if seen(reason) or any(seen(f"{n}: {v}") for n, v in fields_):
                 return True
-        if ex.head_bytes and red.contains(bytes(ex.head_bytes).decode("latin-1")):
+        if ex.head_bytes and seen(bytes(ex.head_bytes).decode("latin-1")):
             return True
         unparsed = self.conn.h11.trailing_data[0]
-        return bool(unparsed) and red.contains(bytes(unparsed).decode("latin-1"))
+        return bool(unparsed) and seen(bytes(unparsed).decode("latin-1"))
 
     def interruption(self, detail: str) -> AttemptInterrupted:
         ex, conn = self.ex, self.conn
@@ -613,4 +621,5 @@ class _Hop:
             buffered_complete=self.buffered_complete,
             http_version=self.ex.http_version,
             conditional=self.conditional,
+            head_echoed=self._head_echoed(),
         )

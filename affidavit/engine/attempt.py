@@ -375,6 +375,7 @@ async def _try_once(
         fed=sink.fed,
         result_limit=sink.max_result,
         withhold=sink.withhold,
+        holds=sink.holds,
     )
     try:
         result = await binding.perform(prepared, ctx)

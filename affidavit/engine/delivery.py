@@ -40,7 +40,7 @@ from .attempt import (
     stamped,
 )
 from .contracts import Reader
-from .echoed import without_received_size, without_size_headers
+from .echoed import stronger, without_received_size, without_size_headers
 from .readable import stream_cut
 from .recorder import reference_payload, result_payload, stored_payload
 from .recovery import CallNotRecorded, closing_event
@@ -187,6 +187,10 @@ async def _commit(
     iid, generation = attempt.iid, attempt.generation
     streams = await sink.finish()
     digest = sink.digest()
+    # The summary holds what the remote wrote besides the streams (header names and values,
+    # the reason phrase): the same forms go (docs/redaction.md, "Surfaces").  Scrubbed first:
+    # a head that echoed a secret makes the reason below ``redacted`` (``sink.head_echoed``).
+    scrubbed = sink.scrub(result.summary)
     # A stream that echoed a secret, or was not scanned whole (withheld, truncated: the adapter
     # received it, ``received_evidence`` names it): what measures the bytes received goes
     # (``echoed.py``), from ``observed`` (left unstripped by ``conclude``) and the result's
@@ -195,8 +199,10 @@ async def _commit(
     cut: list[str] = []
     received = received_evidence(result, sink, cut)
     redacted = [name for name in streams if sink.redacted(name)]
-    echoed = any(sink.why(name) == "redacted" for name in redacted)
+    echoed = sink.head_echoed or any(sink.why(name) == "redacted" for name in redacted)
     why = "redacted" if echoed or not redacted else "tail_redacted"
+    # The driver's word (HTTP: its head echoed a secret) is never lowered (``stronger``).
+    why = stronger(why, result.facts.get("received_withheld"))
     if cut:
         why = "unscanned"
         redacted.extend(cut)
@@ -246,12 +252,7 @@ async def _commit(
     if reading is not None:
         rows.extend((stamped(event, generation), None) for event in reading(iid, result, kept))
     await recorder.write_many(rows)
-    # The summary holds what the remote wrote besides the streams (header names and values,
-    # the reason phrase): the same forms go (docs/redaction.md, "Surfaces").
-    summary = {
-        **sink.scrub(without_size_headers(result.summary, bool(redacted))),
-        "streams": streams,
-    }
+    summary = {**without_size_headers(scrubbed, bool(redacted)), "streams": streams}
     try:
         committed = await journal.commit_result(
             Event(E.RESULT_COMMITTED, iid, {"sha256": digest, "generation": generation}),

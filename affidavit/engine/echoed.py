@@ -49,7 +49,26 @@ from typing import Any, Final
 
 from affidavit.statemachine import Event, EventKind
 
-__all__ = ["without_received_counts", "without_received_size", "without_size_headers"]
+__all__ = [
+    "stronger",
+    "without_received_counts",
+    "without_received_size",
+    "without_size_headers",
+]
+
+_STRENGTH: Final = {None: 0, "tail_redacted": 1, "redacted": 2, "unscanned": 3}
+"""The reasons for withholding, weakest first: ``tail_redacted`` (only an end was replaced as
+a form's beginning: it may be ordinary text), ``redacted`` (an echo was proven), ``unscanned``
+(no scan saw all of it: anything may be in it)."""
+
+
+def stronger(*reasons: Any) -> Any:
+    """The strongest of ``reasons`` (``_STRENGTH``): two sayers of why the counts went -- the
+    driver's head (HTTP's ``progress``), the sink's streams -- combine without one lowering
+    the other's word (a head that echoed the whole credential, a body that only ends inside
+    it: the record says ``redacted``, never "may be ordinary text")."""
+    return max(reasons, key=lambda r: _STRENGTH.get(r, 0))
+
 
 _COUNTS: Final = frozenset(
     {"bytes", "total", "body_bytes", "response_bytes", "received_bytes", "decoded_bytes"}
@@ -79,7 +98,8 @@ def without_received_counts(
     step counts (``path_repeats``' and ``path_left_out``'s, made null: every run's -- which
     run counts a stream's chunks is the protocol's to know, not this function's), nor its
     runs of the stream's chunks (``_folded_path``);
-    ``received_withheld`` then says so (``reason``)."""
+    ``received_withheld`` then says so: ``reason`` or, if stronger, the word already there
+    (``stronger``)."""
     streams = set(redacted)
     if not streams:
         return dict(facts)
@@ -89,9 +109,12 @@ def without_received_counts(
     # attempt's count beside this attempt's path.
     kept: dict[str, Any] = {k: v for k, v in facts.items() if k not in counts}
     kept.update(dict.fromkeys(sorted(counts)))
-    kept["received_withheld"] = reason
-    kept.update(_folded_path(kept, streams))
     over = kept.get("result_size_limit")
+    if isinstance(over, Mapping):
+        reason = stronger(reason, over.get("received_withheld"))
+    # The driver may have said already (HTTP's ``progress``: the head echoed): never lowered.
+    reason = kept["received_withheld"] = stronger(reason, facts.get("received_withheld"))
+    kept.update(_folded_path(kept, streams))
     if isinstance(over, Mapping):  # the bytes received when the limit stopped the attempt
         kept["result_size_limit"] = {"limit": over.get("limit"), "received_withheld": reason}
     return kept

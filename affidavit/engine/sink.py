@@ -63,6 +63,8 @@ class StreamSink:
         self._keep = True
         self._scrubber = Redactor(secret_values)
         self.scrub = self._scrubber.scrub
+        self.holds = self._scrubber.holds
+        """Whether a text holds a form of the secrets (``AttemptContext.holds``)."""
         """``value`` (JSON-able: a summary, facts) with every form of the secrets redacted in
         its strings and keys -- header names and values, the reason phrase, a hop's origin --
         the same forms the streams lose (docs/redaction.md).  The redactor's own method, not
@@ -161,12 +163,21 @@ class StreamSink:
         the bytes it still holds back (an answer cut right after an echo: never flushed)."""
         return [name for name, st in self._streams.items() if any(st["redactor"].ending())]
 
+    @property
+    def head_echoed(self) -> bool:
+        """Whether ``scrub`` replaced a whole form (or a whole text: ``Redactor.scrub_text``)
+        in what the remote wrote besides the streams -- a header that echoed the credential.
+        An echo proven there is an echo of the answer: the record's word for it is
+        ``redacted`` whatever the streams only end with (``_why``, ``delivery._commit``)."""
+        return self._scrubber.echoed
+
     def _why(self) -> str:
-        """``redacted`` if a stream echoed a secret (or would in its held-back bytes), else
-        ``tail_redacted``: only a stream's end was replaced as a form's beginning."""
+        """``redacted`` if a stream echoed a secret (or would in its held-back bytes) or the
+        head did (``head_echoed``), else ``tail_redacted``: only a stream's end was replaced
+        as a form's beginning."""
         endings = [st["redactor"].ending() for st in self._streams.values()]
         echoed, cut = (any(e[i] for e in endings) for i in (0, 1))
-        return "tail_redacted" if cut and not echoed else "redacted"
+        return "tail_redacted" if cut and not (echoed or self.head_echoed) else "redacted"
 
     def withhold(self, name: str) -> None:
         """``AttemptContext.withhold``: stream ``name`` was not scanned whole -- it may echo a

@@ -108,7 +108,9 @@ class Redactor:
         """True once ``feed``/``flush`` replaced anything: until then their output is their
         input, only held back by ``pending``."""
         self.echoed = False
-        """True once they replaced a whole form: the stream echoed a secret."""
+        """True once they replaced a whole form: the stream echoed a secret; or once
+        ``scrub_text`` did (or replaced a text whole: ``holds``) -- a remote's short text
+        echoed one (the sink's ``head_echoed``).  An end replaced alone is not an echo."""
         self.tail_redacted = False
         """True once ``flush`` replaced the stream's end as the beginning of a form
         (``CUT_FORM``): a secret's first bytes, or ordinary text that ends like them."""
@@ -214,6 +216,8 @@ class Redactor:
             return text
         raw, codec = _text_bytes(text)
         out = plan.pattern_any_case.sub(REDACTED, raw) if plan.may_hold_any_case(raw) else raw
+        if out != raw:
+            self.echoed = True  # a whole form: an echo (the sink's ``head_echoed``)
         cut = _form_begun(plan, out, True)
         if cut < len(out):
             # A value cut inside an echo (a header that shows the first 20 bytes of the
@@ -223,6 +227,7 @@ class Redactor:
             # A form only percent-decoding shows (a URL quoted inside a quoted parameter: a
             # token's "/" as %252F): no span of the text is the form, so the text goes whole.
             out = REDACTED
+            self.echoed = True
         if out != raw:
             return out.decode(codec, "surrogatepass")
         if len(text) <= _MEMO_CHARS:

@@ -220,3 +220,38 @@ def test_a_result_cut_at_its_limit_with_its_end_redacted_is_not_called_an_echo()
     message = _too_large_message({"limit": 64, "received_withheld": "tail_redacted"})
     assert "may be ordinary text" in message and "echoed" not in message
     assert "bytes received" not in message.replace("the bytes received are not told", "")
+
+
+@pytest.mark.parametrize("max_result", [20, None])
+@pytest.mark.parametrize(
+    "seen", [bytes, base64.b64encode], ids=["as-sent", "base64"]
+)  # the driver's literal check (``_head_echoed``); a form only the scrub finds
+async def test_a_head_that_echoed_keeps_the_record_saying_so_whatever_the_body_ends_with(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    max_result: int | None,
+    seen: Callable[[bytes], bytes],
+) -> None:
+    """The head echoed the whole Authorization; the body ends inside it.  The record says
+    ``redacted`` -- an echo -- never the weaker ``tail_redacted`` ("may be ordinary text")
+    that the body alone would earn: reasons combine by strength, none is lowered."""
+    monkeypatch.setenv(TOKEN_ENV, SECRET)
+
+    def reply(r: Received) -> Reply:
+        auth = (r.header("authorization") or "").encode()
+        head = [("X-Seen", seen(auth).decode())]
+        return Reply(200, headers=head, body=b"you sent: " + auth[:30])
+
+    async with HostileServer.running(scripts.serve(reply)) as server:
+        cfg = write_config(tmp_path, {"t": http_target(server.url, max_result=max_result)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(20):
+                env = await broker.call({"target": "t", "method": "GET", "path": "/x"})
+    text = json.dumps(env)
+    assert SECRET[:CUT_FORM] not in text
+    assert "may be ordinary text" not in text and "tail_redacted" not in text, env
+    assert env["evidence"]["http"]["received_withheld"] == "redacted", env
+    if max_result is not None:
+        assert env["error"]["code"] == Code.RESULT_SIZE_LIMIT.value, env
+        assert env["evidence"]["result_size_limit"]["received_withheld"] == "redacted"
+        assert "echoed a secret" in env["error"]["message"]

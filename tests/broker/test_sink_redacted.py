@@ -94,3 +94,19 @@ def test_a_stream_whose_end_alone_was_redacted_is_told_apart_from_an_echo() -> N
         assert await told(both) == ((["body"], "redacted"), "redacted")
 
     trio.run(main)
+
+
+def test_a_head_that_echoed_makes_the_sinks_reason_an_echo_not_a_cut_end() -> None:
+    """A header scrubbed of a whole form proves an echo: the streams' counts go as
+    ``redacted`` though a stream only ended inside a form (``tail_redacted`` alone); a header
+    cut inside one proves nothing more."""
+
+    async def main(header: str) -> tuple[list[str], str]:
+        sink = StreamSink(_Journal(), "act_1", (SECRET,), keep_limit=1 << 20)  # type: ignore[arg-type]
+        await sink("body", b"you sent: " + SECRET[:-1])
+        sink.scrub({"headers": [["x-seen", header]]})
+        return sink.withheld()
+
+    assert trio.run(main, "ok") == (["body"], "tail_redacted")
+    assert trio.run(main, SECRET[:-2].decode()) == (["body"], "tail_redacted")
+    assert trio.run(main, SECRET.hex()) == (["body"], "redacted")

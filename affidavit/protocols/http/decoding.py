@@ -169,6 +169,7 @@ class BodyDecoding:
             fed=self._fed if ctx.fed is not None else None,
             result_limit=ctx.result_limit,
             withhold=ctx.withhold,
+            holds=ctx.holds,
         )
 
     def _observe(self, step: Step, facts: Mapping[str, Any]) -> None:
