@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from affidavit.protocols.actions import ActionInvalid, parse_action
 from affidavit.secrets.redaction import CUT_FORM, REDACTED, Redactor
-from affidavit.statemachine import Code
+from affidavit.statemachine import Code, EventKind
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
@@ -34,6 +34,8 @@ from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 SECRET = "sk_live_Q7pW3xN9rT2vL5mK8jH4"
 PASSWORD = b"Zq8!vR2#mK5pL9wX"
 BEARER = b"Bearer " + SECRET.encode()
+_MIXED = 9
+"""base64(BEARER)'s character that mixes "Bearer "'s last bits with the token's first."""
 
 
 @pytest.mark.parametrize(
@@ -75,6 +77,12 @@ KEY_BODY = KEY.splitlines()[1:-1]
         ([SECRET.encode(), BEARER], BEARER[:-1]),
         ([SECRET.encode(), BEARER], BEARER[: len("Bearer ") + CUT_FORM]),
         ([SECRET.encode(), BEARER], base64.b64encode(SECRET.encode())[:12]),
+        # base64 of "Bearer ": 9 public characters, the 10th mixes the space with the token;
+        # 8 past it are the token's alone (its base64 core at that alignment).
+        ([SECRET.encode(), BEARER], base64.b64encode(BEARER)[: _MIXED + 1 + CUT_FORM]),
+        # The floor as a literal: the first 8 bytes of this 28-byte token (``_floor``).
+        ([SECRET.encode(), BEARER], b"sk_live_"),
+        ([SECRET.encode(), BEARER], b"Bearer sk_live_"),
         ([SECRET.encode(), BEARER], SECRET.encode().hex().encode()[:-1]),
         ([SECRET.encode(), BEARER], SECRET.encode().hex().encode()[:CUT_FORM]),
         (BASIC_VALUES, b"alice.smith:" + PASSWORD[:CUT_FORM]),
@@ -97,7 +105,7 @@ def test_a_stream_ending_inside_a_form_ends_with_its_beginning_redacted(
     assert out.startswith(b'{"echo": "ok"}\nAuthorization: ')
     assert r.tail_redacted and not r.echoed
     assert SECRET.encode()[:CUT_FORM] not in out and PASSWORD[:CUT_FORM] not in out
-    assert base64.b64encode(BEARER)[:CUT_FORM] not in out
+    assert base64.b64encode(BEARER)[: _MIXED + 1 + CUT_FORM] not in out
 
 
 @pytest.mark.parametrize(
@@ -111,6 +119,9 @@ def test_a_stream_ending_inside_a_form_ends_with_its_beginning_redacted(
         ([SECRET.encode(), BEARER], b"Use Authorization: Bearer"),
         ([SECRET.encode(), BEARER], b"Use Authorization: Bearer "),
         ([SECRET.encode(), BEARER], b"Bearer " + SECRET.encode()[: CUT_FORM - 1]),
+        ([SECRET.encode(), BEARER], base64.b64encode(BEARER)[: _MIXED + CUT_FORM]),
+        ([SECRET.encode(), BEARER], b"sk_live"),  # the floor as a literal: 7 of 8
+        ([SECRET.encode(), BEARER], b"Bearer sk_live"),
         ([b"ghp_" + SECRET.encode()[8:]], b"token: ghp_"),
         (BASIC_VALUES, b"alice.smith"),  # /whoami: the user name is no secret
         (BASIC_VALUES, b"alice.smith:"),
@@ -159,12 +170,19 @@ async def test_an_answer_cut_inside_an_echo_reaches_no_caller_and_says_what_it_w
         async with open_broker(cfg) as broker:
             with trio.fail_after(20):
                 env = await broker.call({"target": "t", "method": "GET", "path": "/x"})
+            [complete] = [
+                e.attrs
+                for e in broker.events(env["invocation_id"])
+                if e.kind is EventKind.REMOTE_RESPONSE_COMPLETE
+            ]
     assert server.requests[0].header("authorization") == BEARER.decode()
     assert env["result"]["body"] == body, env
     assert SECRET[:CUT_FORM] not in json.dumps(env)
     http = env["evidence"]["http"]
     assert http["received_withheld"] == withheld
     assert (http["body_bytes"] is None) == (withheld is not None)
+    assert complete.get("body_received_withheld") == withheld
+    assert ("body_sha256" in complete) == (withheld is None)
 
 
 @pytest.mark.parametrize(
