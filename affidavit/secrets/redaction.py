@@ -70,12 +70,14 @@ from .redaction_scan import _escape_hits as _escape_hits
 
 __all__ = [
     "CUT_FORM",
+    "CUT_FORM_MIN",
     "LEAVES",
     "LONG_VALUE",
     "MIN_ANY_CASE",
     "REDACTED",
     "Redactor",
     "clear_plans",
+    "cut_floor",
     "redactor",
     "release",
     "retain",
@@ -113,7 +115,7 @@ class Redactor:
         echoed one (the sink's ``head_echoed``).  An end replaced alone is not an echo."""
         self.tail_redacted = False
         """True once ``flush`` replaced the stream's end as the beginning of a form
-        (``CUT_FORM``): a secret's first bytes, or ordinary text that ends like them."""
+        (``cut_floor``): a secret's first bytes, or ordinary text that ends like them."""
 
     def fresh(self) -> Redactor:
         """A new redactor (no input held) of the same values, sharing this one's plan: a
@@ -191,7 +193,7 @@ class Redactor:
 
     def sub_end(self, data: bytes) -> bytes:
         """``sub(data)`` for the end of a stream (what ``flush`` returns for the bytes it held
-        back): where it ends with the beginning of a form (``CUT_FORM`` secret-derived bytes of
+        back): where it ends with the beginning of a form (``cut_floor`` secret-derived bytes of
         it or more: ``_form_begun``), that beginning replaced too."""
         plan = self._plan
         if plan is None:
@@ -203,7 +205,7 @@ class Redactor:
     def scrub_text(self, text: str) -> str:
         """``text`` with every form replaced, its letters in either case (``pattern_any_case``:
         this is a remote's short text, never a body), and its end where it is a form's
-        beginning (``CUT_FORM`` secret-derived bytes or more, as at a stream's end: a header
+        beginning (``cut_floor`` secret-derived bytes or more, as at a stream's end: a header
         value, a reason phrase cut inside an echo); replaced whole when a form shows only
         after percent-decoding it up to three times (``holds``).  Text is matched as the bytes
         it was received as: latin-1 when it fits (header fields arrive as bytes decoded
@@ -307,19 +309,31 @@ class Redactor:
 CUT_FORM = 8
 """A stream that ends with this many or more secret-derived bytes of a form's beginning ends
 with them redacted (``flush``): an answer cut inside an echo -- a window of it, a preview --
-would otherwise hand out the credential's first bytes, and, cut at other places, the rest.  So
-at most ``CUT_FORM - 1`` secret-derived bytes of a form ever reach a caller at a cut end.
+would otherwise hand out the credential's first bytes, and, cut at other places, the rest.
 Eight, not fewer, because an ordinary ending must not match by chance: eight hex digits of a
 random secret are 32 bits (one ending in four billion), eight base64 characters 48; four hex
-digits were one in 65536.  A secret's own public prefix (a vendor's ``sk_live_``) is
-secret-derived to the redactor, which cannot tell it apart: an ending of eight such bytes is
-redacted, and the record says so for what it is (``tail_redacted``), never as an echo."""
+digits were one in 65536.  A shorter form lowers it (``cut_floor``): eight of an 8-byte
+password would leave seven of them to a cut end.  A secret's own public prefix (a vendor's
+``sk_live_``) is secret-derived to the redactor, which cannot tell it apart: an ending of
+eight such bytes is redacted, and the record says so for what it is (``tail_redacted``),
+never as an echo."""
+CUT_FORM_MIN = 4
+"""The floor of ``cut_floor``: fewer bytes than this at an end are too likely by chance."""
+
+
+def cut_floor(derived: int) -> int:
+    """How many secret-derived bytes of the beginning of a form of ``derived`` such bytes (past
+    its public ones) end a stream redacted: ``min(CUT_FORM, max(CUT_FORM_MIN, ceil(derived /
+    2)))``.  So a cut end shows fewer than half of a form's secret-derived bytes (a 32-byte
+    token's raw form: seven of 32; an 8-byte password's: three of eight, where ``CUT_FORM``
+    alone would have left seven), and never ``CUT_FORM`` of them."""
+    return min(CUT_FORM, max(CUT_FORM_MIN, -(-derived // 2)))
 
 
 def _form_begun(plan: Any, data: bytes, any_case_all: bool = False) -> int:
     """Where ``data``'s tail that is the beginning of a form written without escapes (letters
     in either case where the form's count so; ``any_case_all``: every form's, for a remote's
-    short text, as ``pattern_any_case``) starts, with ``CUT_FORM`` or more of the form's
+    short text, as ``pattern_any_case``) starts, with ``cut_floor`` or more of the form's
     secret-derived bytes (``_Plan.starts``: past its public ones); ``len(data)`` if none.  The
     held-back bytes cover it: a form is at most ``widest`` bytes long."""
     tail = data[-plan.widest :]
@@ -327,11 +341,12 @@ def _form_begun(plan: Any, data: bytes, any_case_all: bool = False) -> int:
     best = len(tail)
     for form, any_case, public in plan.starts:
         # Each form not counted in either case is there lower-cased too (hex's two cases; a
-        # base64 one is whole once ``CUT_FORM`` bytes of it are: its core): ``low`` finds it.
+        # base64 one is whole once ``cut_floor`` bytes of it are: its core): ``low`` finds it.
         text = low if any_case or any_case_all else tail
         # A strict beginning: a whole form was replaced already, in the case it counts in.
         i = text.find(form[:1], max(0, len(text) - len(form) + 1))
-        while 0 <= i <= len(text) - CUT_FORM - public and i < best:
+        floor = cut_floor(len(form) - public)
+        while 0 <= i <= len(text) - floor - public and i < best:
             if form.startswith(text[i:]):
                 best = i
                 break

@@ -66,7 +66,7 @@ class _Plan:
         """Per form written without escapes whose first bytes derive from a secret alone:
         (the form -- lower-cased if its letters count in either case, as ``pattern`` matches
         it --, whether they do, how many of its first bytes are public): a stream that ends
-        with ``CUT_FORM`` or more secret-derived bytes of one's beginning ends with them
+        with ``cut_floor`` or more secret-derived bytes of one's beginning ends with them
         redacted (``Redactor.flush``, ``_starts``)."""
         self._encoded = [(slots, _any_case(v)) for v in encoded for slots in _value_slots(v)]
         self._exact = not all(map(_any_case, encoded))

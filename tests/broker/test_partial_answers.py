@@ -273,3 +273,31 @@ async def test_a_head_that_echoed_keeps_the_record_saying_so_whatever_the_body_e
         assert env["error"]["code"] == Code.RESULT_SIZE_LIMIT.value, env
         assert env["evidence"]["result_size_limit"]["received_withheld"] == "redacted"
         assert "echoed a secret" in env["error"]["message"]
+
+
+SHORT = b"k9#Lm2Qx"  # an 8-byte Basic password
+LONG = b"Zq8vR2mK5pL9wXa7Tb3Nc6Yd1Hf4Jg0S"  # a 32-byte token
+
+
+@pytest.mark.parametrize(
+    ("value", "tail", "cut"),
+    [
+        # floor = min(8, max(4, ceil(secret-derived bytes / 2))): fewer than half reach a caller
+        (SHORT, SHORT[:4], True),
+        (SHORT, SHORT[:3], False),
+        (SHORT, SHORT.hex().encode()[:8], True),  # hex: 16 digits, floor 8
+        (SHORT, SHORT.hex().encode()[:7], False),
+        (LONG, LONG[:8], True),
+        (LONG, LONG[:7], False),
+        (LONG, LONG.hex().encode()[:8], True),
+        (LONG, LONG.hex().encode()[:7], False),
+    ],
+)
+def test_a_short_secrets_cut_end_shows_fewer_than_half_of_it(
+    value: bytes, tail: bytes, cut: bool
+) -> None:
+    r = Redactor([b"alice:" + value, value])
+    data = b"you sent: " + tail
+    out = _streamed(r, data, 3)
+    assert out == (b"you sent: " + REDACTED if cut else data)
+    assert r.tail_redacted is cut and not r.echoed
