@@ -700,7 +700,7 @@ HTTP_CHANGES: dict[str, object] = {
     "proxy": None,
     "trust_forward_proxy": True,
     "trust_cleartext": True,
-    "decoding_hop": True,
+    "escaped_query_values": True,
     "follow_redirects": True,
     "redirect_origins": frozenset({"https://files.example.com:443"}),
     "max_body": 10,

@@ -5,10 +5,11 @@ caller wrote one name or a value.  Such a name that servers read as a method or 
 or as the credential's query parameter, is refused as the written one is (``FORBIDDEN_HEADER``
 at ``path``), worded as what a hop would read.
 
-A path's escaped ``?`` tail is checked for every target.  The query's own escaped separators
-only for a target that says a hop decodes its query (``decoding_hop = true``): otherwise they
-are values' own -- a URL-valued parameter, a JSON value, a ``return_to`` -- and such a hop
-would break them for every client (``params.check_query``).
+A path's escaped ``?`` tail is checked for every target; the query's own escaped separators
+too, unless the target says its callers pass values that hold them and no hop decodes its
+query (``escaped_query_values = true``): then they are values' own -- a URL-valued
+parameter, a JSON value, a ``return_to`` (``params.check_query``).  The broker cannot see
+such a hop, so the refusing reading is the default.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from affidavit.statemachine import Code
 from .helpers import http_target
 
 
-def _parse(tmp_path: Path, path: str, decoding_hop: bool = False) -> object:
+def _parse(tmp_path: Path, path: str, decoding_hop: bool | None = None) -> object:
+    """``decoding_hop`` False: the target sets ``escaped_query_values``; True: it says
+    ``false``; None: it says nothing (the default)."""
     target = http_target(
         "http://127.0.0.1:9/api",
         methods=["POST"],
         inject="query:api_key",
-        decoding_hop=decoding_hop or None,
+        escaped_query_values=None if decoding_hop is None else not decoding_hop,
     )
     config = config_from_dict({"targets": {"q": target}}, base_dir=tmp_path)
     return parse_action({"target": "q", "method": "POST", "path": path}, config)
@@ -71,21 +74,22 @@ def test_a_name_a_decoding_hop_makes_in_a_path_is_refused_for_every_target(
     assert info.value.message.startswith("a decoding hop would read")
 
 
+@pytest.mark.parametrize("decoding_hop", [None, True], ids=["default", "said"])
 @pytest.mark.parametrize("path", QUERY_SPLITS + LEGIT)
-def test_a_name_a_decoding_hop_makes_in_the_query_is_refused_behind_one(
-    tmp_path: Path, path: str
+def test_a_name_a_decoding_hop_makes_in_the_query_is_refused_unless_values_hold_them(
+    tmp_path: Path, path: str, decoding_hop: bool | None
 ) -> None:
     with pytest.raises(ActionInvalid) as info:
-        _parse(tmp_path, path, decoding_hop=True)
+        _parse(tmp_path, path, decoding_hop)
     assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, "path")
     assert info.value.message.startswith("a decoding hop would read"), info.value.message
 
 
 @pytest.mark.parametrize("path", QUERY_SPLITS + LEGIT)
-def test_a_query_s_escaped_separators_are_values_own_without_a_decoding_hop(
+def test_a_query_s_escaped_separators_are_values_own_for_escaped_query_values(
     tmp_path: Path, path: str
 ) -> None:
-    assert _parse(tmp_path, path)
+    assert _parse(tmp_path, path, decoding_hop=False)
 
 
 @pytest.mark.parametrize(

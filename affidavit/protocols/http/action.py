@@ -145,7 +145,7 @@ def _check_path(path: str, target: HttpTarget) -> None:
     why = climbs(path.partition("?")[0])  # climbs checks the route's "%"s
     if why is not None:
         raise ActionInvalid(Code.INVALID_FIELD, "path", why)
-    check_request_query(path, query_param(target), bool(target.decoding_hop))
+    check_request_query(path, query_param(target), not target.escaped_query_values)
 
 
 def query_param(target: HttpTarget) -> str | None:

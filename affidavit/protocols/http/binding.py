@@ -143,7 +143,7 @@ def _redirect_policy(target: HttpTarget) -> Any:
     origin and base path (seed: "Do not forward authorization credentials across origins")."""
     base = target.base_path.rstrip("/")
     param = query_param(target)
-    hop = bool(target.decoding_hop)
+    hop = not target.escaped_query_values
 
     def policy(method: str, url: str) -> RedirectDecision:
         if method.upper() not in target.methods:

@@ -179,8 +179,8 @@ def check_request_query(path: str, credential_param: str | None, decoding_hop: b
     """The query of a request target (origin-form ``path``) as servers read it, at field
     ``path``: every "%" an escape, and ``check_query``'s names.  An action's path and a
     followed redirect's Location to the target's own origin are held to it alike
-    (``action.py``, ``binding.py``).  ``decoding_hop``: the target's setting
-    (``check_query``)."""
+    (``action.py``, ``binding.py``).  ``decoding_hop``: true unless the
+    target sets ``escaped_query_values`` (``check_query``)."""
     route, _, query = path.partition("?")
     why = bad_percent(query)
     if why is not None:
@@ -204,16 +204,17 @@ def check_query(
 ) -> None:
     """The names of a request's query (split on ``&`` and ``;``), at field ``path``.
 
-    ``decoding_hop`` (a target's setting, off by default): a hop in front of the application
-    forwards the query percent-decoded, so its ``%26``, ``%3B`` and ``%3D`` are separators
-    there (``a%26_method%3DDELETE`` is ``a&_method=DELETE``) -- the query is then decoded up to
+    ``decoding_hop`` (true unless a target sets ``escaped_query_values``): a hop in front of
+    the application forwards the query percent-decoded, so its ``%26``, ``%3B`` and ``%3D``
+    are separators there (``a%26_method%3DDELETE`` is ``a&_method=DELETE``) -- the query is
+    then decoded up to
     ``MAX_DECODES`` times, as a path's tails are, and each decoding re-split: a name it makes
     that servers read as an override or the credential's is refused; an escaped "&" that forms
     neither (``q=a%26b``) is the value's own.  Off, the escaped separators of values are
     theirs: a URL-valued parameter (``url=https%3A%2F%2Fme.example%2Fcb%3Fa%3D1%26key%3Dabc``),
-    a JSON value holding ``&key=``, a ``return_to`` holding ``_method`` -- such a hop would
-    break every one of them for every client, so a target behind one is known to its operator
-    (docs/configuration.md, ``decoding_hop``)."""
+    a JSON value holding ``&key=``, a ``return_to`` holding ``_method`` -- for a target whose
+    operator says its callers pass such values and no such hop is there
+    (docs/configuration.md, ``escaped_query_values``): the refusing reading is the default."""
     injected = query_key(credential_param) if credential_param else None
     for pair in re.split(r"[&;]", query):
         once = urllib.parse.unquote_plus(pair.partition("=")[0])

@@ -176,10 +176,12 @@ class HttpTarget:
     """True: the operator accepts an ``http://`` url whose host is not loopback -- the credential
     and every answer cross the network in clear, readable and forgeable on the way
     (docs/security.md, "Cleartext targets").  None otherwise (unset: not in the snapshot)."""
-    decoding_hop: Literal[True] | None
-    """True: a hop in front of the application forwards the query percent-decoded, so a
-    caller's escaped ``&``/``;``/``=`` are separators there (``params.check_query``).  None
-    otherwise (unset: not in the snapshot)."""
+    escaped_query_values: Literal[True] | None
+    """True: the operator's callers pass URL- or JSON-valued query parameters whose escaped
+    ``&``/``;``/``=`` may spell an override or the credential's name, and no hop in front of
+    the application forwards the query percent-decoded: those separators are the values' own
+    (``params.check_query``).  None otherwise (unset, the default: not in the snapshot) -- a
+    query whose decoding makes such a name is refused, as a hop that decodes it would read it."""
     follow_redirects: bool
     redirect_origins: frozenset[str]
     """Other origins a followed redirect may go to (normalized ``scheme://host:port``), never
@@ -549,15 +551,16 @@ HTTP_TARGET = TargetSchema(
             "[security](security.md#cleartext-targets))",
         ),
         Field(
-            "decoding_hop",
+            "escaped_query_values",
             lambda r: True if r.boolean() else None,
             default=False,
             unset_omitted=True,
-            doc="`true`: a proxy or gateway in front of the application forwards the query "
-            "percent-decoded, so `%26`, `%3B` and `%3D` are separators there: a query whose "
-            "decoding (up to 4 times) makes a method/path override or the credential's "
-            "parameter is refused. Off, escaped separators are values' own (a URL-valued "
-            "parameter); an escaped `?` in the path is checked either way (see "
+            doc="`true`: this target's callers pass URL- or JSON-valued query parameters whose "
+            "escaped `%26`, `%3B` and `%3D` may spell a method/path override or the "
+            "credential's parameter (`url=...%26_method%3Dx`), and no proxy or gateway in front "
+            "of the application forwards the query percent-decoded: those are values' own. "
+            "Unset, a query whose decoding (up to 4 times) makes such a name is refused, as such "
+            "a hop would read it; an escaped `?` in the path is checked either way (see "
             "[security](security.md#what-a-callers-request-may-not-say))",
         ),
         Field(
