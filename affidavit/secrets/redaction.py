@@ -343,14 +343,16 @@ def _form_begun(plan: Any, data: bytes, any_case_all: bool = False) -> int:
         # Each form not counted in either case is there lower-cased too (hex's two cases; a
         # base64 one is whole once ``cut_floor`` bytes of it are: its core): ``low`` finds it.
         text = low if any_case or any_case_all else tail
-        # A strict beginning: a whole form was replaced already, in the case it counts in.
-        i = text.find(form[:1], max(0, len(text) - len(form) + 1))
-        floor = cut_floor(len(form) - public)
-        while 0 <= i <= len(text) - floor - public and i < best:
-            if form.startswith(text[i:]):
+        # A strict beginning (a whole form was replaced already, in the case it counts in) of
+        # at least its public bytes and the floor: found by those bytes (``find``, no copy per
+        # candidate), the rest of the text compared with the form's next bytes.
+        need = public + cut_floor(len(form) - public)
+        i = text.find(form[:need], max(0, len(text) - len(form) + 1), len(text))
+        while 0 <= i < best:
+            if text.startswith(form[need : len(text) - i], i + need):
                 best = i
                 break
-            i = text.find(form[:1], i + 1)
+            i = text.find(form[:need], i + 1)
     return len(data) - len(tail) + best
 
 
