@@ -308,8 +308,11 @@ class Redactor:
 
 CUT_FORM = 8
 """A stream that ends with this many or more secret-derived bytes of a form's beginning ends
-with them redacted (``flush``): an answer cut inside an echo -- a window of it, a preview --
-would otherwise hand out the credential's first bytes, and, cut at other places, the rest.
+with them redacted (``flush``): an answer that ends inside an echo -- closed mid-echo, or
+nothing but the echo's first bytes -- would otherwise hand out the credential's first bytes,
+and, cut at other places, the rest.  Only the very end: an echo cut short and then followed by
+other bytes (a closing quote, a newline, a preview's ``...``) is not redacted
+(docs/security.md, "What this does not protect").
 Eight, not fewer, because an ordinary ending must not match by chance: eight hex digits of a
 random secret are 32 bits (one ending in four billion), eight base64 characters 48; four hex
 digits were one in 65536.  A shorter form lowers it (``cut_floor``): eight of an 8-byte
