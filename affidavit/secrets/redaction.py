@@ -316,10 +316,11 @@ other bytes (a closing quote, a newline, a preview's ``...``) is not redacted
 Eight, not fewer, because an ordinary ending must not match by chance: eight hex digits of a
 random secret are 32 bits (one ending in four billion), eight base64 characters 48; four hex
 digits were one in 65536.  A shorter form lowers it (``cut_floor``): eight of an 8-byte
-password would leave seven of them to a cut end.  A secret's own public prefix (a vendor's
-``sk_live_``) is secret-derived to the redactor, which cannot tell it apart: an ending of
-eight such bytes is redacted, and the record says so for what it is (``tail_redacted``),
-never as an echo."""
+password would leave seven of them to a cut end.  A vendor's fixed prefix on
+``redaction_plan.VENDOR_PREFIXES`` (``sk_live_``, ``ghp_``) counts as public, like the OpenSSH
+format's first characters; any other public prefix is secret-derived to the redactor, which
+cannot tell it apart: an ending of the floor's worth of such bytes is redacted, and the record
+says so for what it is (``tail_redacted``), never as an echo."""
 CUT_FORM_MIN = 4
 """The floor of ``cut_floor``: fewer bytes than this at an end are too likely by chance."""
 

@@ -185,6 +185,35 @@ _OPENSSH_HEAD = base64.b64encode(
 cipher and KDF ``none``, no KDF options, one key: 39 bytes, 52 whole characters): the
 format's, shared by every such key, so no sign of this one (``_public``)."""
 
+VENDOR_PREFIXES = (
+    b"github_pat_",
+    b"ghp_",
+    b"gho_",
+    b"ghu_",
+    b"ghs_",
+    b"ghr_",
+    b"glpat-",
+    b"sk-proj-",
+    b"sk-ant-",
+    b"sk_live_",
+    b"sk_test_",
+    b"rk_live_",
+    b"rk_test_",
+    b"xoxb-",
+    b"xoxp-",
+    b"xapp-",
+    b"npm_",
+    b"pypi-",
+    b"hf_",
+)
+"""Fixed prefixes vendors write their tokens with (GitHub, GitLab, OpenAI, Anthropic, Stripe,
+Slack, npm, PyPI, Hugging Face), lower-cased: every token of its kind starts with them, so they
+are no sign of this one.  Of a value that starts with one, its raw form's prefix counts as
+public (``_public``), like ``_OPENSSH_HEAD``: a text ending ``ghp_`` or ``sk_live_`` is no
+beginning of a form, and the floor counts the bytes after the prefix.  A short list, not every
+vendor's: a prefix not on it counts as secret-derived (a cut end of it alone, at the floor,
+is redacted and recorded ``tail_redacted``)."""
+
 
 def _starts(
     values: tuple[bytes, ...], literal: set[bytes], by_value: list[tuple[bytes, bytes]]
@@ -196,7 +225,8 @@ def _starts(
     a PEM's armour are not.  So every form left starts with a byte that depends on the secret
     (raw, hex, whole base64, a base64 core: ``redaction_forms``), but a PEM key's armoured
     forms, left out (its body lines and whole body stand for them), and the OpenSSH format's
-    first characters of its body (``_OPENSSH_HEAD``), counted public."""
+    first characters of its body (``_OPENSSH_HEAD``) and a token's vendor prefix
+    (``VENDOR_PREFIXES``), counted public."""
     inner = {
         v for v in values if not any(w != v and _holds(v, w) for w in values if len(w) < len(v))
     }
@@ -204,16 +234,39 @@ def _starts(
     for v in sorted(inner & literal):
         pem = _pem_lines(v)
         for form in pem or _literal_forms(v):
-            out.add((form.lower(), True, _public(form)))
+            out.add((form.lower(), True, max(_public(form), _vendor(v, form))))
     for v, f in by_value:
         if v in inner:
-            out.add((f.lower(), True, 0) if _any_case(v) else (f, False, 0))
+            public = _vendor(v, f)
+            out.add((f.lower(), True, public) if _any_case(v) else (f, False, public))
     return tuple(sorted(out))
 
 
 def _holds(outer: bytes, value: bytes) -> bool:
     """Whether ``outer`` holds ``value`` as written or whole-base64'd (``Basic``)."""
     return any(f in outer for f in _literal_forms(value))
+
+
+def _vendor(value: bytes, form: bytes) -> int:
+    """How many of ``form``'s first bytes are ``value``'s vendor prefix (``VENDOR_PREFIXES``)
+    written in that form: the prefix itself (the raw form), its hex, or the base64 characters
+    it alone decides (standard or URL-safe); compared in either case.  0 if ``value`` starts
+    with none, or ``form`` is none of those (a base64 core of it at another alignment counts
+    from its first character: those of the prefix are secret-derived to the rule)."""
+    low = value.lower()
+    start = form[:24].lower()
+    for prefix in VENDOR_PREFIXES:
+        if not low.startswith(prefix):
+            continue
+        whole = base64.b64encode(value[: len(prefix)])[: len(prefix) * 8 // 6]
+        for written in (prefix, prefix.hex().encode(), whole, whole.translate(_URLSAFE)):
+            if start.startswith(written.lower()):
+                return len(written)
+        return 0
+    return 0
+
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
 def _public(form: bytes) -> int:

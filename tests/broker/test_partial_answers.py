@@ -8,7 +8,8 @@ together are the credential.  So a caller may not ask for a part of the answer (
 end there, ends with that form's beginning redacted (``Redactor.flush``, ``CUT_FORM``
 secret-derived bytes of it or more) -- and the record says so for what it is,
 ``tail_redacted``, never as an echo.  Bytes that do not derive from the secret (``Bearer``, a
-Basic user name, a key's armour and its format's first characters) count for nothing, so an
+Basic user name, a key's armour and its format's first characters, a vendor's token prefix)
+count for nothing, so an
 ordinary ending that only looks like a form's start is left as it was.
 """
 
@@ -34,6 +35,7 @@ from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 SECRET = "sk_live_Q7pW3xN9rT2vL5mK8jH4"
 PASSWORD = b"Zq8!vR2#mK5pL9wX"
 BEARER = b"Bearer " + SECRET.encode()
+VENDOR = len("sk_live_")  # public: every such token starts with it (``VENDOR_PREFIXES``)
 _MIXED = 9
 """base64(BEARER)'s character that mixes "Bearer "'s last bits with the token's first."""
 
@@ -72,19 +74,20 @@ KEY_BODY = KEY.splitlines()[1:-1]
 @pytest.mark.parametrize(
     ("values", "tail"),
     [
-        ([SECRET.encode(), BEARER], SECRET.encode()[:CUT_FORM]),
+        ([SECRET.encode(), BEARER], SECRET.encode()[: VENDOR + CUT_FORM]),
         ([SECRET.encode(), BEARER], SECRET.encode()[:-1]),
         ([SECRET.encode(), BEARER], BEARER[:-1]),
-        ([SECRET.encode(), BEARER], BEARER[: len("Bearer ") + CUT_FORM]),
-        ([SECRET.encode(), BEARER], base64.b64encode(SECRET.encode())[:12]),
+        ([SECRET.encode(), BEARER], BEARER[: len("Bearer ") + VENDOR + CUT_FORM]),
+        ([SECRET.encode(), BEARER], base64.b64encode(SECRET.encode())[: 10 + CUT_FORM]),
         # base64 of "Bearer ": 9 public characters, the 10th mixes the space with the token;
         # 8 past it are the token's alone (its base64 core at that alignment).
         ([SECRET.encode(), BEARER], base64.b64encode(BEARER)[: _MIXED + 1 + CUT_FORM]),
-        # The floor as a literal: the first 8 bytes of this 28-byte token (``_floor``).
-        ([SECRET.encode(), BEARER], b"sk_live_"),
-        ([SECRET.encode(), BEARER], b"Bearer sk_live_"),
+        # The floor as a literal: 8 bytes past the vendor prefix of this token (``cut_floor``).
+        ([SECRET.encode(), BEARER], b"sk_live_Q7pW3xN9"),
+        ([SECRET.encode(), BEARER], b"Bearer sk_live_Q7pW3xN9"),
+        ([b"github_pat_" + SECRET.encode()[8:]], b"github_pat_" + SECRET.encode()[8:16]),
         ([SECRET.encode(), BEARER], SECRET.encode().hex().encode()[:-1]),
-        ([SECRET.encode(), BEARER], SECRET.encode().hex().encode()[:CUT_FORM]),
+        ([SECRET.encode(), BEARER], SECRET.encode().hex().encode()[: 2 * VENDOR + CUT_FORM]),
         (BASIC_VALUES, b"alice.smith:" + PASSWORD[:CUT_FORM]),
         (BASIC_VALUES, PASSWORD[:-1]),
         # base64 of "alice.smith:" is 16 whole characters; the password's begin after them.
@@ -120,8 +123,16 @@ def test_a_stream_ending_inside_a_form_ends_with_its_beginning_redacted(
         ([SECRET.encode(), BEARER], b"Use Authorization: Bearer "),
         ([SECRET.encode(), BEARER], b"Bearer " + SECRET.encode()[: CUT_FORM - 1]),
         ([SECRET.encode(), BEARER], base64.b64encode(BEARER)[: _MIXED + CUT_FORM]),
-        ([SECRET.encode(), BEARER], b"sk_live"),  # the floor as a literal: 7 of 8
-        ([SECRET.encode(), BEARER], b"Bearer sk_live"),
+        ([SECRET.encode(), BEARER], b"sk_live_Q7pW3xN"),  # the floor as a literal: 7 of 8
+        ([SECRET.encode(), BEARER], b"Bearer sk_live_Q7pW3xN"),
+        # A vendor's prefix is every such token's, no sign of this one (``VENDOR_PREFIXES``).
+        ([SECRET.encode(), BEARER], b"key: sk_live_"),
+        ([SECRET.encode(), BEARER], b"Bearer SK_LIVE_"),
+        ([SECRET.encode(), BEARER], SECRET.encode().hex().encode()[: 2 * VENDOR]),
+        ([SECRET.encode(), BEARER], base64.b64encode(SECRET.encode())[:10]),
+        ([b"github_pat_" + SECRET.encode()[8:]], b"token: github_pat_"),
+        ([b"sk-proj-" + SECRET.encode()[8:]], b"export OPENAI_API_KEY=sk-proj-"),
+        ([b"xoxb-" + SECRET.encode()[8:]], b"SLACK_TOKEN=xoxb-"),
         ([b"ghp_" + SECRET.encode()[8:]], b"token: ghp_"),
         (BASIC_VALUES, b"alice.smith"),  # /whoami: the user name is no secret
         (BASIC_VALUES, b"alice.smith:"),
@@ -188,8 +199,9 @@ async def test_an_answer_cut_inside_an_echo_reaches_no_caller_and_says_what_it_w
 @pytest.mark.parametrize(
     ("text", "scrubbed"),
     [
-        (f"Bearer {SECRET[:12]}", "Bearer [REDACTED]"),
-        (f"seen: BEARER {SECRET[:CUT_FORM].upper()}", "seen: BEARER [REDACTED]"),
+        (f"Bearer {SECRET[: VENDOR + CUT_FORM]}", "Bearer [REDACTED]"),
+        (f"seen: BEARER {SECRET[: VENDOR + CUT_FORM].upper()}", "seen: BEARER [REDACTED]"),
+        (f"seen: {SECRET[: VENDOR + CUT_FORM - 1]}", f"seen: {SECRET[: VENDOR + CUT_FORM - 1]}"),
         (f"seen: {SECRET[: CUT_FORM - 1]}", f"seen: {SECRET[: CUT_FORM - 1]}"),
         ("Use Authorization: Bearer", "Use Authorization: Bearer"),
     ],
@@ -213,11 +225,11 @@ def test_short_text_ending_inside_a_short_values_form_in_another_case_ends_redac
 async def test_a_head_cut_inside_an_echo_reaches_no_caller(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A target that shows 20 bytes of the Authorization it got in a header and its reason."""
+    """A target that shows 24 bytes of the Authorization it got in a header and its reason."""
     monkeypatch.setenv(TOKEN_ENV, SECRET)
 
     def reply(r: Received) -> Reply:
-        seen = (r.header("authorization") or "")[:20]
+        seen = (r.header("authorization") or "")[:24]
         return Reply(200, headers=[("X-Seen", seen)], reason=f"Saw {seen}".encode(), body=b"ok")
 
     async with HostileServer.running(scripts.serve(reply)) as server:
