@@ -516,8 +516,9 @@ def _interrupted(iid: str, code: Code, facts: Mapping[str, Any] | None = None) -
 
 _WITHHELD_WHY = {
     "redacted": "the result echoed a secret",
-    "tail_redacted": "the result's last bytes began a form of a secret and were redacted (they "
-    "may be ordinary text)",
+    # Nothing of such a result is returned: its end is withheld with the rest, not redacted.
+    "tail_redacted": "the last bytes that arrived began a form of a secret (they may be ordinary "
+    "text)",
     "unscanned": "the result was not scanned whole",
 }
 

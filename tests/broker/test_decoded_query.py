@@ -72,6 +72,9 @@ def test_a_name_a_decoding_hop_makes_in_a_path_is_refused_for_every_target(
         _parse(tmp_path, path, decoding_hop)
     assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, "path")
     assert info.value.message.startswith("a decoding hop would read")
+    assert "separators" not in info.value.message  # an escaped "?", not a separator
+    if "api" in path.lower():
+        assert 'the path\'s escaped "?" decoded' in info.value.message
 
 
 @pytest.mark.parametrize("decoding_hop", [None, True], ids=["default", "said"])
@@ -83,6 +86,8 @@ def test_a_name_a_decoding_hop_makes_in_the_query_is_refused_unless_values_hold_
         _parse(tmp_path, path, decoding_hop)
     assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, "path")
     assert info.value.message.startswith("a decoding hop would read"), info.value.message
+    if "api_key" in path:
+        assert "its escaped separators decoded" in info.value.message
 
 
 @pytest.mark.parametrize("path", QUERY_SPLITS + LEGIT)

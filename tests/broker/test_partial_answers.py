@@ -249,6 +249,7 @@ def test_a_result_cut_at_its_limit_with_its_end_redacted_is_not_called_an_echo()
 
     message = _too_large_message({"limit": 64, "received_withheld": "tail_redacted"})
     assert "may be ordinary text" in message and "echoed" not in message
+    assert "redacted" not in message  # nothing of the result is returned, so none redacted
     assert "bytes received" not in message.replace("the bytes received are not told", "")
 
 

@@ -134,14 +134,14 @@ def _check_name(
     injected: str | None,
     param: str | None,
     controls: bool = True,
-    hop: bool = False,
+    hop: str | None = None,
 ) -> None:
     """One parameter name, percent-decoded once (as UTF-8, like the frameworks); checked as
     decoded once and twice, whatever the target: no parameter a caller means is named
     ``%255Fmethod`` or ``api%255Fkey``, and a stack that decodes a name once more (a second
     ``unquote`` in an application's own parameter handling) reads it as the override or the
-    credential's.  ``hop``: the name exists only once a decoding hop re-split the query
-    (``check_query``), and the message says so."""
+    credential's.  ``hop``: the name exists only once a decoding hop decoded what ``hop``
+    says (``SEPARATORS``, ``PATH_TAIL``: ``check_query``), and the message says so."""
     for name in (once, urllib.parse.unquote_plus(once)):
         if controls and _CONTROL.search(name):
             raise ActionInvalid(
@@ -163,7 +163,7 @@ def _check_name(
             if hop:
                 why = (
                     f"a decoding hop would read query parameter {param}, the credential's, "
-                    "here (its escaped separators decoded)"
+                    f"here ({hop} decoded)"
                 )
             else:
                 why = f"query parameter {param} carries the credential"
@@ -173,6 +173,12 @@ def _check_name(
                 f'{why} (in any case, with "-", "." or " " for "_", or as an array, '
                 "NAME[]); the broker sets it",
             )
+
+
+SEPARATORS = "its escaped separators"
+"""What a decoding hop decoded to make a query's name: its ``%26``, ``%3B``, ``%3D``."""
+PATH_TAIL = 'the path\'s escaped "?"'
+"""What a decoding hop decoded to make a path's tail a query: its ``%3F``."""
 
 
 def check_request_query(path: str, credential_param: str | None, decoding_hop: bool) -> None:
@@ -196,11 +202,11 @@ def check_request_query(path: str, credential_param: str | None, decoding_hop: b
             break
         route = urllib.parse.unquote(route)
         if "?" in route:
-            check_query(route.partition("?")[2], credential_param, decoding_hop, hop=True)
+            check_query(route.partition("?")[2], credential_param, decoding_hop, hop=PATH_TAIL)
 
 
 def check_query(
-    query: str, credential_param: str | None, decoding_hop: bool, hop: bool = False
+    query: str, credential_param: str | None, decoding_hop: bool, hop: str | None = None
 ) -> None:
     """The names of a request's query (split on ``&`` and ``;``), at field ``path``.
 
@@ -227,7 +233,9 @@ def check_query(
         query = urllib.parse.unquote(query)
         for pair in re.split(r"[&;]", query):
             once = urllib.parse.unquote_plus(pair.partition("=")[0])
-            _check_name(once, "path", injected, credential_param, controls=False, hop=True)
+            _check_name(
+                once, "path", injected, credential_param, controls=False, hop=hop or SEPARATORS
+            )
 
 
 def check_form_body(body: bytes, content_type: str | None, field: str) -> None:
