@@ -540,7 +540,10 @@ class _Hop:
             return red.contains(text) or (holds is not None and holds(text))
 
         for reason, fields_ in ex.heads:
-            if seen(reason) or any(seen(f"{n}: {v}") for n, v in fields_):
+            lines = [reason, *(f"{n}: {v}" for n, v in fields_)]
+            # One ``holds`` per head: joined by NUL, which no header holds and no form spans
+            # (no escape reads across it), the lines match as they would one by one.
+            if any(map(red.contains, lines)) or (holds is not None and holds("\0".join(lines))):
                 return True
         if ex.head_bytes and seen(bytes(ex.head_bytes).decode("latin-1")):
             return True

@@ -257,6 +257,8 @@ class Redactor:
                 raw = _text_bytes(t)[0]
                 if plan.may_hold_any_case(raw) and plan.pattern_any_case.search(raw):
                     return True
+            if not any("%" in t or "+" in t for t in round_):
+                return False  # nothing decoding would change (most header lines: no copies)
             seen |= round_
             unquote = (urllib.parse.unquote, urllib.parse.unquote_plus)
             round_ = {f(t) for t in round_ for f in unquote}
