@@ -300,7 +300,7 @@ def received_evidence(
     the record test guesses of that secret offline, and their count would give its length.
     Otherwise ``<stream>_received_withheld`` says why (``redacted``, ``tail_redacted`` --
     only its end was replaced, as the beginning of a form: ``Redactor.flush`` -- or
-    ``unscanned``); the
+    ``unscanned``), never weaker than the head's or the driver's word; the
     ``unscanned`` streams' names are appended to ``cut``."""
     out: dict[str, Any] = {}
     for key in result.facts:
@@ -314,7 +314,11 @@ def received_evidence(
             if cut is not None:
                 cut.append(name)
         elif sink.redacted(name):
-            out[f"{name}_received_withheld"] = sink.why(name)
+            # The driver's word (HTTP: a head, a 1xx's too, held a form the summary's scrub
+            # never sees, e.g. a hex Link) is never lowered by a stream that only ended inside a
+            # form (``stronger``); ``why`` has the summary's (``head_echoed``).
+            why = stronger(sink.why(name), result.facts.get("received_withheld"))
+            out[f"{name}_received_withheld"] = why
         else:
             out[key] = "sha256:" + str(result.facts[key])
             if f"{name}_bytes" in result.facts:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from affidavit.protocols.actions import ActionInvalid, parse_action
 from affidavit.secrets.redaction import CUT_FORM, REDACTED, Redactor
 from affidavit.statemachine import Code, EventKind
-from tests.http.hostile import HostileServer, Received, Reply, scripts
+from tests.http.hostile import HostileServer, Peer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
@@ -325,3 +325,47 @@ def test_a_short_secrets_cut_end_shows_fewer_than_half_of_it(
     out = _streamed(r, data, 3)
     assert out == (b"you sent: " + REDACTED if cut else data)
     assert r.tail_redacted is cut and not r.echoed
+
+
+def _hex_in_head(interim: bool) -> Callable[[Peer], Awaitable[None]]:
+    """The Authorization's hex in a 103's Link (or the 200's own header), then a 200 whose
+    body ends in its first 30 bytes."""
+
+    async def script(peer: Peer) -> None:
+        req = await peer.read_request()
+        if req is None:
+            return
+        auth = (req.header("authorization") or "").encode()
+        echo = b"X-Seen: " + auth.hex().encode() + b"\r\n"
+        body = b"you sent: " + auth[:30]
+        early = b"HTTP/1.1 103 Early Hints\r\nLink: <" + auth.hex().encode() + b">\r\n\r\n"
+        head = b"HTTP/1.1 200 OK\r\n" + (b"" if interim else echo)
+        length = f"Content-Length: {len(body)}\r\n\r\n".encode()
+        await peer.send_raw((early if interim else b"") + head + length + body)
+        await peer.close()
+
+    return script
+
+
+@pytest.mark.parametrize("interim", [True, False], ids=["103-link", "200-header"])
+async def test_a_head_echo_only_the_driver_saw_keeps_the_streams_row_saying_redacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interim: bool
+) -> None:
+    """The driver's word (its head held the credential's hex) reaches the complete-response
+    row's ``body_received_withheld`` too, not only the envelope: a body that only ends inside
+    the credential does not lower it to ``tail_redacted``."""
+    monkeypatch.setenv(TOKEN_ENV, SECRET)
+    async with HostileServer.running(_hex_in_head(interim)) as server:
+        cfg = write_config(tmp_path, {"t": http_target(server.url)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(20):
+                env = await broker.call({"target": "t", "method": "GET", "path": "/x"})
+            [complete] = [
+                e.attrs
+                for e in broker.events(env["invocation_id"])
+                if e.kind is EventKind.REMOTE_RESPONSE_COMPLETE
+            ]
+    assert env["result"]["body"] == "you sent: Bearer [REDACTED]", env
+    assert env["evidence"]["http"]["received_withheld"] == "redacted", env
+    assert complete.get("body_received_withheld") == "redacted", complete
+    assert "body_sha256" not in complete
