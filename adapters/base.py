@@ -29,7 +29,7 @@ The engine (``affidavit/engine/``) owns the journal; adapters never touch it.  A
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -77,9 +77,10 @@ class AttemptContext:
     passes ``stream`` on not scanned whole (a ``br`` body): the engine then treats it as a
     stream redaction replaced something in -- none of its sizes or hashes reach a caller,
     ``received_withheld: "unscanned"`` (``engine/echoed.py``)."""
-    holds: Callable[[str], bool] | None = None
-    """If set, ``holds(text)``: whether a remote's text holds any form of the secrets the
-    streams are redacted of (``Redactor.holds``: base64, hex, escaped, in either case) -- what
+    holds: Callable[[Iterable[str]], bool] | None = None
+    """If set, ``holds(texts)``: whether any of a remote's texts holds any form of the secrets
+    the streams are redacted of (``Redactor.holds_any``: base64, hex, escaped, in either case) --
+    what
     a driver asks of a response head before it calls the bytes received an echo or not (HTTP's
     ``_head_echoed``)."""
 

@@ -537,13 +537,12 @@ class _Hop:
         red, ex, holds = self.redactor, self.ex, self.ctx.holds
 
         def seen(text: str) -> bool:  # as sent, or any other form (a base64 of it: ``holds``)
-            return red.contains(text) or (holds is not None and holds(text))
+            return red.contains(text) or (holds is not None and holds((text,)))
 
         for reason, fields_ in ex.heads:
             lines = [reason, *(f"{n}: {v}" for n, v in fields_)]
-            # One ``holds`` per head: joined by NUL, which no header holds and no form spans
-            # (no escape reads across it), the lines match as they would one by one.
-            if any(map(red.contains, lines)) or (holds is not None and holds("\0".join(lines))):
+            # One ``holds`` per head (``holds_any``: each line's bytes alone, one search).
+            if any(map(red.contains, lines)) or (holds is not None and holds(lines)):
                 return True
         if ex.head_bytes and seen(bytes(ex.head_bytes).decode("latin-1")):
             return True

@@ -63,7 +63,7 @@ class StreamSink:
         self._keep = True
         self._scrubber = Redactor(secret_values)
         self.scrub = self._scrubber.scrub
-        self.holds = self._scrubber.holds
+        self.holds = self._scrubber.holds_any
         """Whether a text holds a form of the secrets (``AttemptContext.holds``)."""
         """``value`` (JSON-able: a summary, facts) with every form of the secrets redacted in
         its strings and keys -- header names and values, the reason phrase, a hop's origin --

@@ -225,7 +225,7 @@ class Redactor:
             # A value cut inside an echo (a header that shows the first 20 bytes of the
             # request's Authorization): its end goes as a stream's does (``flush``).
             out = out[:cut] + REDACTED
-        if b"%" in out and self.holds(out.decode(codec, "surrogatepass")):
+        if b"%" in out and _decoded_hold(plan, {out}):
             # A form only percent-decoding shows (a URL quoted inside a quoted parameter: a
             # token's "/" as %252F): no span of the text is the form, so the text goes whole.
             out = REDACTED
@@ -244,25 +244,16 @@ class Redactor:
         read as ``+`` and as a space): a Location quoting the request URL inside a query
         parameter, maybe twice.  The redirect check (adapters/http/redirects.py): a Location
         that holds one is a credential echo and is not followed."""
+        return self.holds_any((text,))
+
+    def holds_any(self, texts: Iterable[str]) -> bool:
+        """Whether any of ``texts`` (a response head's lines) ``holds`` a form: the answer of
+        asking each alone.  Each is taken as the bytes it was received as, alone
+        (``_text_bytes``: one line's character past U+00FF changes no other line's bytes), and
+        decoded as bytes (``%C3%A4`` is those two bytes, whatever the rest of the text); one
+        search a round over them all, joined by NUL, which no form spans."""
         plan = self._plan
-        if plan is None:
-            return False
-        seen: set[str] = set()
-        round_ = {text}
-        for _ in range(4):
-            round_ -= seen
-            if not round_:
-                return False
-            for t in round_:
-                raw = _text_bytes(t)[0]
-                if plan.may_hold_any_case(raw) and plan.pattern_any_case.search(raw):
-                    return True
-            if not any("%" in t or "+" in t for t in round_):
-                return False  # nothing decoding would change (most header lines: no copies)
-            seen |= round_
-            unquote = (urllib.parse.unquote, urllib.parse.unquote_plus)
-            round_ = {f(t) for t in round_ for f in unquote}
-        return False
+        return plan is not None and _decoded_hold(plan, {_text_bytes(t)[0] for t in texts})
 
     def scrub(self, value: Any) -> Any:
         """A JSON-able ``value`` with every string (mapping keys included) scrubbed.  A number,
@@ -360,6 +351,30 @@ def _form_begun(plan: Any, data: bytes, any_case_all: bool = False) -> int:
                 break
             i = text.find(form[:need], i + 1)
     return len(data) - len(tail) + best
+
+
+def _decoded_hold(plan: Any, round_: set[bytes]) -> bool:
+    """Whether any of ``round_`` (texts' bytes) holds a form of ``plan``'s, letters in either
+    case, as they are or after up to three rounds of percent-decoding (``+`` read as ``+`` and
+    as a space), each decoded as bytes."""
+    seen: set[bytes] = set()
+    for _ in range(4):
+        round_ -= seen
+        if not round_:
+            return False
+        raw = b"\0".join(round_)
+        if plan.may_hold_any_case(raw) and plan.pattern_any_case.search(raw):
+            return True
+        seen |= round_
+        # Only a text holding '%' or '+' decodes to anything new (most header lines: none).
+        unquote = urllib.parse.unquote_to_bytes
+        round_ = {
+            d
+            for t in round_
+            if b"%" in t or b"+" in t
+            for d in (unquote(t), unquote(t.replace(b"+", b" ")))
+        }
+    return False
 
 
 def _text_bytes(text: str) -> tuple[bytes, str]:

@@ -242,6 +242,31 @@ def test_a_url_holds_the_secret_in_any_form_case_or_percent_encoding_depth() -> 
     assert not Redactor([]).holds(f"http://h/?s={tok.decode()}")
 
 
+_UMLAUT = "p\u00e4sswort-geheim-9"
+_HEAD_LINES = (
+    # The echo as a header field arrives (UTF-8 bytes read as latin-1), one "-" as %252D.
+    "x: " + _UMLAUT.encode().decode("latin-1").replace("-", "%252D", 1),
+    # Percent-encoded UTF-8, the same "-": decoded as bytes, %C3%A4 is the secret's two bytes.
+    "x: " + urllib.parse.quote(_UMLAUT).replace("-", "%252D", 1),
+    "y: %E2%82%AC",  # decodes past U+00FF
+    "w: \u20ac caf\u00e9",  # past U+00FF as it stands
+    "x: " + _UMLAUT,  # the secret's characters, not its bytes: no form
+    "z: a+b%2Bc",
+    "v: " + base64.b64encode(_UMLAUT.encode()).decode(),
+)
+
+
+def test_a_heads_lines_asked_at_once_answer_as_each_asked_alone() -> None:
+    """``holds_any`` (a response head's lines, one search) answers what ``holds`` of each line
+    does: a line past U+00FF (decoded or as it stands) changes no other line's bytes."""
+    r = Redactor([_UMLAUT.encode()])
+    alone = [r.holds(line) for line in _HEAD_LINES]
+    assert alone == [True, True, False, False, False, False, True]
+    for n in (1, 2, 3):
+        for lines in itertools.permutations(_HEAD_LINES, n):
+            assert r.holds_any(lines) == any(map(r.holds, lines)), lines
+
+
 def test_text_holding_a_form_only_once_percent_decoded_is_replaced_whole() -> None:
     slashed = Redactor([b"Tok/Ab3+Xy9Zq"])
     inner = urllib.parse.quote("/a?t=Tok/Ab3+Xy9Zq", safe="")
