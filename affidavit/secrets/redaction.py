@@ -314,16 +314,18 @@ password would leave seven of them to a cut end.  A vendor's fixed prefix on
 format's first characters; any other public prefix is secret-derived to the redactor, which
 cannot tell it apart: an ending of the floor's worth of such bytes is redacted, and the record
 says so for what it is (``tail_redacted``), never as an echo."""
-CUT_FORM_MIN = 4
-"""The floor of ``cut_floor``: fewer bytes than this at an end are too likely by chance."""
+CUT_FORM_MIN = 2
+"""The floor of ``cut_floor``: one byte at an end is any text's last byte.  A short form's floor
+is low (two of a 4-byte password), so ordinary text ends like it by chance more often: such an
+end goes as ``tail_redacted`` ("may be ordinary text"), never called an echo."""
 
 
 def cut_floor(derived: int) -> int:
     """How many secret-derived bytes of the beginning of a form of ``derived`` such bytes (past
     its public ones) end a stream redacted: ``min(CUT_FORM, max(CUT_FORM_MIN, ceil(derived /
-    2)))``.  So a cut end shows fewer than half of a form's secret-derived bytes (a 32-byte
-    token's raw form: seven of 32; an 8-byte password's: three of eight, where ``CUT_FORM``
-    alone would have left seven), and never ``CUT_FORM`` of them."""
+    2)))``.  A cut end shows at most one byte fewer: ``min(7, max(1, ceil(derived / 2) - 1))``
+    of them, fewer than half for 3 or more (an 8-byte password's raw form: three of eight; of
+    4, 5, 6 bytes: one, two, two; a 32-byte token's: seven of 32), one of a 2-byte form: half."""
     return min(CUT_FORM, max(CUT_FORM_MIN, -(-derived // 2)))
 
 

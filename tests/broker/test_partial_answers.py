@@ -301,30 +301,36 @@ async def test_a_head_that_echoed_keeps_the_record_saying_so_whatever_the_body_e
 
 SHORT = b"k9#Lm2Qx"  # an 8-byte Basic password
 LONG = b"Zq8vR2mK5pL9wXa7Tb3Nc6Yd1Hf4Jg0S"  # a 32-byte token
+_ROWS = [
+    # (a Basic password, its form, the form's floor: min(8, max(2, ceil(bytes / 2))))
+    (SHORT[:4], SHORT[:4], 2),
+    (SHORT[:5], SHORT[:5], 3),
+    (SHORT[:6], SHORT[:6], 3),
+    (SHORT, SHORT, 4),
+    (SHORT[:4], SHORT[:4].hex().encode(), 4),  # hex: 8 digits
+    (SHORT, SHORT.hex().encode(), 8),  # 16 digits
+    (LONG, LONG, 8),
+    (LONG, LONG.hex().encode(), 8),
+]
 
 
+@pytest.mark.parametrize("cut", [True, False], ids=["floor", "floor-less-one"])
 @pytest.mark.parametrize(
-    ("value", "tail", "cut"),
-    [
-        # floor = min(8, max(4, ceil(secret-derived bytes / 2))): fewer than half reach a caller
-        (SHORT, SHORT[:4], True),
-        (SHORT, SHORT[:3], False),
-        (SHORT, SHORT.hex().encode()[:8], True),  # hex: 16 digits, floor 8
-        (SHORT, SHORT.hex().encode()[:7], False),
-        (LONG, LONG[:8], True),
-        (LONG, LONG[:7], False),
-        (LONG, LONG.hex().encode()[:8], True),
-        (LONG, LONG.hex().encode()[:7], False),
-    ],
+    ("value", "form", "floor"), _ROWS, ids=[f"{len(v)}B-{len(f)}" for v, f, _ in _ROWS]
 )
-def test_a_short_secrets_cut_end_shows_fewer_than_half_of_it(
-    value: bytes, tail: bytes, cut: bool
+def test_a_cut_end_shows_fewer_than_half_of_a_form_of_three_bytes_or_more(
+    value: bytes, form: bytes, floor: int, cut: bool
 ) -> None:
+    """The floor's bytes of a form's beginning end redacted; one fewer are left as they were:
+    fewer than half of the form (at most ``ceil(d / 2) - 1`` of its ``d`` bytes)."""
     r = Redactor([b"alice:" + value, value])
+    tail = form[: floor if cut else floor - 1]
     data = b"you sent: " + tail
     out = _streamed(r, data, 3)
     assert out == (b"you sent: " + REDACTED if cut else data)
     assert r.tail_redacted is cut and not r.echoed
+    if not cut:
+        assert 2 * len(tail) < len(form)
 
 
 def _hex_in_head(interim: bool) -> Callable[[Peer], Awaitable[None]]:
