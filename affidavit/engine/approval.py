@@ -120,6 +120,12 @@ class ApprovalBoard:
         """Of ``open``, those ``ready`` last read awaiting a decision, by their approval's
         ``expires_at`` (the clock ``approval_now`` reads): not read again at each sweep, only
         once it has passed or a grant of it is learnt (``learn``)."""
+        self.unsendable: dict[str, float] = {}
+        """Of ``open``, approved ones this broker's configuration cannot send as approved, on a
+        shared journal (``dispatch_approved``), by their approval's ``expires_at``: logged once,
+        and not read again at each sweep until then (another broker may send it meanwhile; at
+        the expiry it is closed APPROVAL_STALE).  A configuration is loaded only at start: a
+        daemon restarted on another one starts with an empty board."""
         self.requesters: dict[str, int] = {}
         """Invocations this process asked approval for (or found open at start: ``watch``),
         by requester uid: what ``max_pending_approvals`` counts, each re-read before it is
@@ -147,6 +153,7 @@ class ApprovalBoard:
         self.asked.discard(iid)
         self.seen.pop(iid, None)
         self.pending.pop(iid, None)
+        self.unsendable.pop(iid, None)
 
     def changed(self) -> None:
         """A decision was recorded in this process: wake whoever waits for one."""
@@ -506,25 +513,33 @@ async def approval_now(recorder: Recorder) -> float:
     return await recorder.read(recorder.hint_now)
 
 
-async def expire_if_due(recorder: Recorder, record: Record) -> Record:
+async def expire_if_due(recorder: Recorder, record: Record, engine: Engine | None = None) -> Record:
     """Close an approval nobody decided on, or nobody dispatched, before its expiry
-    (``approval_now``): APPROVAL_EXPIRED (validation, not_attempted).  Anything else is
-    returned as it is."""
+    (``approval_now``): APPROVAL_EXPIRED (validation, not_attempted) -- or, for a granted one
+    that ``engine``'s configuration cannot send as approved either (``unsendable``: its
+    target changed since), APPROVAL_STALE with the field naming it: the change, not the
+    window, is why it was not sent.  Anything else is returned as it is."""
     approval = record.evidence.get("approval")
     if record.state not in APPROVAL_STATES or not isinstance(approval, Mapping):
         return record
     if await approval_now(recorder) < float(approval["expires_at"]):
         return record
-    expired = Event(
-        E.PREFLIGHT_FAILED,
-        record.invocation_id,
-        {
+    field = unsendable(engine, record) if engine is not None else None
+    if record.state == "approved" and field is not None:
+        attrs = {
+            "code": Code.APPROVAL_STALE.value,
+            "field": field,
+            "message": "The target changed after approval and no broker sent the request as "
+            "approved before its approval ran out; nothing was sent.",
+        }
+    else:
+        attrs = {
             "code": Code.APPROVAL_EXPIRED.value,
             "field": "approval",
             "message": "The approval window ran out before the request was dispatched; "
             "nothing was sent.",
-        },
-    )
+        }
+    expired = Event(E.PREFLIGHT_FAILED, record.invocation_id, attrs)
     with contextlib.suppress(ImpossibleEvent):  # decided or dispatched meanwhile
         await recorder.append(expired, barrier=True)
     return await recorder.record(record.invocation_id)
@@ -587,13 +602,19 @@ async def dispatch_approved(
     board, recorder = engine.approvals, engine.recorder
     board.dispatching.add(iid)
     try:
-        record = await expire_if_due(recorder, await recorder.record(iid))
+        record = await expire_if_due(recorder, await recorder.record(iid), engine)
         grant = grant_of(record)
         if record.state != "approved" or grant is None:
             return None
-        target = engine.config.targets.get(record.target or "")
-        if not await _sendable_here(engine, record, target):
+        field = unsendable(engine, record)
+        if field is not None:
+            if not engine.journal.backend.shared:  # one writer: no other broker can send it
+                return await stale(recorder, iid, field, "The target changed after approval.")
+            if iid not in board.unsendable:
+                log.warning("approved %s is left unsent here: %s changed since", iid, field)
+            board.unsendable[iid] = grant.expires_at
             return None
+        target = engine.config.targets[record.target or ""]
         action = await _accepted_action(engine, iid)
         if action is None:
             # Payloads sealed to the auditor alone: the broker cannot read the request back.
@@ -640,22 +661,25 @@ async def dispatch_approved(
         board.dispatching.discard(iid)
 
 
-async def _sendable_here(engine: Engine, record: Record, target: Any) -> bool:
-    """Whether this broker's configuration can send ``record`` as it was approved: its target
-    is in it, of the protocol recorded, bound to the same snapshot (``config_hash``).
-    Checked before the dispatch lease is taken, and nothing written when it fails: on a
-    shared journal another daemon -- the asker's, or one whose configuration already (or
-    still) matches during a rolling change -- may send it, and a grant nobody can send is
-    closed APPROVAL_EXPIRED at its expiry.  Taken here, it was ended APPROVAL_STALE under
-    the caller waiting for it elsewhere.  What this host's files hold now (a config file
-    edited since it was loaded, a CA file edited in place: the account) is the gate's to
-    re-check under the lease, as for every dispatch; a record from before the hash was
-    recorded (or a plain one, from before keyed hashes) too."""
+def unsendable(engine: Engine, record: Record) -> str | None:
+    """The configuration field (``targets.<name>``) that keeps this broker from sending
+    ``record`` as it was approved -- its target gone, of another protocol, or bound to another
+    snapshot (``config_hash``) -- or None when it can.  Checked before the dispatch lease is
+    taken (``dispatch_approved``): on a SQLite journal (one writer: no other broker exists) it
+    ends the grant APPROVAL_STALE at once; on a shared one nothing is written -- another
+    daemon (the asker's, or one whose configuration already or still matches during a rolling
+    change) may send it -- and at its expiry a broker that cannot send it either closes it
+    APPROVAL_STALE (``expire_if_due``).  What this host's files hold now (a config file edited
+    since it was loaded, a CA file edited in place: the account) is the gate's to re-check
+    under the lease, as for every dispatch; a record from before the hash was recorded (or a
+    plain one, from before keyed hashes) too."""
+    name = record.target or ""
+    target = engine.config.targets.get(name)
     if target is None or target.kind != record.protocol:
-        return False
+        return f"targets.{name}"
     bound = record.evidence.get("config_hash")
     keyed = isinstance(bound, str) and bound.startswith(KEYED_PREFIX)
-    return not keyed or bound == engine.snapshot.hash(target)
+    return f"targets.{name}" if keyed and bound != engine.snapshot.hash(target) else None
 
 
 def watch(engine: Engine) -> None:
@@ -714,12 +738,13 @@ async def ready(engine: Engine) -> list[str]:
         candidates = sorted(board.open - board.waiting - board.dispatching)
         now = await approval_now(recorder) if candidates else 0.0
         for iid in candidates:
-            until = board.pending.get(iid)
+            until = board.pending.get(iid, board.unsendable.get(iid))
             if until is not None and now < until:
-                continue  # awaiting a decision: read again once a grant is learnt, or expired
+                continue  # awaiting a decision (read again once a grant is learnt), or not
+                # sendable here (until a reload): read again once expired
             record = await recorder.read(functools.partial(journal.record, iid))
             if record is not None:
-                record = await expire_if_due(recorder, record)
+                record = await expire_if_due(recorder, record, engine)
             if record is None or record.state not in APPROVAL_STATES:
                 board.close(iid)
                 continue

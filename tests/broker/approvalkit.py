@@ -40,11 +40,13 @@ def approval_config(
     approval: Any = "always",
     service: Mapping[str, Any] | None = None,
     name: str = "affidavit.toml",
+    journal: Mapping[str, Any] | None = None,
     **target: Any,
 ) -> Path:
     """A config with target ``api`` (``approval`` as given) and ``[service]`` naming
-    ``OPS_UID`` an operator (plus ``service``)."""
-    path = write_config(tmp, {"api": http_target(url, approval=approval, **target)}, name=name)
+    ``OPS_UID`` an operator (plus ``service``); ``journal``: as ``write_config``'s."""
+    api = {"api": http_target(url, approval=approval, **target)}
+    path = write_config(tmp, api, name=name, journal=journal)
     lines = ["[service]", f"operator_uids = [{OPS_UID}]"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in (service or {}).items()]
     with path.open("a", encoding="utf-8") as f:

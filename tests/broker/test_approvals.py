@@ -373,12 +373,21 @@ async def test_a_config_reloaded_after_approval_is_not_sent_under_the_old_approv
             iid = await _approved_with_caller_gone(b)
         cfg.write_text(text.replace("total = 6", "total = 7"))
         async with open_broker(cfg) as b:
-            # A broker started on another config cannot send it as approved, and leaves it --
-            # no lease taken, nothing written -- to one that can, or to its expiry
-            # (apprfix50b #1: on a shared journal, it ended the grant under a waiting caller).
-            assert await b.dispatch_approved(iid) is None
+            # A broker started on another config cannot send it as approved.  On SQLite (one
+            # writer) no other broker can either: APPROVAL_STALE at once, naming the target's
+            # settings, no lease taken (apprfix50c #1: it read IN_PROGRESS until the expiry,
+            # then "window ran out").  A shared journal's case: test_approval_not_sendable_here.
+            await b.dispatch_approved(iid)
+            rec = assert_error(
+                b,
+                await b.fetch_result(iid) or {},
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="APPROVAL_STALE",
+            )
+            assert rec.field == "targets.api"
             assert E.DISPATCH_LEASE_ACQUIRED not in event_kinds(b, iid)
-            assert (await b.fetch_result(iid) or {})["error"]["code"] == "IN_PROGRESS"
             verify_ok(b)
     assert srv.requests == []
 

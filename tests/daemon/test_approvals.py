@@ -251,12 +251,13 @@ async def test_a_config_edited_after_approval_is_not_sent_under_the_old_approval
         # The target is reloaded with another timeout: not what the operator approved.
         down.config.write_text(down.config.read_text().replace("total = 5", "total = 9"))
         async with _restarted(down, token) as daemon:
-            # Its dispatcher cannot send it as approved, and leaves it -- no lease, nothing
-            # written -- to a daemon that can, or to its expiry (apprfix50b #1).
-            await trio.sleep(2.0)  # two sweeps
-            record = await _state(daemon, iid, "approved")
+            # Its dispatcher cannot send it as approved, and on SQLite (one writer) no other
+            # daemon can: APPROVAL_STALE at once, naming the target's settings, no lease taken
+            # (apprfix50c #1: it stayed approved until its expiry, then "window ran out").
+            record = await _state(daemon, iid, "validation_failed")
             async with Client.open(daemon.socket) as c:
                 kinds = [e["kind"] for e in await c.events(iid)]
+            assert (record["code"], record["field"]) == ("APPROVAL_STALE", "targets.api"), record
             assert "DISPATCH_LEASE_ACQUIRED" not in kinds, record
     assert srv.requests == []
 
