@@ -29,6 +29,7 @@ So an action the target's ``approval`` covers goes:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -186,16 +187,39 @@ class Grant:
             return Code.APPROVAL_EXPIRED
         return None
 
-    async def disowned(self, service: ServiceConfig) -> bool:
+    groups: tuple[int, ...] | None = None
+    """The operator's groups by the user database, looked up before the dispatch lease was
+    taken (``checked``) for a grant recorded without ``admitted``: what the gate re-checks
+    the group list against, with no lookup under the lease."""
+
+    async def checked(self, service: ServiceConfig) -> Grant | None:
+        """This grant as the gate will re-check it, or None when whether its operator is one
+        cannot be told now -- recorded without ``admitted``, its uid not listed, and the user
+        database failing to look its groups up (the uid unknown here, ``userdel``, NSS away):
+        nothing may be sent under it, and nothing proves it disowned either, so this attempt
+        is refused retryably before the dispatch lease (logged), the record left approved for a
+        later sweep, a caller coming back, or its expiry.  Looked up in a worker thread."""
+        uid = self.operator
+        if uid is None or self.admitted is not None or uid in service.operator_uids:
+            return self
+        if not service.operator_gids:
+            return self
+        lookup = functools.partial(groups_of, uid)
+        groups = await trio.to_thread.run_sync(lookup, abandon_on_cancel=True)
+        if groups is None:
+            log.warning("the operator uid %d of a grant: its groups cannot be looked up", uid)
+            return None
+        return dataclasses.replace(self, groups=tuple(groups))
+
+    def disowned(self, service: ServiceConfig) -> bool:
         """Whether the operator who granted it is not one by the operator settings as they are
         now (``[service] operator_uids`` / ``operator_gids``, a reloaded file's or a restarted
         daemon's): removed since, the grant no longer stands -- the gate sends nothing under it
         (APPROVAL_STALE).  What admitted them at the decision (``admitted``: the uid, or the
         group of the kernel's credentials) is re-checked against the lists, nothing looked up:
         the decision took the caller's kernel groups, which the user database need not know.
-        A grant recorded before ``admitted`` was: its uid listed, else its groups by the user
-        database, looked up in a worker thread, and a failed lookup (the uid unknown here, NSS
-        away) proves no removal -- not disowned (logged).  A grant naming no uid: disowned."""
+        A grant recorded before ``admitted`` was: its uid listed, else the groups ``checked``
+        looked up (none looked up: nothing shows it an operator).  No uid: disowned."""
         uid = self.operator
         if uid is None:
             return True
@@ -205,13 +229,7 @@ class Grant:
             return n not in listed
         if uid in service.operator_uids:
             return False
-        if not service.operator_gids:
-            return True
-        lookup = functools.partial(groups_of, uid)
-        groups = await trio.to_thread.run_sync(lookup, abandon_on_cancel=True)
-        if groups is None:
-            log.warning("the operator uid %d of a grant: its groups cannot be looked up", uid)
-            return False
+        groups = self.groups or ()
         return not any(g in service.operator_gids for g in groups)
 
 
@@ -481,6 +499,9 @@ async def await_grant(
         gone = control is not None and control.gone
         if record.state != "approved" or grant is None or gone or timeout == 0.0:
             return engine.recorder.envelope(record)
+        grant = await grant.checked(engine.config.service)
+        if grant is None:  # its operator cannot be told one now: sent later, or expired
+            return engine.recorder.envelope(record)
         ttl = engine.lease_ttl(target, None if joined else timeout)
         claimed = await claim(engine, iid, ttl, requester)
     finally:
@@ -615,6 +636,9 @@ async def dispatch_approved(
             board.unsendable[iid] = grant.expires_at
             return None
         target = engine.config.targets[record.target or ""]
+        grant = await grant.checked(engine.config.service)
+        if grant is None:  # its operator cannot be told one now: the next sweep, or expiry
+            return None
         action = await _accepted_action(engine, iid)
         if action is None:
             # Payloads sealed to the auditor alone: the broker cannot read the request back.

@@ -737,7 +737,7 @@ def _passing(engine: Engine, attempt: Attempt) -> Any:
             problem = grant.problem(dispatch_fingerprint, await approval_now(engine.recorder))
             if problem is not None:
                 raise _Refused(_approval_refusal(problem, attempt, grant))
-            if await grant.disowned(engine.config.service):
+            if grant.disowned(engine.config.service):
                 raise _Refused(_disowned(grant, attempt))
         attrs: dict[str, Any] = {"generation": attempt.generation, "attempt": attempt.n}
         scrub = attempt.scrub

@@ -579,6 +579,13 @@ async def resume(
     if retry and record.retry is not Retry.AFTER_CORRECTION:
         if record.budget.left <= 0:
             return await recorder.finish(iid, Event(E.RETRY_BUDGET_EXHAUSTED, iid, {}))
+        # A retry reuses an approval only as the gate re-checks it (``Grant.checked`` first:
+        # an operator the user database cannot place now leaves the record as it is).
+        granted_before = grant_of(record)
+        if granted_before is not None:
+            granted_before = await granted_before.checked(engine.config.service)
+            if granted_before is None:
+                return recorder.envelope(record)
         ttl, taken = engine.lease_ttl(target, timeout), time.time()
         same_key = decision is Decision.RETRY_SAME_KEY
         try:
@@ -598,13 +605,11 @@ async def resume(
             return recorder.envelope(await recorder.record(iid), in_progress=True)
         except ImpossibleEvent:
             return recorder.envelope(await recorder.record(iid))
-        # A retry reuses an approval only as the gate re-checks it (grant_of).  A record
-        # closed before its approval was asked (its broker stopped, or the journal refused a
-        # write, between the preamble and APPROVAL_REQUESTED; a take-over stopped after its
-        # ACTION_ACCEPTED) holds no grant: the retry of an action that needs one asks for it,
-        # never sends what no operator approved.
+        # A record closed before its approval was asked (its broker stopped, or the journal
+        # refused a write, between the preamble and APPROVAL_REQUESTED; a take-over stopped
+        # after its ACTION_ACCEPTED) holds no grant: the retry of an action that needs one asks
+        # for it, never sends what no operator approved.
         version = (record.evidence.get("credential") or {}).get("version")
-        granted_before = grant_of(record)
         policy = None if granted_before is not None else needs_approval(action, target)
         recorder.attempting(iid, lease.generation)
         held = (lease, held_until(taken, ttl))
