@@ -730,9 +730,14 @@ async def refresh(engine: Engine) -> None:
     daemon dispatches a grant recorded for a request asked through another daemon that has
     stopped since, and closes an approval asked elsewhere and left undecided past its expiry.
     ``ready`` reads each one's record before anything is done with it.  Nothing before
-    ``watch``."""
+    ``watch``, and nothing while this broker has nothing to learn it for: no target of its
+    configuration needs approval (a grant for a target with none here binds a snapshot this
+    one is not: never sendable here) and nothing is open on its board -- an idle daemon's
+    sweep reads nothing, and never holds its loop on a journal that does not answer."""
     board = engine.approvals
     if board.through is None:
+        return
+    if not board.open and not _approving(engine):
         return
     through, iids = await engine.recorder.read(
         functools.partial(engine.journal.approvals_after, board.through)
@@ -740,6 +745,11 @@ async def refresh(engine: Engine) -> None:
     for iid, granted in iids.items():
         board.learn(iid, granted)
     board.through = through
+
+
+def _approving(engine: Engine) -> bool:
+    """Whether any target of this broker's configuration needs approval for some action."""
+    return any(getattr(t, "approval", None) is not None for t in engine.config.targets.values())
 
 
 async def ready(engine: Engine) -> list[str]:

@@ -16,7 +16,7 @@ from affidavit.api.broker import Broker
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .approvalkit import OPS, approval_config
-from .helpers import open_broker
+from .helpers import http_target, open_broker, write_config
 
 CHARGE = {"target": "api", "method": "POST", "path": "/v1/charges", "body": '{"amount": 5}'}
 
@@ -60,3 +60,30 @@ async def test_a_pending_approval_is_read_again_only_once_granted(
             with trio.fail_after(10):
                 ready = await b.approvals_ready()
             assert ready == [iid]  # the grant learnt: read again, and dispatched
+
+
+@pytest.mark.parametrize("approving", [False, True])
+async def test_an_idle_sweep_reads_the_journal_only_with_a_target_needing_approval(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, approving: bool
+) -> None:
+    """apprfix50c #9: the sweep's ``refresh`` read the journal every second in every daemon --
+    with a shared journal frozen, that read held the loop before a client's own read was
+    sent.  With no target needing approval and nothing open, it reads nothing."""
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"{}"))) as srv:
+        if approving:
+            cfg = approval_config(tmp_path, srv.url)
+        else:
+            cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as b:
+            b.watch_approvals()
+            journal, reads = b._engine.journal, []
+            after = journal.approvals_after
+
+            def counted(*a: object, **k: object) -> object:
+                reads.append(a)
+                return after(*a, **k)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(journal, "approvals_after", counted)
+            for _ in range(3):
+                assert await b.approvals_ready() == []
+            assert len(reads) == (3 if approving else 0)
