@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import trio
+from trio.testing import MockClock
 
+from affidavit.engine.approval import GRACE
 from affidavit.journal.sealing import BrokerKey
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -28,31 +30,36 @@ POLICY = {"methods": ["POST"], "ttl": "4s", "wait": "0s"}
 LIMIT = 20
 
 
+def _config(tmp: Path, url: str, remote: str, name: str, total: int, ttl: str) -> Path:
+    """Target ``api`` on the shared journal at ``url``; ``total``: its timeout (another
+    total: another snapshot)."""
+    journal = {
+        "url": url,
+        "key_file": str(tmp / "shared.key"),
+        "signing_key": str(tmp / f"{name}.signing.key"),
+    }
+    return approval_config(
+        tmp,
+        remote,
+        approval={**POLICY, "ttl": ttl},
+        name=f"{name}.toml",
+        journal=journal,
+        timeout={"connect": 2, "total": total},
+    )
+
+
 async def test_a_grant_this_broker_cannot_send_is_left_then_closed_stale_at_its_expiry(
     pg: Cluster, tmp_path: Path, token: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     BrokerKey.create(tmp_path / "shared.key")
     url = pg.database()
 
-    def config(name: str, total: int) -> Path:
-        journal = {
-            "url": url,
-            "key_file": str(tmp_path / "shared.key"),
-            "signing_key": str(tmp_path / f"{name}.signing.key"),
-        }
-        timeout = {"connect": 2, "total": total}
-        return approval_config(
-            tmp_path,
-            srv.url,
-            approval=POLICY,
-            name=f"{name}.toml",
-            journal=journal,
-            timeout=timeout,
-        )
-
     async with HostileServer.running(scripts.serve(Reply(200, body=b"{}"))) as srv:
         with trio.fail_after(LIMIT):
-            async with open_broker(config("one", 5)) as one, open_broker(config("two", 6)) as two:
+            async with (
+                open_broker(_config(tmp_path, url, srv.url, "one", 5, "4s")) as one,
+                open_broker(_config(tmp_path, url, srv.url, "two", 6, "4s")) as two,
+            ):
                 env = await one.call(CHARGE)
                 assert env["error"]["code"] == "APPROVAL_PENDING"
                 iid = str(env["invocation_id"])
@@ -81,4 +88,39 @@ async def test_a_grant_this_broker_cannot_send_is_left_then_closed_stale_at_its_
                 assert rec.field == "targets.api"
                 assert E.DISPATCH_LEASE_ACQUIRED not in [e.kind for e in two.events(iid)]
                 verify_ok(two)
+    assert srv.requests == []
+
+
+async def test_a_grant_left_unsent_here_is_not_read_again_by_each_sweep(
+    pg: Cluster, tmp_path: Path, token: str, mock_clock: MockClock
+) -> None:
+    """apprfix50c #6: once left (``ApprovalBoard.unsendable``, keyed by its expiry), the sweep
+    neither re-reads it nor hands it to the dispatcher again every second."""
+    BrokerKey.create(tmp_path / "shared.key")
+    url = pg.database()
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"{}"))) as srv:
+        one_cfg = _config(tmp_path, url, srv.url, "one", 5, "1h")
+        two_cfg = _config(tmp_path, url, srv.url, "two", 6, "1h")
+        async with open_broker(one_cfg) as one, open_broker(two_cfg) as two:
+            two.watch_approvals()
+            env = await one.call(CHARGE)
+            iid = str(env["invocation_id"])
+            await one.approve(iid, operator=OPS)
+            assert await two.approvals_ready() == []  # the grant learnt: its grace
+            mock_clock.jump(GRACE)
+            assert await two.approvals_ready() == [iid]
+            assert await two.dispatch_approved(iid) is None  # left: not sendable here
+            journal, reads = two._engine.journal, []
+            record = journal.record
+
+            def counted(i: str, *a: object, **k: object) -> object:
+                reads.append(i)
+                return record(i, *a, **k)  # type: ignore[arg-type]
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(journal, "record", counted)
+                for _ in range(3):
+                    mock_clock.jump(1.0)
+                    assert await two.approvals_ready() == []
+            assert iid not in reads
     assert srv.requests == []
