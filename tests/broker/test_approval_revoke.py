@@ -167,11 +167,11 @@ async def test_revoking_a_revoked_grant_again_answers_the_recorded_revoke(
     another operator, another note) writes nothing and answers the revoke on record."""
     async with (
         HostileServer.running(scripts.serve(OK)) as srv,
-        open_broker(approval_config(tmp_path, srv.url)) as b,
+        open_broker(approval_config(tmp_path, srv.url, service={"operator_gids": [4245]})) as b,
     ):
         iid = await _approved(b)
         first = await b.revoke(iid, note="the amount was wrong", operator=OPS)
-        other = Operator(OPS.uid, OPS.gid, (), "ops", "socket")
+        other = Operator(4244, 4245, (), "ops2", "socket")  # another operator, by group
         again = await b.revoke(iid, note="retried", operator=other)
         assert again == first
         assert (again["approval"], again["note"]) == ("revoked", "the amount was wrong")
