@@ -376,7 +376,8 @@ def walk(
     where: list[str] = []
     links = 0
     try:
-        steps.append((Path("/"), os.fstat(fd)))
+        held = os.fstat(fd)  # the directory ``fd`` holds: a link's lstat is not its stickiness
+        steps.append((Path("/"), held))
         while names:
             name = names.pop()
             last = all(n in ("", ".") for n in names)
@@ -388,7 +389,7 @@ def walk(
                     links += 1
                     if links > MAX_LINKS:
                         raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), text)
-                    if steps[-1][1].st_mode & stat.S_ISVTX:
+                    if held.st_mode & stat.S_ISVTX:
                         steps.append((Path("/", *where, name), st))
                     target = os.readlink(name, dir_fd=fd)
                     names.extend(target.split("/")[::-1])
@@ -396,7 +397,8 @@ def walk(
                         os.close(fd)
                         fd = os.open("/", _DIRECTORY_FLAGS)
                         where = []
-                        steps.append((Path("/"), os.fstat(fd)))
+                        held = os.fstat(fd)
+                        steps.append((Path("/"), held))
                     continue
             if last:
                 final = Path("/", *where, name) if name != ".." else Path("/", *where[:-1])
@@ -410,7 +412,8 @@ def walk(
                 del where[-1:]
             else:
                 where.append(name)
-            steps.append((Path("/", *where), os.fstat(fd)))
+            held = os.fstat(fd)
+            steps.append((Path("/", *where), held))
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), text)
     finally:
         os.close(fd)

@@ -18,6 +18,9 @@ import pytest
 from affidavit.api.broker import Broker
 from affidavit.api.trusted import load_trusted_config
 from affidavit.config import ConfigError, load_config
+from affidavit.journal.exposure import directory_exposures
+from tests.daemon.kit import NOBODY
+from tests.external import require_root
 
 RUNS = 20
 SWAPS = 20_000
@@ -113,3 +116,39 @@ async def test_a_config_whose_file_changed_since_its_parse_is_refused_by_the_bro
     assert "changed since this config was read from it" in str(caught.value)
     async with Broker.open(config=load_config(config_path)):  # read again: fine
         pass
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("b", "etc/affidavit.toml"), ("./b", "etc/affidavit.toml"), ("b/x.toml", "etc")],
+)
+def test_a_link_reached_through_a_link_in_a_sticky_directory_is_judged(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    """The review of cfgfix50b: in a 1777 directory, root's ``a -> b`` and another user's ``b``
+    -> a config root owns elsewhere.  ``b`` is that user's to re-point (the sticky bit lets
+    only a link's owner replace it) whether it is named or reached through ``a``: the walk
+    judged the directory's stickiness by the last step -- after ``a``, ``a``'s own lstat -- and
+    accepted ``dir/a``.  The config open and ``directory_exposures`` both."""
+    require_root()
+    (tmp_path / "etc").mkdir(mode=0o755)
+    _write(tmp_path / "etc" / "affidavit.toml", 9)
+    os.link(tmp_path / "etc" / "affidavit.toml", tmp_path / "etc" / "x.toml")
+    sticky = tmp_path / "shared"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    (sticky / "a").symlink_to(first)
+    (sticky / "b").symlink_to(tmp_path / second)
+    os.lchown(sticky / "b", NOBODY, NOBODY)
+    for path in (sticky / "b", sticky / "a"):
+        with pytest.raises(ConfigError) as caught:
+            load_trusted_config(path)
+        said = str(caught.value)
+        assert caught.value.code == "CONFIG_EXPOSED", (path, said)
+        assert f"link {sticky / 'b'} (on the path to the config file) is owned by uid {NOBODY}" in (
+            said
+        ), said
+        found = directory_exposures([(path, "config file")])
+        assert [(e.path, e.owner) for e in found] == [(sticky / "b", NOBODY)], (path, found)
+    os.lchown(sticky / "b", 0, 0)
+    assert str(load_trusted_config(sticky / "a").targets["t"].url).endswith(":9")
