@@ -338,7 +338,14 @@ def _anchor(args: argparse.Namespace) -> int:
     from affidavit.journal import load_anchor
 
     public_keys = _public_keys_arg(args)
-    previous = _journal_call(load_anchor, args.previous) if args.previous else None
+    if args.previous == "":  # an unset variable in a cron line: not "no continuation check"
+        raise UsageError(
+            "empty: name the previous anchor's file (or leave --previous off to take a first "
+            "anchor)",
+            "INVALID_FIELD",
+            "--previous",
+        )
+    previous = _journal_call(load_anchor, args.previous) if args.previous is not None else None
     with reading(args, "the rows an anchor vouches for") as j:
         report, anchor = j.anchor(public_keys=public_keys, previous=previous)
     if not report.ok:

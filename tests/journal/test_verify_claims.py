@@ -204,6 +204,23 @@ def test_anchor_previous_refuses_a_journal_replaced_with_another_key(
     assert "BROKEN at seq None" not in stdout and not out.exists()
 
 
+def test_anchor_previous_empty_is_refused_not_taken_as_no_previous(
+    built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--previous "$LAST"`` with ``LAST`` unset: the continuation check asked for, not off --
+    a journal replaced with another key would be anchored (verifyfix50b's review)."""
+    _anchored(built, tmp_path, capsys)
+    _replaced(built, tmp_path)
+    out = tmp_path / "next.json"
+    argv = ("journal", "anchor", "--journal", str(built.db), "--out", str(out))
+    code, stdout, err = _cli(capsys, *argv, "--previous", "")
+    assert code == 2 and not out.exists(), (stdout, err)
+    assert err == (
+        "affidavit: INVALID_FIELD: --previous: empty: name the previous anchor's file (or leave "
+        "--previous off to take a first anchor)\n"
+    ), err
+
+
 def test_anchor_previous_refuses_a_journal_cut_before_it_or_rewritten(
     built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
