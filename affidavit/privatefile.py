@@ -51,6 +51,7 @@ __all__ = [
     "FileExposed",
     "FileMissing",
     "FileRefused",
+    "OwnerNotKept",
     "is_serving",
     "read_small_file",
     "remove_leftovers",
@@ -341,7 +342,9 @@ def write_private_file(
     leaves the old file or the whole new one, never a torn or short one, and a name the
     journal records survives with it.  The secret never sits in a wider-mode file; ``mode``
     (a public key's 0644) is set whatever the umask, before the file has a byte.  ``keep``
-    (``init --force``): a regular file ``path`` names is replaced in kind (``_kept``).
+    (``init --force``): a regular file ``path`` names is replaced in kind (``_kept``) --
+    ``OwnerNotKept``, before anything is written, when this process cannot give the new file
+    that file's owner and group (never a file quietly become this user's).
 
     Where the platform allows (Linux ``O_TMPFILE``, linked in through ``/proc/self/fd``), the
     file has no name until it is whole: a process killed mid-write (SIGKILL at its fsync) leaves
@@ -355,6 +358,8 @@ def write_private_file(
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         kept = _kept(path) if keep else None
+        if kept is not None and kept.owner is not None and not _may_give(dfd, *kept.owner):
+            raise OwnerNotKept(path, *kept.owner)
         kept = kept or _Kept(mode, None, None)
         made = _write_unnamed(dfd, path.name, data, replace, kept)
         if made is None:
@@ -485,6 +490,28 @@ def _fill(fd: int, data: bytes, kept: _Kept) -> FileId:
     os.fsync(fd)
     st = os.fstat(fd)
     return (st.st_dev, st.st_ino)
+
+
+class OwnerNotKept(PermissionError):
+    """``write_private_file(keep=True)`` would replace a file whose owner (``uid``) and group
+    (``gid``) this process cannot give a file: not root, and another user's, or a group it is
+    not in.  Raised before anything is written."""
+
+    def __init__(self, path: Path, uid: int, gid: int) -> None:
+        super().__init__(errno.EPERM, "cannot keep its owner and group", str(path))
+        self.uid = uid
+        self.gid = gid
+
+
+def _may_give(dfd: int, uid: int, gid: int) -> bool:
+    """Whether a file this process makes in the directory ``dfd`` can be given ``uid`` and
+    ``gid`` (``fchown``): root may; another user only their own uid, and a group they are in
+    -- or the setgid directory's, which a new file has from the start."""
+    if os.geteuid() == 0:
+        return True
+    directory = os.fstat(dfd)
+    inherited = directory.st_gid if directory.st_mode & stat.S_ISGID else os.getegid()
+    return uid == os.geteuid() and gid in {inherited, os.getegid(), *os.getgroups()}
 
 
 def _owner(st: os.stat_result) -> tuple[int, int]:

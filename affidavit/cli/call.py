@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -507,6 +508,7 @@ def _init(args: argparse.Namespace) -> int:
     from affidavit.config import config_path, sample_config
     from affidavit.config.sample import write_config
     from affidavit.journal import Journal
+    from affidavit.privatefile import OwnerNotKept
 
     path = config_path(args.config)
     if os.path.lexists(path) and not args.force:  # a dangling link too: never followed
@@ -520,6 +522,13 @@ def _init(args: argparse.Namespace) -> int:
         write_config(path, sample_config(url), replace=args.force)
     except FileExistsError:  # put there since the look above
         raise UsageError(f"{path} exists; use --force to overwrite", "FILE_EXISTS") from None
+    except OwnerNotKept as exc:  # (before a byte is written) never a file quietly made ours
+        raise UsageError(
+            f"cannot replace {path} keeping its owner uid {exc.uid} and group gid {exc.gid}: "
+            f"rerun as root, or `chown {os.geteuid()}:{os.getegid()} {shlex.quote(str(path))}` "
+            "first for a config of this user's",
+            "OWNER_NOT_KEPT",
+        ) from None
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}", "FILE_UNUSABLE") from None
     config = load_or_usage(str(path))

@@ -112,6 +112,6 @@ def write_config(path: Path, text: str, *, replace: bool = False) -> None:
     included) is ``FileExistsError``; ``replace`` (``init --force``) renames the new file over
     it, the link itself and never the file it names (which stays as it was); a regular file's
     owner, group, access ACL and mode less group and others' write are kept (``keep``:
-    ``root:affidavit 0640`` stays so, for the daemon to read).  ``OSError`` as the write
-    raises it."""
+    ``root:affidavit 0640`` stays so, for the daemon to read; ``OwnerNotKept``, nothing
+    written, when this user cannot).  ``OSError`` as the write raises it."""
     write_private_file(path, text.encode("utf-8"), replace=replace, keep=replace)

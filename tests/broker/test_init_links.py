@@ -8,8 +8,10 @@ of the link, whose target stays as it was."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from affidavit.acl import GROUP_OBJ, MASK, OTHER, USER, USER_OBJ, access_entries
 from affidavit.cli import main as cli_main
 from affidavit.config import load_config
 from affidavit.journal import Journal
-from tests.daemon.kit import NOBODY
+from tests.daemon.kit import NOBODY, as_user, client_env, run
 from tests.external import require_posix_acl, require_root
 
 LIMIT = 60
@@ -88,6 +90,44 @@ async def test_init_force_keeps_the_replaced_files_owner_group_and_acl(
     kept = access_entries(config)
     assert kept is not None and (USER, 4, 4242) in kept and (MASK, 4, 0xFFFFFFFF) in kept, kept
     assert set(load_config(config).targets) == {"example", "deploy"}
+
+
+@pytest.mark.parametrize(("owner", "group"), [(0, 0), (NOBODY, 0)])
+async def test_init_force_as_a_user_who_cannot_keep_the_owner_writes_nothing(
+    owner: int, group: int
+) -> None:
+    """``init --force`` as nobody in its own directory over a config whose owner or group it
+    cannot give a file (root's; its own in root's group): refused OWNER_NOT_KEPT before a
+    byte is written -- it failed FILE_UNUSABLE "Operation not permitted" at the fchown, with
+    no word of why (cfgfix50b's review) -- naming the uid, the gid and what to do."""
+    require_root()
+    home = Path(tempfile.mkdtemp(prefix="affidavit-init-"))  # (tmp_path: under root's 0700)
+    try:
+        os.chown(home, NOBODY, NOBODY)
+        config = home / "affidavit.toml"
+        config.write_text("# the operator's\n")
+        os.chown(config, owner, group)
+        config.chmod(0o644)
+        before = os.lstat(config)
+        argv = as_user(NOBODY, "-m", "affidavit", "init", "--config", str(config), "--force")
+        done = await run(argv, env=client_env())
+        err = done.stderr.decode()
+        assert done.returncode == 2, err
+        assert err == (
+            f"affidavit: OWNER_NOT_KEPT: cannot replace {config} keeping its owner uid {owner} "
+            f"and group gid {group}: rerun as root, or `chown {NOBODY}:{NOBODY} {config}` "
+            "first for a config of this user's\n"
+        ), err
+        after = os.lstat(config)
+        assert (after.st_ino, after.st_uid, after.st_gid) == (before.st_ino, owner, group)
+        assert config.read_text() == "# the operator's\n"
+        assert sorted(p.name for p in home.iterdir()) == ["affidavit.toml"]
+        os.chown(config, NOBODY, NOBODY)  # the chown it says: then it goes through
+        done = await run(argv, env=client_env())
+        assert done.returncode == 0, done.stderr.decode()
+        assert os.lstat(config).st_uid == NOBODY and "[targets.example]" in config.read_text()
+    finally:
+        shutil.rmtree(home)
 
 
 async def _journal(path: Path) -> None:
