@@ -394,8 +394,9 @@ def walk(
                     target = os.readlink(name, dir_fd=fd)
                     names.extend(target.split("/")[::-1])
                     if target.startswith("/"):
-                        os.close(fd)
-                        fd = os.open("/", _DIRECTORY_FLAGS)
+                        root = os.open("/", _DIRECTORY_FLAGS)  # before the close: ``fd`` is
+                        os.close(fd)  # closed once, whatever fails
+                        fd = root
                         where = []
                         held = os.fstat(fd)
                         steps.append((Path("/"), held))

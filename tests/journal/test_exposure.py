@@ -5,6 +5,7 @@ reach").  Real files, real modes; a private journal says nothing."""
 
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
 import os
@@ -633,3 +634,36 @@ def test_a_directory_holding_a_link_in_the_middle_of_a_chain_is_walked(tmp_path:
     assert named == [b], named
     b.chmod(0o700)
     assert directory_exposures([(a / "l1", "config file")]) == []
+
+
+def test_a_walk_whose_open_of_the_root_fails_after_an_absolute_link_closes_each_fd_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Following an absolute link, the walk closed the directory it held and then opened
+    ``/``: when that open failed (EMFILE, injected here), its ``finally`` closed the same
+    number again -- by then perhaps another thread's descriptor (cfgfix50b's review).  It opens
+    ``/`` first now: a failure leaves it holding the one it had, closed once."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "abs").symlink_to(tmp_path / "d")
+    opened: list[int] = []
+    closed: list[int] = []
+    real_open, real_close = os.open, os.close
+
+    def fake_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if path == "/" and opened:  # the second "/": the absolute link's
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        fd = real_open(path, flags, *args, **kwargs)
+        opened.append(fd)
+        return fd
+
+    def fake_close(fd: int) -> None:
+        closed.append(fd)
+        real_close(fd)
+
+    monkeypatch.setattr(exposure_module.os, "open", fake_open)
+    monkeypatch.setattr(exposure_module.os, "close", fake_close)
+    with pytest.raises(OSError) as caught:
+        exposure_module.walk(tmp_path / "d" / "abs" / "x", [])
+    monkeypatch.undo()
+    assert caught.value.errno == errno.EMFILE
+    assert sorted(closed) == sorted(opened), (opened, closed)  # each once
