@@ -318,6 +318,8 @@ class Vault:
             raise VaultError("entry names are 1-128 characters of A-Z a-z 0-9 _ . -")
         if not isinstance(value, bytes) or not value:
             raise VaultError("the value must be non-empty bytes")
+        # Root on another user's vault is refused first: not VaultLocked, nor an scrypt spent.
+        self.refuse_root_on_theirs()
         # The key first, outside the lock: from $AFFIDAVIT_VAULT_PASSPHRASE it is an scrypt
         # (a second or more), which every other write would wait out; kept (``_env_cache``)
         # for the header read under the lock, unless the vault was made again meanwhile.

@@ -119,3 +119,17 @@ async def test_unlock_is_refused_before_the_passphrase_is_asked(tmp_path: Path) 
     assert status == 2, err
     assert err.startswith(f"affidavit: VAULT_NOT_ROOTS: {path} is owned by uid {NOBODY}"), err
     assert {p: (p.stat().st_uid, p.read_bytes()) for p in path.parent.iterdir()} == before
+
+
+def test_root_putting_into_the_daemons_vault_is_refused_before_its_key_is_sought(
+    tmp_path: Path,
+) -> None:
+    """``Vault.put`` (an embedder's, as root) derived the key before its lock's refusal: it
+    answered VaultLocked (the unlock file another user's) or ran scrypt first -- not what
+    was wrong (cfgfix50b's review)."""
+    require_root()
+    path, before = _theirs(tmp_path)
+    with pytest.raises(VaultNotRoots) as caught:
+        Vault(path).put("tok", b"new")
+    assert str(caught.value).startswith(f"{path} is owned by uid {NOBODY} and this process")
+    assert {p: (p.stat().st_uid, p.read_bytes()) for p in path.parent.iterdir()} == before
