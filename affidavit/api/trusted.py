@@ -27,13 +27,23 @@ import os
 import shlex
 from pathlib import Path
 
-from affidavit.config import CONFIG_UNREADABLE, Config, ConfigError, load_config, read_config
+from affidavit.config import Config, ConfigError, load_config, read_config
 from affidavit.journal.exposure import CONFIG, Exposure, opened_exposures
 from affidavit.privatefile import OPEN_FLAGS, serving
 
-__all__ = ["CONFIG_EXPOSED", "load_trusted_config", "open_trusted_config", "refuse_exposed_config"]
+__all__ = [
+    "CONFIG_EXPOSED",
+    "CONFIG_FILE_CHANGED",
+    "load_trusted_config",
+    "open_trusted_config",
+    "refuse_exposed_config",
+]
 
 CONFIG_EXPOSED = "CONFIG_EXPOSED"
+CONFIG_FILE_CHANGED = "CONFIG_FILE_CHANGED"
+"""The config file no longer holds the bytes a config handed over was parsed from: not the
+envelope's ``CONFIG_CHANGED`` (a target's settings changed between an invocation's validation and
+its dispatch) -- nothing was validated or sent; the file must be read again."""
 MOVED_TO = "/etc/affidavit/affidavit.toml"
 """Where a config in another user's directory is told to live: a directory only root writes."""
 
@@ -91,8 +101,8 @@ def load_trusted_config(path: str | Path | None = None) -> Config:
 def refuse_exposed_config(config: Config) -> None:
     """Raise ``ConfigError`` when another user can change ``config``'s file (CONFIG_EXPOSED,
     ``open_trusted_config``), or its file no longer holds the bytes ``config`` was parsed from
-    (CONFIG_UNREADABLE: changed since, perhaps swapped; whatever was judged is not what was
-    parsed -- load it again); a config built from a mapping has no file, and one not parsed
+    (CONFIG_FILE_CHANGED: changed since, perhaps swapped; whatever was judged is not what was
+    parsed -- read it again); a config built from a mapping has no file, and one not parsed
     from its file is judged alone."""
     if config.path is None:
         return
@@ -101,7 +111,8 @@ def refuse_exposed_config(config: Config) -> None:
         raise ConfigError(
             "",
             "refused: the config file changed since this config was read from it (the file "
-            "judged is not the one parsed): load it again",
+            "judged is not the one parsed): start again from the file as it is now (read it "
+            "again: a new load_config, or the command run again)",
             config.path,
-            CONFIG_UNREADABLE,
+            CONFIG_FILE_CHANGED,
         )

@@ -112,8 +112,12 @@ async def test_a_config_whose_file_changed_since_its_parse_is_refused_by_the_bro
     with pytest.raises(ConfigError) as caught:
         async with Broker.open(config=config):
             pass
-    assert caught.value.code == "CONFIG_UNREADABLE", str(caught.value)
-    assert "changed since this config was read from it" in str(caught.value)
+    assert caught.value.code == "CONFIG_FILE_CHANGED", str(caught.value)  # (not "unreadable")
+    assert str(caught.value) == (
+        f"{config_path}: refused: the config file changed since this config was read from it "
+        "(the file judged is not the one parsed): start again from the file as it is now (read "
+        "it again: a new load_config, or the command run again)"
+    )
     async with Broker.open(config=load_config(config_path)):  # read again: fine
         pass
 
