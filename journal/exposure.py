@@ -65,6 +65,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import shlex
 import stat
 import threading
@@ -353,6 +354,28 @@ MAX_LINKS = 40
 """Links a walk follows before it gives up, as the kernel does (``ELOOP``)."""
 
 
+_MAGIC_TARGET = re.compile(r"[a-z_]+:\[[0-9]+\]|anon_inode:.*")
+"""What a ``/proc`` link names that is no path: ``pipe:[4026]``, ``socket:[77]``,
+``anon_inode:[eventfd]``."""
+
+
+class Unjudgeable(OSError):
+    """A name the walk cannot follow by its text: a ``/proc/<pid>/fd/N`` link (``/dev/stdin``,
+    ``<(...)``'s ``/dev/fd/63``) -- the kernel resolves it to the open file itself, which its
+    text (a pipe, a socket, a deleted file) may not name -- or another ``/proc`` link to no
+    path."""
+
+    def __init__(self, text: str) -> None:
+        said = "not a path this broker can judge: name the file itself"
+        super().__init__(errno.EINVAL, said, text)
+
+
+def _magic(where: list[str], target: str) -> bool:
+    """Whether a link in the directory ``/<where>`` with ``target`` is a ``/proc`` magic link
+    (``Unjudgeable``): any in a ``fd`` directory under ``/proc``, or one naming no path."""
+    return where[:1] == ["proc"] and (where[-1] == "fd" or bool(_MAGIC_TARGET.fullmatch(target)))
+
+
 def walk(
     path: Path, steps: list[tuple[Path, os.stat_result]], flags: int | None = None
 ) -> tuple[int, Path]:
@@ -367,7 +390,9 @@ def walk(
     returned (the caller's to close); without, nothing is opened (-1) -- each with where the
     final name is, every link resolved.  Raises
     ``OSError`` where the walk cannot go on (``FileNotFoundError``: a name is missing), what it
-    judged so far already in ``steps``."""
+    judged so far already in ``steps``; ``Unjudgeable`` at a ``/proc`` link that names no path
+    to judge; ``NotADirectoryError`` for a final name that is no directory, with a ``/`` (or
+    ``/.``) after it, as the kernel answers."""
     text = os.fspath(path)
     if not text.startswith("/"):
         text = os.path.join(os.getcwd(), text)
@@ -392,6 +417,8 @@ def walk(
                     if held.st_mode & stat.S_ISVTX:
                         steps.append((Path("/", *where, name), st))
                     target = os.readlink(name, dir_fd=fd)
+                    if _magic(where, target):
+                        raise Unjudgeable(text)
                     names.extend(target.split("/")[::-1])
                     if target.startswith("/"):
                         root = os.open("/", _DIRECTORY_FLAGS)  # before the close: ``fd`` is
@@ -401,6 +428,8 @@ def walk(
                         held = os.fstat(fd)
                         steps.append((Path("/"), held))
                     continue
+            if last and names and name != ".." and not stat.S_ISDIR(st.st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), text)
             if last:
                 final = Path("/", *where, name) if name != ".." else Path("/", *where[:-1])
                 if flags is None:

@@ -242,6 +242,26 @@ def config_path(explicit: str | None) -> Path:
         return named
 
 
+def _refuse_file_as_directory(explicit: str | None, path: Path) -> None:
+    """``--config a.toml/`` (or ``a.toml/.``): the kernel answers ENOTDIR for a file named so,
+    but ``config_path`` (a ``Path``) has dropped the ``/`` -- said here, as the kernel would,
+    before the file is read (a directory, or nothing, there: left to the read to say)."""
+    named = explicit or os.environ.get(CONFIG_ENV) or ""
+    if not named.endswith(("/", "/.")):
+        return
+    try:
+        os.stat(named)
+    except NotADirectoryError:
+        raise ConfigError(
+            "",
+            "cannot read config file: cannot open file (Not a directory)",
+            path,
+            CONFIG_UNREADABLE,
+        ) from None
+    except (OSError, ValueError):
+        return
+
+
 MAX_CONFIG_BYTES = 1 << 20
 """The largest config file read (1 MiB: a config of a thousand targets is a tenth of it)."""
 
@@ -296,6 +316,7 @@ def load_config(
     know (``caveats``) is logged, one WARNING each, once per process for each path and content
     -- here, not in ``parse_config``, which a running broker calls again before dispatches."""
     p = config_path(str(path) if path is not None else None)
+    _refuse_file_as_directory(str(path) if path is not None else None, p)
     config = parse_config(read_config(p, opener)[0], p)
     told = (os.path.abspath(p), config.source_digest)
     with _TOLD_LOCK:

@@ -156,3 +156,51 @@ def test_a_link_reached_through_a_link_in_a_sticky_directory_is_judged(
         assert [(e.path, e.owner) for e in found] == [(sticky / "b", NOBODY)], (path, found)
     os.lchown(sticky / "b", 0, 0)
     assert str(load_trusted_config(sticky / "a").targets["t"].url).endswith(":9")
+
+
+UNJUDGEABLE = "not a path this broker can judge: name the file itself"
+
+
+def test_a_proc_fd_link_is_named_as_no_path_to_judge_not_as_missing(tmp_path: Path) -> None:
+    """``--config /dev/stdin`` or ``<(...)`` (``/dev/fd/63``): the walk followed the
+    ``/proc/<pid>/fd`` link by its text (``pipe:[...]``) and said CONFIG_NOT_FOUND, "create one
+    with affidavit init" (cfgfix50b's review).  The file such a link opens is not one its text
+    names: it says so, and what to do."""
+    config = tmp_path / "affidavit.toml"
+    _write(config, 9)
+    read, write = os.pipe()
+    held = os.open(config, os.O_RDONLY)
+    try:
+        for path in (
+            f"/proc/self/fd/{read}",
+            f"/dev/fd/{read}",
+            f"/proc/self/fd/{held}",
+            "/dev/stdin",
+        ):
+            with pytest.raises(ConfigError) as caught:
+                load_trusted_config(path)
+            assert caught.value.code == "CONFIG_UNREADABLE", (path, str(caught.value))
+            assert str(caught.value) == f"{path}: cannot read config file: cannot open file " + (
+                f"({UNJUDGEABLE})"
+            )
+        assert directory_exposures([(Path(f"/dev/fd/{read}"), "config file")]) == []
+    finally:
+        for fd in (read, write, held):
+            os.close(fd)
+
+
+def test_a_trailing_slash_after_a_config_file_is_not_a_directory(tmp_path: Path) -> None:
+    """``a.toml/``: the kernel answers ENOTDIR; the config was read (the ``/`` dropped with the
+    path made a ``Path``, and the walk opened a final name with a ``/`` after it: ``x ->
+    affidavit.toml/``)."""
+    config = tmp_path / "affidavit.toml"
+    _write(config, 9)
+    (tmp_path / "link").symlink_to("affidavit.toml")
+    (tmp_path / "slashed").symlink_to("affidavit.toml/")
+    slashed = (f"{config}/", f"{config}/.", f"{tmp_path / 'link'}/", tmp_path / "slashed")
+    for path in slashed:
+        with pytest.raises(ConfigError) as caught:
+            load_trusted_config(path)
+        assert caught.value.code == "CONFIG_UNREADABLE", (path, str(caught.value))
+        assert str(caught.value).endswith("cannot open file (Not a directory)"), str(caught.value)
+    assert str(load_trusted_config(config).targets["t"].url).endswith(":9")
