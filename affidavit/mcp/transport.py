@@ -40,8 +40,11 @@ all (one longer alone); one more request is answered here at once with a JSON-RP
 (``OVERLOADED``, its ``data`` the tools' ``api_error`` OVERLOADED with ``retry_after``), nothing
 run, its line dropped once its id is read (a request held open keeps its bytes: 60 refused 5 MiB
 requests held 324 MB, 6,000 ``list_actions`` 1.1 GB, before these bounds).  The reader never
-waits for room: a ``notifications/cancelled`` or a response behind a request past the bounds is
-still read -- it held the reader once, and a cancel behind it was never read.  What the reader
+waits for room, nor writes: every refusal goes to its own writer through a small bounded queue
+(``REFUSALS``, ``REFUSAL_BYTES``; only when it is full does the reader wait), so a
+``notifications/cancelled`` or a response behind a request past the bounds is still read while
+a long answer is being written -- waiting for room, then for the write lock, held the reader
+once, and a cancel behind it was never read.  What the reader
 itself holds is one line at most (``max_line``, and one read past it).  The server sets
 ``max_open`` to its ``max_calls`` plus ``OPEN_MARGIN``, room for the cheap requests beside the
 calls (``limit_open``).  And each write must make progress within ``write_wait``
@@ -50,9 +53,8 @@ bytes, each taken within it, so a slow but steady reader takes a line of any len
 client that reads nothing for that long breaks the output -- the line was perhaps cut, so
 nothing more is written; every answer not written is settled not written (recorded
 RESULT_DELIVERY_FAILED by the backend, as when the client hangs up) and stdin is read no
-further, which ends the session.  Every write -- the refusals written by the reader too -- is
-bounded so: a client that does not read stops the reader within ``write_wait`` at most, and its
-own pipe pushes back meanwhile.
+further, which ends the session.  Every write -- the refusals too -- is
+bounded so; the reader itself never waits for one.
 
 Stray output is kept off the wire: while serving, fd 0 reads /dev/null and fd 1 is stderr, and
 the protocol runs on private duplicates (as the SDK's ``stdio_server`` does).
@@ -136,6 +138,15 @@ the same client)."""
 WRITE_SLICE = 64 * 1024
 """Bytes written under one ``WRITE_WAIT``: a pipe's buffer (Linux's default), so a slice is
 taken as soon as the client has read what came before it."""
+REFUSALS = 8
+"""Refusals the reader hands to their writer (``_write_refusals``) and not yet written, at
+most: the reader never writes -- a refusal waiting for the write lock, held by a long answer to
+a client not reading now, stopped the reader and a cancel behind it was not read.  Past this
+(or ``REFUSAL_BYTES``) the reader waits for room: only then does it stop reading -- a client
+that sends faster than it reads is still held back by its own pipe, and no refusal is dropped
+(a client whose request goes unanswered waits for ever)."""
+REFUSAL_BYTES = 1024 * 1024
+"""Bytes of those refusals at most (one longer alone: an id may be long)."""
 
 
 class Outcome:
@@ -202,6 +213,11 @@ class StdioTransport:
         self._reading = trio.CancelScope()
         """The reader's: cancelled when the output breaks, which ends the session."""
         self.write_wait = WRITE_WAIT
+        self._refusals_in, self._refusals = trio.open_memory_channel[bytes](REFUSALS)
+        self.refusal_bytes = 0
+        """Bytes of the refusals queued and not yet written (or found unwritable)."""
+        self._refusal_room = trio.Event()
+        """Set (and replaced) each time a refusal leaves the queue."""
 
     def limit_open(self, max_calls: int) -> None:
         """At most ``max_calls`` plus ``OPEN_MARGIN`` requests open at once (the module
@@ -286,6 +302,7 @@ class StdioTransport:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read, to_server)
             nursery.start_soon(self._write, from_server)
+            nursery.start_soon(self._write_refusals)
             try:
                 yield from_stdin, to_stdout
             finally:
@@ -432,7 +449,23 @@ class StdioTransport:
         if data is not None:
             body["data"] = data
         error = {"jsonrpc": "2.0", "id": request_id, "error": body}
-        await self._send((json.dumps(error) + "\n").encode("ascii"))
+        answer = (json.dumps(error) + "\n").encode("ascii")
+        # Handed to ``_write_refusals``, never written here: the reader waits only for room.
+        while self.refusal_bytes and self.refusal_bytes + len(answer) > REFUSAL_BYTES:
+            await self._refusal_room.wait()
+        self.refusal_bytes += len(answer)
+        await self._refusals_in.send(answer)
+
+    async def _write_refusals(self) -> None:
+        """Write the refusals the reader queued (``_fault``), in turn with the server's
+        answers."""
+        async for data in self._refusals:
+            try:
+                await self._send(data)
+            finally:
+                self.refusal_bytes -= len(data)
+                self._refusal_room.set()
+                self._refusal_room = trio.Event()
 
     def _note(self, what: str) -> None:
         self.faults += 1

@@ -8,8 +8,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import mcp_types as types
 import trio
 import trio.testing
+from mcp.shared.message import SessionMessage
 
 from affidavit.mcp.backends import Exchange
 from affidavit.mcp.server import McpSession, serve
@@ -227,3 +229,31 @@ async def test_an_answer_written_after_the_input_ended_is_recorded_written() -> 
             assert await answered.wait()
         assert not await unanswered.wait()
         assert transport.expect(1).settled  # closed: nothing more can be written
+
+
+async def test_a_cancel_behind_a_refusal_is_read_while_a_long_answer_is_written() -> None:
+    """The review's case: ``max_open`` 1, one ping open, a 4 MiB answer being written to a
+    client not reading now, a second ping refused, then a cancel: the cancel is read.  Before,
+    the reader wrote the refusal itself and waited for the write lock the long answer held --
+    the cancel was not read while the client did not read."""
+    to_server, server_in = trio.testing.memory_stream_one_way_pair()
+    server_out, from_server = trio.testing.lockstep_stream_one_way_pair()
+    transport = StdioTransport(server_in, server_out)
+    transport.max_open = 1
+    big = types.JSONRPCResponse(jsonrpc="2.0", id=1, result={"pad": "x" * (4 << 20)})
+    with trio.fail_after(WAIT):
+        async with transport.streams() as (read, write), read, write:
+            await to_server.send_all(ping(1))
+            assert (await read.receive()).message.id == 1
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(write.send, SessionMessage(big))
+                await trio.testing.wait_all_tasks_blocked()
+                await to_server.send_all(ping(2) + cancel(1))
+                with trio.move_on_after(3):
+                    notice = (await read.receive()).message
+                assert isinstance(notice, types.JSONRPCNotification), "the cancel was not read"
+                assert notice.method == "notifications/cancelled"
+                assert transport.refusal_bytes > 0  # the refusal waits for its writer
+                # The client reads now: the long answer, then the refusal.
+                assert (await next_line(from_server))["id"] == 1
+                overloaded(await next_line(from_server), 2)

@@ -25,7 +25,7 @@ import trio.testing
 
 from affidavit.mcp.backends import Embedded
 from affidavit.mcp.server import READS_AT_ONCE, READS_OPEN, READS_RETRY, McpSession, serve
-from affidavit.mcp.transport import OPEN_BYTES, OPEN_MARGIN, OPEN_RETRY, StdioTransport
+from affidavit.mcp.transport import OPEN_BYTES, OPEN_MARGIN, OPEN_RETRY, REFUSALS, StdioTransport
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
 from tests.daemon.kit import running_daemon
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -277,27 +277,28 @@ async def test_a_client_that_does_not_read_is_held_back_by_its_own_pipe(
 ) -> None:
     """The process itself (``max_calls = 1``: 17 requests open at most): the client fills the
     stdout pipe with ``tools/list`` answers, then writes 128 KiB requests and reads nothing.
-    Past the bound the server answers OVERLOADED, an answer the full pipe does not take: the
-    reader waits on it, and the client's writes stall after about the bound's worth of lines
-    (held open, the one refused, one in the reader's buffer, one in the stdin pipe) -- not
-    after all 60, each of which the server would hold.  Once the client reads, every request
-    is answered."""
+    Past the bound the server answers OVERLOADED, answers the full pipe does not take: once
+    ``REFUSALS`` of them wait for their writer the reader waits for room, and the client's
+    writes stall after about the bound's worth of lines (held open, the refusals queued, the
+    one refused, one in the reader's buffer, one in the stdin pipe) -- not after all 60, each
+    of which the server would hold.  Once the client reads, every request is answered."""
     async with raw_server(tmp_path, remotes, token, service="max_calls = 1") as raw:
         sent = await _stalled(raw, 128 * 1024, 60)
-    assert sent <= 1 + OPEN_MARGIN + 3, sent
+    assert sent <= 1 + OPEN_MARGIN + REFUSALS + 4, sent
 
 
 async def test_the_proxy_holds_back_a_client_that_does_not_read_by_the_bytes_open(
     tmp_path: Path, remotes: Remotes, token: str
 ) -> None:
     """The proxy (``--socket``; its ``max_calls`` the default, 256: 272 requests open at
-    most) is held to the same transport: 2 MiB requests stall at ``OPEN_BYTES`` of them."""
+    most) is held to the same transport: 2 MiB requests stall at ``OPEN_BYTES`` of them (and
+    the ``REFUSALS`` queued)."""
     async with (
         running_daemon(tmp_path, remotes.targets(), token=token) as daemon,
         raw_server(tmp_path, remotes, token, socket=daemon.socket) as raw,
     ):
         sent = await _stalled(raw, 2 << 20, 60)
-    assert sent <= OPEN_BYTES // (2 << 20) + 3, sent
+    assert sent <= OPEN_BYTES // (2 << 20) + REFUSALS + 3, sent
 
 
 async def _stalled(raw: Raw, size: int, padded: int) -> int:
