@@ -169,8 +169,11 @@ async def poll(
         action = dict(contracts.poll(target, op))
     except ValueError as exc:
         raise OperationError(str(exc)) from None
+    interval = contracts.min_poll_interval(target)
     if op.get("open_poll") is None:  # one open is taken up: nothing new is asked
-        paced(engine, record, op_id, contracts.min_poll_interval(target))
+        ended = _paced_or_ended(engine, record, op_id, interval, operator)
+        if ended is not None:
+            return await deliver_linked(engine, ended, None, deliver)
     if record.session is not None:
         action["session"] = record.session
     link = {"operation": op_id, "invocation": record.invocation_id}
@@ -215,6 +218,25 @@ async def poll(
     return await deliver_linked(engine, answer, ran, deliver)
 
 
+def _paced_or_ended(
+    engine: Engine, record: Record, op_id: str, interval: float, operator: bool
+) -> dict[str, Any] | None:
+    """``paced``; when it refuses, the record read again: an operation no longer pending (a
+    poll in flight here, or another broker's, recorded its end since ``record`` was read --
+    ``moved`` may have hopped to a thread meanwhile) is answered as it now stands, never
+    ``POLL_TOO_SOON`` with the state of an out-of-date read.  None: the poll may go on."""
+    try:
+        paced(engine, record, op_id, interval)
+    except OperationError as exc:
+        if exc.code != "POLL_TOO_SOON":
+            raise
+        now = find(engine, op_id, operator=operator)
+        if (now.operation or {}).get("state") == "pending":
+            raise
+        return {"operation": operation_json(now), "poll": None}
+    return None
+
+
 def paced(engine: Engine, record: Record, op_id: str, interval: float) -> None:
     """``POLL_TOO_SOON`` (429, ``retry_after``: whole seconds) when the operation's status
     resource was asked less than ``interval`` seconds ago (its target's
@@ -236,10 +258,11 @@ def paced(engine: Engine, record: Record, op_id: str, interval: float) -> None:
         wait = max(wait, min(interval, at + interval - time.time()))
     if wait > 0:
         after = max(1, math.ceil(wait))
+        state = (record.operation or {}).get("state")
         raise OperationError(
             f"{op_id} was polled less than {interval:g} s ago (the target's "
             "operations.min_poll_interval); nothing was asked or sent. Its state as last "
-            f"polled: pending (its submission's record). Poll again in {after} s",
+            f"polled: {state} (its submission's record). Poll again in {after} s",
             code="POLL_TOO_SOON",
             status=429,
             retry_after=after,

@@ -45,7 +45,8 @@ async def _poll_or_too_soon(
     except OperationError as exc:
         assert (exc.code, exc.status, exc.field) == ("POLL_TOO_SOON", 429, None), exc
         assert exc.retry_after == after
-        assert "pending" in str(exc)  # the record's state, no fresher
+        # The state read again from the record when refused: one ended since is answered.
+        assert "Its state as last polled: pending (" in str(exc), exc
         return None
 
 
@@ -158,3 +159,34 @@ async def test_an_open_poll_is_taken_up_within_the_interval(tmp_path: Path, toke
             assert answer["poll"]["invocation_id"] == first["poll"]["invocation_id"]
             assert answer["operation"]["state"] == "succeeded"
     assert _gets(srv) == 1
+
+
+async def test_a_poll_refused_too_soon_answers_an_end_recorded_since_it_read_the_record(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The poll reads the record (pending), then checks the target has not moved -- an await,
+    # which may hop to a thread -- and only then is paced.  Another poll, let through past the
+    # interval, records the job's end meanwhile: this one is too soon now, and answers the end
+    # it reads again, not the pending of its first read.
+    async with HostileServer.running(scripts.serve(job_api(["running", "done"]))) as srv:
+        jobs = _target(srv, operations={**OPS_TABLE, "min_poll_interval": PACE})
+        async with open_broker(write_config(tmp_path, {"jobs": jobs})) as broker:
+            op_id = (await _submit(broker))["operation"]["id"]
+            assert (await _poll(broker, op_id))["operation"]["state"] == "pending"
+            snapshot = broker._engine.snapshot
+            real = snapshot.moved
+            others: list[dict[str, Any]] = []
+
+            async def moved(*args: Any) -> Any:
+                if not others:  # another caller's poll, past the interval, ends the job
+                    others.append({})
+                    others[0] = await broker.poll_operation(op_id, requester=2000)
+                return await real(*args)
+
+            await trio.sleep(PACE * 1.2)
+            monkeypatch.setattr(snapshot, "moved", moved)
+            with trio.fail_after(LIMIT):
+                answer = await broker.poll_operation(op_id, requester=1000)
+    assert others[0]["operation"]["state"] == "succeeded"
+    assert answer["operation"]["state"] == "succeeded" and answer["poll"] is None
+    assert _gets(srv) == 2
