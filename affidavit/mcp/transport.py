@@ -49,8 +49,10 @@ itself holds is one line at most (``max_line``, and one read past it).  The serv
 ``max_open`` to its ``max_calls`` plus ``OPEN_MARGIN``, room for the cheap requests beside the
 calls (``limit_open``).  And each write must make progress within ``write_wait``
 (``WRITE_WAIT``, 30 s, as the daemon's answers): a line is written in slices of ``WRITE_SLICE``
-bytes, each taken within it, so a slow but steady reader takes a line of any length, while a
-client that reads nothing for that long breaks the output -- the line was perhaps cut, so
+bytes, each taken within it, and the whole line within ``write_wait`` plus its length at
+``MIN_RATE`` (64 KiB/s: an answer to a slow reader holds every other one back that long at
+most), so a steady reader at that rate takes a line of any length, while a client that reads
+nothing for ``write_wait``, or too slowly, breaks the output -- the line was perhaps cut, so
 nothing more is written; every answer not written is settled not written (recorded
 RESULT_DELIVERY_FAILED by the backend, as when the client hangs up) and stdin is read no
 further, which ends the session.  Every write -- the refusals too -- is
@@ -138,6 +140,10 @@ the same client)."""
 WRITE_SLICE = 64 * 1024
 """Bytes written under one ``WRITE_WAIT``: a pipe's buffer (Linux's default), so a slice is
 taken as soon as the client has read what came before it."""
+MIN_RATE = 64 * 1024
+"""Bytes per second a line must be taken at, at least, beyond one ``write_wait``: a line of n
+bytes has ``write_wait + n / MIN_RATE`` seconds in all (``_send_slices``) -- a slice every
+29 s held a 100 MiB line (and every answer behind it) about 13 hours; now 27 minutes at most."""
 REFUSALS = 8
 """Refusals the reader hands to their writer (``_write_refusals``) and not yet written, at
 most: the reader never writes -- a refusal waiting for the write lock, held by a long answer to
@@ -495,28 +501,32 @@ class StdioTransport:
             if late:  # part of the line may be out: nothing can follow it
                 self.broken = True
                 log.warning(
-                    "%d bytes of a line were not taken within %gs: the client reads no more; "
-                    "ending the session",
+                    "a line of %d bytes was not taken in time (%d bytes within %gs, all at "
+                    "%d bytes/s at least): the client reads no more; ending the session",
+                    len(data),
                     WRITE_SLICE,
                     self.write_wait,
+                    MIN_RATE,
                 )
                 self._hang_up()
                 return False
             return True
 
     async def _send_slices(self, data: bytes) -> bool:
-        """Write ``data`` in slices of ``WRITE_SLICE`` bytes, each within ``write_wait``: True
-        if one was not taken in time.  The deadline is each slice's, not the line's -- a 100 MiB
+        """Write ``data`` in slices of ``WRITE_SLICE`` bytes, each within ``write_wait``, the
+        whole within ``write_wait`` plus its length at ``MIN_RATE``: True if either was not met
+        (then part of the line may be out).  The tight deadline is each slice's -- a 100 MiB
         ``fetch_result`` line to a client reading a steady 4 MB/s takes 25 s and more; a
         client that takes nothing is still cut after ``write_wait`` (as the daemon bounds each
         part of an answer, ``h11server.py``)."""
         view = memoryview(data)  # (slices, not copies; a stream may keep one it was given)
-        for start in range(0, len(view), WRITE_SLICE):
-            with trio.move_on_after(self.write_wait) as late:
-                await self._writer.send_all(view[start : start + WRITE_SLICE])
-            if late.cancelled_caught:
-                return True
-        return False
+        with trio.move_on_after(self.write_wait + len(data) / MIN_RATE) as whole:
+            for start in range(0, len(view), WRITE_SLICE):
+                with trio.move_on_after(self.write_wait) as late:
+                    await self._writer.send_all(view[start : start + WRITE_SLICE])
+                if late.cancelled_caught:
+                    return True
+        return whole.cancelled_caught
 
     async def _write(self, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
         async with source:

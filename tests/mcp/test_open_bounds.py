@@ -9,13 +9,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import mcp_types as types
+import pytest
 import trio
 import trio.testing
 from mcp.shared.message import SessionMessage
 
 from affidavit.mcp.backends import Exchange
 from affidavit.mcp.server import McpSession, serve
-from affidavit.mcp.transport import OPEN_MARGIN, WRITE_SLICE, StdioTransport
+from affidavit.mcp.transport import MIN_RATE, OPEN_MARGIN, WRITE_SLICE, StdioTransport
 
 from .kit import WAIT
 from .test_protocol import INIT, call, line, next_line, response, transport_on_memory
@@ -257,3 +258,25 @@ async def test_a_cancel_behind_a_refusal_is_read_while_a_long_answer_is_written(
                 # The client reads now: the long answer, then the refusal.
                 assert (await next_line(from_server))["id"] == 1
                 overloaded(await next_line(from_server), 2)
+
+
+async def test_a_line_read_slower_than_min_rate_breaks_the_output_at_its_whole_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Each slice taken within ``write_wait``, yet the line at 40 KiB/s, under ``MIN_RATE``: cut
+    at ``write_wait`` plus its length at ``MIN_RATE`` (102 s), not written whole in 160 s --
+    one slow reader holds every other answer back that long at most.  Before, only the slices
+    were bounded: a 100 MiB line at a slice every 29 s held the output about 13 hours."""
+    server_out, from_server = trio.testing.lockstep_stream_one_way_pair()
+    server_in, _ = trio.testing.memory_stream_one_way_pair()
+    transport = StdioTransport(server_in, server_out)
+    transport.write_wait = 2.0  # a slice takes 1.6 s
+    data = b"x" * (100 * WRITE_SLICE - 1) + b"\n"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_drain, from_server, 4096, 0.1)  # 40 KiB/s
+        started = trio.current_time()
+        assert not await transport._send(data)
+        took = trio.current_time() - started
+        assert transport.broken and transport.hung_up.is_set()
+        assert took == pytest.approx(transport.write_wait + len(data) / MIN_RATE, abs=0.5)
+        nursery.cancel_scope.cancel()
