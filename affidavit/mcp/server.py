@@ -18,7 +18,8 @@ which reads no config: its default, 256), each counted until its delivery is rec
 is answered ``api_error`` OVERLOADED at once and nothing runs for it -- as the daemon answers
 its 503.  The reads answered in the SDK's handler (``get_record``, ``list_actions``,
 ``list_targets``) are bounded apart: ``READS_AT_ONCE`` worked on at once, the others waiting
-their turn (they are bounded by the transport's open requests); while ``READS_OPEN`` answers
+their turn (they are bounded by the transport's open requests) ``READ_TURN_WAIT`` at most, then
+answered OVERLOADED, nothing read; while ``READS_OPEN`` answers
 are not yet written (a ``list_actions`` page of 1,000 records held unwritten is MBs of objects)
 the read whose turn came waits ``READS_WAIT``, then is answered OVERLOADED with a
 ``retry_after``, nothing read.  (The daemon's views give one uid two threads and refuse past
@@ -95,6 +96,11 @@ threads; the daemon's views give one uid two threads and 16 waiting)."""
 READS_WAIT = 1.0
 """Seconds a read whose turn came waits for ``READS_OPEN`` unwritten answers to drop below the
 bound before it is refused."""
+READ_TURN_WAIT = 10.0
+"""Seconds a read waits for its turn at most, then is answered OVERLOADED (``READS_RETRY``),
+nothing read: two slow reads holding both turns kept every later one waiting for good, each
+holding an open request of the transport's until all were refused there.  (The daemon's views
+wait as long for a thread: ``readers.VIEW_WAIT``.)"""
 READS_RETRY = 1
 """The ``retry_after`` of a read refused past ``READS_OPEN`` (the daemon's views' too)."""
 DEFAULT_GRACE = 30.0
@@ -242,15 +248,20 @@ class McpSession:
         """A read answered here, in the handler: ``READS_AT_ONCE`` worked on at once, the rest
         waiting their turn (as many as the transport lets be open); refused only when
         ``READS_OPEN`` answers stay unwritten ``READS_WAIT`` seconds -- the client is not
-        taking them -- each counted from its turn until it is written or cannot be."""
-        async with self._reading:
+        taking them -- each counted from its turn until it is written or cannot be.  A turn
+        is waited for ``READ_TURN_WAIT`` at most."""
+        with trio.move_on_after(READ_TURN_WAIT) as turn:  # the wait alone, never the read
+            await self._reading.acquire()
+        if turn.cancelled_caught:
+            return _reads_refused(
+                f"{READS_AT_ONCE} reads have been worked on for {READ_TURN_WAIT:g} s and more "
+                "(this one waited that long for its turn)"
+            )
+        try:
             if not await self._answer_room():
-                return api_error(
-                    "OVERLOADED",
+                return _reads_refused(
                     f"{READS_OPEN} answers to reads are not yet written (the client has not "
-                    f"taken them); read again in {READS_RETRY} s (nothing was read)",
-                    sent=False,
-                    retry_after=READS_RETRY,
+                    "taken them)"
                 )
             self.reads += 1
             outcome = self.transport.expect(request_id) if request_id is not None else None
@@ -265,7 +276,9 @@ class McpSession:
                     self._read_over()
                 else:
                     self.nursery.start_soon(self._read_taken, outcome)
-        return answer
+            return answer
+        finally:
+            self._reading.release()
 
     async def _answer_room(self) -> bool:
         """Whether fewer than ``READS_OPEN`` answers are unwritten, or become so within
@@ -375,6 +388,16 @@ class McpSession:
             with trio.move_on_after(max(grace, RECORD_WAIT)):
                 await self._idle.wait()
         return left
+
+
+def _reads_refused(why: str) -> dict[str, Any]:
+    """The OVERLOADED answer of a read refused here, nothing read (``_bounded``)."""
+    return api_error(
+        "OVERLOADED",
+        f"{why}; read again in {READS_RETRY} s (nothing was read)",
+        sent=False,
+        retry_after=READS_RETRY,
+    )
 
 
 def build_server(session: McpSession) -> Server[Any]:

@@ -23,8 +23,15 @@ import pytest
 import trio
 import trio.testing
 
+from affidavit.mcp import server
 from affidavit.mcp.backends import Embedded
-from affidavit.mcp.server import READS_AT_ONCE, READS_OPEN, READS_RETRY, McpSession, serve
+from affidavit.mcp.server import (
+    READS_AT_ONCE,
+    READS_OPEN,
+    READS_RETRY,
+    McpSession,
+    serve,
+)
 from affidavit.mcp.transport import OPEN_BYTES, OPEN_MARGIN, OPEN_RETRY, REFUSALS, StdioTransport
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
 from tests.daemon.kit import running_daemon
@@ -332,3 +339,69 @@ async def _stalled(raw: Raw, size: int, padded: int) -> int:
     assert sent == padded
     assert "OVERLOADED" in raw.stderr()  # past the bounds, refused: its answers fill the pipe
     return stalled
+
+
+async def test_a_read_waits_for_its_turn_read_turn_wait_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two slow reads hold both turns: a third waits ``READ_TURN_WAIT``, then is answered
+    OVERLOADED with ``retry_after``, nothing read -- the two still run.  Before, it waited for
+    good, holding an open request of the transport's, and so did every later read."""
+    monkeypatch.setattr(server, "READ_TURN_WAIT", 0.3)
+    backend = SlowListing()
+    async with transport_on_memory() as (client, _, read, _write, transport):
+        session = McpSession(backend, transport, "mcp-s1")  # type: ignore[arg-type]
+        async with trio.open_nursery() as nursery:
+            session.nursery = nursery
+            with trio.fail_after(WAIT):
+                for n in range(READS_AT_ONCE + 1):
+                    await client.send_all(line(call(n, "list_actions", {})))
+                    await read.receive()
+                for n in range(READS_AT_ONCE):
+                    nursery.start_soon(session.answer, n, "list_actions", {})
+                await trio.testing.wait_all_tasks_blocked()
+                started = trio.current_time()
+                over = await session.answer(READS_AT_ONCE, "list_actions", {})
+                assert trio.current_time() - started >= 0.3
+                assert over["api_error"]["code"] == "OVERLOADED", over
+                assert over["api_error"]["retry_after"] == READS_RETRY, over
+                assert "waited that long for its turn" in over["api_error"]["message"]
+                assert backend.asked == READS_AT_ONCE  # the third read nothing
+            nursery.cancel_scope.cancel()
+
+
+async def test_reads_waiting_for_room_share_one_wake_up(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``READS_OPEN`` answers unwritten, and two reads holding both turns wait for room: two
+    answers written at once let both in at once.  Before 9760a482 each waiter replaced the
+    wake-up event, so the first slept on one nobody set for its whole ``READS_WAIT`` (then let
+    in, or refused when others had taken the room meanwhile)."""
+    async with transport_on_memory() as (client, _, read, write, transport):
+        session = McpSession(Catalog(), transport, "mcp-s1")  # type: ignore[arg-type]
+        transport.limit_open(READS_OPEN + 2)
+        answers: list[dict[str, Any]] = []
+
+        async def ask(n: int) -> None:
+            answers.append(await session.answer(n, "list_targets", {}))
+
+        async with trio.open_nursery() as nursery:
+            session.nursery = nursery
+            with trio.fail_after(WAIT):
+                for n in range(READS_OPEN + 2):
+                    await client.send_all(line(call(n, "list_targets", {})))
+                    await read.receive()
+                for n in range(READS_OPEN):  # answered, not yet written
+                    assert "targets" in await session.answer(n, "list_targets", {})
+                async with trio.open_nursery() as asking:
+                    for n in (READS_OPEN, READS_OPEN + 1):
+                        asking.start_soon(ask, n)
+                        await trio.testing.wait_all_tasks_blocked()
+                    written = trio.current_time()
+                    await write.send(response(0))
+                    await write.send(response(1))
+                took = trio.current_time() - written
+            nursery.cancel_scope.cancel()
+    assert took == 0, took  # (the mock clock's: no wait at all, not READS_WAIT on a stale event)
+    assert len(answers) == 2
+    assert all("targets" in a for a in answers), answers
