@@ -190,3 +190,21 @@ async def test_a_poll_refused_too_soon_answers_an_end_recorded_since_it_read_the
     assert others[0]["operation"]["state"] == "succeeded"
     assert answer["operation"]["state"] == "succeeded" and answer["poll"] is None
     assert _gets(srv) == 2
+
+
+async def test_a_last_poll_row_dated_far_ahead_holds_a_poll_back_one_interval_at_most(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A writer whose clock runs 10 hours ahead labels the last poll's row in the future: the
+    # next poll is held back by the interval at most, never until that label is past.
+    async with HostileServer.running(scripts.serve(job_api(["running"]))) as srv:
+        jobs = _target(srv, operations={**OPS_TABLE, "min_poll_interval": "1h"})
+        cfg = write_config(tmp_path, {"jobs": jobs})
+        async with open_broker(cfg) as broker:
+            op_id = (await _submit(broker))["operation"]["id"]
+            writer = broker._engine.journal._writer  # its wall clock labels the rows
+            monkeypatch.setattr(writer, "clock", lambda: time.time() + 10 * 3600)
+            assert (await _poll(broker, op_id))["poll"] is not None
+        async with open_broker(cfg) as other:
+            assert await _poll_or_too_soon(other, op_id, 1000, after=3600) is None
+    assert _gets(srv) == 1
