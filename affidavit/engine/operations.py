@@ -183,6 +183,11 @@ async def poll(
     # The poll this request runs, or one it took up that its asker asked: its delivery is this
     # answer's.
     ran = None if envelope is None else await taken_up(engine, envelope, requester)
+    if envelope is None and op.get("open_poll") is not None:
+        # The open poll was never sent (``take_up`` closed it): this one asks anew, paced.
+        ended = _paced_or_ended(engine, record, op_id, interval, operator)
+        if ended is not None:
+            return await deliver_linked(engine, ended, None, deliver)
     if envelope is None:
         poll_id = new_invocation_id()
         claim = None

@@ -208,3 +208,28 @@ async def test_a_last_poll_row_dated_far_ahead_holds_a_poll_back_one_interval_at
         async with open_broker(cfg) as other:
             assert await _poll_or_too_soon(other, op_id, 1000, after=3600) is None
     assert _gets(srv) == 1
+
+
+async def test_a_poll_asked_anew_after_an_open_one_was_never_sent_is_paced(
+    tmp_path: Path, token: str
+) -> None:
+    # The open poll awaiting an operator is denied: nothing was sent, and the next poll closes
+    # it and would ask anew -- another claim and more rows on the record -- so it is paced like
+    # any new poll: POLL_TOO_SOON within the interval, nothing asked.
+    async with HostileServer.running(scripts.serve(job_api(["done"]))) as srv:
+        jobs = _target(
+            srv,
+            operations={**OPS_TABLE, "min_poll_interval": "1h"},
+            approval={"methods": ["GET"], "wait": "0s"},
+        )
+        path = write_config(tmp_path, {"jobs": jobs})
+        with path.open("a") as f:
+            f.write(f"[service]\noperator_uids = [{OPS_UID}]\n")
+        async with open_broker(path) as broker:
+            op_id = (await _submit(broker))["operation"]["id"]
+            with trio.fail_after(LIMIT):
+                first = await broker.poll_operation(op_id)
+                assert first["poll"]["error"]["code"] == "APPROVAL_PENDING"
+                await broker.deny(first["poll"]["invocation_id"], note="no", operator=OPS)
+            assert await _poll_or_too_soon(broker, op_id, 1000, after=3600) is None
+    assert _gets(srv) == 0
