@@ -5,6 +5,9 @@ refused the agent's real calls; after an approval the next poll asked again, and
 approved poll was never sent.  Now a poll is named on the submission's record before it is
 asked (``engine/takeup.py``): the next poll is refused POLL_PENDING while it is undecided, sends
 it once approved, or folds the answer the dispatcher got.  What the server receives is the proof.
+These run at the real pace (``operations.min_poll_interval``'s default, 1 s), not the test
+default (``helpers.POLL_PACE``, 1 us), which hid that a poll asking anew after a denied one is
+paced too (mcppoll50c item 7).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -30,6 +34,8 @@ from .test_operations import JOBS, SUBMIT, job_api
 from .test_reconcile_races import _held
 
 GETS = {"methods": ["GET"], "wait": "0s"}
+PACE = 1.0
+"""``operations.min_poll_interval``'s default (docs/configuration.md)."""
 
 
 @contextlib.asynccontextmanager
@@ -37,13 +43,25 @@ async def _jobs(tmp_path: Path) -> AsyncIterator[tuple[HostileServer, Broker, st
     """The jobs API (a 202, then ``done``), a broker whose target covers GET under approval
     (at most 3 pending per uid), and the accepted operation's id."""
     async with HostileServer.running(scripts.serve(job_api(["done"]))) as srv:
-        path = write_config(tmp_path, {"jobs": http_target(srv.url + "/v1", **JOBS, approval=GETS)})
+        ops = {**JOBS["operations"], "min_poll_interval": PACE}
+        jobs = http_target(srv.url + "/v1", **{**JOBS, "operations": ops}, approval=GETS)
+        path = write_config(tmp_path, {"jobs": jobs})
         with path.open("a") as f:
             f.write(f"[service]\noperator_uids = [{OPS_UID}]\nmax_pending_approvals = 3\n")
         async with open_broker(path) as broker:
             with trio.fail_after(LIMIT):
                 env = await broker.call(SUBMIT)
             yield srv, broker, env["operation"]["id"]
+
+
+async def _poll_paced(broker: Broker, op_id: str) -> dict[str, Any]:
+    """A poll right after a denied one: refused ``POLL_TOO_SOON`` (nothing asked: a new poll
+    is asked, paced), then let through once its ``retry_after`` is past."""
+    with pytest.raises(OperationError) as soon:
+        await broker.poll_operation(op_id)
+    assert (soon.value.code, soon.value.retry_after) == ("POLL_TOO_SOON", PACE), soon.value
+    await trio.sleep(PACE)
+    return await broker.poll_operation(op_id)
 
 
 def _gets(srv: HostileServer) -> int:
@@ -97,7 +115,7 @@ async def test_a_denied_poll_is_not_sent_and_the_next_one_asks_again(
         with trio.fail_after(LIMIT):
             first = await broker.poll_operation(op_id)
             await broker.deny(first["poll"]["invocation_id"], note="not now", operator=OPS)
-            second = await broker.poll_operation(op_id)
+            second = await _poll_paced(broker, op_id)
         assert second["poll"]["invocation_id"] != first["poll"]["invocation_id"]
         assert second["poll"]["error"]["code"] == "APPROVAL_PENDING"
         assert [c["invocation_id"] for c in broker.approvals()] == [second["poll"]["invocation_id"]]
@@ -112,7 +130,7 @@ async def test_a_poll_closed_unsent_is_no_poll_of_the_job(tmp_path: Path, token:
         with trio.fail_after(LIMIT):
             first = await broker.poll_operation(op_id)
             await broker.deny(first["poll"]["invocation_id"], note="not now", operator=OPS)
-            second = await broker.poll_operation(op_id)
+            second = await _poll_paced(broker, op_id)
         op = second["operation"]
         assert op["polls"] == 0, op  # two polls asked, neither sent
         assert op["last_poll"]["invocation_id"] == second["poll"]["invocation_id"]
