@@ -56,9 +56,12 @@ async def _jobs(tmp_path: Path) -> AsyncIterator[tuple[HostileServer, Broker, st
 
 async def _poll_paced(broker: Broker, op_id: str) -> dict[str, Any]:
     """A poll right after a denied one: refused ``POLL_TOO_SOON`` (nothing asked: a new poll
-    is asked, paced), then let through once its ``retry_after`` is past."""
+    is asked, paced -- the denied one closed first, its one row), then let through once its
+    ``retry_after`` is past."""
+    rows = len(broker.events(_submission(op_id)))
     with pytest.raises(OperationError) as soon:
         await broker.poll_operation(op_id)
+    assert len(broker.events(_submission(op_id))) == rows + 1  # the close, no poll
     assert (soon.value.code, soon.value.retry_after) == ("POLL_TOO_SOON", PACE), soon.value
     await trio.sleep(PACE)
     return await broker.poll_operation(op_id)
