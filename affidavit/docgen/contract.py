@@ -381,7 +381,9 @@ def _operation_section() -> list[str]:
         "target's `operations.min_poll_interval` apart (1 s unless it says: each poll adds to "
         "the submission's stream, so it grows by at most a poll per interval of the job's "
         "life); a poll sooner, whoever asks, is refused `POLL_TOO_SOON` with when to poll "
-        "again, nothing asked or recorded -- the job still pending as its last poll left it; "
+        "again, nothing asked or recorded (but the row closing an open poll never sent, "
+        "denied or expired, before a new one would be asked) -- the job still pending as its "
+        "last poll left it, read again when refused (an end recorded meanwhile is answered); "
         "an ended job is still answered, a poll still open still taken up, and the stream "
         "stays readable, through the daemon a page of events at a time. "
         "Diagram: [../diagrams/operation.mmd](../diagrams/operation.mmd).",
