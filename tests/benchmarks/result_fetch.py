@@ -16,12 +16,14 @@ over ``--ab``'s.  A script, not a test: it prints, and asserts nothing about tim
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +62,18 @@ async def _drain(socket: str, path: str) -> int:
     return n
 
 
-async def measure(checkout: Path, port: int, args: argparse.Namespace) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="affidavit-fetch-"))
-    socket = tmp / "affidavit.sock"
+@contextlib.asynccontextmanager
+async def daemon(
+    checkout: Path, port: int, prefix: str, service: str = ""
+) -> AsyncIterator[tuple[Path, subprocess.Popen[bytes]]]:
+    """An ``affidavit serve`` of ``checkout`` (first on ``PYTHONPATH``) in a fresh temporary
+    directory, its one target the loopback server on ``port``, ``service`` lines added to its
+    ``[service]`` table; yields its socket and process once ``/v1/health`` answers."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    sock = tmp / "affidavit.sock"
     config = tmp / "affidavit.toml"
-    config.write_text(
-        http_overhead._config(tmp, port) + f'\n[service]\nsocket = "{socket}"\n', "utf-8"
-    )
+    service = f'socket = "{sock}"\n' + service
+    config.write_text(http_overhead._config(tmp, port) + "\n[service]\n" + service, "utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AFFIDAVIT_")}
     env[http_overhead.TOKEN_ENV] = "bench-token"
     env["PYTHONPATH"] = str(checkout)
@@ -83,12 +90,18 @@ async def measure(checkout: Path, port: int, args: argparse.Namespace) -> dict[s
         with trio.fail_after(60):
             while True:
                 try:
-                    await trio.to_thread.run_sync(
-                        blocking_request, str(socket), "GET", "/v1/health"
-                    )
+                    await trio.to_thread.run_sync(blocking_request, str(sock), "GET", "/v1/health")
                     break
                 except ClientError:
                     await trio.sleep(0.1)
+        yield sock, proc
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def measure(checkout: Path, port: int, args: argparse.Namespace) -> dict[str, Any]:
+    async with daemon(checkout, port, "affidavit-fetch-") as (socket, proc):
         size = args.mib * 1024 * 1024
         async with Client.open(str(socket)) as client:
             action = {"target": "api", "method": "GET", "path": f"/v1/big/{size}"}
@@ -120,9 +133,6 @@ async def measure(checkout: Path, port: int, args: argparse.Namespace) -> dict[s
             "health_ms": 1000 * max(waits),
             "answer_mib": min(read) / 2**20,
         }
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 async def main(args: argparse.Namespace) -> None:

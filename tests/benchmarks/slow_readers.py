@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 import http_overhead  # noqa: E402  (its loopback server and config)
-import result_fetch  # noqa: E402  (its /proc readers)
+import result_fetch  # noqa: E402  (its daemon and /proc readers)
 
 from affidavit.api.client import Client  # noqa: E402
-from affidavit.api.wire import ClientError, blocking_request  # noqa: E402
 
 MIB = 2**20
 
@@ -58,31 +54,8 @@ def _stall(path: str, readers: int, size: int) -> list[socket.socket]:
 
 
 async def measure(checkout: Path, port: int, args: argparse.Namespace) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="affidavit-slow-"))
-    sock = tmp / "affidavit.sock"
-    config = tmp / "affidavit.toml"
-    service = f'socket = "{sock}"\ncall_rate = 100000\ncall_burst = 100000\n'
-    config.write_text(http_overhead._config(tmp, port) + "\n[service]\n" + service, "utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AFFIDAVIT_")}
-    env[http_overhead.TOKEN_ENV] = "bench-token"
-    env["PYTHONPATH"] = str(checkout)
-    with (tmp / "daemon.log").open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "affidavit", "serve", "--config", str(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env=env,
-            cwd=str(checkout),
-        )
-    try:
-        with trio.fail_after(60):
-            while True:
-                try:
-                    await trio.to_thread.run_sync(blocking_request, str(sock), "GET", "/v1/health")
-                    break
-                except ClientError:
-                    await trio.sleep(0.1)
+    service = "call_rate = 100000\ncall_burst = 100000\n"
+    async with result_fetch.daemon(checkout, port, "affidavit-slow-", service) as (sock, proc):
         size = args.kb * 1000
         async with Client.open(str(sock)) as client:
             envelope = await client.call(
@@ -106,9 +79,6 @@ async def measure(checkout: Path, port: int, args: argparse.Namespace) -> dict[s
             "after": after / MIB,
             "growth": (peak - before) / MIB,
         }
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 async def main(args: argparse.Namespace) -> None:
