@@ -11,12 +11,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from affidavit.journal import JournalError
-from affidavit.journal.postgres import SCHEMA_VERSION as PG_SCHEMA
-from affidavit.journal.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 
+from . import schemakit
 from .conftest import Place
 
 SCOPE = "payments.create"
@@ -36,38 +34,23 @@ async def _write(place: Place, iid: str) -> None:
         await j.append(_accepted(iid), barrier=True)
 
 
-def _schema(place: Place) -> list[tuple[str]]:
-    return place.rows("SELECT value FROM meta WHERE name = 'schema'")
-
-
 def test_a_broker_without_the_fence_s_rules_refuses_the_journal(
     place: Place, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from affidavit.journal import postgres, sqlite_schema
-
+    # nor read: it would read a fenced record by the rules before
     trio.run(_write, place, "inv-a")
-    now = SQLITE_SCHEMA if place.kind == "sqlite" else PG_SCHEMA
-    assert _schema(place) == [(str(now),)]
-    module = sqlite_schema if place.kind == "sqlite" else postgres
-    monkeypatch.setattr(module, "SCHEMA_VERSION", BEFORE[place.kind])
-    with pytest.raises(JournalError, match=rf"newer affidavit \(schema {now}; this one knows"):
-        trio.run(_write, place, "inv-b")
-    with pytest.raises(JournalError, match=rf"newer affidavit \(schema {now};"):
-        place.reader()  # nor read: it would read a fenced record by the rules before
+    schemakit.refused_by_the_schema_before(
+        place, monkeypatch, BEFORE[place.kind], lambda: trio.run(_write, place, "inv-b")
+    )
     assert place.rows("SELECT count(*) FROM idempotency") == [(1,)]  # nothing bound by it
 
 
 def test_a_journal_from_before_the_fence_s_rules_is_upgraded_by_a_writer_with_them(
     place: Place,
 ) -> None:
-    trio.run(_write, place, "inv-old")
-    old = str(BEFORE[place.kind])
-    place.tamper(f"UPDATE meta SET value = '{old}' WHERE name = 'schema'")
-    with place.reader() as r:  # read-only: read as it is, not upgraded
-        assert r.verify().ok
-    assert _schema(place) == [(old,)]
-    trio.run(_write, place, "inv-new")
-    now = SQLITE_SCHEMA if place.kind == "sqlite" else PG_SCHEMA
-    assert _schema(place) == [(str(now),)]
+    iids = iter(["inv-old", "inv-new"])
+    schemakit.upgraded_from_the_schema_before(
+        place, BEFORE[place.kind], lambda: trio.run(_write, place, next(iids))
+    )
     with place.reader() as r:
         assert r.verify().ok and r.verify().bindings == 2

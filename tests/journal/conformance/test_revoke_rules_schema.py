@@ -11,11 +11,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from affidavit.journal import JournalError
-from affidavit.journal.postgres import SCHEMA_VERSION as PG_SCHEMA
-from affidavit.journal.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA
-
 from ..helpers import happy
+from . import schemakit
 from .conftest import Place
 
 BEFORE = {"sqlite": 11, "postgresql": 5}
@@ -28,38 +25,23 @@ async def _write(place: Place, iid: str) -> None:
             await j.append(ev)
 
 
-def _schema(place: Place) -> list[tuple[str]]:
-    return place.rows("SELECT value FROM meta WHERE name = 'schema'")
-
-
 def test_a_broker_without_the_revoke_s_rules_refuses_the_journal(
     place: Place, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from affidavit.journal import postgres, sqlite_schema
-
+    # nor read: it would read APPROVAL_REVOKED as an altered row
     trio.run(_write, place, "inv-a")
-    now = SQLITE_SCHEMA if place.kind == "sqlite" else PG_SCHEMA
-    assert _schema(place) == [(str(now),)]
-    module = sqlite_schema if place.kind == "sqlite" else postgres
-    monkeypatch.setattr(module, "SCHEMA_VERSION", BEFORE[place.kind])
-    with pytest.raises(JournalError, match=rf"newer affidavit \(schema {now}; this one knows"):
-        trio.run(_write, place, "inv-b")
-    with pytest.raises(JournalError, match=rf"newer affidavit \(schema {now};"):
-        place.reader()  # nor read: it would read APPROVAL_REVOKED as an altered row
+    schemakit.refused_by_the_schema_before(
+        place, monkeypatch, BEFORE[place.kind], lambda: trio.run(_write, place, "inv-b")
+    )
 
 
 def test_a_journal_from_before_the_revoke_s_rules_is_upgraded_by_a_writer_with_them(
     place: Place,
 ) -> None:
-    trio.run(_write, place, "inv-old")
-    old = str(BEFORE[place.kind])
-    place.tamper(f"UPDATE meta SET value = '{old}' WHERE name = 'schema'")
-    with place.reader() as r:  # read-only: read as it is, not upgraded
-        assert r.verify().ok
-    assert _schema(place) == [(old,)]
-    trio.run(_write, place, "inv-new")
-    now = SQLITE_SCHEMA if place.kind == "sqlite" else PG_SCHEMA
-    assert now > BEFORE[place.kind]
-    assert _schema(place) == [(str(now),)]
+    iids = iter(["inv-old", "inv-new"])
+    schemakit.upgraded_from_the_schema_before(
+        place, BEFORE[place.kind], lambda: trio.run(_write, place, next(iids))
+    )
+    assert schemakit.current(place) > BEFORE[place.kind]
     with place.reader() as r:
         assert r.verify().ok
