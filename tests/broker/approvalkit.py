@@ -15,15 +15,17 @@ from affidavit.api.broker import Broker
 from affidavit.approvals import Operator
 from affidavit.journal.chain import canonical_json
 from affidavit.journal.sealing import BrokerKey, payload_aad
+from affidavit.statemachine import Record
 from tests.http.hostile import Peer, Reply, Script
 
-from .helpers import http_target, write_config
+from .helpers import assert_error, http_target, write_config
 
 __all__ = [
     "OPS",
     "OPS_UID",
     "PaymentsApi",
     "approval_config",
+    "dispatched_stale",
     "reconcile_target",
     "verify_ok",
 ]
@@ -118,6 +120,20 @@ class PaymentsApi:
                 await peer.respond(Reply(status, body=json.dumps({"key": key}).encode()))
 
         return script
+
+
+async def dispatched_stale(broker: Broker, iid: str) -> Record:
+    """The approved ``iid`` handed to the dispatcher and refused APPROVAL_STALE at its gate:
+    validation, not attempted, after correction, in the envelope and the record; the record."""
+    await broker.dispatch_approved(iid)
+    return assert_error(
+        broker,
+        await broker.fetch_result(iid) or {},
+        phase="validation",
+        outcome="not_attempted",
+        retry="after_correction",
+        code="APPROVAL_STALE",
+    )
 
 
 def verify_ok(broker: Broker) -> None:

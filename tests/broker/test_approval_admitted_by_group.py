@@ -18,8 +18,8 @@ from affidavit.approvals import Operator
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .approvalkit import approval_config, verify_ok
-from .helpers import assert_error, assert_ok, open_broker
+from .approvalkit import approval_config, dispatched_stale, verify_ok
+from .helpers import assert_ok, open_broker
 
 E = EventKind
 OK = Reply(200, body=b'{"ok": true}')
@@ -73,15 +73,7 @@ async def test_a_grant_whose_admitting_group_was_removed_is_approval_stale(
         iid = await _approved_by_group(cfg)
         cfg.write_text(cfg.read_text().replace(f"operator_gids = [{GID}]", "operator_gids = [1]"))
         async with open_broker(cfg) as b:
-            await b.dispatch_approved(iid)
-            rec = assert_error(
-                b,
-                await b.fetch_result(iid) or {},
-                phase="validation",
-                outcome="not_attempted",
-                retry="after_correction",
-                code="APPROVAL_STALE",
-            )
+            rec = await dispatched_stale(b, iid)
             assert rec.field == "approval.operator"
             assert f"uid {UID}" in (rec.message or "")
             verify_ok(b)

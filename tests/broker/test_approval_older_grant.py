@@ -24,8 +24,8 @@ from affidavit.approvals.operator import OperatorPolicy
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .approvalkit import approval_config, verify_ok
-from .helpers import assert_error, assert_ok, event_kinds, open_broker
+from .approvalkit import approval_config, dispatched_stale, verify_ok
+from .helpers import assert_ok, event_kinds, open_broker
 
 E = EventKind
 OK = Reply(200, body=b'{"ok": true}')
@@ -91,15 +91,7 @@ async def test_a_grant_with_a_malformed_admitted_is_approval_stale(
         cfg = approval_config(tmp_path, srv.url, service={"operator_gids": [GID]})
         iid = await _granted(cfg, pytest.MonkeyPatch(), admitted)
         async with open_broker(cfg) as b:
-            await b.dispatch_approved(iid)
-            rec = assert_error(
-                b,
-                await b.fetch_result(iid) or {},
-                phase="validation",
-                outcome="not_attempted",
-                retry="after_correction",
-                code="APPROVAL_STALE",
-            )
+            rec = await dispatched_stale(b, iid)
             assert rec.field == "approval.operator"
             verify_ok(b)
     assert srv.requests == []

@@ -33,7 +33,14 @@ from affidavit.schema import canonical_json
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, make_tls, scripts
 
-from .approvalkit import OPS, OPS_UID, approval_config, reseal_accepted, verify_ok
+from .approvalkit import (
+    OPS,
+    OPS_UID,
+    approval_config,
+    dispatched_stale,
+    reseal_accepted,
+    verify_ok,
+)
 from .helpers import (
     TOKEN_ENV,
     GateStall,
@@ -358,15 +365,7 @@ async def test_a_config_reloaded_after_approval_is_not_sent_under_the_old_approv
             text = cfg.read_text().replace("total = 5", "total = 6")
             time.sleep(0.01)  # a new mtime for the broker's re-check
             cfg.write_text(text)
-            await b.dispatch_approved(iid)
-            rec = assert_error(
-                b,
-                await b.fetch_result(iid) or {},
-                phase="validation",
-                outcome="not_attempted",
-                retry="after_correction",
-                code="APPROVAL_STALE",
-            )
+            rec = await dispatched_stale(b, iid)
             assert rec.field == "approval"
             assert E.DISPATCH_STARTED not in event_kinds(b, iid)
         async with open_broker(cfg) as b:
@@ -377,15 +376,7 @@ async def test_a_config_reloaded_after_approval_is_not_sent_under_the_old_approv
             # writer) no other broker can either: APPROVAL_STALE at once, naming the target's
             # settings, no lease taken (apprfix50c #1: it read IN_PROGRESS until the expiry,
             # then "window ran out").  A shared journal's case: test_approval_not_sendable_here.
-            await b.dispatch_approved(iid)
-            rec = assert_error(
-                b,
-                await b.fetch_result(iid) or {},
-                phase="validation",
-                outcome="not_attempted",
-                retry="after_correction",
-                code="APPROVAL_STALE",
-            )
+            rec = await dispatched_stale(b, iid)
             assert rec.field == "targets.api"
             assert E.DISPATCH_LEASE_ACQUIRED not in event_kinds(b, iid)
             verify_ok(b)
