@@ -50,6 +50,27 @@ def _keys(tmp: Path, name: str) -> dict[str, Path]:
     return {"key_file": tmp / "shared.key", "signing_key": tmp / f"{name}.signing.key"}
 
 
+def _old_broker(
+    pg: Cluster, database: str, schema: int, role: str, without: str | None = None
+) -> str:
+    """``database`` marked as of ``schema``, and a login ``role`` holding its grants -- on every
+    table but ``without``, one a later schema adds: the role's URL."""
+    pg.sql(f"UPDATE meta SET value = '{schema}' WHERE name = 'schema'", database)
+    pg.sql(f"DROP ROLE IF EXISTS {role}")
+    pg.sql(f"CREATE ROLE {role} LOGIN PASSWORD 'broker-pw'")
+    for statement in grant_statements(role):
+        pg.sql(statement.replace(f", {without}", "") if without else statement, database)
+    return pg.url(database, user=role, password="broker-pw")
+
+
+async def _refused(url: str, tmp_path: Path) -> str:
+    """The message of the JournalError opening ``url`` as a broker raises."""
+    with pytest.raises(JournalError) as refused:
+        async with Journal.open(url, **_keys(tmp_path, "broker")):
+            pass
+    return str(refused.value)
+
+
 @contextlib.asynccontextmanager
 async def _through_proxy(
     pg: Cluster, pg_url: str, tmp_path: Path, **options: Any
@@ -873,16 +894,8 @@ async def test_a_broker_role_opening_a_schema_1_journal_is_told_to_have_the_owne
         pass
     pg.sql("DROP TABLE chunk_owners", database)  # as schema 1 left it
     pg.sql("ALTER TABLE idempotency DROP COLUMN send_by, DROP COLUMN target", database)  # (3's)
-    pg.sql("UPDATE meta SET value = '1' WHERE name = 'schema'", database)
-    pg.sql("DROP ROLE IF EXISTS old_broker")
-    pg.sql("CREATE ROLE old_broker LOGIN PASSWORD 'broker-pw'")
-    for statement in grant_statements("old_broker"):
-        pg.sql(statement.replace(", chunk_owners", ""), database)  # schema 1's grants
-    broker_url = pg.url(database, user="old_broker", password="broker-pw")
-    with pytest.raises(JournalError) as refused:
-        async with Journal.open(broker_url, **_keys(tmp_path, "broker")):
-            pass
-    message = str(refused.value)
+    broker_url = _old_broker(pg, database, 1, "old_broker", "chunk_owners")  # schema 1's grants
+    message = await _refused(broker_url, tmp_path)
     assert f"has schema 1; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
     assert "only the tables' owner may do" in message and "broker-pw" not in message
     assert 'GRANT SELECT, INSERT, UPDATE, DELETE ON chunk_owners TO "old_broker"' in message
@@ -912,16 +925,8 @@ async def test_a_broker_role_opening_a_schema_2_journal_is_told_only_the_owner_s
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass
     pg.sql("ALTER TABLE idempotency DROP COLUMN send_by, DROP COLUMN target", database)
-    pg.sql("UPDATE meta SET value = '2' WHERE name = 'schema'", database)
-    pg.sql("DROP ROLE IF EXISTS old_broker2")
-    pg.sql("CREATE ROLE old_broker2 LOGIN PASSWORD 'broker-pw'")
-    for statement in grant_statements("old_broker2"):
-        pg.sql(statement, database)  # schema 2's grants: chunk_owners among them
-    broker_url = pg.url(database, user="old_broker2", password="broker-pw")
-    with pytest.raises(JournalError) as refused:
-        async with Journal.open(broker_url, **_keys(tmp_path, "broker")):
-            pass
-    message = str(refused.value)
+    broker_url = _old_broker(pg, database, 2, "old_broker2")  # chunk_owners among its grants
+    message = await _refused(broker_url, tmp_path)
     assert f"has schema 2; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
     assert "idempotency.send_by and idempotency.target" in message, message
     assert "chunk_owners" not in message and "broker-pw" not in message, message
@@ -943,16 +948,8 @@ async def test_a_broker_role_opening_a_schema_3_journal_is_told_the_owner_record
     database = pg_url.rsplit("/", 1)[1]
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass
-    pg.sql("UPDATE meta SET value = '3' WHERE name = 'schema'", database)
-    pg.sql("DROP ROLE IF EXISTS old_broker3")
-    pg.sql("CREATE ROLE old_broker3 LOGIN PASSWORD 'broker-pw'")
-    for statement in grant_statements("old_broker3"):
-        pg.sql(statement, database)
-    broker_url = pg.url(database, user="old_broker3", password="broker-pw")
-    with pytest.raises(JournalError) as refused:
-        async with Journal.open(broker_url, **_keys(tmp_path, "broker")):
-            pass
-    message = str(refused.value)
+    broker_url = _old_broker(pg, database, 3, "old_broker3")
+    message = await _refused(broker_url, tmp_path)
     assert f"has schema 3; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
     assert "the fence's rules (schema 4)" in message, message
     assert "idempotency.send_by" not in message, message
@@ -984,16 +981,8 @@ async def test_a_broker_role_opening_a_schema_4_journal_is_told_the_owner_indexe
             await j.append(ev)
         await j.append(query)
     pg.sql("DROP TABLE linked_calls", database)  # as schema 4 left it
-    pg.sql("UPDATE meta SET value = '4' WHERE name = 'schema'", database)
-    pg.sql("DROP ROLE IF EXISTS old_broker4")
-    pg.sql("CREATE ROLE old_broker4 LOGIN PASSWORD 'broker-pw'")
-    for statement in grant_statements("old_broker4"):
-        pg.sql(statement.replace(", linked_calls", ""), database)  # schema 4's grants
-    broker_url = pg.url(database, user="old_broker4", password="broker-pw")
-    with pytest.raises(JournalError) as refused:
-        async with Journal.open(broker_url, **_keys(tmp_path, "broker")):
-            pass
-    message = str(refused.value)
+    broker_url = _old_broker(pg, database, 4, "old_broker4", "linked_calls")  # schema 4's grants
+    message = await _refused(broker_url, tmp_path)
     assert f"has schema 4; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
     assert "a table linked_calls, filled once" in message, message
     assert 'GRANT SELECT, INSERT ON linked_calls TO "old_broker4"' in message, message
@@ -1026,16 +1015,8 @@ async def test_a_broker_role_opening_a_schema_5_journal_is_told_the_owner_record
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")) as j:
         for ev in happy("inv-1"):
             await j.append(ev)
-    pg.sql("UPDATE meta SET value = '5' WHERE name = 'schema'", database)
-    pg.sql("DROP ROLE IF EXISTS old_broker5")
-    pg.sql("CREATE ROLE old_broker5 LOGIN PASSWORD 'broker-pw'")
-    for statement in grant_statements("old_broker5"):
-        pg.sql(statement, database)
-    broker_url = pg.url(database, user="old_broker5", password="broker-pw")
-    with pytest.raises(JournalError) as refused:
-        async with Journal.open(broker_url, **_keys(tmp_path, "broker")):
-            pass
-    message = str(refused.value)
+    broker_url = _old_broker(pg, database, 5, "old_broker5")
+    message = await _refused(broker_url, tmp_path)
     assert f"has schema 5; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
     assert "(the rules of APPROVAL_REVOKED (schema 6))" in message, message
     assert "GRANT" not in message and "linked_calls" not in message, message
