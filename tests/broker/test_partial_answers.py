@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -166,6 +167,24 @@ def test_an_ordinary_ending_or_too_few_secret_bytes_end_the_stream_as_they_were(
     assert not r.changed and not r.tail_redacted
 
 
+async def _completed(
+    tmp_path: Path, script: Callable[[Peer], Awaitable[None]]
+) -> tuple[dict[str, Any], Mapping[str, Any], list[Received]]:
+    """``GET /x`` of target ``t`` served by ``script``: the envelope, its complete-response
+    row's attributes, and what the server received."""
+    async with HostileServer.running(script) as server:
+        cfg = write_config(tmp_path, {"t": http_target(server.url)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(20):
+                env = await broker.call({"target": "t", "method": "GET", "path": "/x"})
+            [complete] = [
+                e.attrs
+                for e in broker.events(env["invocation_id"])
+                if e.kind is EventKind.REMOTE_RESPONSE_COMPLETE
+            ]
+    return env, complete, server.requests
+
+
 @pytest.mark.parametrize(
     ("said", "body", "withheld"),
     [
@@ -187,17 +206,8 @@ async def test_an_answer_cut_inside_an_echo_reaches_no_caller_and_says_what_it_w
     def reply(r: Received) -> Reply:
         return Reply(200, body=said((r.header("authorization") or "").encode()))
 
-    async with HostileServer.running(scripts.serve(reply)) as server:
-        cfg = write_config(tmp_path, {"t": http_target(server.url)})
-        async with open_broker(cfg) as broker:
-            with trio.fail_after(20):
-                env = await broker.call({"target": "t", "method": "GET", "path": "/x"})
-            [complete] = [
-                e.attrs
-                for e in broker.events(env["invocation_id"])
-                if e.kind is EventKind.REMOTE_RESPONSE_COMPLETE
-            ]
-    assert server.requests[0].header("authorization") == BEARER.decode()
+    env, complete, received = await _completed(tmp_path, scripts.serve(reply))
+    assert received[0].header("authorization") == BEARER.decode()
     assert env["result"]["body"] == body, env
     assert SECRET[:CUT_FORM] not in json.dumps(env)
     http = env["evidence"]["http"]
@@ -361,16 +371,7 @@ async def test_a_head_echo_only_the_driver_saw_keeps_the_streams_row_saying_reda
     row's ``body_received_withheld`` too, not only the envelope: a body that only ends inside
     the credential does not lower it to ``tail_redacted``."""
     monkeypatch.setenv(TOKEN_ENV, SECRET)
-    async with HostileServer.running(_hex_in_head(interim)) as server:
-        cfg = write_config(tmp_path, {"t": http_target(server.url)})
-        async with open_broker(cfg) as broker:
-            with trio.fail_after(20):
-                env = await broker.call({"target": "t", "method": "GET", "path": "/x"})
-            [complete] = [
-                e.attrs
-                for e in broker.events(env["invocation_id"])
-                if e.kind is EventKind.REMOTE_RESPONSE_COMPLETE
-            ]
+    env, complete, _ = await _completed(tmp_path, _hex_in_head(interim))
     assert env["result"]["body"] == "you sent: Bearer [REDACTED]", env
     assert env["evidence"]["http"]["received_withheld"] == "redacted", env
     assert complete.get("body_received_withheld") == "redacted", complete
