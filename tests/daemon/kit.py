@@ -186,6 +186,26 @@ async def start_daemon(
     return daemon
 
 
+async def start_sharing(
+    tmp: Path,
+    name: str,
+    url: str,
+    targets: Mapping[str, Mapping[str, Any]],
+    token: str | None,
+    service: Mapping[str, Any],
+    **journal: Any,
+) -> DaemonProc:
+    """``start_daemon`` in ``tmp/name`` on the shared journal at ``url``: the sealing key
+    ``tmp/shared.key`` every broker holds, a signing key of its own, ``journal`` added to its
+    ``[journal]`` table."""
+    d = tmp / name
+    d.mkdir()
+    keys = {"url": url, "key_file": str(tmp / "shared.key"), "signing_key": str(d / "signing.key")}
+    journal = {**keys, **journal}
+    config = write_daemon_config(d, targets, socket=d / "s.sock", service=service, journal=journal)
+    return await start_daemon(config, d / "s.sock", d / "daemon.log", token)
+
+
 async def _answers(daemon: DaemonProc) -> bool:
     """Any HTTP answer counts (a daemon that refuses this test's uid answers 403)."""
     if not daemon.socket.exists():

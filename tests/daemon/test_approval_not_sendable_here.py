@@ -23,7 +23,7 @@ from affidavit.journal.sealing import BrokerKey
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
-from .kit import api_target, start_daemon, stop, wait_until, write_daemon_config
+from .kit import api_target, start_daemon, start_sharing, stop, wait_until
 from .test_approvals_shared import IDEM, SETTLE, _asked_then_stopped, _kinds
 
 SERVICE = {"allow_self_approval": True, "lease_margin": 1, "operator_uids": [0]}
@@ -48,17 +48,7 @@ async def test_a_daemon_that_cannot_send_a_grant_leaves_it_to_one_that_can(
         url, procs = pg.database(), []
         try:
             for name, targets in (("d1", own), ("d2", _variant(srv.url, how))):
-                d = tmp_path / name
-                d.mkdir()
-                journal = {
-                    "url": url,
-                    "key_file": str(tmp_path / "shared.key"),
-                    "signing_key": str(d / "signing.key"),
-                }
-                config = write_daemon_config(
-                    d, targets, socket=d / "s.sock", service=SERVICE, journal=journal
-                )
-                procs.append(await start_daemon(config, d / "s.sock", d / "daemon.log", token))
+                procs.append(await start_sharing(tmp_path, name, url, targets, token, SERVICE))
             d1, d2 = procs
             iid = await _asked_then_stopped(d1)
             async with Client.open(d2.socket) as c:

@@ -29,7 +29,7 @@ from affidavit.journal.sealing import BrokerKey
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
-from .kit import DaemonProc, api_target, start_daemon, stop, wait_until, write_daemon_config
+from .kit import DaemonProc, api_target, start_sharing, stop, wait_until
 
 IDEM = {"header": "Idempotency-Key", "scope": "api.create", "retention": "24h"}
 SETTLE = 2.0
@@ -52,17 +52,7 @@ async def _daemons(
     procs: list[DaemonProc] = []
     try:
         for i in range(n):
-            d = tmp / f"d{i}"
-            d.mkdir()
-            journal = {
-                "url": url,
-                "key_file": str(tmp / "shared.key"),
-                "signing_key": str(d / "signing.key"),
-            }
-            config = write_daemon_config(
-                d, targets, socket=d / "s.sock", service=service, journal=journal
-            )
-            procs.append(await start_daemon(config, d / "s.sock", d / "daemon.log", token))
+            procs.append(await start_sharing(tmp, f"d{i}", url, targets, token, service))
         yield procs
     finally:
         for p in procs:

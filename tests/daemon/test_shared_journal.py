@@ -38,7 +38,7 @@ from affidavit.statemachine import Event, EventKind, ImpossibleEvent
 from tests.http.hostile import HostileServer, Peer, Received, Reply
 from tests.postgres import Cluster
 
-from .kit import DaemonProc, api_target, start_daemon, stop, wait_until, write_daemon_config
+from .kit import DaemonProc, api_target, start_sharing, stop, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -99,14 +99,6 @@ async def daemons(
     procs: list[DaemonProc] = []
     try:
         for i in range(n):
-            d = tmp / f"d{i}"
-            d.mkdir()
-            journal = {
-                "url": url,
-                "key_file": str(tmp / "shared.key"),
-                "signing_key": str(d / "signing.key"),
-                "reconnect": reconnect,
-            }
             # Hundreds of calls from one uid in seconds: the per-uid call rate out of the way.
             service = {
                 "max_calls": 1024,
@@ -114,10 +106,8 @@ async def daemons(
                 "call_rate": 100000,
                 "call_burst": 100000,
             }
-            config = write_daemon_config(
-                d, targets, socket=d / "s.sock", service=service, journal=journal
-            )
-            procs.append(await start_daemon(config, d / "s.sock", d / "daemon.log", token))
+            d = await start_sharing(tmp, f"d{i}", url, targets, token, service, reconnect=reconnect)
+            procs.append(d)
         yield procs
     finally:
         for p in procs:
