@@ -6,14 +6,17 @@ protocol's action schema, exactly ``Broker.catalog``), ``POST /v1/operations/{id
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
 from tests.broker.helpers import TOKEN_ENV, open_broker
-from tests.http.hostile import Received, Reply, scripts
+from tests.http.hostile import HostileServer, Received, Reply, scripts
 from tests.journal.helpers import flip_stored_byte
 
 from .kit import serving
@@ -82,8 +85,12 @@ async def test_a_stored_chunk_that_fails_verification_is_result_unverified_never
             assert "chunk 0" in str(caught.value) and "stored body" not in str(caught.value)
 
 
-async def test_an_operation_is_polled_in_the_daemon(tmp_path: Path, token: str) -> None:
-    operations = {"status": "json:/state", "succeeded": ["done"], "failed": ["failed"]}
+@asynccontextmanager
+async def _job_posted(
+    tmp_path: Path, token: str, operations: dict[str, Any]
+) -> AsyncIterator[tuple[HostileServer, Client, str]]:
+    """A daemon whose ``api`` target has ``operations``; ``POST /jobs`` called through it: the
+    server, the client, and the operation's id."""
     async with (
         serving(
             tmp_path, scripts.serve(job_api), token=token, overrides={"operations": operations}
@@ -93,7 +100,12 @@ async def test_an_operation_is_polled_in_the_daemon(tmp_path: Path, token: str) 
         envelope = await client.call(
             {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
         )
-        op = envelope["operation"]["id"]
+        yield srv, client, envelope["operation"]["id"]
+
+
+async def test_an_operation_is_polled_in_the_daemon(tmp_path: Path, token: str) -> None:
+    operations = {"status": "json:/state", "succeeded": ["done"], "failed": ["failed"]}
+    async with _job_posted(tmp_path, token, operations) as (srv, client, op):
         polled = await client.poll_operation(op)
     assert polled["operation"]["state"] == "succeeded"
     assert polled["poll"]["result"]["status"] == 200
@@ -105,16 +117,7 @@ async def test_a_poll_sooner_than_the_interval_is_429_poll_too_soon_with_retry_a
 ) -> None:
     # The status resource's answer names no state (``json:/nope``): the job stays pending.
     operations = {"status": "json:/nope", "succeeded": ["done"], "min_poll_interval": "90s"}
-    async with (
-        serving(
-            tmp_path, scripts.serve(job_api), token=token, overrides={"operations": operations}
-        ) as (srv, daemon),
-        Client.open(daemon.socket) as client,
-    ):
-        envelope = await client.call(
-            {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
-        )
-        op = envelope["operation"]["id"]
+    async with _job_posted(tmp_path, token, operations) as (srv, client, op):
         assert (await client.poll_operation(op))["operation"]["state"] == "pending"
         with pytest.raises(ApiError) as soon:
             await client.poll_operation(op)
