@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -135,22 +135,33 @@ async def measure(checkout: Path, port: int, args: argparse.Namespace) -> dict[s
         }
 
 
-async def main(args: argparse.Namespace) -> None:
+Measure = Callable[[Path, int, argparse.Namespace], Awaitable[dict[str, Any]]]
+
+
+async def side_by_side(measure: Measure, args: argparse.Namespace, title: str, fmt: str) -> None:
+    """``measure`` this checkout's daemon, and ``args.ab``'s when given, against one loopback
+    server; print ``title``, a table of their figures (each as ``fmt``), this over ``--ab``, and
+    the figures as JSON."""
     figures: dict[str, dict[str, Any]] = {}
     with http_overhead._server() as port:
         checkouts = {"this": ROOT} | ({"ab": Path(args.ab).resolve()} if args.ab else {})
         for name, checkout in checkouts.items():
             figures[name] = await measure(checkout, port, args)
-    print(f"{args.readers} clients fetching one {args.mib} MiB result at once, /v1/health beside")
-    keys = ["seconds", "mib_s", "cpu_s", "rss_mib", "health_ms", "answer_mib"]
+    print(title)
+    keys = list(figures["this"])
     print("| daemon | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
     for name, fig in figures.items():
-        print(f"| {name} | " + " | ".join(f"{fig[k]:.2f}" for k in keys) + " |")
+        print(f"| {name} | " + " | ".join(format(fig[k], fmt) for k in keys) + " |")
     if "ab" in figures:
         ratios = {k: figures["this"][k] / max(figures["ab"][k], 1e-9) for k in keys}
         print("this / ab: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     print(json.dumps(figures))
+
+
+async def main(args: argparse.Namespace) -> None:
+    title = f"{args.readers} clients fetching one {args.mib} MiB result at once, /v1/health beside"
+    await side_by_side(measure, args, title, ".2f")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ import trio
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
-import http_overhead  # noqa: E402  (its loopback server and config)
 import result_fetch  # noqa: E402  (its daemon and /proc readers)
 
 from affidavit.api.client import Client  # noqa: E402
@@ -82,21 +81,8 @@ async def measure(checkout: Path, port: int, args: argparse.Namespace) -> dict[s
 
 
 async def main(args: argparse.Namespace) -> None:
-    figures: dict[str, dict[str, Any]] = {}
-    with http_overhead._server() as port:
-        checkouts = {"this": ROOT} | ({"ab": Path(args.ab).resolve()} if args.ab else {})
-        for name, checkout in checkouts.items():
-            figures[name] = await measure(checkout, port, args)
-    print(f"{args.readers} clients not reading a {args.kb} KB answer each: daemon RSS, MiB")
-    keys = ["before", "stalled", "peak", "after", "growth"]
-    print("| daemon | " + " | ".join(keys) + " |")
-    print("|---" * (len(keys) + 1) + "|")
-    for name, fig in figures.items():
-        print(f"| {name} | " + " | ".join(f"{fig[k]:.1f}" for k in keys) + " |")
-    if "ab" in figures:
-        ratios = {k: figures["this"][k] / max(figures["ab"][k], 1e-9) for k in keys}
-        print("this / ab: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
-    print(json.dumps(figures))
+    title = f"{args.readers} clients not reading a {args.kb} KB answer each: daemon RSS, MiB"
+    await result_fetch.side_by_side(measure, args, title, ".1f")
 
 
 if __name__ == "__main__":
