@@ -102,6 +102,16 @@ async def _decided_while_waiting(
     return got["env"], waiting
 
 
+async def _approved_while_waiting(broker: Broker, action: dict[str, Any]) -> dict[str, Any]:
+    """``_decided_while_waiting`` with OPS granting it: the caller's envelope."""
+
+    async def approve(waiting: dict[str, Any]) -> None:
+        await broker.approve(waiting["invocation_id"], operator=OPS)
+
+    env, _ = await _decided_while_waiting(broker, action, approve)
+    return env
+
+
 async def test_an_approved_request_is_sent_once_by_its_waiting_caller(
     tmp_path: Path, token: str
 ) -> None:
@@ -457,10 +467,7 @@ async def test_a_retry_refused_stale_over_an_edited_ca_file_claims_nothing_of_th
         async with open_broker(cfg) as b:
             action = {**CHARGE, "idempotency_key": "charge-ca"}
 
-            async def approve(waiting: dict[str, Any]) -> None:
-                await b.approve(waiting["invocation_id"], operator=OPS)
-
-            first, _ = await _decided_while_waiting(b, action, approve)
+            first = await _approved_while_waiting(b, action)
             assert first["error"]["outcome"] == "unknown", first
             ca.write_bytes(ca.read_bytes() + trustme.CA().cert_pem.bytes())  # one more CA
             with trio.fail_after(LIMIT):
@@ -487,10 +494,7 @@ async def test_a_retry_refused_stale_over_an_edited_config_claims_nothing_of_the
         async with open_broker(cfg) as b:
             action = {**CHARGE, "idempotency_key": "charge-cfg"}
 
-            async def approve(waiting: dict[str, Any]) -> None:
-                await b.approve(waiting["invocation_id"], operator=OPS)
-
-            first, _ = await _decided_while_waiting(b, action, approve)
+            first = await _approved_while_waiting(b, action)
             assert first["error"]["outcome"] == "unknown", first
             cfg.write_text(cfg.read_text().replace("connect = 2", "connect = 3"))
             assert "connect = 3" in cfg.read_text()
@@ -636,10 +640,7 @@ async def test_a_retry_of_an_approved_unknown_request_reuses_the_approval_until_
         async with open_broker(cfg) as b:
             action = {**CHARGE, "idempotency_key": "charge-1"}
 
-            async def approve(waiting: dict[str, Any]) -> None:
-                await b.approve(waiting["invocation_id"], operator=OPS)
-
-            first, _ = await _decided_while_waiting(b, action, approve)
+            first = await _approved_while_waiting(b, action)
             assert first["error"]["retry"] == "same_idempotency_key"
             again = await b.call(action)  # within the window: the approval still covers it
             assert again["invocation_id"] == first["invocation_id"]
@@ -789,11 +790,7 @@ async def test_a_retry_refused_for_a_removed_operator_claims_nothing_of_the_firs
         cfg = approval_config(tmp_path, srv.url, approval={"wait": "20s"}, idempotency=idem)
         action = {**CHARGE, "idempotency_key": "charge-op"}
         async with open_broker(cfg) as b:
-
-            async def approve(waiting: dict[str, Any]) -> None:
-                await b.approve(waiting["invocation_id"], operator=OPS)
-
-            first, _ = await _decided_while_waiting(b, action, approve)
+            first = await _approved_while_waiting(b, action)
             assert first["error"]["outcome"] == "unknown", first
         cfg.write_text(
             cfg.read_text().replace(f"operator_uids = [{OPS_UID}]", "operator_uids = [1]")
