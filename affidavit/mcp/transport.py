@@ -150,7 +150,8 @@ most: the reader never writes -- a refusal waiting for the write lock, held by a
 a client not reading now, stopped the reader and a cancel behind it was not read.  Past this
 (or ``REFUSAL_BYTES``) the reader waits for room: only then does it stop reading -- a client
 that sends faster than it reads is still held back by its own pipe, and no refusal is dropped
-(a client whose request goes unanswered waits for ever)."""
+(a client whose request goes unanswered waits for ever): at the input's end the reader waits
+until those queued are written (or the output breaks) before the server hears of it."""
 REFUSAL_BYTES = 1024 * 1024
 """Bytes of those refusals at most (one longer alone: an id may be long)."""
 
@@ -327,6 +328,11 @@ class StdioTransport:
                     pass
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     pass
+                # The server's run ends once it hears of the input's end, and the streams
+                # close then: the refusals queued go out first (REFUSALS: none is dropped),
+                # each write bounded by its own deadline.  A broken output ends the wait.
+                while self.refusal_bytes and not self.broken:
+                    await self._refusal_room.wait()
         if self._reading.cancelled_caught:
             log.info("stdin is read no further: the output is broken")
         else:

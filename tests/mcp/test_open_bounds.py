@@ -4,10 +4,12 @@ reader reads on (``affidavit/mcp/transport.py``, the module docstring)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
 import trio
@@ -283,3 +285,39 @@ async def test_a_line_read_slower_than_min_rate_breaks_the_output_at_its_whole_d
         assert transport.broken and transport.hung_up.is_set()
         assert took == pytest.approx(transport.write_wait + len(data) / MIN_RATE, abs=0.5)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_refusal_queued_when_the_input_ends_is_written_before_the_session_ends() -> None:
+    """The review's case: ``max_open`` 1, a 4 MiB answer to ping 1 being written to a slow
+    reader, ping 2 refused OVERLOADED and queued, then stdin closes.  The refusal is written
+    before the reader tells the server the input ended (after which the streams close).
+    Before, the reader closed its stream at once: the session ended with the refusal queued
+    and the client never got an answer for id 2."""
+    to_server, server_in = trio.testing.memory_stream_one_way_pair()
+    server_out, from_server = trio.testing.memory_stream_one_way_pair()
+    transport = StdioTransport(server_in, server_out)
+    transport.max_open = 1
+    big = types.JSONRPCResponse(jsonrpc="2.0", id=1, result={"pad": "x" * (4 << 20)})
+    got = bytearray()
+
+    async def slow_reader() -> None:
+        while data := await from_server.receive_some(65536):
+            got.extend(data)
+            await trio.sleep(0.001)
+
+    with trio.fail_after(WAIT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(slow_reader)
+            async with transport.streams() as (read, write), read, write:
+                await to_server.send_all(ping(1))
+                assert (await read.receive()).message.id == 1
+                await write.send(SessionMessage(big))  # handed over: under way
+                await to_server.send_all(ping(2))  # refused OVERLOADED: queued
+                await to_server.aclose()  # the input ends
+                with pytest.raises(anyio.EndOfStream):
+                    await read.receive()  # as Server.run hears it, and returns
+                assert transport.refusal_bytes == 0
+            await server_out.aclose()  # the reader takes what was written, then ends
+    lines = [json.loads(chunk) for chunk in bytes(got).split(b"\n") if chunk]
+    assert [message["id"] for message in lines] == [1, 2]
+    overloaded(lines[1], 2)
