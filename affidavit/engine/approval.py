@@ -123,10 +123,11 @@ class ApprovalBoard:
         once it has passed or a grant of it is learnt (``learn``)."""
         self.unsendable: dict[str, float] = {}
         """Of ``open``, approved ones this broker's configuration cannot send as approved, on a
-        shared journal (``dispatch_approved``), by their approval's ``expires_at``: logged once,
-        and not read again at each sweep until then (another broker may send it meanwhile; at
-        the expiry it is closed APPROVAL_STALE).  A configuration is loaded only at start: a
-        daemon restarted on another one starts with an empty board."""
+        journal this broker does not hold alone (``dispatch_approved``), by their approval's
+        ``expires_at``: logged once, and not read again at each sweep until then (another
+        broker may send it meanwhile; at the expiry it is closed APPROVAL_STALE).  A
+        configuration is loaded only at start: a daemon restarted on another one starts with an
+        empty board."""
         self.requesters: dict[str, int] = {}
         """Invocations this process asked approval for (or found open at start: ``watch``),
         by requester uid: what ``max_pending_approvals`` counts, each re-read before it is
@@ -629,7 +630,7 @@ async def dispatch_approved(
             return None
         field = unsendable(engine, record)
         if field is not None:
-            if not engine.journal.backend.shared:  # one writer: no other broker can send it
+            if engine.journal.exclusive:  # the daemon's lock: no other broker can send it
                 return await stale(recorder, iid, field, "The target changed after approval.")
             if iid not in board.unsendable:
                 log.warning("approved %s is left unsent here: %s changed since", iid, field)
@@ -689,10 +690,11 @@ def unsendable(engine: Engine, record: Record) -> str | None:
     """The configuration field (``targets.<name>``) that keeps this broker from sending
     ``record`` as it was approved -- its target gone, of another protocol, or bound to another
     snapshot (``config_hash``) -- or None when it can.  Checked before the dispatch lease is
-    taken (``dispatch_approved``): on a SQLite journal (one writer: no other broker exists) it
-    ends the grant APPROVAL_STALE at once; on a shared one nothing is written -- another
-    daemon (the asker's, or one whose configuration already or still matches during a rolling
-    change) may send it -- and at its expiry a broker that cannot send it either closes it
+    taken (``dispatch_approved``): held by this broker's exclusive lock (``Journal.exclusive``:
+    the daemon's on its SQLite file -- no other broker exists) it ends the grant APPROVAL_STALE
+    at once; else nothing is written -- another broker (the asker's, one whose configuration
+    already or still matches during a rolling change, or an embedded one on the same SQLite
+    file) may send it -- and at its expiry a broker that cannot send it either closes it
     APPROVAL_STALE (``expire_if_due``).  What this host's files hold now (a config file edited
     since it was loaded, a CA file edited in place: the account) is the gate's to re-check
     under the lease, as for every dispatch; a record from before the hash was recorded (or a

@@ -382,15 +382,25 @@ async def test_a_config_reloaded_after_approval_is_not_sent_under_the_old_approv
             iid = await _approved_with_caller_gone(b)
         cfg.write_text(text.replace("total = 6", "total = 7"))
         async with open_broker(cfg) as b:
-            # A broker started on another config cannot send it as approved.  On SQLite (one
-            # writer) no other broker can either: APPROVAL_STALE at once, naming the target's
-            # settings, no lease taken (apprfix50c #1: it read IN_PROGRESS until the expiry,
-            # then "window ran out").  A shared journal's case: test_approval_not_sendable_here.
-            rec = await dispatched_stale(b, iid)
-            assert rec.field == "targets.api"
-            assert E.DISPATCH_LEASE_ACQUIRED not in event_kinds(b, iid)
+            # A broker started on another config cannot send it as approved.  An embedded one
+            # does not hold the SQLite file alone (``Journal.exclusive``: only the daemon's
+            # lock does): another broker on the approved config may send it, so it is left
+            # approved, nothing written (review 50 item 2: it ended APPROVAL_STALE).  The
+            # daemon's case (APPROVAL_STALE at once): tests/daemon/test_approvals.py; a shared
+            # journal's: test_approval_not_sendable_here.
+            rows = len(b.events(iid))
+            assert await b.dispatch_approved(iid) is None
+            record = b.record(iid)
+            assert record is not None and record.state == "approved"
+            assert len(b.events(iid)) == rows
             verify_ok(b)
-    assert srv.requests == []
+        assert srv.requests == []
+        cfg.write_text(text)  # the configuration it was approved under: sent as approved
+        async with open_broker(cfg) as b:
+            assert await b.dispatch_approved(iid) is not None
+            record = b.record(iid)
+            assert record is not None and record.state == "stored_committed", record.state
+    assert len(srv.requests) == 1
 
 
 async def test_a_credential_rotated_after_approval_is_approval_stale(tmp_path: Path) -> None:

@@ -237,3 +237,38 @@ async def test_an_open_poll_linked_calls_does_not_name_is_found_in_the_record(
         assert submission is not None and submission.operation is not None
         assert submission.operation["open_poll"] == poll_id
     assert _gets(srv) == 0
+
+
+async def test_a_broker_of_another_config_leaves_an_approved_poll_on_a_shared_sqlite_file(
+    tmp_path: Path, token: str
+) -> None:
+    # Two embedded brokers may share one SQLite file: only the daemon's lock makes one the only
+    # writer (``Journal.exclusive``).  B, whose jobs target is bound to another snapshot (a
+    # longer total), cannot send A's approved poll as approved: it leaves it -- nothing
+    # written -- and A sends it.  Before, B ended it APPROVAL_STALE though A could send it.
+    async with _jobs(tmp_path) as (srv, a, op_id):
+        with trio.fail_after(LIMIT):
+            first = await a.poll_operation(op_id)
+            poll_id = first["poll"]["invocation_id"]
+            await a.approve(poll_id, note="read it", operator=OPS)
+        other = tmp_path / "b"
+        other.mkdir()
+        ops = {**JOBS["operations"], "min_poll_interval": PACE}
+        longer = {"connect": 2, "total": 6}
+        v2 = http_target(
+            srv.url + "/v1", **{**JOBS, "operations": ops}, approval=GETS, timeout=longer
+        )
+        path = write_config(other, {"jobs": v2}, journal={"path": str(tmp_path / "journal.db")})
+        with path.open("a") as f:
+            f.write(f"[service]\noperator_uids = [{OPS_UID}]\nmax_pending_approvals = 3\n")
+        async with open_broker(path) as b:
+            assert not b.journal.exclusive
+            with trio.fail_after(LIMIT):
+                assert await b.dispatch_approved(poll_id) is None
+            record = b.record(poll_id)
+            assert record is not None and record.state == "approved", record
+        with trio.fail_after(LIMIT):
+            answer = await a.poll_operation(op_id)
+        assert answer["poll"]["invocation_id"] == poll_id
+        assert (answer["operation"]["state"], answer["operation"]["polls"]) == ("succeeded", 1)
+    assert _gets(srv) == 1
