@@ -185,7 +185,7 @@ async def poll(
     ran = None if envelope is None else await taken_up(engine, envelope, requester)
     if envelope is None and op.get("open_poll") is not None:
         # The open poll was never sent (``take_up`` closed it): this one asks anew, paced.
-        ended = _paced_or_ended(engine, record, op_id, interval, operator)
+        ended = _paced_or_ended(engine, record, op_id, interval, operator, closed=True)
         if ended is not None:
             return await deliver_linked(engine, ended, None, deliver)
     if envelope is None:
@@ -224,14 +224,21 @@ async def poll(
 
 
 def _paced_or_ended(
-    engine: Engine, record: Record, op_id: str, interval: float, operator: bool
+    engine: Engine,
+    record: Record,
+    op_id: str,
+    interval: float,
+    operator: bool,
+    *,
+    closed: bool = False,
 ) -> dict[str, Any] | None:
     """``paced``; when it refuses, the record read again: an operation no longer pending (a
     poll in flight here, or another broker's, recorded its end since ``record`` was read --
     ``moved`` may have hopped to a thread meanwhile) is answered as it now stands, never
-    ``POLL_TOO_SOON`` with the state of an out-of-date read.  None: the poll may go on."""
+    ``POLL_TOO_SOON`` with the state of an out-of-date read.  None: the poll may go on.
+    ``closed``: ``take_up`` just closed the open poll, never sent (its row written)."""
     try:
-        paced(engine, record, op_id, interval)
+        paced(engine, record, op_id, interval, closed=closed)
     except OperationError as exc:
         if exc.code != "POLL_TOO_SOON":
             raise
@@ -242,7 +249,9 @@ def _paced_or_ended(
     return None
 
 
-def paced(engine: Engine, record: Record, op_id: str, interval: float) -> None:
+def paced(
+    engine: Engine, record: Record, op_id: str, interval: float, *, closed: bool = False
+) -> None:
     """``POLL_TOO_SOON`` (429, ``retry_after``: whole seconds) when the operation's status
     resource was asked less than ``interval`` seconds ago (its target's
     ``operations.min_poll_interval``), before anything is asked or written; else this broker's
@@ -254,7 +263,8 @@ def paced(engine: Engine, record: Record, op_id: str, interval: float) -> None:
     that concurrent polls here are paced too) and the record's last poll row, whoever wrote it
     (``at``, another broker's or the command line's on a shared journal; a row labelled in the
     future by a skewed clock holds a poll back by ``interval`` at most).  The answer is the
-    record's, never fresher: a job still pending, as its last poll left it."""
+    record's, never fresher: a job still pending, as its last poll left it.  ``closed``: the
+    open poll, never sent, was closed just before (one row): the message says so."""
     now = time.monotonic()
     due = engine.poll_due
     wait = due.get(op_id, now) - now
@@ -264,9 +274,14 @@ def paced(engine: Engine, record: Record, op_id: str, interval: float) -> None:
     if wait > 0:
         after = max(1, math.ceil(wait))
         state = (record.operation or {}).get("state")
+        done = (
+            "nothing was asked; the unsent poll was closed"
+            if closed
+            else "nothing was asked or sent"
+        )
         raise OperationError(
             f"{op_id} was polled less than {interval:g} s ago (the target's "
-            "operations.min_poll_interval); nothing was asked or sent. Its state as last "
+            f"operations.min_poll_interval); {done}. Its state as last "
             f"polled: {state} (its submission's record). Poll again in {after} s",
             code="POLL_TOO_SOON",
             status=429,

@@ -63,6 +63,7 @@ async def _poll_paced(broker: Broker, op_id: str) -> dict[str, Any]:
         await broker.poll_operation(op_id)
     assert len(broker.events(_submission(op_id))) == rows + 1  # the close, no poll
     assert (soon.value.code, soon.value.retry_after) == ("POLL_TOO_SOON", PACE), soon.value
+    assert "nothing was asked; the unsent poll was closed." in str(soon.value)  # (its row)
     await trio.sleep(PACE)
     return await broker.poll_operation(op_id)
 
