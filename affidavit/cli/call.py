@@ -526,7 +526,7 @@ def _init(args: argparse.Namespace) -> int:
         raise UsageError(
             f"cannot replace {path} keeping its owner uid {exc.uid} and group gid {exc.gid}: "
             f"rerun as root, or `chown {os.geteuid()}:{os.getegid()} {shlex.quote(str(path))}` "
-            "first for a config of this user's",
+            "first for a config of this user's, or remove the file and run init again",
             "OWNER_NOT_KEPT",
         ) from None
     except OSError as exc:

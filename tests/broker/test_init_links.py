@@ -116,7 +116,7 @@ async def test_init_force_as_a_user_who_cannot_keep_the_owner_writes_nothing(
         assert err == (
             f"affidavit: OWNER_NOT_KEPT: cannot replace {config} keeping its owner uid {owner} "
             f"and group gid {group}: rerun as root, or `chown {NOBODY}:{NOBODY} {config}` "
-            "first for a config of this user's\n"
+            "first for a config of this user's, or remove the file and run init again\n"
         ), err
         after = os.lstat(config)
         assert (after.st_ino, after.st_uid, after.st_gid) == (before.st_ino, owner, group)
