@@ -91,7 +91,7 @@ async def test_a_session_name_forges_no_column_of_actions_or_sessions(tmp_path: 
         "after_correction",
         "INVALID_TARGET",
     ]
-    assert "committed " not in row and len(row) < 130, row
+    assert "committed " not in row and len(row) < 136, row  # (OUTCOME fits "(attested)")
 
     sessions = await affidavit_cli("sessions", "--config", str(cfg))
     assert sessions.returncode == 0, sessions.stderr

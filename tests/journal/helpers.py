@@ -176,12 +176,23 @@ def flip_stored_byte(db: Path, iid: str, stream: str, idx: int, at: int = 200) -
         f.write(bytes([byte[0] ^ 0x01]))
 
 
+LEASE_KINDS = (E.RETRY_LEASE_ACQUIRED, E.DISPATCH_LEASE_ACQUIRED)
+"""Written by ``acquire_lease`` alone, with their lease row (``append`` refuses them)."""
+
+
 async def append_interleaved(j: Any, runs: list[list[Event]]) -> None:
-    """The runs' events interleaved, as concurrent calls write them."""
+    """The runs' events interleaved, as concurrent calls write them; a lease event through
+    ``acquire_lease`` (a lease of half a second: the next lease of the run finds it ended)."""
     for i in range(max(map(len, runs))):
         for run in runs:
-            if i < len(run):
-                await j.append(run[i])
+            if i >= len(run):
+                continue
+            event = run[i]
+            if event.kind in LEASE_KINDS:
+                holder = str(event.attrs.get("holder", "test"))
+                await j.acquire_lease(event.invocation_id, holder, 0.5, kind=event.kind)
+            else:
+                await j.append(event)
 
 
 class Ticking:
