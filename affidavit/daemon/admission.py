@@ -389,8 +389,7 @@ class Server:
         failure is recorded before the connections are cancelled); ``"timed out"``.  While
         it waits, new pages and fetches in the share it does not fit in are refused
         (``hold_answer``), so the room that frees is its first."""
-        most = min(self.answer_budget, self.answer_share(other))
-        if n > (min(most, self.answer_others) if other else most):
+        if n > self.answer_most(other):
             return "larger than its share"
         with trio.move_on_after(within):
             while True:

@@ -316,8 +316,10 @@ def received_evidence(
         elif sink.redacted(name):
             # The driver's word (HTTP: a head, a 1xx's too, held a form the summary's scrub
             # never sees, e.g. a hex Link) is never lowered by a stream that only ended inside a
-            # form (``stronger``); ``why`` has the summary's (``head_echoed``).
-            why = stronger(sink.why(name), result.facts.get("received_withheld"))
+            # form (``stronger``), nor the summary's scrub (``head_echoed``: SSH has no driver
+            # word), which ``why`` -- this stream's redactor alone -- does not see.
+            head = "redacted" if sink.head_echoed else None
+            why = stronger(sink.why(name), result.facts.get("received_withheld"), head)
             out[f"{name}_received_withheld"] = why
         else:
             out[key] = "sha256:" + str(result.facts[key])

@@ -63,13 +63,13 @@ class StreamSink:
         self._keep = True
         self._scrubber = Redactor(secret_values)
         self.scrub = self._scrubber.scrub
-        self.holds = self._scrubber.holds_any
-        """Whether a text holds a form of the secrets (``AttemptContext.holds``)."""
         """``value`` (JSON-able: a summary, facts) with every form of the secrets redacted in
         its strings and keys -- header names and values, the reason phrase, a hop's origin --
         the same forms the streams lose (docs/redaction.md).  The redactor's own method, not
         a method of the sink that calls it: one frame less for each of the dozen values a
         call scrubs (issue 15)."""
+        self.holds = self._scrubber.holds_any
+        """Whether a text holds a form of the secrets (``AttemptContext.holds``)."""
         self.writer = journal.result_writer(iid, generation)
         """Where the chunks go as they are cut (``Journal.result_writer``: a long result's to
         segment files beside a SQLite journal, else to the journal's tables, a bounded number

@@ -191,17 +191,6 @@ class Redactor:
         plan = self._plan
         return data if plan is None else b"".join(_scan(plan, data, len(data))[0])
 
-    def sub_end(self, data: bytes) -> bytes:
-        """``sub(data)`` for the end of a stream (what ``flush`` returns for the bytes it held
-        back): where it ends with the beginning of a form (``cut_floor`` secret-derived bytes of
-        it or more: ``_form_begun``), that beginning replaced too."""
-        plan = self._plan
-        if plan is None:
-            return data
-        out = b"".join(_scan(plan, data, len(data))[0])
-        cut = _form_begun(plan, out)
-        return out[:cut] + REDACTED if cut < len(out) else out
-
     def scrub_text(self, text: str) -> str:
         """``text`` with every form replaced, its letters in either case (``pattern_any_case``:
         this is a remote's short text, never a body), and its end where it is a form's

@@ -40,7 +40,7 @@ def _bodies() -> list[bytes]:
         b"you sent: " + s,  # the echo in the held-back tail
         s + b" and more text after it, longer than the secret",
         b"a" * 70000 + s,  # past a chunk
-        b"you sent: " + s[:-1],  # a form begun at the end: replaced (Redactor.sub_end)
+        b"you sent: " + s[:-1],  # a form begun at the end: replaced (Redactor.flush)
         b"you sent: " + s[:3],  # too short a beginning: nothing replaced
         b"Bearer " + s + b"\r\n",
     ]
@@ -110,3 +110,25 @@ def test_a_head_that_echoed_makes_the_sinks_reason_an_echo_not_a_cut_end() -> No
     assert trio.run(main, "ok") == (["body"], "tail_redacted")
     assert trio.run(main, SECRET[:-2].decode()) == (["body"], "tail_redacted")
     assert trio.run(main, SECRET.hex()) == (["body"], "redacted")
+
+
+def test_a_stream_cut_at_its_end_is_recorded_redacted_when_the_head_echoed() -> None:
+    """``received_evidence``'s word for a stream that only ended inside a form is never weaker
+    than the head's: a summary scrubbed of a whole form (SSH's, which has no driver word)
+    proved an echo, so the stream's ``received_withheld`` is ``redacted``, as the record's own
+    (``_commit``) -- not ``tail_redacted``, "may be ordinary text"."""
+    from adapters.base import RemoteResult
+    from affidavit.engine.delivery import received_evidence
+    from affidavit.statemachine import Outcome
+
+    async def main(header: str) -> Any:
+        sink = StreamSink(_Journal(), "act_1", (SECRET,), keep_limit=1 << 20)  # type: ignore[arg-type]
+        await sink("stdout", b"you sent: " + SECRET[:-1])
+        summary = sink.scrub({"banner": header})
+        await sink.finish()
+        facts = {"stdout_sha256": "0" * 64}  # what the driver hashed of the stream as received
+        result = RemoteResult(Outcome.COMMITTED, None, facts=facts, summary=summary)
+        return received_evidence(result, sink).get("stdout_received_withheld")
+
+    assert trio.run(main, "ok") == "tail_redacted"
+    assert trio.run(main, SECRET.hex()) == "redacted"
