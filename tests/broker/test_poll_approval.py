@@ -28,7 +28,7 @@ from affidavit.statemachine import Event, EventKind, EvidenceSource, invocation_
 from tests.http.hostile import HostileServer, scripts
 
 from .approvalkit import OPS, OPS_UID
-from .helpers import http_target, open_broker, write_config
+from .helpers import POLL_PACE, http_target, open_broker, write_config
 from .http_rows import LIMIT
 from .test_operations import JOBS, SUBMIT, job_api
 from .test_reconcile_races import _held
@@ -39,11 +39,14 @@ PACE = 1.0
 
 
 @contextlib.asynccontextmanager
-async def _jobs(tmp_path: Path) -> AsyncIterator[tuple[HostileServer, Broker, str]]:
+async def _jobs(
+    tmp_path: Path, pace: float = POLL_PACE
+) -> AsyncIterator[tuple[HostileServer, Broker, str]]:
     """The jobs API (a 202, then ``done``), a broker whose target covers GET under approval
-    (at most 3 pending per uid), and the accepted operation's id."""
+    (at most 3 pending per uid), and the accepted operation's id; polls paced by ``pace``
+    (the tests' default; this file's own tests at the real 1 s, ``PACE``)."""
     async with HostileServer.running(scripts.serve(job_api(["done"]))) as srv:
-        ops = {**JOBS["operations"], "min_poll_interval": PACE}
+        ops = {**JOBS["operations"], "min_poll_interval": pace}
         jobs = http_target(srv.url + "/v1", **{**JOBS, "operations": ops}, approval=GETS)
         path = write_config(tmp_path, {"jobs": jobs})
         with path.open("a") as f:
@@ -73,7 +76,7 @@ def _gets(srv: HostileServer) -> int:
 
 
 async def test_repeated_polls_put_one_card_on_the_list(tmp_path: Path, token: str) -> None:
-    async with _jobs(tmp_path) as (srv, broker, op_id):
+    async with _jobs(tmp_path, PACE) as (srv, broker, op_id):
         with trio.fail_after(LIMIT):
             first = await broker.poll_operation(op_id)
             assert first["poll"]["error"]["code"] == "APPROVAL_PENDING"
@@ -96,7 +99,7 @@ async def test_an_approved_poll_is_sent_once_and_folded(
 ) -> None:
     # Approved after its asker left: the next poll sends it now ("poller": embedded, nobody
     # else would) or folds the answer the daemon's dispatcher got -- never asks again.
-    async with _jobs(tmp_path) as (srv, broker, op_id):
+    async with _jobs(tmp_path, PACE) as (srv, broker, op_id):
         with trio.fail_after(LIMIT):
             first = await broker.poll_operation(op_id)
             poll_id = first["poll"]["invocation_id"]
@@ -115,7 +118,7 @@ async def test_an_approved_poll_is_sent_once_and_folded(
 async def test_a_denied_poll_is_not_sent_and_the_next_one_asks_again(
     tmp_path: Path, token: str
 ) -> None:
-    async with _jobs(tmp_path) as (srv, broker, op_id):
+    async with _jobs(tmp_path, PACE) as (srv, broker, op_id):
         with trio.fail_after(LIMIT):
             first = await broker.poll_operation(op_id)
             await broker.deny(first["poll"]["invocation_id"], note="not now", operator=OPS)
@@ -130,7 +133,7 @@ async def test_a_poll_closed_unsent_is_no_poll_of_the_job(tmp_path: Path, token:
     # Nothing was sent, so no poll of the job is counted: before, deny-then-poll made polls
     # == 3 with no GET sent (the first poll's row, the closing row, the second poll's row),
     # then 2 (the rows of the two polls on the operator's list).
-    async with _jobs(tmp_path) as (srv, broker, op_id):
+    async with _jobs(tmp_path, PACE) as (srv, broker, op_id):
         with trio.fail_after(LIMIT):
             first = await broker.poll_operation(op_id)
             await broker.deny(first["poll"]["invocation_id"], note="not now", operator=OPS)
@@ -146,7 +149,7 @@ async def test_a_poll_claimed_as_the_job_ends_answers_the_ended_operation(
 ) -> None:
     # Another broker's poll read the job's end between this poll's read and its claim: the
     # answer is what a read a moment later gives (before: 422 OPERATION_ERROR).
-    async with _jobs(tmp_path) as (srv, broker, op_id):
+    async with _jobs(tmp_path, PACE) as (srv, broker, op_id):
         iid = _submission(op_id)
 
         async def ended(b: Broker, iid: str) -> None:
@@ -181,7 +184,7 @@ async def test_a_poll_awaiting_approval_at_the_upgrade_is_taken_up(
     # again nor puts a second card on the list; once approved, it is sent and folded once.
     from affidavit.engine.contracts import contracts_of
 
-    async with _jobs(tmp_path) as (srv, broker, op_id):
+    async with _jobs(tmp_path, PACE) as (srv, broker, op_id):
         iid = _submission(op_id)
         record = broker.record(iid)
         assert record is not None and record.operation is not None
@@ -220,7 +223,7 @@ async def test_an_open_poll_linked_calls_does_not_name_is_found_in_the_record(
     # closed as unsent and a second poll asked: a second card, a second query.
     from affidavit.engine.ids import new_invocation_id
 
-    async with _jobs(tmp_path) as (srv, broker, op_id):
+    async with _jobs(tmp_path, PACE) as (srv, broker, op_id):
         iid = _submission(op_id)
         poll_id = new_invocation_id()
         attrs = {"operation_id": op_id, "poll_invocation": poll_id, "code": None}
