@@ -114,8 +114,14 @@ OPERATIONS = Schema(
             shown='`"1s"`',
             doc="the least time between two polls of an operation that reach the status resource "
             "(a duration or seconds); a poll sooner, from any caller, is refused `POLL_TOO_SOON` "
-            "with `Retry-After`, nothing asked or recorded (an ended job is still answered, an "
-            "open poll still taken up): a job's record grows by at most a poll per interval",
+            "with `Retry-After`, nothing asked or recorded (an ended job is still answered, also "
+            "one that ended while the refused poll was being checked; an open poll is still taken "
+            "up, but one never sent -- denied, expired -- is closed, that one row written, and the "
+            "poll asked anew is paced): a job's record grows by at most a poll per interval. "
+            "Across brokers sharing a journal the pace is best effort: each reads when the last "
+            "poll was recorded from its row, labelled by the writer's wall clock (a row labelled "
+            "ahead holds a poll back one interval at most; a clock behind lets one through "
+            "sooner), and two brokers checking at the same moment may both poll",
             binding=False,
             reason="how often an operation may be polled changes neither what a call sends nor "
             "to whom: a same-key retry across a change of it is the same request, and a target's "
