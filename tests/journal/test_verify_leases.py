@@ -185,3 +185,10 @@ async def test_a_lease_event_is_refused_outside_acquire_lease(tmp_path: Path) ->
     with JournalReader.open(db) as r:
         report = r.verify()
     assert report.ok and report.leases == 1
+
+
+def test_verify_names_the_lease_kinds_leases_writes() -> None:
+    """verify writes ``leases.LEASE_KINDS`` out (a reader must not import trio): kept equal."""
+    from journal import leases, verify
+
+    assert {kind.value for kind in leases.LEASE_KINDS} == verify._LEASE_KINDS
