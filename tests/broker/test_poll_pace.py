@@ -8,7 +8,9 @@ the operation ``pending`` for every caller once any of them had spent it.)"""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -135,8 +137,12 @@ async def test_a_poll_sooner_than_the_last_row_of_another_broker_is_refused(
     assert _gets(srv) == 1
 
 
-async def test_an_open_poll_is_taken_up_within_the_interval(tmp_path: Path, token: str) -> None:
-    # Taking up the poll awaiting an operator asks nothing new: never POLL_TOO_SOON.
+@contextlib.asynccontextmanager
+async def _approved_jobs(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[HostileServer, Broker, str]]:
+    """The jobs API (its GETs under approval, polls paced an hour apart), a broker whose
+    operator is ``OPS_UID``, and the accepted operation's id."""
     async with HostileServer.running(scripts.serve(job_api(["done"]))) as srv:
         jobs = _target(
             srv,
@@ -147,17 +153,22 @@ async def test_an_open_poll_is_taken_up_within_the_interval(tmp_path: Path, toke
         with path.open("a") as f:
             f.write(f"[service]\noperator_uids = [{OPS_UID}]\n")
         async with open_broker(path) as broker:
-            op_id = (await _submit(broker))["operation"]["id"]
-            with trio.fail_after(LIMIT):
-                first = await broker.poll_operation(op_id)
-                assert first["poll"]["error"]["code"] == "APPROVAL_PENDING"
-                with pytest.raises(OperationError) as pending:
-                    await broker.poll_operation(op_id)
-                assert pending.value.code == "POLL_PENDING"
-                await broker.approve(first["poll"]["invocation_id"], note="ok", operator=OPS)
-                answer = await broker.poll_operation(op_id)
-            assert answer["poll"]["invocation_id"] == first["poll"]["invocation_id"]
-            assert answer["operation"]["state"] == "succeeded"
+            yield srv, broker, (await _submit(broker))["operation"]["id"]
+
+
+async def test_an_open_poll_is_taken_up_within_the_interval(tmp_path: Path, token: str) -> None:
+    # Taking up the poll awaiting an operator asks nothing new: never POLL_TOO_SOON.
+    async with _approved_jobs(tmp_path) as (srv, broker, op_id):
+        with trio.fail_after(LIMIT):
+            first = await broker.poll_operation(op_id)
+            assert first["poll"]["error"]["code"] == "APPROVAL_PENDING"
+            with pytest.raises(OperationError) as pending:
+                await broker.poll_operation(op_id)
+            assert pending.value.code == "POLL_PENDING"
+            await broker.approve(first["poll"]["invocation_id"], note="ok", operator=OPS)
+            answer = await broker.poll_operation(op_id)
+        assert answer["poll"]["invocation_id"] == first["poll"]["invocation_id"]
+        assert answer["operation"]["state"] == "succeeded"
     assert _gets(srv) == 1
 
 
@@ -216,20 +227,10 @@ async def test_a_poll_asked_anew_after_an_open_one_was_never_sent_is_paced(
     # The open poll awaiting an operator is denied: nothing was sent, and the next poll closes
     # it and would ask anew -- another claim and more rows on the record -- so it is paced like
     # any new poll: POLL_TOO_SOON within the interval, nothing asked.
-    async with HostileServer.running(scripts.serve(job_api(["done"]))) as srv:
-        jobs = _target(
-            srv,
-            operations={**OPS_TABLE, "min_poll_interval": "1h"},
-            approval={"methods": ["GET"], "wait": "0s"},
-        )
-        path = write_config(tmp_path, {"jobs": jobs})
-        with path.open("a") as f:
-            f.write(f"[service]\noperator_uids = [{OPS_UID}]\n")
-        async with open_broker(path) as broker:
-            op_id = (await _submit(broker))["operation"]["id"]
-            with trio.fail_after(LIMIT):
-                first = await broker.poll_operation(op_id)
-                assert first["poll"]["error"]["code"] == "APPROVAL_PENDING"
-                await broker.deny(first["poll"]["invocation_id"], note="no", operator=OPS)
-            assert await _poll_or_too_soon(broker, op_id, 1000, after=3600) is None
+    async with _approved_jobs(tmp_path) as (srv, broker, op_id):
+        with trio.fail_after(LIMIT):
+            first = await broker.poll_operation(op_id)
+            assert first["poll"]["error"]["code"] == "APPROVAL_PENDING"
+            await broker.deny(first["poll"]["invocation_id"], note="no", operator=OPS)
+        assert await _poll_or_too_soon(broker, op_id, 1000, after=3600) is None
     assert _gets(srv) == 0
