@@ -58,7 +58,7 @@ on every backend, and one conformance suite (tests/journal/conformance/) runs on
 from typing import TYPE_CHECKING, Any
 
 from .backend import Backend, is_url
-from .boot import boot_lapsed, boot_mark, boot_stamp
+from .boot import boot_between, boot_lapsed, boot_mark, boot_stamp, with_boot_mark
 from .chain import GENESIS
 from .errors import (
     ApprovalLapsed,
@@ -187,6 +187,7 @@ __all__ = [
     "StoredResult",
     "StreamInfo",
     "VerifyReport",
+    "boot_between",
     "boot_lapsed",
     "boot_mark",
     "boot_stamp",
@@ -204,4 +205,5 @@ __all__ = [
     "random_bytes",
     "told",
     "warn_exposed",
+    "with_boot_mark",
 ]

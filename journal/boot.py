@@ -26,8 +26,17 @@ import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["BOOT_ID", "boot_elapsed", "boot_lapsed", "boot_mark", "boot_stamp"]
+__all__ = [
+    "BOOT_ID",
+    "boot_between",
+    "boot_elapsed",
+    "boot_lapsed",
+    "boot_mark",
+    "boot_stamp",
+    "with_boot_mark",
+]
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 SLACK = 5.0
@@ -79,6 +88,16 @@ def boot_mark() -> dict[str, object] | None:
     return {"id": boot, "at": now}
 
 
+def with_boot_mark(attrs: dict[str, Any]) -> dict[str, Any]:
+    """``attrs`` with ``boot``, this moment's ``boot_mark``, where the host has the clock: an
+    attempt's DISPATCH_STARTED and ATTEMPT_INTERRUPTED, between which a reconciliation's settle
+    window is measured (``boot_between``)."""
+    mark = boot_mark()
+    if mark is not None:
+        attrs["boot"] = mark
+    return attrs
+
+
 def boot_elapsed(mark: object) -> float | None:
     """Seconds since ``mark`` (``boot_mark``'s, read back from a journal -- whoever wrote it) by
     this boot's clock; None when it cannot say: no mark, a malformed one, another boot's or
@@ -95,6 +114,22 @@ def boot_elapsed(mark: object) -> float | None:
     if now is None or not math.isfinite(at) or boot != _boot_id() or at > now:
         return None
     return now - at
+
+
+def boot_between(earlier: object, later: object, wall: float) -> float:
+    """Seconds from the mark ``earlier`` to the mark ``later`` (``boot_mark``'s, read back from
+    a journal), given ``wall``, the same span by the wall clock (the two events' ``at``): the
+    smaller of the two readings when the boot clock can tell (both marks this boot's, not ahead
+    of its clock: ``boot_elapsed``), else ``wall``.  A wall clock stepped forward between them
+    (an NTP step, an operator's ``date``) lengthens ``wall``, not the boot clock's span: a
+    window that must have *passed* (reconciliation's ``settle``) is not cut short by it.  The
+    rule ``key_moment`` applies to a key's age, turned round: there the older reading counts,
+    here the shorter -- a mark can make the judgment stricter, never laxer than the wall
+    clock's alone."""
+    since_earlier, since_later = boot_elapsed(earlier), boot_elapsed(later)
+    if since_earlier is None or since_later is None:
+        return wall
+    return min(wall, since_earlier - since_later)
 
 
 def boot_lapsed(stamp: object, length: float | None) -> bool | None:

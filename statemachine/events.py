@@ -73,7 +73,10 @@ class EventKind(StrEnum):
     holds it as credential)."""
     DISPATCH_STARTED = "DISPATCH_STARTED"
     """Durable barrier written *before* the first byte of the application request (or the SSH
-    ``exec`` request) is handed to the transport.  attrs: attempt, generation, connection..."""
+    ``exec`` request) is handed to the transport.  attrs: attempt, generation, connection...;
+    boot ({id, at}: the moment by the boot clock, ``journal/boot.py`` -- a reconciliation
+    query's is how long after the attempt's end it observed, ``boot_between``; absent from
+    older records and on a host without the clock)."""
     REQUEST_SENT = "REQUEST_SENT"
     """The complete request was handed to the transport (not proof the remote read it).  attrs:
     generation."""
@@ -157,7 +160,9 @@ class EventKind(StrEnum):
     broker stopped reading -- {limit, received_withheld} (redacted | tail_redacted | unscanned),
     and a message without counts, when the result echoed a secret, ended with a form's
     beginning, or was not scanned whole (docs/redaction.md: its counts would measure the
-    secret)."""
+    secret); boot ({id, at}: the attempt's end by the boot clock, as DISPATCH_STARTED's -- a
+    wall clock stepped forward cannot cut a reconciliation's settle window short on that boot;
+    absent from older records)."""
     RESULT_STORE_FAILED = "RESULT_STORE_FAILED"
     """Storing the result failed; rendered from what the durable record proves.  attrs: stage,
     generation."""

@@ -28,6 +28,7 @@ from affidavit.journal import (
     JournalError,
     JournalWriteError,
     LeaseLost,
+    with_boot_mark,
 )
 from affidavit.protocols import Binding, Prepared
 from affidavit.secrets.credentials import predates_value_digests
@@ -511,7 +512,7 @@ def _interrupted(iid: str, code: Code, facts: Mapping[str, Any] | None = None) -
         rest = {k: v for k, v in facts.items() if k not in lifted and _jsonable(v)}
         if rest:
             attrs["facts"] = rest
-    return Event(E.ATTEMPT_INTERRUPTED, iid, attrs)
+    return Event(E.ATTEMPT_INTERRUPTED, iid, with_boot_mark(attrs))
 
 
 _WITHHELD_WHY = {
@@ -763,7 +764,7 @@ def _passing(engine: Engine, attempt: Attempt) -> Any:
             # recorded in: the write may wait (for the chain head, a busy writer) past the
             # check above, and the request leaves only once it commits.
             await journal.append(
-                Event(E.DISPATCH_STARTED, attempt.iid, attrs),
+                Event(E.DISPATCH_STARTED, attempt.iid, with_boot_mark(attrs)),
                 barrier=True,
                 lease=attempt.lease,
                 first_gate=engine.holder if attempt.lease is None else None,

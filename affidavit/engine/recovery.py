@@ -28,6 +28,7 @@ from affidavit.journal import (
     ResultUnverified,
     boot_lapsed,
     told,
+    with_boot_mark,
 )
 from affidavit.statemachine import (
     Code,
@@ -197,11 +198,13 @@ def closing_event(record: Record, stage: str) -> Event | None:
         return Event(
             E.ATTEMPT_INTERRUPTED,
             iid,
-            {
-                "code": Code.REMOTE_OUTCOME_UNKNOWN.value,
-                "message": _AFTER_DISPATCH[stage],
-                "generation": gen,
-            },
+            with_boot_mark(
+                {
+                    "code": Code.REMOTE_OUTCOME_UNKNOWN.value,
+                    "message": _AFTER_DISPATCH[stage],
+                    "generation": gen,
+                }
+            ),
         )
     if record.state == "completed_committed" or record.state == "completed_rejected":
         # A complete result was recorded but never stored: keep the proven outcome, never

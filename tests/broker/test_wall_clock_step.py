@@ -134,6 +134,7 @@ async def test_another_broker_on_the_host_judges_a_lease_by_the_boot_clock(
             accepted = next(e for e in b.events(iid) if e.kind is E.ACTION_ACCEPTED)
             mark = accepted.attrs["operation"]["idempotency"]["boot"]
             assert mark["id"] == boot._boot_id() and isinstance(mark["at"], float)
+            closes = [e for e in b.events(iid) if e.kind is E.ATTEMPT_INTERRUPTED]
         if not CASES[case]:
             assert envs["b"]["error"]["code"] == "IN_PROGRESS", envs["b"]
             assert "error" not in envs["a"], envs["a"]
@@ -141,4 +142,7 @@ async def test_another_broker_on_the_host_judges_a_lease_by_the_boot_clock(
             assert len(srv.requests) == 1
         else:
             assert E.ATTEMPT_INTERRUPTED in kinds and E.RETRY_LEASE_ACQUIRED in kinds
+            # Recovery's close carries its moment by the boot clock: a reconciliation's settle
+            # window is measured from it (tests/broker/test_settle_clock_step.py).
+            assert closes and all(isinstance(e.attrs.get("boot"), dict) for e in closes)
             assert len(srv.requests) == 2

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from affidavit.journal import Journal, boot, boot_lapsed, boot_stamp
+from affidavit.journal import Journal, boot, boot_between, boot_lapsed, boot_mark, boot_stamp
 from affidavit.statemachine import EventKind as E
 
 from .helpers import interrupted
@@ -95,6 +95,21 @@ def test_a_stamp_it_cannot_judge_says_nothing(stamp: object) -> None:
     if isinstance(stamp, dict) and stamp.get("id") == "BOOT":
         stamp = {**stamp, "id": mine["id"]}
     assert boot_lapsed(stamp, 60.0) is None
+
+
+def test_a_span_between_two_marks_is_the_shorter_clocks_where_the_boot_clock_can_tell() -> None:
+    """``boot_between``: the settle window's span (``reconcile/service._too_soon``).  A wall
+    clock stepped forward between the marks does not lengthen it; a mark it cannot judge --
+    malformed, another boot's, ahead of this boot's clock -- leaves the wall clock's span."""
+    mine = boot_mark()
+    now = boot._boot_now()
+    assert mine is not None and now is not None
+    earlier, later = {**mine, "at": now - 20.0}, {**mine, "at": now - 11.3}
+    assert boot_between(earlier, later, 128.7) == pytest.approx(8.7)
+    assert boot_between(earlier, later, 5.0) == 5.0  # the wall clock's, shorter: stepped back
+    for bad in (None, {"id": mine["id"]}, {**mine, "id": "another boot"}, {**mine, "at": 1e15}):
+        assert boot_between(bad, later, 128.7) == 128.7
+        assert boot_between(earlier, bad, 128.7) == 128.7
 
 
 def test_without_a_boot_id_nothing_is_stamped(monkeypatch: pytest.MonkeyPatch) -> None:
