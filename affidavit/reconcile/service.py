@@ -58,6 +58,7 @@ from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.readable import OTHER_ORIGIN, PARTIAL_BODY, unreadable
 from affidavit.engine.recovery import act_failure, recover_stale
 from affidavit.engine.takeup import ClaimRefused
+from affidavit.journal import boot_between
 from affidavit.protocols import get
 from affidavit.protocols.actions import ActionInvalid, parse_action
 from affidavit.statemachine import Code, Event, EventKind, EvidenceSource, Outcome, Record
@@ -401,34 +402,44 @@ def _too_soon(
     after that instant.  The query observed the remote no earlier than its own DISPATCH_STARTED
     was written.  Both are wall-clock labels of events -- of two brokers, on a shared journal,
     whose clocks may disagree: on a shared journal the window grows by ``[service]
-    lease_margin``, the skew the leases already allow for between the brokers' hosts."""
+    lease_margin``, the skew the leases already allow for between the brokers' hosts.  A wall
+    clock stepped forward between them (an NTP step, ``date -s``) would stretch the span past
+    the window in a moment: where both events carry a boot mark of this boot (``boot``:
+    ATTEMPT_INTERRUPTED, DISPATCH_STARTED), the span is the shorter of the two clocks' readings
+    (``boot_between``); otherwise -- another boot or host, an older record, a closing event of
+    another kind -- the wall clock's alone."""
     if settle <= 0:
         return None, ""
     margin = engine.settings.lease_margin if engine.journal.backend.shared else 0.0
     window = settle + margin
-    ended = _last_at(engine, invocation_id, lambda e: e.kind is not E.RECONCILE_INCONCLUSIVE)
-    observed = _last_at(engine, query_id, lambda e: e.kind is E.DISPATCH_STARTED)
+    ended = _last(engine, invocation_id, lambda e: e.kind is not E.RECONCILE_INCONCLUSIVE)
+    observed = _last(engine, query_id, lambda e: e.kind is E.DISPATCH_STARTED)
     if ended is None or observed is None:
         # Not known: believe nothing sooner than a whole window from now.
         return time.time() + window, "the query's finding could not be placed in time"
-    if observed - ended >= window:
+    (ended_at, ended_mark), (observed_at, observed_mark) = ended, observed
+    elapsed = boot_between(ended_mark, observed_mark, observed_at - ended_at)
+    if elapsed >= window:
         return None, ""
-    when = utc_time(ended + window, "%Y-%m-%dT%H:%M:%S+00:00")
+    # By the query's own clock: the moment a query sent then is ``window`` past the end.
+    not_before = observed_at + window - elapsed
+    when = utc_time(not_before, "%Y-%m-%dT%H:%M:%S+00:00")
     skew = f" + lease_margin {margin:g}s for the brokers' clocks" if margin else ""
-    return ended + window, (
-        f"the query found the effect absent {max(observed - ended, 0.0):.1f}s after the attempt "
+    return not_before, (
+        f"the query found the effect absent {max(elapsed, 0.0):.1f}s after the attempt "
         f"ended, within the target's settle window ({settle:g}s{skew}): a request still in the "
         f"remote's queues may yet apply it; query again after {when}"
     )
 
 
-def _last_at(engine: Engine, iid: str, which: Callable[[Event], bool]) -> float | None:
-    """The wall-clock label of ``iid``'s last event ``which`` picks."""
-    at = None
+def _last(engine: Engine, iid: str, which: Callable[[Event], bool]) -> tuple[float, object] | None:
+    """The wall-clock label and the boot mark (``boot``, None if it has none) of ``iid``'s
+    last event ``which`` picks."""
+    last = None
     for event in engine.journal.events(iid):
         if which(event) and event.at is not None:
-            at = event.at
-    return at
+            last = (event.at, event.attrs.get("boot"))
+    return last
 
 
 def _found(outcome: Outcome) -> str:

@@ -443,7 +443,7 @@ class _Clocked:
         self.settings = SimpleNamespace(lease_margin=30.0)
         self.journal = SimpleNamespace(
             backend=SimpleNamespace(shared=shared),
-            events=lambda iid: [SimpleNamespace(kind=k, at=t) for k, t in at[iid]],
+            events=lambda iid: [SimpleNamespace(kind=k, at=t, attrs={}) for k, t in at[iid]],
         )
 
 
