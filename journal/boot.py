@@ -18,6 +18,11 @@ would keep a record open for ever, and a process restored into another time name
 behind the host's.  One running ahead only makes a lease look lapsed by it, and the wall clock
 has already said so.  A host that sleeps counts the sleep as the lease's time, as the wall clock
 does (the stalled worker is stopped by its generation).
+
+Moments are marked the same way (``boot_mark``: an idempotency key's binding; an attempt's
+DISPATCH_STARTED and ATTEMPT_INTERRUPTED, ``with_boot_mark``) and read back by their age
+(``boot_elapsed``) or the span between two of them (``boot_between``: a reconciliation's settle
+window).  A reading by them only ever makes a judgment stricter than the wall clock's alone.
 """
 
 from __future__ import annotations
