@@ -402,12 +402,18 @@ def _too_soon(
     after that instant.  The query observed the remote no earlier than its own DISPATCH_STARTED
     was written.  Both are wall-clock labels of events -- of two brokers, on a shared journal,
     whose clocks may disagree: on a shared journal the window grows by ``[service]
-    lease_margin``, the skew the leases already allow for between the brokers' hosts.  A wall
-    clock stepped forward between them (an NTP step, ``date -s``) would stretch the span past
-    the window in a moment: where both events carry a boot mark of this boot (``boot``:
-    ATTEMPT_INTERRUPTED, DISPATCH_STARTED), the span is the shorter of the two clocks' readings
-    (``boot_between``); otherwise -- another boot or host, an older record, a closing event of
-    another kind -- the wall clock's alone."""
+    lease_margin``, the skew the leases already allow for between the brokers' hosts.  The
+    wall clock's span runs from the record's last event (other than RECONCILE_INCONCLUSIVE),
+    written no sooner than the end.  A wall clock stepped forward (an NTP step, ``date -s``)
+    would stretch that span past the window in a moment, so the boot clock bounds it too
+    (``boot_between``: the shorter reading counts): from the mark of the last
+    ATTEMPT_INTERRUPTED with no DISPATCH_STARTED after it (``_dispatch_end``) -- nothing left
+    the broker after it, whatever was written since (a same-key retry stopped before its
+    dispatch, a stale worker's LEASE_LOST) -- to the query's DISPATCH_STARTED mark.  Each
+    reading is at least the true span, so their minimum is never laxer than the wall clock's
+    alone.  Where the boot clock cannot tell (another boot or host, an older record, a
+    dispatch closed otherwise), the wall clock's span alone; after a wall clock stepped back,
+    the wall clock's shorter span (stricter)."""
     if settle <= 0:
         return None, ""
     margin = engine.settings.lease_margin if engine.journal.backend.shared else 0.0
@@ -417,8 +423,10 @@ def _too_soon(
     if ended is None or observed is None:
         # Not known: believe nothing sooner than a whole window from now.
         return time.time() + window, "the query's finding could not be placed in time"
-    (ended_at, ended_mark), (observed_at, observed_mark) = ended, observed
-    elapsed = boot_between(ended_mark, observed_mark, observed_at - ended_at)
+    (ended_at, _), (observed_at, observed_mark) = ended, observed
+    elapsed = boot_between(
+        _dispatch_end(engine, invocation_id), observed_mark, observed_at - ended_at
+    )
     if elapsed >= window:
         return None, ""
     # By the query's own clock: the moment a query sent then is ``window`` past the end.
@@ -430,6 +438,19 @@ def _too_soon(
         f"ended, within the target's settle window ({settle:g}s{skew}): a request still in the "
         f"remote's queues may yet apply it; query again after {when}"
     )
+
+
+def _dispatch_end(engine: Engine, iid: str) -> object:
+    """The boot mark (``boot``) of ``iid``'s last ATTEMPT_INTERRUPTED when no DISPATCH_STARTED
+    follows it -- the moment by which the last dispatch had ended, whatever was written since
+    --, else None (a dispatch not so closed, an older record: the boot clock cannot tell)."""
+    mark: object = None
+    for event in engine.journal.events(iid):
+        if event.kind is E.DISPATCH_STARTED:
+            mark = None
+        elif event.kind is E.ATTEMPT_INTERRUPTED:
+            mark = event.attrs.get("boot")
+    return mark
 
 
 def _last(engine: Engine, iid: str, which: Callable[[Event], bool]) -> tuple[float, object] | None:

@@ -27,9 +27,11 @@ from typing import Any
 import pytest
 
 from affidavit.api.broker import Broker
+from affidavit.engine.recovery import closing_event
 from affidavit.journal import boot
 from affidavit.reconcile import service
 from affidavit.statemachine import EventKind
+from tests.statemachine.lifecycle_helpers import projector_in
 
 from .approvalkit import PaymentsApi, verify_ok
 from .helpers import event_kinds
@@ -119,9 +121,14 @@ class _Marked:
     """An engine as ``service._too_soon`` sees it: the two events' wall-clock labels and boot
     marks (``boot``), on a journal of one host."""
 
-    def __init__(self, ended: tuple[float, object], observed: tuple[float, object]) -> None:
+    def __init__(
+        self,
+        ended: tuple[float, object],
+        observed: tuple[float, object],
+        after: tuple[tuple[EventKind, float, object], ...] = (),
+    ) -> None:
         rows = {
-            "orig": [(E.ATTEMPT_INTERRUPTED, *ended)],
+            "orig": [(E.ATTEMPT_INTERRUPTED, *ended), *after],
             "query": [(E.DISPATCH_STARTED, *observed)],
         }
         self.settings = SimpleNamespace(lease_margin=30.0)
@@ -172,3 +179,89 @@ def test_the_settle_window_is_judged_by_the_boot_clock_only_where_it_can_tell(
     found, reason = service._too_soon(engine, "orig", "query", 60.0)
     assert found == (None if not_before is None else pytest.approx(not_before))
     assert ("within the target's settle window (60s)" in reason) is (not_before is not None)
+
+
+AFTER = {
+    # recovery's marked close, then a stale worker's LEASE_LOST (unmarked, written later): the
+    # close still bounds the dispatch -- too soon by the boot clock
+    "lease-lost-last": ((E.LEASE_LOST, 1004.0, None),),
+    # a same-key retry stopped before its dispatch: nothing left the broker after the close
+    "credential-failed-last": (
+        (E.RETRY_LEASE_ACQUIRED, 1002.0, None),
+        (E.CREDENTIAL_FAILED, 1003.0, None),
+    ),
+    "setup-failed-last": ((E.RETRY_LEASE_ACQUIRED, 1002.0, None), (E.SETUP_FAILED, 1003.0, None)),
+    # a later dispatch not closed by a marked ATTEMPT_INTERRUPTED: the close bounds nothing,
+    # the wall clock's span from the last event alone (believed)
+    "dispatched-since": ((E.DISPATCH_STARTED, 1002.0, None), (E.SETUP_FAILED, 1003.0, None)),
+}
+
+
+@pytest.mark.parametrize("case", AFTER)
+def test_the_settle_window_runs_from_the_last_marked_close_of_a_dispatch(case: str) -> None:
+    this = boot._boot_id()
+    assert this is not None
+    ended_mark, observed_mark = _marks(this, 8.7)  # 8.7 s apart by the boot clock
+    engine: Any = _Marked((1000.0, ended_mark), (1000.0 + WALL, observed_mark), AFTER[case])
+    found, reason = service._too_soon(engine, "orig", "query", 60.0)
+    if case == "dispatched-since":
+        assert (found, reason) == (None, "")
+        return
+    assert found == pytest.approx(1000.0 + WALL + 60.0 - 8.7)
+    assert "found the effect absent 8.7s after the attempt ended" in reason
+
+
+async def test_a_same_key_retry_stopped_before_dispatch_does_not_reopen_the_bypass(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reviewer's probe (recfix51 round 2): after the interruption the hint is
+    same_idempotency_key; a retry that fails at its credential appends CREDENTIAL_FAILED, which
+    carries no boot mark -- the window was then the wall clock's alone, and a step settled it."""
+    api = PaymentsApi()
+    async with payments(tmp_path, settle=None, api=api) as (_, b):
+        iid = await _unknown(b, "pay/stepped", late=True)  # held in the remote's queue
+        action = {
+            "target": "api",
+            "method": "POST",
+            "path": "/v1/charges",
+            "body": '{"late": true}',
+            "idempotency_key": "pay/stepped",
+        }
+        monkeypatch.delenv("AFFIDAVIT_TEST_TOKEN")  # the same-key retry fails at credential
+        retried = await b.call(action)
+        assert retried["error"]["outcome"] == "unknown", retried
+        assert event_kinds(b, iid)[-1] is E.CREDENTIAL_FAILED
+        monkeypatch.setenv("AFFIDAVIT_TEST_TOKEN", token)
+        _step(monkeypatch, b, "stepped")
+        answer = await b.reconcile(iid, query=True)
+        env = answer["envelope"]
+        assert answer["reconciled"] is False, env
+        [tried] = env["evidence"]["reconcile_queries"]
+        assert "within the target's settle window (60s)" in tried["reason"]
+        api.release_late()
+        late = await b.reconcile(iid, query=True)
+        assert late["envelope"]["evidence"]["state"] == "reconciled_committed"
+        monkeypatch.undo()
+        verify_ok(b)
+    assert api.applied == ["pay/stepped"]
+
+
+@pytest.mark.parametrize("last", ["recovery-close", "lease-lost"])
+def test_a_recovered_record_is_judged_from_recoverys_marked_close(
+    last: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recovery closes a dispatched record whose worker is gone with a marked
+    ATTEMPT_INTERRUPTED; the stale worker's LEASE_LOST may follow it, unmarked.  A query 8.7 s
+    later by the boot clock, 128.7 s by a stepped wall clock, is too soon either way."""
+    closing = closing_event(projector_in("dispatched").record(), "broker_stopped")
+    assert closing is not None and closing.kind is E.ATTEMPT_INTERRUPTED
+    closed = closing.attrs["boot"]
+    assert isinstance(closed, Mapping) and closed["id"] == boot._boot_id()
+    observed = {"id": closed["id"], "at": float(closed["at"]) + 8.7}
+    now = float(closed["at"]) + 10.0  # the boot clock when the query's finding is judged
+    monkeypatch.setattr(boot, "_boot_now", lambda: now)
+    after = ((E.LEASE_LOST, 1004.0, None),) if last == "lease-lost" else ()
+    engine: Any = _Marked((1000.0, closed), (1000.0 + WALL, observed), after)
+    found, reason = service._too_soon(engine, "orig", "query", 60.0)
+    assert found == pytest.approx(1000.0 + WALL + 60.0 - 8.7)
+    assert "found the effect absent 8.7s after the attempt ended" in reason
