@@ -97,7 +97,9 @@ def _copy(
     """One transaction on the target: refuse a journal already there, then copy every table."""
     counts: dict[str, int] = {}
     out = backend.tables(conn)
-    backend.begin(conn, barrier=True)
+    # Bounded like a broker's open (``Journal._bind``): a session holding the head refuses the
+    # copy after ``reconnect``, naming its holder, rather than stalling it.
+    backend.begin(conn, barrier=True, wait=backend.reconnect_within)
     try:
         backend.create(conn)
         seq, _ = out.head()

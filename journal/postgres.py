@@ -86,6 +86,22 @@ _MAX_LOCK_TIMEOUT_MS = 2**31 - 1
 """The longest ``lock_timeout`` PostgreSQL takes (an int of milliseconds: ~24.8 days)."""
 _LOCK = 0x61666676  # "affv": the chain head's advisory lock, with the schema's hash as 2nd key
 _INDEX_LOCK = 0x61666669  # "affi": one build of the session index at a time (session-scoped)
+JOURNAL_SCHEMA = "public"
+"""The PostgreSQL schema holding the journal's tables: always ``public`` (no setting names
+another)."""
+SEARCH_PATH = f"{JOURNAL_SCHEMA}, pg_temp"
+"""Every connection's ``search_path``, set before its first statement (``_pin``) and again in
+every write transaction (``begin``): the server's default ``"$user", public`` lets any role with
+CREATE on the database make a schema named like the broker's role and same-named tables in it,
+which the unqualified names of every statement would then mean -- the broker writing and reading
+another's tables, its triggers absent, ``verify`` reading them too.  The journal's schema first
+(``CREATE`` makes its tables there); ``pg_catalog`` unnamed, so searched before it (a function
+or operator made in ``public`` never stands in for a built-in one); ``pg_temp`` named last, so a
+table of the session's own temporary schema never stands in for one of the journal's."""
+_KEY2 = f"pg_catalog.hashtext('{JOURNAL_SCHEMA}')"
+"""The advisory locks' second key: the journal's schema by name, never ``current_schema()``
+(what a ``search_path`` made it).  The same number a broker whose ``current_schema()`` was
+``public`` took, so brokers of before and after this pin queue on one head."""
 _APPEND_ONLY = ("events", "checkpoints", "results", "linked_calls")
 _TABLES = (
     "meta",
@@ -218,6 +234,14 @@ CREATE OR REPLACE TRIGGER {t}_no_truncate BEFORE TRUNCATE ON {t}
 
 _READ_ONLY = ("events", "checkpoints", "results", "meta", "idempotency", "linked_calls")
 _WRITABLE = ("result_chunks", "result_audit", "chunk_owners", "leases")
+
+
+_GRANTED = {
+    **{t: "SELECT, INSERT" for t in _READ_ONLY},
+    **{t: "SELECT, INSERT, UPDATE, DELETE" for t in _WRITABLE},
+}
+_NEEDED = tuple((t, p) for t, ps in _GRANTED.items() for p in ps.split(", "))
+"""Every (table, privilege) pair ``grant_statements`` grants: what a writer's open checks."""
 
 
 def grant_statements(role: str) -> list[str]:
@@ -364,13 +388,42 @@ _TRANSIENT_STATES = frozenset({"57014", "55P03", "55006"})
 object_in_use."""
 
 
-def _head_held(ms: int) -> str:
-    """The refusal of a write that waited ``ms`` for the chain head in vain: what happened and
-    the setting that bounds the wait -- never the database's URL (a caller may read it)."""
+def _head_held(ms: int, holder: str = "") -> str:
+    """The refusal of a write that waited ``ms`` for the chain head in vain: what happened, the
+    setting that bounds the wait and who held it (``_holder``) -- never the database's URL (a
+    caller may read it)."""
     return (
         "another session held the journal's chain head longer than [journal] reconnect lets a"
         f" write wait for it ({ms / 1000:g} s): not committed, nothing of the write is durable"
+        + (f"; held by {holder}" if holder else "")
     )
+
+
+def _holder(conn: Any) -> str:
+    """``pid N, role R``: the session holding the chain head's advisory lock, as ``pg_locks``
+    and ``pg_stat_activity`` show it to this role -- any login role may take the lock, granted
+    nothing; an operator ends it with ``pg_terminate_backend(N)``.  Empty when unreadable or
+    released meanwhile.  A pid and a role name: never a password, nor a query's text."""
+    try:
+        row = conn.execute(
+            "SELECT l.pid, a.usename FROM pg_catalog.pg_locks l "
+            "LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
+            "AND l.database = (SELECT oid FROM pg_catalog.pg_database "
+            "WHERE datname = pg_catalog.current_database()) "
+            f"AND l.classid = {_LOCK}::oid AND l.objid = ({_KEY2})::oid LIMIT 1"
+        ).fetchone()
+    except psycopg.Error:
+        return ""
+    if row is None:
+        return ""
+    return f"pid {row[0]}, role {row[1] or 'unknown'}"
+
+
+def _pin(conn: Any) -> None:
+    """A new connection's first statement: ``SEARCH_PATH`` -- after every reconnect too, as
+    each runs ``connect`` again."""
+    conn.execute(f"SET search_path = {SEARCH_PATH}")
 
 
 def _in_recovery(conn: Any) -> bool:
@@ -427,6 +480,7 @@ class PostgresBackend:
             error = JournalUnavailable if self.away(exc) else JournalError
             raise error(f"cannot connect to journal {self.where}: {self.describe(exc)}") from None
         try:
+            _pin(conn)
             # A session left idle inside a transaction (its broker gone quiet mid-write)
             # would hold the chain head for every broker: PostgreSQL ends it after this long.
             conn.execute(f"SET idle_in_transaction_session_timeout = {self._idle_timeout_ms}")
@@ -653,29 +707,31 @@ class PostgresBackend:
         self.tables(conn).index_linked_calls(self.where)
 
     def _refuse_ungranted(self, conn: Any) -> None:
-        """A writer whose role may not write ``chunk_owners`` (granted before schema 2 added it)
-        or ``linked_calls`` (before schema 5) is refused here: it would open without a word and
-        have every result's first chunk and every marker -- or every row naming a linked call
-        -- refused, after the request was sent, the result lost.  (One privilege per call:
-        ``has_table_privilege`` with several answers whether *any* is held.)"""
-        for table, needs, grant in (
-            ("chunk_owners", ("SELECT", "INSERT", "DELETE"), "SELECT, INSERT, UPDATE, DELETE"),
-            ("linked_calls", ("SELECT", "INSERT"), "SELECT, INSERT"),
-        ):
-            missing = [
-                p
-                for p in needs
-                if not conn.execute(
-                    "SELECT pg_catalog.has_table_privilege(current_user, %s, %s)", (table, p)
-                ).fetchone()[0]
-            ]
-            if missing:
-                raise JournalError(
-                    f"journal {self.where}: refused: this role may not {', '.join(missing)} on "
-                    f"table {table} (schema {SCHEMA_VERSION}), which the writer fills; as the "
-                    f"tables' owner run: GRANT {grant} ON {table} TO the broker role "
-                    "(docs/journal.md)"
-                )
+        """A writer whose role lacks a privilege ``grant_statements`` lists is refused here: it
+        would open without a word and have a write refused later -- ``chunk_owners`` (granted
+        before schema 2 added it), ``linked_calls`` (before schema 5), or any other (a grant
+        made by hand, too narrow) -- some after the request was sent: the result lost
+        (``results``, ``result_chunks``), a lease never renewed (``leases``).  One query, every
+        (table, privilege) pair: ``has_table_privilege`` with several privileges answers
+        whether *any* is held."""
+        rows = conn.execute(
+            "SELECT t, p FROM (VALUES "
+            + ", ".join(f"('{t}', '{p}')" for t, p in _NEEDED)
+            + ") AS n (t, p) WHERE NOT pg_catalog.has_table_privilege("
+            f"current_user, '{JOURNAL_SCHEMA}.' || t, p)"
+        ).fetchall()
+        if not rows:
+            return
+        missing: dict[str, list[str]] = {}
+        for table, privilege in rows:
+            missing.setdefault(table, []).append(privilege)
+        what = "; ".join(f"{', '.join(p)} on table {t}" for t, p in missing.items())
+        grants = "; ".join(f"GRANT {_GRANTED[t]} ON {t} TO {_role(conn)}" for t in missing)
+        raise JournalError(
+            f"journal {self.where}: refused: this role may not {what} (schema "
+            f"{SCHEMA_VERSION}), which the writer needs; as the tables' owner run: {grants} "
+            "(docs/journal.md)"
+        )
 
     def _wants_index(self, conn: Any) -> bool:
         """Whether ``events_session`` is to be built once the opening transaction has ended: a
@@ -725,10 +781,10 @@ class PostgresBackend:
             self._not_built(exc)
             return
         try:
+            _pin(conn)
             conn.execute(f"SET lock_timeout = {int(self.index_wait_ms)}")
             mine = conn.execute(
-                "SELECT pg_catalog.pg_try_advisory_lock("
-                "%s, pg_catalog.hashtext(pg_catalog.current_schema()))",
+                f"SELECT pg_catalog.pg_try_advisory_lock(%s, {_KEY2})",
                 (_INDEX_LOCK,),
             ).fetchone()
             if not mine or not mine[0]:
@@ -777,18 +833,25 @@ class PostgresBackend:
         ms = None if wait is None else min(max(1, int(wait * 1000)), _MAX_LOCK_TIMEOUT_MS)
         limit = "" if ms is None else f"SET LOCAL lock_timeout = {ms}; "
         try:
+            # READ COMMITTED whatever the role's or database's default_transaction_isolation:
+            # under REPEATABLE READ the head read after the lock is the snapshot's, taken
+            # before another broker's commit released it -- every write after it refused
+            # (duplicate key).  The search_path again: a pooler may hand the transaction a
+            # server session this connection did not pin.
             conn.execute(
-                f"BEGIN; SET LOCAL synchronous_commit = {sync}; {limit}"
-                f"SELECT pg_catalog.pg_advisory_xact_lock({_LOCK}, "
-                "pg_catalog.hashtext(pg_catalog.current_schema()))"
+                f"BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL search_path = {SEARCH_PATH}; "
+                f"SET LOCAL synchronous_commit = {sync}; {limit}"
+                f"SELECT pg_catalog.pg_advisory_xact_lock({_LOCK}, {_KEY2})"
             )
         except psycopg.errors.LockNotAvailable:
             if ms is None:
                 raise
             # The driver's own words ("canceling statement due to lock timeout") name neither
-            # what held the write up nor the setting that bounds it; an operator needs both.
-            # The transaction stays aborted: the caller's rollback ends it.
-            raise HeadHeld(_head_held(ms)) from None
+            # what held the write up nor the setting that bounds it; an operator needs both,
+            # and who holds it.  Ended here, so the holder can be read; the caller's rollback
+            # finds no transaction.
+            conn.execute("ROLLBACK")
+            raise HeadHeld(_head_held(ms, _holder(conn))) from None
         # Pipeline mode for the rest of the transaction: a write whose answer nothing waits for
         # (an event row, a chunk, the checkpoint) goes out without a round trip of its own; a
         # read waits for everything before it.  The chain head is held throughout, so the

@@ -229,7 +229,12 @@ class Journal(JournalReader):
         backend, writer = self.backend, self._writer
         made: Made = []
         committing = False
-        backend.begin(writer.conn, barrier=True)
+        # Bounded like every write's wait for the chain head (``commit.attempts``): any login
+        # role may take the advisory lock, granted nothing, and hold it for ever -- the open
+        # refused after ``reconnect`` (``HeadHeld``, naming the holder), not stalled.
+        backend.begin(
+            writer.conn, barrier=True, wait=backend.reconnect_within if backend.shared else None
+        )
         try:
             schema = backend.create(writer.conn)
             bound = bind_keys(

@@ -1,0 +1,222 @@
+"""Other roles on the shared journal's cluster (audit 51c): a role with CREATE on the database
+shadowing the journal's tables through the default ``search_path``, a login role granted nothing
+holding the chain head's advisory lock, a broker role granted too little, and a role's default
+isolation level.  docs/journal.md, "Other roles on the cluster"."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+import trio
+
+from affidavit.journal import Journal, JournalError, JournalReader
+from affidavit.journal.errors import HeadHeld
+from affidavit.journal.postgres import _LOCK, SCHEMA, grant_statements
+from tests.postgres import Cluster
+
+from .helpers import FINGERPRINT, accepted, happy, until_dispatch
+
+LIMIT = 60
+
+
+def _keys(tmp: Path, name: str) -> dict[str, Path]:
+    return {"key_file": tmp / "shared.key", "signing_key": tmp / f"{name}.signing.key"}
+
+
+def _broker(pg: Cluster, database: str, role: str) -> str:
+    """A login ``role`` holding exactly ``grant_statements`` on ``database``: its URL."""
+    pg.sql(f"CREATE ROLE {role} LOGIN PASSWORD 'broker-pw'")
+    for statement in grant_statements(role):
+        pg.sql(statement, database)
+    return pg.url(database, user=role, password="broker-pw")
+
+
+async def _owner_opens(pg_url: str, tmp_path: Path) -> None:
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")) as j:
+        for ev in happy("own-1"):
+            await j.append(ev, barrier=True)
+
+
+def _shadow(pg: Cluster, database: str, broker: str, ddl: str) -> str:
+    """A co-tenant granted CREATE on the database makes a schema named like the broker's role
+    -- first in the server's default ``search_path`` ``"$user", public`` -- runs ``ddl`` there
+    and lets the broker role use it: its URL."""
+    tenant = f"{database}_tenant"
+    pg.sql(f"CREATE ROLE {tenant} LOGIN PASSWORD 'tenant-pw'")
+    pg.sql(f'GRANT CREATE ON DATABASE "{database}" TO {tenant}')
+    url = pg.url(database, user=tenant, password="tenant-pw")
+    with psycopg.connect(url, autocommit=True) as t:
+        t.execute(f"CREATE SCHEMA {broker}")
+        t.execute(f"SET search_path = {broker}")
+        t.execute(ddl)
+        t.execute(f"GRANT USAGE ON SCHEMA {broker} TO {broker}")
+        t.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA {broker} TO {broker}")
+    return url
+
+
+async def test_a_co_tenant_s_schema_named_like_the_broker_role_does_not_take_its_journal(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """audit 51c S1: the same tables, without the append-only triggers, in the co-tenant's
+    schema ``<broker role>``: the broker wrote and read there, the tenant deleted its tail and
+    ``verify`` as the broker role said ok.  With the search_path pinned the broker writes
+    ``public`` and the tenant's tables stay empty."""
+    database = pg_url.rsplit("/", 1)[1]
+    await _owner_opens(pg_url, tmp_path)
+    broker = f"{database}_broker"
+    broker_url = _broker(pg, database, broker)
+    ddl = SCHEMA.split("CREATE OR REPLACE FUNCTION")[0] + "INSERT INTO meta VALUES ('schema', '6');"
+    _shadow(pg, database, broker, ddl)
+    with trio.fail_after(LIMIT):
+        async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:
+            for ev in happy("brk-1"):
+                await j.append(ev, barrier=True)
+    assert pg.sql(f"SELECT count(*) FROM {broker}.events", database) == [(0,)]
+    assert pg.sql(f"SELECT count(*) FROM {broker}.meta", database) == [(1,)]  # its own row
+    mine = pg.sql("SELECT count(*) FROM public.events WHERE invocation_id = 'brk-1'", database)
+    assert mine == [(len(happy("brk-1")),)]
+    with JournalReader.open(broker_url) as r:
+        report = r.verify()
+    assert report.ok and report.count == 2 * len(happy("x")), report
+
+
+async def test_a_co_tenant_s_shadow_idempotency_table_does_not_hold_the_broker_s_bindings(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """audit 51c S1b: only ``idempotency`` shadowed (events stay in ``public``, the owner's
+    verify clean); the tenant deleted the binding and a retry with the same key was bound anew
+    -- a second send.  Pinned: the binding is ``public``'s, and the retry finds it."""
+    database = pg_url.rsplit("/", 1)[1]
+    await _owner_opens(pg_url, tmp_path)
+    broker = f"{database}_broker"
+    broker_url = _broker(pg, database, broker)
+    ddl = next(s for s in SCHEMA.split(";") if "TABLE IF NOT EXISTS idempotency" in s)
+    tenant_url = _shadow(pg, database, broker, ddl)
+
+    async def bind(iid: str) -> str:
+        async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:
+            rec = await j.bind_idempotency("scope", "pay-once", FINGERPRINT, iid, None)
+            if rec.invocation_id == iid:
+                for ev in [accepted(iid, idem=("scope", "pay-once")), *happy(iid)[1:4]]:
+                    await j.append(ev, barrier=True)
+            return str(rec.invocation_id)
+
+    with trio.fail_after(LIMIT):
+        assert await bind("inv-A") == "inv-A"
+    with psycopg.connect(tenant_url, autocommit=True) as t:
+        assert t.execute(f"SELECT count(*) FROM {broker}.idempotency").fetchone() == (0,)
+        t.execute(f"DELETE FROM {broker}.idempotency")
+    with trio.fail_after(LIMIT):
+        assert await bind("inv-C") == "inv-A"  # bound: no second send
+    rows = pg.sql("SELECT invocation_id FROM public.idempotency", database)
+    assert rows == [("inv-A",)]
+    with JournalReader.open(pg_url) as r:
+        assert r.verify().ok
+
+
+def test_a_role_granted_nothing_holding_the_chain_head_refuses_an_open_after_reconnect(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """audit 51c S2: any login role may take the chain head's advisory lock (its key is fixed);
+    the open's transaction waited for it without bound -- every broker's start stalled.  It is
+    bounded by ``reconnect`` like every write, and the refusal names the holder (pid, role) an
+    operator ends.  (The holder lets go after HOLD s: without the bound the open succeeds
+    then, and the test fails.)"""
+    database = pg_url.rsplit("/", 1)[1]
+    trio.run(_owner_opens, pg_url, tmp_path)
+    broker_url = _broker(pg, database, f"{database}_broker")
+    nobody = f"{database}_nobody"
+    pg.sql(f"CREATE ROLE {nobody} LOGIN PASSWORD 'nobody-pw'")
+    holder = psycopg.connect(pg.url(database, user=nobody, password="nobody-pw"), autocommit=True)
+    hold = 15.0
+    release = threading.Timer(hold, holder.close)
+    try:
+        holder.execute("SELECT pg_advisory_lock(%s, hashtext('public'))", (_LOCK,))
+        pid = holder.info.backend_pid
+        release.start()
+
+        async def open_broker() -> None:
+            async with Journal.open(broker_url, **_keys(tmp_path, "broker"), reconnect_within=1):
+                pass
+
+        started = time.monotonic()
+        with pytest.raises(HeadHeld) as refused:
+            trio.run(open_broker)
+        assert time.monotonic() - started < hold
+    finally:
+        release.cancel()
+        holder.close()
+    message = str(refused.value)
+    assert f"held by pid {pid}, role {nobody}" in message, message
+    assert "(1 s)" in message and "pw" not in message, message
+
+
+_THIN = [
+    ("results", "INSERT"),
+    ("result_chunks", "INSERT"),
+    ("checkpoints", "INSERT"),
+    ("idempotency", "INSERT"),
+    ("leases", "SELECT"),
+    ("leases", "UPDATE"),
+    ("leases", "DELETE"),
+]
+
+
+@pytest.mark.parametrize(("table", "privilege"), _THIN, ids=[f"{t}-{p}" for t, p in _THIN])
+async def test_a_broker_role_lacking_any_granted_privilege_is_refused_at_open(
+    pg: Cluster, pg_url: str, tmp_path: Path, table: str, privilege: str
+) -> None:
+    """audit 51c S3/S4: open checked only chunk_owners and linked_calls; a role without INSERT
+    on results opened, made DISPATCH_STARTED durable and lost the result after the send.  Every
+    pair ``grant_statements`` lists is checked at open: refused, naming the grant, before
+    anything is written."""
+    database = pg_url.rsplit("/", 1)[1]
+    await _owner_opens(pg_url, tmp_path)
+    role = f"{database}_thin"
+    url = _broker(pg, database, role)
+    pg.sql(f"REVOKE {privilege} ON {table} FROM {role}", database)
+    with trio.fail_after(LIMIT), pytest.raises(JournalError) as refused:
+        async with Journal.open(url, **_keys(tmp_path, "broker")) as j:
+            for ev in until_dispatch("thin-1"):
+                await j.append(ev, barrier=True)
+    message = str(refused.value)
+    assert f"may not {privilege} on table {table} " in message, message
+    assert f"ON {table} TO " in message and "broker-pw" not in message, message
+    assert pg.sql("SELECT count(*) FROM events WHERE invocation_id = 'thin-1'", database) == [(0,)]
+
+
+async def test_two_brokers_write_on_under_a_role_default_of_repeatable_read(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """audit 51c S6: ``ALTER ROLE ... SET default_transaction_isolation = 'repeatable read'``
+    made the head read after the lock a snapshot's from before another broker's commit: writes
+    refused with a duplicate key.  Each write transaction asks for READ COMMITTED."""
+    database = pg_url.rsplit("/", 1)[1]
+    await _owner_opens(pg_url, tmp_path)
+    role = f"{database}_rr"
+    url = _broker(pg, database, role)
+    pg.sql(f"ALTER ROLE {role} SET default_transaction_isolation = 'repeatable read'")
+    errors: list[str] = []
+
+    async def broker(name: str) -> None:
+        async with Journal.open(url, **_keys(tmp_path, name)) as j:
+            for n in range(10):
+                for ev in happy(f"{name}-{n}"):
+                    try:
+                        await j.append(ev, barrier=True)
+                    except JournalError as exc:
+                        errors.append(str(exc))
+                        break
+
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(broker, "a")
+            nursery.start_soon(broker, "b")
+    assert errors == []
+    with JournalReader.open(url) as r:
+        report = r.verify()
+    assert report.ok and report.count == 21 * len(happy("x")), report
