@@ -59,7 +59,7 @@ __all__ = [
 
 log = logging.getLogger("affidavit.journal")
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """2: the table ``chunk_owners``; 3: the columns ``idempotency.send_by`` (``IdempotencyRecord``:
 when the binder's first attempt may send no more) and ``idempotency.target`` (its target, which
 a fence names) -- a broker of schema 2 refuses the journal, as it would bind without them and
@@ -71,7 +71,15 @@ filled by every writer with the rows it inserts and, once, from the events alrea
 broker of schema 4 refuses the journal, as its rows would go unindexed; 6: no table or column,
 the rules of APPROVAL_REVOKED (an operator takes a grant back before it is sent) -- a broker of
 schema 5 refuses the journal, as it reads that row as altered and would send the revoked grant's
-request, and skip the gate's re-check of the granting operator."""
+request, and skip the gate's re-check of the granting operator; 7: no table or column, the
+triggers' functions pin their ``search_path`` (``FUNCTION_PATH``) and every broker its
+connections' (``SEARCH_PATH``) -- a broker of schema 6 refuses the journal, as it reads and
+writes whatever tables its role's ``search_path`` names first (a co-tenant's schema named like
+the role) and takes the chain head under that schema's key."""
+FUNCTION_PATH = "pg_catalog, public, pg_temp"
+"""The triggers' functions' own ``search_path``: ``events`` and ``linked_calls`` in their body
+are the journal's whatever the inserting session's path -- a temporary ``events`` of its own
+(``pg_temp`` is searched first unless named) no longer decides which row extends the chain."""
 SESSION_INDEX = "events_session"
 SESSION_INDEX_DDL = (
     f"CREATE INDEX IF NOT EXISTS {SESSION_INDEX} ON events (session_id, seq, invocation_id)"
@@ -199,7 +207,8 @@ CREATE TABLE IF NOT EXISTS idempotency (
 );
 ALTER TABLE idempotency ADD COLUMN IF NOT EXISTS send_by DOUBLE PRECISION;
 ALTER TABLE idempotency ADD COLUMN IF NOT EXISTS target TEXT;
-CREATE OR REPLACE FUNCTION affidavit_extend_chain() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION affidavit_extend_chain() RETURNS trigger LANGUAGE plpgsql
+  SET search_path = {FUNCTION_PATH} AS $$
 DECLARE
   last_seq  BIGINT;
   last_hash TEXT;
@@ -216,7 +225,8 @@ BEGIN
   END IF;
   RETURN NEW;
 END $$;
-CREATE OR REPLACE FUNCTION affidavit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION affidavit_append_only() RETURNS trigger LANGUAGE plpgsql
+  SET search_path = {FUNCTION_PATH} AS $$
 BEGIN
   RAISE EXCEPTION 'journal % are append-only', TG_TABLE_NAME
     USING ERRCODE = 'integrity_constraint_violation';
@@ -652,10 +662,13 @@ class PostgresBackend:
             # schema 2 chunk_owners exists (and was granted: ``grant_statements``); the columns
             # are covered by the existing grants on idempotency; schema 4 is a number only,
             # which the broker role may not change (``meta``: no UPDATE); schema 5's table
-            # is new, filled once by the owner, and granted; schema 6 is a number only.
+            # is new, filled once by the owner, and granted; schema 6 is a number only;
+            # schema 7 replaces the triggers' functions, which only their owner may.
             before = 1 if found is None else int(found)
-            what = ["the rules of APPROVAL_REVOKED (schema 6)"]
+            what = ["the triggers' functions' pinned search_path (schema 7)"]
             grants: list[str] = []
+            if before < 6:
+                what.insert(0, "the rules of APPROVAL_REVOKED (schema 6)")
             if before < 5:
                 what.insert(0, "a table linked_calls, filled once from the events (schema 5)")
                 grants.insert(0, _GRANT_LINKED)

@@ -1018,7 +1018,7 @@ async def test_a_broker_role_opening_a_schema_5_journal_is_told_the_owner_record
     broker_url = _old_broker(pg, database, 5, "old_broker5")
     message = await _refused(broker_url, tmp_path)
     assert f"has schema 5; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
-    assert "(the rules of APPROVAL_REVOKED (schema 6))" in message, message
+    assert "(the rules of APPROVAL_REVOKED (schema 6), the triggers'" in message, message
     assert "GRANT" not in message and "linked_calls" not in message, message
     assert "broker-pw" not in message
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):

@@ -15,7 +15,7 @@ import trio
 
 from affidavit.journal import Journal, JournalError, JournalReader
 from affidavit.journal.errors import HeadHeld
-from affidavit.journal.postgres import _LOCK, SCHEMA, grant_statements
+from affidavit.journal.postgres import _LOCK, FUNCTION_PATH, SCHEMA, grant_statements
 from tests.postgres import Cluster
 
 from .helpers import FINGERPRINT, accepted, happy, until_dispatch
@@ -220,3 +220,64 @@ async def test_two_brokers_write_on_under_a_role_default_of_repeatable_read(
     with JournalReader.open(url) as r:
         report = r.verify()
     assert report.ok and report.count == 21 * len(happy("x")), report
+
+
+def test_a_session_s_own_events_table_does_not_decide_what_extends_the_chain(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """The chain trigger's function read ``events`` by the inserting session's search_path,
+    where ``pg_temp`` comes first unless named: a broker role (INSERT on events, TEMP on the
+    database by default) made a temporary ``events`` holding a head of its choosing and
+    appended a row after it -- a gap in the chain the database accepted.  Schema 7 pins the
+    functions' search_path: refused."""
+    database = pg_url.rsplit("/", 1)[1]
+    trio.run(_owner_opens, pg_url, tmp_path)
+    url = _broker(pg, database, f"{database}_broker")
+    with psycopg.connect(url, autocommit=True) as b:
+        b.execute("CREATE TEMP TABLE events (seq BIGINT, hash TEXT)")
+        b.execute("INSERT INTO pg_temp.events VALUES (100, 'forged')")
+        with pytest.raises(psycopg.errors.IntegrityConstraintViolation, match="hash chain"):
+            b.execute(
+                "INSERT INTO public.events (seq, at, invocation_id, kind, source, attrs, "
+                "prev_hash, hash) VALUES (101, 0, 'x', 'ACTION_ACCEPTED', 's', '{}', 'forged', "
+                "'h')"
+            )
+    with JournalReader.open(pg_url) as r:
+        assert r.verify().ok
+
+
+async def test_a_broker_role_opening_a_schema_6_journal_is_told_the_owner_pins_the_triggers(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """Schema 7 replaces the triggers' functions, which only their owner may: a broker role
+    opening a journal of schema 6 is told the owner's open (no grant); the owner's open pins
+    both functions' search_path and records 7; the role then writes on."""
+    database = pg_url.rsplit("/", 1)[1]
+    await _owner_opens(pg_url, tmp_path)
+    unpinned = SCHEMA.replace(f"\n  SET search_path = {FUNCTION_PATH} AS $$", " AS $$")
+    assert unpinned != SCHEMA
+    with psycopg.connect(pg_url, autocommit=True) as owner:
+        owner.execute(unpinned)  # the functions as schema 6 made them
+    pg.sql("UPDATE meta SET value = '6' WHERE name = 'schema'", database)
+    url = _broker(pg, database, f"{database}_broker")
+    with pytest.raises(JournalError) as refused:
+        async with Journal.open(url, **_keys(tmp_path, "broker")):
+            pass
+    message = str(refused.value)
+    assert "has schema 6; this affidavit upgrades it to schema 7" in message, message
+    assert "(the triggers' functions' pinned search_path (schema 7))" in message, message
+    assert "GRANT" not in message and "broker-pw" not in message, message
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+        pass  # the owner's open upgrades it
+    assert pg.sql("SELECT value FROM meta WHERE name = 'schema'", database) == [("7",)]
+    paths = pg.sql(
+        "SELECT proname, proconfig FROM pg_proc WHERE proname LIKE 'affidavit%%' ORDER BY 1",
+        database,
+    )
+    assert paths == [
+        ("affidavit_append_only", [f"search_path={FUNCTION_PATH}"]),
+        ("affidavit_extend_chain", [f"search_path={FUNCTION_PATH}"]),
+    ], paths
+    async with Journal.open(url, **_keys(tmp_path, "broker")) as j:
+        for ev in happy("brk-1"):
+            await j.append(ev)
