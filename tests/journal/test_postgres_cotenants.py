@@ -13,8 +13,9 @@ import psycopg
 import pytest
 import trio
 
-from affidavit.journal import Journal, JournalError, JournalReader
+from affidavit.journal import Journal, JournalError, JournalReader, SigningKey
 from affidavit.journal.errors import HeadHeld
+from affidavit.journal.migrate import migrate
 from affidavit.journal.postgres import _LOCK, FUNCTION_PATH, SCHEMA, grant_statements
 from tests.postgres import Cluster
 
@@ -281,3 +282,39 @@ async def test_a_broker_role_opening_a_schema_6_journal_is_told_the_owner_pins_t
     async with Journal.open(url, **_keys(tmp_path, "broker")) as j:
         for ev in happy("brk-1"):
             await j.append(ev)
+
+
+def test_a_migrate_into_a_journal_whose_head_is_held_is_refused_after_reconnect(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """``journal migrate``'s one transaction on the target waited for the chain head without
+    bound, as a broker's open did: a role granted nothing holding the lock stalled it.  Bounded
+    by the target's ``reconnect`` (10 s by default), the holder named; nothing copied.  (The
+    holder lets go after HOLD s: without the bound the copy succeeds then, and the test
+    fails.)"""
+    database = pg_url.rsplit("/", 1)[1]
+    db = tmp_path / "j.db"
+
+    async def source() -> None:
+        async with Journal.open(db) as j:
+            for ev in happy("inv-1"):
+                await j.append(ev)
+
+    trio.run(source)
+    public = SigningKey.load(f"{db}.signing.key").public_raw
+    nobody = f"{database}_nobody"
+    pg.sql(f"CREATE ROLE {nobody} LOGIN PASSWORD 'nobody-pw'")
+    holder = psycopg.connect(pg.url(database, user=nobody, password="nobody-pw"), autocommit=True)
+    hold = 25.0
+    release = threading.Timer(hold, holder.close)
+    try:
+        holder.execute("SELECT pg_advisory_lock(%s, hashtext('public'))", (_LOCK,))
+        release.start()
+        started = time.monotonic()
+        with pytest.raises(HeadHeld, match=f"held by pid {holder.info.backend_pid}, role {nobody}"):
+            migrate(db, pg_url, public_keys=[public])
+        assert time.monotonic() - started < hold
+    finally:
+        release.cancel()
+        holder.close()
+    assert pg.sql("SELECT pg_catalog.to_regclass('events') IS NULL", database) == [(True,)]
