@@ -43,6 +43,7 @@ import psycopg
 from psycopg import conninfo as pg_conninfo
 from psycopg.pq import TransactionStatus
 
+from ..text import printable
 from .backend import redact, refuse_newer_schema
 from .chain import GENESIS
 from .errors import HeadHeld, JournalError, JournalNotDurable, JournalUnavailable
@@ -103,9 +104,11 @@ every write transaction (``begin``): the server's default ``"$user", public`` le
 CREATE on the database make a schema named like the broker's role and same-named tables in it,
 which the unqualified names of every statement would then mean -- the broker writing and reading
 another's tables, its triggers absent, ``verify`` reading them too.  The journal's schema first
-(``CREATE`` makes its tables there); ``pg_catalog`` unnamed, so searched before it (a function
-or operator made in ``public`` never stands in for a built-in one); ``pg_temp`` named last, so a
-table of the session's own temporary schema never stands in for one of the journal's."""
+(``CREATE`` makes its tables there); ``pg_catalog`` unnamed, so searched before it -- which
+settles only ties: a function or operator made in ``public`` whose argument types match a call
+better than the built-in's is still picked.  The remedy is the deployment's, ``REVOKE CREATE ON
+SCHEMA public FROM PUBLIC`` (docs/journal.md); ``pg_temp`` named last, so a table of the
+session's own temporary schema never stands in for one of the journal's."""
 _KEY2 = f"pg_catalog.hashtext('{JOURNAL_SCHEMA}')"
 """The advisory locks' second key: the journal's schema by name, never ``current_schema()``
 (what a ``search_path`` made it).  The same number a broker whose ``current_schema()`` was
@@ -427,7 +430,8 @@ def _holder(conn: Any) -> str:
         return ""
     if row is None:
         return ""
-    return f"pid {row[0]}, role {row[1] or 'unknown'}"
+    # The role's name is another's text: shown escaped, never acting on a terminal or a log.
+    return f"pid {row[0]}, role {printable(row[1]) if row[1] else 'unknown'}"
 
 
 def _pin(conn: Any) -> None:
@@ -863,7 +867,9 @@ class PostgresBackend:
             # what held the write up nor the setting that bounds it; an operator needs both,
             # and who holds it.  Ended here, so the holder can be read; the caller's rollback
             # finds no transaction.
-            conn.execute("ROLLBACK")
+            # A connection lost meanwhile: the refusal is still the head's, no holder named.
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
             raise HeadHeld(_head_held(ms, _holder(conn))) from None
         # Pipeline mode for the rest of the transaction: a write whose answer nothing waits for
         # (an event row, a chunk, the checkpoint) goes out without a round trip of its own; a
