@@ -7,6 +7,7 @@ sent, and the answer says what the durable record proves: not attempted.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,13 @@ import psycopg
 import pytest
 import trio
 
+from affidavit.engine.recovery import call_failure
 from affidavit.journal import JournalWriteError
 from affidavit.journal.postgres import _LOCK
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Reply, scripts
+from tests.postgres import Cluster
 
 from .helpers import http_target, open_broker, pg_journal, write_config
 
@@ -85,3 +88,44 @@ async def test_a_held_chain_head_refuses_the_dispatch_within_reconnect(
         assert (err["phase"], err["outcome"]) == ("connection_setup", "not_attempted"), env
         # The journal stopped the call, and the answer says so (not a transport failure).
         assert err["message"].startswith("The journal could not record"), err
+
+
+async def test_a_call_refused_for_a_held_head_never_names_its_holder(
+    tmp_path: Path,
+    pg: Cluster,
+    pg_url: str,
+    token: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A login role granted nothing holds the chain head (audit 51c S2): the call is refused
+    after ``reconnect``, and what its caller is told -- the envelope, or every surface's answer
+    to a call with none (``call_failure``) -- never names the holder: the refusal's ``held by
+    pid N, role R`` (``journal/postgres.py`` ``_holder``) is the operator's, not a caller's."""
+    database = pg_url.rsplit("/", 1)[1]
+    nobody = f"{database}_nobody"
+    pg.sql(f"CREATE ROLE {nobody} LOGIN PASSWORD 'nobody-pw'")
+    journal = pg_journal(tmp_path, pg_url, reconnect=WITHIN)
+    async with HostileServer.running(scripts.serve(Reply(201, body=b"{}"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)}, journal=journal)
+        url = pg.url(database, user=nobody, password="nobody-pw")
+        with psycopg.connect(url, autocommit=True) as other:
+            pid = other.info.backend_pid
+            async with open_broker(cfg) as broker:
+                real_append = broker.journal.append
+
+                async def append(event: Event, **kw: Any) -> Any:
+                    if event.kind is E.DISPATCH_STARTED:  # the role takes the head, and keeps it
+                        other.execute("SELECT pg_advisory_lock(%s, hashtext('public'))", (_LOCK,))
+                    return await real_append(event, **kw)
+
+                monkeypatch.setattr(broker.journal, "append", append)
+                answer = ""
+                with trio.fail_after(UNBOUNDED):
+                    try:
+                        answer = json.dumps(await broker.call(POST))
+                    except JournalWriteError as exc:
+                        answer = json.dumps(call_failure(exc, None))
+    assert srv.requests == []
+    assert answer, answer
+    for shown in ("held by", f"pid {pid}", nobody):
+        assert shown not in answer, (shown, answer)
