@@ -16,12 +16,26 @@ import trio
 from affidavit.journal import Journal, JournalError, JournalReader, SigningKey
 from affidavit.journal.errors import HeadHeld
 from affidavit.journal.migrate import migrate
-from affidavit.journal.postgres import _LOCK, FUNCTION_PATH, SCHEMA, grant_statements
+from affidavit.journal.postgres import (
+    _LOCK,
+    FUNCTION_PATH,
+    PINNED,
+    SCHEMA,
+    SCHEMA_VERSION,
+    PostgresBackend,
+    grant_statements,
+)
 from tests.postgres import Cluster
 
 from .helpers import FINGERPRINT, accepted, happy, until_dispatch
 
 LIMIT = 60
+_SHADOW = (
+    SCHEMA.split("CREATE OR REPLACE FUNCTION")[0]
+    + f"INSERT INTO meta VALUES ('schema', '{SCHEMA_VERSION}');"
+)
+"""The journal's tables without their triggers, recorded at this schema: a broker reading it
+would find nothing to refuse."""
 
 
 def _keys(tmp: Path, name: str) -> dict[str, Path]:
@@ -70,8 +84,7 @@ async def test_a_co_tenant_s_schema_named_like_the_broker_role_does_not_take_its
     await _owner_opens(pg_url, tmp_path)
     broker = f"{database}_broker"
     broker_url = _broker(pg, database, broker)
-    ddl = SCHEMA.split("CREATE OR REPLACE FUNCTION")[0] + "INSERT INTO meta VALUES ('schema', '6');"
-    _shadow(pg, database, broker, ddl)
+    _shadow(pg, database, broker, _SHADOW)
     with trio.fail_after(LIMIT):
         async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:
             for ev in happy("brk-1"):
@@ -82,7 +95,31 @@ async def test_a_co_tenant_s_schema_named_like_the_broker_role_does_not_take_its
     assert mine == [(len(happy("brk-1")),)]
     with JournalReader.open(broker_url) as r:
         report = r.verify()
+        assert [e.kind for e in r.events("brk-1")] == [e.kind for e in happy("brk-1")]
+    # public's rows, the owner's and the broker's: the shadow's events are none
     assert report.ok and report.count == 2 * len(happy("x")), report
+
+
+async def test_a_shadow_made_after_the_open_is_not_what_the_broker_reads(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """A read outside a write transaction, on a connection made before the co-tenant's schema
+    appeared: unpinned, its unqualified names meant the shadow's (empty) tables from then on.
+    And the pin is in the connection's startup options too: a session's path is the journal's
+    before any statement of the broker's (``PINNED``)."""
+    database = pg_url.rsplit("/", 1)[1]
+    await _owner_opens(pg_url, tmp_path)
+    broker = f"{database}_broker"
+    broker_url = _broker(pg, database, broker)
+    with trio.fail_after(LIMIT):
+        async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:
+            for ev in happy("brk-1"):
+                await j.append(ev, barrier=True)
+            _shadow(pg, database, broker, _SHADOW)
+            assert len(j.events("own-1")) == len(happy("own-1"))
+            assert len(j.events("brk-1")) == len(happy("brk-1"))
+    with psycopg.connect(PostgresBackend(broker_url)._conninfo, autocommit=True) as c:
+        assert c.execute("SHOW search_path").fetchone() == (PINNED,)
 
 
 async def test_a_co_tenant_s_shadow_idempotency_table_does_not_hold_the_broker_s_bindings(
