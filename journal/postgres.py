@@ -109,9 +109,6 @@ settles only ties: a function or operator made in ``public`` whose argument type
 better than the built-in's is still picked.  The remedy is the deployment's, ``REVOKE CREATE ON
 SCHEMA public FROM PUBLIC`` (docs/journal.md); ``pg_temp`` named last, so a table of the
 session's own temporary schema never stands in for one of the journal's."""
-PINNED = SEARCH_PATH.replace(" ", "")
-"""``SEARCH_PATH`` as the connection's startup option ``-c search_path=…`` takes it (no space:
-libpq splits ``options`` at spaces)."""
 _KEY2 = f"pg_catalog.hashtext('{JOURNAL_SCHEMA}')"
 """The advisory locks' second key: the journal's schema by name, never ``current_schema()``
 (what a ``search_path`` made it).  The same number a broker whose ``current_schema()`` was
@@ -471,9 +468,6 @@ class PostgresBackend:
             raise JournalError(f"not a PostgreSQL URL: {self.describe(exc)}") from None
         for k, v in _DEFAULTS.items():
             params.setdefault(k, v)
-        # The search_path in the startup packet too, after any the URL's own ``options`` set
-        # (the last -c wins): a session is pinned from its first statement, before ``_pin``.
-        params["options"] = f"{params.get('options') or ''} -c search_path={PINNED}".strip()
         self._conninfo = pg_conninfo.make_conninfo("", **params)
         self.reconnect_within = float(reconnect_within)
         self._pipes: dict[int, Any] = {}

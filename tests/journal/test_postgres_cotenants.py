@@ -19,10 +19,8 @@ from affidavit.journal.migrate import migrate
 from affidavit.journal.postgres import (
     _LOCK,
     FUNCTION_PATH,
-    PINNED,
     SCHEMA,
     SCHEMA_VERSION,
-    PostgresBackend,
     grant_statements,
 )
 from tests.postgres import Cluster
@@ -104,9 +102,7 @@ async def test_a_shadow_made_after_the_open_is_not_what_the_broker_reads(
     pg: Cluster, pg_url: str, tmp_path: Path
 ) -> None:
     """A read outside a write transaction, on a connection made before the co-tenant's schema
-    appeared: unpinned, its unqualified names meant the shadow's (empty) tables from then on.
-    And the pin is in the connection's startup options too: a session's path is the journal's
-    before any statement of the broker's (``PINNED``)."""
+    appeared: unpinned, its unqualified names meant the shadow's (empty) tables from then on."""
     database = pg_url.rsplit("/", 1)[1]
     await _owner_opens(pg_url, tmp_path)
     broker = f"{database}_broker"
@@ -118,8 +114,6 @@ async def test_a_shadow_made_after_the_open_is_not_what_the_broker_reads(
             _shadow(pg, database, broker, _SHADOW)
             assert len(j.events("own-1")) == len(happy("own-1"))
             assert len(j.events("brk-1")) == len(happy("brk-1"))
-    with psycopg.connect(PostgresBackend(broker_url)._conninfo, autocommit=True) as c:
-        assert c.execute("SHOW search_path").fetchone() == (PINNED,)
 
 
 async def test_a_co_tenant_s_shadow_idempotency_table_does_not_hold_the_broker_s_bindings(
