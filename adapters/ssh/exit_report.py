@@ -45,6 +45,8 @@ class ExitReport:
         """libssh holds an exit report it reports as (-1, b"", core)"""
         self.odd_signal = False
         """... or an exit-signal whose name is no signal name"""
+        self.doubled = False
+        """the exit state read with the exit-signal also held an exit-status (``read``)"""
 
     @property
     def exited(self) -> bool:
@@ -65,6 +67,11 @@ class ExitReport:
             # caller's status line.  Treated like an unnamed report: no exit information.
             self.unnamed = self.odd_signal = True
         elif signal:
+            # libssh stores 0xFFFFFFFF (-1) as the status of every exit-signal and keeps the
+            # last of each kind: a status beside the name is an exit-status that came after the
+            # signal, in the same read (measured: exit-signal KILL then exit-status 0 in one TCP
+            # segment reads (0, b"KILL", False)).  Two reports: ``conflicting``.
+            self.doubled = int(status) not in (_UNNAMED_EXIT, SSH_AGAIN)
             self.exit_signal = text(signal)
             self.core_dumped = bool(core)
             self.state = _exit_state(status, signal, core)
@@ -95,9 +102,11 @@ class ExitReport:
     def conflicting(self, channel: Any) -> bool:
         """More than one exit report came: an unnamed one besides the recorded one, or libssh's
         exit state differs from the one the recorded report was read from (a later exit-status
-        or exit-signal arrived; libssh keeps the last of each).  Reports that arrive in one
-        read are not told apart: libssh holds only the last one."""
-        if self.unnamed:
+        or exit-signal arrived; libssh keeps the last of each), or the state the report was read
+        from held an exit-signal and an exit-status at once.  Other reports that arrive in one
+        read are not told apart: libssh holds only the last of each kind, and an exit-signal
+        overwrites the status (two exit-statuses, or an exit-status then an exit-signal)."""
+        if self.unnamed or self.doubled:
             return True
         return _exit_state(*channel.get_exit_state()) != self.state  # no pump: stored
 

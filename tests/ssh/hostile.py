@@ -25,6 +25,14 @@ Commands (the first word selects the behaviour):
                    seconds later
   reports <r>...   write "out\n", send each exit report 0.1 s apart (``s<n>`` exit-status n,
                    ``k<NAME>`` exit-signal NAME), then EOF and close
+  reports1seg <r>...  as ``reports``, with "out", the reports, EOF and CHANNEL_CLOSE corked
+                   into one TCP segment (the client's libssh takes them in one read)
+  floodthenok <n>  before answering the exec request: n MB of stdout in raw 32,000-byte
+                   packets, past the client's window; then CHANNEL_SUCCESS, exit-status 0, EOF
+                   and close
+  closenoreply     "ran
+" on stdout, exit-status 0, EOF and CHANNEL_CLOSE -- and never an
+                   answer to the exec request
   strayexit        write "partial\n", send exit-status 0 on a channel id the client never
                    opened, then EOF and close the session channel
   lateout [now|split [hold]]  write "out\n", EOF, then "late\n" on stdout after the EOF,
@@ -75,6 +83,7 @@ from asyncssh.constants import (
     MSG_CHANNEL_EXTENDED_DATA,
     MSG_CHANNEL_FAILURE,
     MSG_CHANNEL_REQUEST,
+    MSG_CHANNEL_SUCCESS,
 )
 from asyncssh.packet import Boolean, String, UInt32
 
@@ -140,6 +149,12 @@ class _Session(asyncssh.SSHServerSession[str]):
         self._srv.exec_requests.append(command)
         self._command = command
         words = command.split()
+        if words[:1] == ["floodthenok"]:
+            self._task = asyncio.get_running_loop().create_task(self._flood_then_ok(int(words[1])))
+            return None  # type: ignore[return-value]  # answered by ``_flood_then_ok``
+        if words[:1] == ["closenoreply"]:
+            self._close_without_reply()
+            return None  # type: ignore[return-value]  # never answered
         if words[:1] == ["refuseafter"]:
             self._send_before_refusing(words[1:])
             return False  # asyncssh answers CHANNEL_FAILURE after what was sent
@@ -160,6 +175,53 @@ class _Session(asyncssh.SSHServerSession[str]):
         sock = conn.get_extra_info("socket")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
         conn.send_packet(MSG_CHANNEL_FAILURE, UInt32(chan._send_chan))
+        chan.close()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+
+    async def _flood_then_ok(self, mb: int) -> None:
+        """``floodthenok``: stdout packets the client's window has no room for, sent before the
+        exec reply (the client reads no channel data while it waits for the reply)."""
+        chan = self._chan
+        conn = chan.get_extra_info("connection")
+        recipient = UInt32(chan._send_chan)
+        piece = String(b"x" * 32000)
+        for i in range(mb * 1000 * 1000 // 32000):
+            conn.send_packet(MSG_CHANNEL_DATA, recipient + piece)
+            if i % 16 == 0:
+                await asyncio.sleep(0.001)
+        await asyncio.sleep(0.5)
+        conn.send_packet(MSG_CHANNEL_SUCCESS, recipient)
+        chan._send_request(b"exit-status", UInt32(0))
+        conn.send_packet(MSG_CHANNEL_EOF, recipient)
+        chan.close()
+
+    def _close_without_reply(self) -> None:
+        """``closenoreply``: a command's whole result and the close, the exec request never
+        answered."""
+        chan = self._chan
+        conn = chan.get_extra_info("connection")
+        recipient = UInt32(chan._send_chan)
+        conn.send_packet(MSG_CHANNEL_DATA, recipient + String(b"ran\n"))
+        chan._send_request(b"exit-status", UInt32(0))
+        conn.send_packet(MSG_CHANNEL_EOF, recipient)
+        chan.close()
+
+    def _reports_in_one_segment(self, reports: list[str]) -> None:
+        """``reports1seg``: "out", the exit reports, EOF and close, corked into one segment."""
+        chan = self._chan
+        conn = chan.get_extra_info("connection")
+        recipient = UInt32(chan._send_chan)
+        sock = conn.get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        conn.send_packet(MSG_CHANNEL_DATA, recipient + String(b"out\n"))
+        for word in reports:
+            if word.startswith("s"):
+                chan._send_request(b"exit-status", UInt32(int(word[1:])))
+            else:
+                chan._send_request(
+                    b"exit-signal", String(word[1:]), Boolean(False), String(""), String("")
+                )
+        conn.send_packet(MSG_CHANNEL_EOF, recipient)
         chan.close()
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
 
@@ -245,6 +307,8 @@ class _Session(asyncssh.SSHServerSession[str]):
                 loop.call_later(0.1 * i, chan._send_request, *req)
             loop.call_later(0.1 * len(words), chan.write_eof)
             loop.call_later(0.1 * len(words) + 0.05, chan.close)
+        elif verb == "reports1seg":
+            loop.call_later(0.1, self._reports_in_one_segment, words[1:])
         elif verb == "strayexit":
             # exit-status 0 addressed to a channel the client never opened, then EOF and close
             # on the session channel: no exit report for it.

@@ -465,3 +465,26 @@ async def test_an_exit_signal_whose_name_is_no_signal_name_is_no_exit_informatio
     assert ei.value.code == Code.REMOTE_RESULT_INCOMPLETE
     assert ei.value.facts["exit_signal"] is None and "not a signal name" in ei.value.detail
     assert "exit_signal" not in rec.events
+
+
+@pytest.mark.parametrize("reports", ["kKILL s0", "kKILL s1"], ids=["kill-0", "kill-1"])
+async def test_exit_reports_in_one_read_an_exit_signal_then_a_status_are_no_result(
+    hostile: HostileServer, key: bytes, reports: str
+) -> None:
+    # Audit 51a: exit-signal KILL then exit-status 0 in one TCP segment; libssh keeps both
+    # (``get_exit_state()`` -> (0, b"KILL", False)) and the result was committed as "killed".
+    rec = Recorder()
+    with pytest.raises(AttemptInterrupted) as ei:
+        await _run(hostile, key, f"reports1seg {reports}", rec)
+    assert ei.value.code == Code.REMOTE_RESULT_INCOMPLETE
+    assert "more than one exit report" in ei.value.detail
+    assert rec.ctx.machine.state == "closed_incomplete" and rec.events[-1] == "closed_conflicting"
+
+
+async def test_one_exit_report_in_one_read_is_still_a_result(
+    hostile: HostileServer, key: bytes
+) -> None:
+    for reports, summary in [("kKILL", ("KILL", None)), ("s3", (None, 3))]:
+        res = await _run(hostile, key, f"reports1seg {reports}", Recorder())
+        assert res.outcome == Outcome.COMMITTED
+        assert (res.summary["exit_signal"], res.summary["exit_status"]) == summary
