@@ -144,8 +144,12 @@ class Connection:
         self.host_key_b64 = b""
         """The verified key as libssh exports it (``key_changed`` compares it)."""
 
-    def setup_failed(self, code: Code, stage: str, detail: str = "") -> NoReturn:
-        fire(self.ctx, "setup_failed", {"stage": stage, "code": code.value})
+    def setup_failed(
+        self, code: Code, stage: str, detail: str = "", facts: Mapping[str, Any] | None = None
+    ) -> NoReturn:
+        """``facts``: public facts of the failure for the journal (a presented host key's
+        fingerprint), beside the stage and the code."""
+        fire(self.ctx, "setup_failed", {**(facts or {}), "stage": stage, "code": code.value})
         raise SetupError(code, stage, detail)
 
     async def setup(self) -> None:
@@ -216,8 +220,11 @@ class Connection:
             except ValueError as exc:
                 self.setup_failed(Code.HOST_KEY_MISMATCH, "host_key", f"unusable pin: {exc}")
         if blob not in pins:
+            # The presented key's fingerprint is public (any client of the server sees it) and
+            # is what an operator compares with the pin: journaled, not only in ``detail``.
             detail = f"presented {self.host_key}" + ("" if pins else "; no host key is pinned")
-            self.setup_failed(Code.HOST_KEY_MISMATCH, "host_key", detail)
+            presented = {"presented": self.host_key}
+            self.setup_failed(Code.HOST_KEY_MISMATCH, "host_key", detail, presented)
         fire(self.ctx, "host_key_verified", {"host_key": self.host_key})
 
     async def authenticate(self) -> None:
