@@ -13,7 +13,9 @@ Why these states (seed, "Connection setup needs a precise end point" and RFC 425
 * RFC 4254 §6.5: the success reply to ``exec`` means only "accepted"; CHANNEL_FAILURE is a
   complete, authoritative refusal (``exec_rejected`` completes the machine as a rejection) --
   unless the channel already holds unread output or an exit report: a refusal of a command the
-  channel shows running proves nothing (``refusal_contradicted`` -> ``interrupted``).
+  channel shows running proves nothing (``refusal_contradicted`` -> ``interrupted``), and
+  neither does a channel that shows the command's end (a close, an exit report) before any
+  reply (``ended_unanswered`` -> ``interrupted``).
 * RFC 4254 §6.10: ``exit-status`` is *optional* and may arrive before or after the channel EOF.
   The machine therefore tracks the two facts separately (``exit_*_seen`` = status known, streams
   still open; ``eof`` = streams ended, no status yet; ``drained`` = both) and only a remote
@@ -78,7 +80,8 @@ _STATES = {
     "or after exit reports that disagree",
     "interrupted": "stopped after dispatch without a complete result (drop, timeout, cancel, "
     "data after EOF, output past max_result, an unexpected libssh error, a host key changed "
-    "at a re-exchange, a refusal after output or an exit report)",
+    "at a re-exchange, a refusal after output or an exit report, a command's end before the "
+    "exec reply, output before it up to the channel's window)",
 }
 
 _T: dict[str, dict[str, str]] = {
@@ -96,6 +99,8 @@ _T: dict[str, dict[str, str]] = {
         "exec_accepted": "exec_accepted",
         "exec_failure": "exec_rejected",
         "refusal_contradicted": "interrupted",
+        # A close or an exit report with the reply still pending: it may have run.
+        "ended_unanswered": "interrupted",
     },
     "eof": {
         "exit_status": "drained",
