@@ -83,6 +83,12 @@ class AttemptContext:
     what
     a driver asks of a response head before it calls the bytes received an echo or not (HTTP's
     ``_head_echoed``)."""
+    deadline: float | None = None
+    """If set, the trio time at which the target's own total timeout ends the attempt (the
+    engine's deadline for it, which began before connection setup): an adapter whose own
+    timeout rule records more than the engine's ending would (an SSH exit-status seen) ends
+    a little before it.  None when the caller's shorter deadline ends the call: that stop is
+    a cancellation whose cause the engine records."""
 
 
 class SetupError(Exception):

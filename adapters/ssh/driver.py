@@ -77,6 +77,11 @@ _UNANSWERED_GRACE = 0.25
 it (``output_ended``): a server that refuses right after what ran sends the refusal a moment
 later (measured on loopback: within 0.2 s; one park on the socket was not always enough)."""
 
+_DEADLINE_MARGIN = 0.5
+"""Seconds before the engine's deadline for the target's total (``AttemptContext.deadline``)
+at which the exec timeout ends the attempt: room for the driver's own ``timed_out`` to be
+raised before the engine's cancellation reaches it on a loaded loop."""
+
 _STARVE = 0.05
 """Seconds of drains that did not learn the order (output arriving on both streams at every
 read) after which waiting stdin (as much as the open window takes) or ``send_eof`` is written
@@ -602,20 +607,29 @@ async def perform(
     try:
         await run.conn.setup()
         await run.dispatch()
+        began = trio.current_time()
+        deadline = began + target.timeouts.exec
+        if ctx.deadline is not None:
+            # The engine's deadline for the target's total began before setup: ended by it,
+            # the attempt would be a cancellation and this rule's facts never recorded.
+            deadline = min(deadline, ctx.deadline - _DEADLINE_MARGIN)
         try:
-            with trio.fail_after(target.timeouts.exec):
+            with trio.fail_at(deadline):
                 rejected = await run.request_exec()
                 if rejected is not None:
                     return rejected
                 return await run.collect()
         except trio.TooSlowError:
             code = run.report.unproven()
-            run.interrupted("timed_out", code, f"no complete result within {target.timeouts.exec}s")
+            took = round(max(deadline - began, 0.0), 3)
+            run.interrupted("timed_out", code, f"no complete result within {took}s")
         except ssh.exceptions.BaseSSHError as exc:
             run.library_error(exc)
     except trio.Cancelled:
+        # Whose stop it is -- the caller's, the lease's, a shutdown's -- the driver does not
+        # know; the engine records the cause (as HTTP's ``cancelled`` claims none either).
         if ctx.machine.allows("cancelled"):
-            run.fire("cancelled", {"code": Code.CALLER_CANCELLED.value})
+            run.fire("cancelled", {})
         raise
     finally:
         await run.conn.close()

@@ -270,11 +270,17 @@ async def run_tries(
                 )
                 attempt.control, attempt.grant = control, grant
                 attempt.earlier_dispatch = earlier_dispatch
-            result, failure, again = await _try_once(engine, binding, prepared, attempt, sink)
+            result, failure, again = await _try_once(
+                engine, binding, prepared, attempt, sink, deadline
+            )
             if not again:
                 break
             await trio.sleep(SETUP_RETRY_DELAY)
 
+    # The deadline below, when it is the target's own total (the lease was sized by it, so
+    # its end is that total, less the time since the lease began) and not the caller's
+    # shorter one: the adapter may end itself a little before, with its own rule's facts.
+    deadline = None if callers else trio.current_time() + min(total, within_lease)
     stopped = False
     try:
         # Without a control there is nothing to stop the call but its deadline: one cancel
@@ -363,7 +369,12 @@ def _new_attempt(
 
 
 async def _try_once(
-    engine: Engine, binding: Binding, prepared: Prepared, attempt: Attempt, sink: StreamSink
+    engine: Engine,
+    binding: Binding,
+    prepared: Prepared,
+    attempt: Attempt,
+    sink: StreamSink,
+    deadline: float | None = None,
 ) -> tuple[RemoteResult | None, Failure | None, bool]:
     """One connection attempt: (result, failure event, whether to try setup again)."""
     iid = attempt.iid
@@ -377,6 +388,7 @@ async def _try_once(
         result_limit=sink.max_result,
         withhold=sink.withhold,
         holds=sink.holds,
+        deadline=deadline,
     )
     try:
         result = await binding.perform(prepared, ctx)

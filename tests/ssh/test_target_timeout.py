@@ -1,0 +1,75 @@
+"""The target's own total timeout ends an SSH attempt through the driver's rule (audit 51a, #4).
+
+The binding gave the driver an exec timeout equal to the target's total, while the engine's
+deadline for that total began earlier (before connection setup): the engine's always fell
+first.  The driver then fired ``cancelled`` with the fact ``code: CALLER_CANCELLED`` -- a cause
+it did not know, and wrong (the engine recorded REMOTE_OUTCOME_UNKNOWN) -- and its own
+``timed_out`` rule, which records what was seen (an exit-status with the streams still open:
+REMOTE_RESULT_INCOMPLETE), never ran.  The engine now tells the driver where the target's total
+ends (``AttemptContext.deadline``) and the driver ends a little before it; a caller's shorter
+deadline stays the caller's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.statemachine import EventKind
+from tests.broker.helpers import assert_error, open_broker, write_config
+
+from .brokerkit import KEY_ENV, ssh_target
+from .hostile import HostileServer
+from .sshd import SshKeys
+
+
+@pytest.fixture(autouse=True)
+def key_env(ssh_keys: SshKeys) -> Iterator[None]:
+    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
+    try:
+        yield
+    finally:
+        del os.environ[KEY_ENV]
+
+
+def _observed(events: list) -> dict:  # type: ignore[type-arg]
+    [observed] = [e for e in events if e.kind is EventKind.PROTOCOL_OBSERVED]
+    return dict(observed.attrs["facts"])
+
+
+async def test_the_target_s_total_timeout_is_the_driver_s_timed_out_with_what_it_saw(
+    tmp_path: Path, hostile: HostileServer
+) -> None:
+    # "out", exit-status 0 and EOF, the CHANNEL_CLOSE 100 s later: the target's total (2 s)
+    # ends it.  An exit-status without the close is an incomplete result, not "nothing known".
+    target = ssh_target(hostile.port, "bob", hostile.pin, timeout={"connect": 2, "total": 2})
+    cfg = write_config(tmp_path, {"evil": target})
+    with trio.fail_after(20):
+        async with open_broker(cfg) as b:
+            env = await b.call({"target": "evil", "command": "slowclose 100"})
+            assert_error(b, env, phase="remote_execution", outcome="unknown",
+                         retry="reconcile", code="REMOTE_RESULT_INCOMPLETE")  # fmt: skip
+            facts = _observed(b.events(env["invocation_id"]))
+    # The driver's closing step's code: its own rule ran (the engine's ending would be
+    # REMOTE_OUTCOME_UNKNOWN, and the driver's cancelled step said CALLER_CANCELLED).
+    assert facts["path"][-1] == "interrupted" and "exit_status_seen" in facts["path"]
+    assert facts["exit_status"] == 0 and facts["code"] == "REMOTE_RESULT_INCOMPLETE"
+
+
+async def test_a_caller_s_shorter_deadline_is_the_caller_s_and_the_driver_claims_no_cause(
+    tmp_path: Path, hostile: HostileServer
+) -> None:
+    target = ssh_target(hostile.port, "bob", hostile.pin, timeout={"connect": 5, "total": 10})
+    cfg = write_config(tmp_path, {"evil": target})
+    with trio.fail_after(20):
+        async with open_broker(cfg) as b:
+            env = await b.call({"target": "evil", "command": "slowclose 100"}, timeout=1.5)
+            assert_error(b, env, phase="remote_execution", outcome="unknown",
+                         retry="reconcile", code="CALLER_CANCELLED")  # fmt: skip
+            facts = _observed(b.events(env["invocation_id"]))
+    # The engine records the cause; the driver's step says only that it was cancelled.
+    assert facts["path"][-1] == "interrupted" and "code" not in facts, facts
