@@ -157,9 +157,17 @@ class Connection:
         try:
             with trio.fail_after(t.timeouts.connect):
                 sock = await open_tcp(t)
-                peer = sock.getpeername()
-                fire(self.ctx, "tcp_connected", {"peer": f"{peer[0]}:{peer[1]}"})
-                await self.handshake(sock)
+                try:
+                    peer = sock.getpeername()
+                    fire(self.ctx, "tcp_connected", {"peer": f"{peer[0]}:{peer[1]}"})
+                    await self.handshake(sock)
+                except BaseException:
+                    # Not yet handed to libssh (``detach`` leaves -1): a failure before it --
+                    # a pinned type this libssh lacks, an observer's error -- left the
+                    # connection open until the socket object was collected.
+                    if sock.fileno() != -1:
+                        sock.close()
+                    raise
         except trio.TooSlowError:
             stage = "tcp_connect" if self.ctx.machine.state == "start" else "ssh_handshake"
             self.setup_failed(Code.CONNECT_TIMEOUT, stage)
