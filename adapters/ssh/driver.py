@@ -17,6 +17,7 @@ alive — yields a ``RemoteResult``.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -152,9 +153,21 @@ class _Run:
                 f"verified {self.conn.host_key}",
             )
 
-    async def dispatch(self) -> None:
+    async def dispatch(self, deadline: float) -> None:
+        """Through the gate, or a ``SetupError`` before it.  ``deadline``: when the exec
+        timeout would end the attempt (``perform``); one already past ends it here, before
+        the gate, ``not_attempted`` CONNECT_TIMEOUT -- the code the engine records when the
+        target's total runs out before dispatch.  Past the gate it would have been an exec
+        timeout at once, before the request was written: a dispatch recorded for nothing sent."""
         machine = self.ctx.machine
         assert machine.crosses_dispatch("exec"), machine.state
+        if deadline <= trio.current_time():
+            self.conn.setup_failed(
+                Code.CONNECT_TIMEOUT,
+                machine.state,
+                f"less than {_DEADLINE_MARGIN}s of the target's total timeout was left for the "
+                "command: it was not requested",
+            )
         try:
             changed = self.conn.key_changed()
         except ssh.exceptions.BaseSSHError as exc:
@@ -606,13 +619,16 @@ async def perform(
     run = _Run(target, credential, command, stdin, ctx)
     try:
         await run.conn.setup()
-        await run.dispatch()
+        # Before the gate: a deadline that leaves no time for the command ends the attempt
+        # there, nothing sent (``dispatch``), rather than at once after it.
+        margin = None if ctx.deadline is None else ctx.deadline - _DEADLINE_MARGIN
+        await run.dispatch(math.inf if margin is None else margin)
         began = trio.current_time()
         deadline = began + target.timeouts.exec
-        if ctx.deadline is not None:
+        if margin is not None:
             # The engine's deadline for the target's total began before setup: ended by it,
             # the attempt would be a cancellation and this rule's facts never recorded.
-            deadline = min(deadline, ctx.deadline - _DEADLINE_MARGIN)
+            deadline = min(deadline, margin)
         try:
             with trio.fail_at(deadline):
                 rejected = await run.request_exec()

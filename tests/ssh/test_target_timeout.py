@@ -19,10 +19,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from affidavit.statemachine import EventKind
+from affidavit.adapters.base import SetupError
+from affidavit.adapters.ssh import connect, perform, prepare_credential
+from affidavit.statemachine import Code, EventKind, Outcome
 from tests.broker.helpers import assert_error, open_broker, write_config
 
 from .brokerkit import KEY_ENV, ssh_target
+from .conftest import Recorder, hostile_target
 from .hostile import HostileServer
 from .sshd import SshKeys
 
@@ -73,3 +76,41 @@ async def test_a_caller_s_shorter_deadline_is_the_caller_s_and_the_driver_claims
             facts = _observed(b.events(env["invocation_id"]))
     # The engine records the cause; the driver's step says only that it was cancelled.
     assert facts["path"][-1] == "interrupted" and "code" not in facts, facts
+
+
+@pytest.mark.parametrize(("left", "sent"), [(0.45, False), (5.0, True)], ids=["short", "long"])
+async def test_a_deadline_within_the_margin_at_the_gate_ends_before_it_nothing_sent(
+    hostile: HostileServer,
+    ssh_keys: SshKeys,
+    monkeypatch: pytest.MonkeyPatch,
+    left: float,
+    sent: bool,
+) -> None:
+    # Review of round 1: the margin was applied after the gate, so 0.45 s left at the gate
+    # put the exec timeout in the past -- timed_out before the request was written, recorded
+    # as dispatched, REMOTE_OUTCOME_UNKNOWN, with ``exec_requests == []``.
+    setup = connect.Connection.setup
+
+    async def set_up_then_deadline(conn: connect.Connection) -> None:
+        await setup(conn)
+        conn.ctx.deadline = trio.current_time() + left  # what remains at the gate
+
+    monkeypatch.setattr(connect.Connection, "setup", set_up_then_deadline)
+    rec = Recorder()
+    target = hostile_target(hostile, "bob")
+    before = list(hostile.exec_requests)  # the server is shared by the module's tests
+    with trio.fail_after(10):
+        if sent:
+            result = await perform(target, prepare_credential(ssh_keys.client_key), "exit 0",
+                                   None, rec.ctx)  # fmt: skip
+            assert result.outcome is Outcome.COMMITTED and hostile.exec_requests == [
+                *before,
+                "exit 0",
+            ]
+            return
+        with pytest.raises(SetupError) as ei:
+            await perform(target, prepare_credential(ssh_keys.client_key), "exit 0", None,
+                          rec.ctx)  # fmt: skip
+    assert ei.value.code is Code.CONNECT_TIMEOUT and ei.value.stage == "session_open"
+    assert rec.gate_calls == [] and not rec.ctx.machine.dispatched
+    assert rec.events[-1] == "setup_failed" and hostile.exec_requests == before
