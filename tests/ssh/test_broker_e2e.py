@@ -239,9 +239,9 @@ async def test_caller_timeout_after_exec_sent_is_caller_cancelled_unknown_reconc
     try:
         with trio.fail_after(LIMIT):
             async with open_broker(cfg) as b:
-                t0 = trio.current_time()
+                # The caller's deadline ends it (its code, below), not the remote's 30 s: the
+                # LIMIT bounds the test; no elapsed time is asserted (a loaded machine).
                 env = await b.call({"target": "box", "command": command}, timeout=1)
-                assert trio.current_time() - t0 < 5
                 rec = assert_error(b, env, phase="remote_execution", outcome="unknown",
                                    retry="reconcile", code="CALLER_CANCELLED")  # fmt: skip
                 assert rec.evidence["dispatch_started"] is True
