@@ -30,9 +30,8 @@ Commands (the first word selects the behaviour):
   floodthenok <n>  before answering the exec request: n MB of stdout in raw 32,000-byte
                    packets, past the client's window; then CHANNEL_SUCCESS, exit-status 0, EOF
                    and close
-  closenoreply     "ran
-" on stdout, exit-status 0, EOF and CHANNEL_CLOSE -- and never an
-                   answer to the exec request
+  closenoreply [noexit]  "ran\\n" on stdout, exit-status 0, EOF and CHANNEL_CLOSE -- and
+                   never an answer to the exec request; ``noexit``: no exit-status
   strayexit        write "partial\n", send exit-status 0 on a channel id the client never
                    opened, then EOF and close the session channel
   lateout [now|split [hold]]  write "out\n", EOF, then "late\n" on stdout after the EOF,
@@ -153,7 +152,7 @@ class _Session(asyncssh.SSHServerSession[str]):
             self._task = asyncio.get_running_loop().create_task(self._flood_then_ok(int(words[1])))
             return None  # type: ignore[return-value]  # answered by ``_flood_then_ok``
         if words[:1] == ["closenoreply"]:
-            self._close_without_reply()
+            self._close_without_reply(report=words[1:] != ["noexit"])
             return None  # type: ignore[return-value]  # never answered
         if words[:1] == ["refuseafter"]:
             self._send_before_refusing(words[1:])
@@ -195,14 +194,15 @@ class _Session(asyncssh.SSHServerSession[str]):
         conn.send_packet(MSG_CHANNEL_EOF, recipient)
         chan.close()
 
-    def _close_without_reply(self) -> None:
+    def _close_without_reply(self, report: bool) -> None:
         """``closenoreply``: a command's whole result and the close, the exec request never
-        answered."""
+        answered; ``report``: with the exit-status (``noexit``: without)."""
         chan = self._chan
         conn = chan.get_extra_info("connection")
         recipient = UInt32(chan._send_chan)
         conn.send_packet(MSG_CHANNEL_DATA, recipient + String(b"ran\n"))
-        chan._send_request(b"exit-status", UInt32(0))
+        if report:
+            chan._send_request(b"exit-status", UInt32(0))
         conn.send_packet(MSG_CHANNEL_EOF, recipient)
         chan.close()
 

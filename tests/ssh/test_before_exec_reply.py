@@ -71,3 +71,21 @@ async def test_a_channel_closed_before_the_exec_reply_ends_the_attempt_at_once(
     facts = ei.value.facts
     assert (facts["unread_stdout_bytes"], facts["exit_status"]) == (4, 0)
     assert rec.ctx.machine.state == "interrupted" and rec.ctx.machine.dispatched
+
+
+async def test_output_then_a_close_without_exit_report_or_reply_ends_only_at_the_exec_timeout(
+    hostile: HostileServer, key: bytes
+) -> None:
+    # A pinned limit (review of round 1): "ran", EOF and CHANNEL_CLOSE, no exit report, no
+    # reply.  libssh holds the close back behind the unread "ran" (delayed close) and reports
+    # no EOF on stdout while it holds data -- only the empty stderr answers EOF, which a server
+    # that refuses after EOF shows as well.  Nothing shows the command's end, so the exec
+    # timeout ends the attempt, ``unknown``.  Should libssh show the end, this fails.
+    rec = Recorder()
+    with trio.fail_after(30), pytest.raises(AttemptInterrupted) as ei:
+        target = hostile_target(hostile, "bob", exec=1.5)
+        await perform(target, prepare_credential(key), "closenoreply noexit", None, rec.ctx)
+    assert rec.events[-1] == "timed_out", rec.events
+    assert "ended_unanswered" not in rec.events and "exec_accepted" not in rec.events
+    assert ei.value.code == Code.REMOTE_OUTCOME_UNKNOWN
+    assert rec.ctx.machine.state == "interrupted" and rec.ctx.machine.dispatched
