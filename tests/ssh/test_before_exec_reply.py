@@ -13,7 +13,7 @@ import trio
 
 from affidavit.adapters.base import AttemptInterrupted
 from affidavit.adapters.ssh import perform, prepare_credential
-from affidavit.adapters.ssh.driver import _LOCAL_WINDOW, _MAX_PACKET
+from affidavit.adapters.ssh.before_reply import _LOCAL_WINDOW, _MAX_PACKET
 from affidavit.statemachine import Code, Outcome
 
 from .conftest import Recorder, SshKeys, hostile_target
