@@ -114,3 +114,23 @@ async def test_a_deadline_within_the_margin_at_the_gate_ends_before_it_nothing_s
     assert ei.value.code is Code.CONNECT_TIMEOUT and ei.value.stage == "session_open"
     assert rec.gate_calls == [] and not rec.ctx.machine.dispatched
     assert rec.events[-1] == "setup_failed" and hostile.exec_requests == before
+
+
+async def test_a_target_total_too_short_for_the_command_sends_nothing_and_is_not_attempted(
+    tmp_path: Path, hostile: HostileServer
+) -> None:
+    # Through the engine: less than the margin is left at the gate (or the total ends during
+    # setup, on a loaded machine) -- either way nothing is requested and the answer is the
+    # engine's for a total spent before dispatch, never a dispatch recorded for nothing sent.
+    target = ssh_target(hostile.port, "bob", hostile.pin, timeout={"connect": 0.5, "total": 0.5})
+    cfg = write_config(tmp_path, {"evil": target})
+    before = list(hostile.exec_requests)
+    with trio.fail_after(20):
+        async with open_broker(cfg) as b:
+            env = await b.call({"target": "evil", "command": "exit 0"})
+            assert_error(b, env, phase="connection_setup", outcome="not_attempted",
+                         retry="backoff", code="CONNECT_TIMEOUT")  # fmt: skip
+            assert EventKind.DISPATCH_STARTED not in {
+                e.kind for e in b.events(env["invocation_id"])
+            }
+    assert hostile.exec_requests == before
