@@ -323,7 +323,35 @@ def _form_begun(plan: Any, data: bytes, any_case_all: bool = False) -> int:
     in either case where the form's count so; ``any_case_all``: every form's, for a remote's
     short text, as ``pattern_any_case``) starts, with ``cut_floor`` or more of the form's
     secret-derived bytes (``_Plan.starts``: past its public ones); ``len(data)`` if none.  The
-    held-back bytes cover it: a form is at most ``widest`` bytes long."""
+    held-back bytes cover it: a form is at most ``widest`` bytes long.  A text whose last byte
+    no cut could end on (``_end_bytes``) is answered at once: most bodies and header values end
+    with a byte no form holds (a JSON body's ``}``, a newline; issue 15)."""
+    if not data:
+        return 0
+    ends = plan.ends
+    if ends is None:
+        ends = _end_bytes(plan)
+    if data[-1] not in ends:
+        return len(data)
+    return _form_begun_scan(plan, data, any_case_all)
+
+
+def _end_bytes(plan: Any) -> frozenset[int]:
+    """``_Plan.ends``: every byte a cut text can end with.  A cut at ``i`` needs the text's
+    tail from ``i`` -- as written or lower-cased -- to be the first ``need`` (public bytes and
+    ``cut_floor``) or more bytes of a form in ``starts``, so its last byte is, or lower-cases
+    to, one of a form's bytes from its ``need``-th on: those bytes, and the upper case of
+    each lower-case letter among them."""
+    found: set[int] = set()
+    for form, _, public in plan.starts:
+        found.update(form[public + cut_floor(len(form) - public) - 1 :])
+    found |= {b - 32 for b in found if 0x61 <= b <= 0x7A}
+    plan.ends = ends = frozenset(found)
+    return ends
+
+
+def _form_begun_scan(plan: Any, data: bytes, any_case_all: bool = False) -> int:
+    """``_form_begun`` without its first-look answer: every form's beginning looked for."""
     tail = data[-plan.widest :]
     low = tail.lower()
     best = len(tail)

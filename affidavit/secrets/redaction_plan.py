@@ -68,6 +68,9 @@ class _Plan:
         it --, whether they do, how many of its first bytes are public): a stream that ends
         with ``cut_floor`` or more secret-derived bytes of one's beginning ends with them
         redacted (``Redactor.flush``, ``_starts``)."""
+        self.ends: frozenset[int] | None = None
+        """The bytes a text may end with where ``starts`` cuts it, either case (built on first
+        use: ``redaction._end_bytes``): a text ending with any other byte is not cut."""
         self._encoded = [(slots, _any_case(v)) for v in encoded for slots in _value_slots(v)]
         self._exact = not all(map(_any_case, encoded))
         """Whether a value is short enough for bodies to match it in its forms' case only."""
