@@ -240,9 +240,24 @@ class Redactor:
         asking each alone.  Each is taken as the bytes it was received as, alone
         (``_text_bytes``: one line's character past U+00FF changes no other line's bytes), and
         decoded as bytes (``%C3%A4`` is those two bytes, whatever the rest of the text); one
-        search a round over them all, joined by NUL, which no form spans."""
+        search a round over them all, joined by NUL, which no form spans.  A text once found
+        holding none (``_Plan.unheld``: the answer depends on the plan and the text alone) is
+        not searched again: a response's head lines are mostly the same each call (issue 15)."""
         plan = self._plan
-        return plan is not None and _decoded_hold(plan, {_text_bytes(t)[0] for t in texts})
+        if plan is None:
+            return False
+        unheld = plan.unheld
+        fresh = [t for t in texts if t not in unheld]
+        if not fresh:
+            return False
+        if _decoded_hold(plan, {_text_bytes(t)[0] for t in fresh}):
+            return True
+        # None of them holds a form: each alone holds none (the NUL-joined search is the
+        # answer of asking each alone).
+        if len(unheld) >= _MEMO_TEXTS:
+            unheld.clear()  # a bound, not an LRU, as ``clean``
+        unheld.update(t for t in fresh if type(t) is str and len(t) <= _MEMO_CHARS)
+        return False
 
     def scrub(self, value: Any) -> Any:
         """A JSON-able ``value`` with every string (mapping keys included) scrubbed.  A number,

@@ -107,6 +107,10 @@ class _Plan:
         self.owners: dict[Owner, str] = {}
         """Owner -> version, of the credentials this plan's values are (``retain``): a plan
         whose every owner rotated is dropped from the cache."""
+        self.unheld: set[str] = set()
+        """Short texts ``Redactor.holds_any`` found holding no form, even percent-decoded: every
+        response's head lines (``exchange._head_echoed``) are mostly the same few each call.
+        Bounded as ``clean``."""
         self.clean: set[str] = set()
         """Short strings already scrubbed that hold no form of the values
         (``Redactor.scrub_text``): every call scrubs the same header names and values, reason
