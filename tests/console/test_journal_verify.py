@@ -495,3 +495,33 @@ async def test_the_kept_views_say_the_seq_they_folded_and_the_last_whole_verify(
             "22:15:20 UTC): BROKEN after seq 1 (the kept views were folded again from the "
             "journal as it is)."
         ), line
+
+
+async def test_a_broken_verify_s_reason_renders_its_controls_visible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """audit51b item 5: the reason of a BROKEN verify quotes what it found (an id, a field of
+    the journal): a bidi override or control character in it is shown as its escape, never
+    raw -- the page's other journal text goes through the same ``visible`` filter."""
+    import dataclasses
+
+    real = JournalReader.verify
+
+    def broken(self: JournalReader, *a: Any, **k: Any) -> Any:
+        report = real(self, *a, **k)
+        return dataclasses.replace(
+            report, ok=False, first_bad_seq=1, reason="row 1 \u202eni\x1b[2J altered"
+        )
+
+    monkeypatch.setattr(JournalReader, "verify", broken)
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, _ = await log_in_to(console, origin)
+        await b.call({"target": "nope", "method": "GET", "path": "/"})
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
+        text = page.decode()
+        assert "\u202e" not in text and "\x1b" not in text
+        m = re.search(r'id="verify">(.*?)</p>', text, re.S)
+        assert m is not None, text[:2000]
+        assert "BROKEN at seq 1" in m.group(1)
+        assert '<span class="ctl" title="U+202E">\\u202e</span>' in m.group(1), m.group(1)
