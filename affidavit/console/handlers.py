@@ -23,7 +23,13 @@ import trio
 from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
 from affidavit.approvals import Operator, OperatorError, service
-from affidavit.engine import CallControl, read_failure, result_failure, stored_envelope
+from affidavit.engine import (
+    CallControl,
+    is_invocation_id,
+    read_failure,
+    result_failure,
+    stored_envelope,
+)
 from affidavit.journal import (
     AlteredRow,
     JournalError,
@@ -33,10 +39,21 @@ from affidavit.journal import (
     SessionSummary,
 )
 from affidavit.reconcile import service as reconciling
+from affidavit.session import MAX_SESSION, SESSION, SESSION_WORDS
 
 from . import pages
 from .auth import Session
-from .request import AUTO, Read, Refused, Request, _fields, _journal_refusal, log, read_refusal
+from .request import (
+    AUTO,
+    Read,
+    Refused,
+    Request,
+    _fields,
+    _journal_refusal,
+    _shown,
+    log,
+    read_refusal,
+)
 from .verified import KeptVerify
 
 Slot = Callable[[bool], AbstractContextManager[CallControl | None]]
@@ -111,10 +128,10 @@ class Handlers:
     async def _invocation(self, req: Request, iid: str, problem: Refused | None = None) -> None:
         start = None if problem else _row_number(req.query.get("from"))
         data = await self._reading(
-            lambda r: pages.invocation_page(r, iid, start), f"the record of {iid}"
+            lambda r: pages.invocation_page(r, iid, start), f"the record of {_id(iid)}"
         )
         if data is None:
-            raise Refused(404, f"no invocation {iid} in the journal", "NO_SUCH_INVOCATION")
+            raise _no_invocation(iid)
         result = None
         if data["record"]["final"]:
             result = pages.result_view(await self._envelope(iid))
@@ -131,7 +148,7 @@ class Handlers:
     async def _download(self, req: Request, iid: str) -> None:
         envelope = await self._envelope(iid)
         if envelope is None:
-            raise Refused(404, f"no invocation {iid} in the journal", "NO_SUCH_INVOCATION")
+            raise _no_invocation(iid)
         body = json.dumps(envelope, sort_keys=True, indent=2).encode("utf-8") + b"\n"
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", iid)
         disposition = f'attachment; filename="{name}.json"'.encode()
@@ -144,10 +161,10 @@ class Handlers:
             data = await self.read(lambda r: service.content(r, iid, name))
         except OperatorError as exc:
             if exc.code == "CONTENT_MISMATCH":
-                log.warning("console: refused the %s of %s: %s", name, iid, exc.message)
+                log.warning("console: refused the %s of %s: %s", name, _id(iid), exc.message)
             raise Refused.of(exc) from None
         except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE when away: nothing served
-            raise read_refusal(exc, read_failure(exc, f"the approval of {iid}")) from None
+            raise read_refusal(exc, read_failure(exc, f"the approval of {_id(iid)}")) from None
         file = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{iid}.{name}")
         disposition = f'attachment; filename="{file}.bin"'.encode()
         await req.answer(
@@ -305,6 +322,32 @@ def _row_number(value: str | None) -> int | None:
     return int(value)
 
 
+def _id(iid: str) -> str:
+    """An id of the path, for a message or a log line: itself when it has an invocation id's
+    form (``is_invocation_id``: bounded, printable -- ``_shown`` all the same), else no echo
+    of what an agent wrote into a link."""
+    return _shown(iid, "an invocation") if is_invocation_id(iid) else "an invocation"
+
+
+def _no_invocation(iid: str) -> Refused:
+    """404 ``NO_SUCH_INVOCATION`` for an id with no record: named only when it is an id's form
+    (``_id``), else "no such invocation" -- the page shows back no text an agent chose."""
+    if not is_invocation_id(iid):
+        return Refused(404, "no such invocation", "NO_SUCH_INVOCATION")
+    return Refused(404, f"no invocation {_id(iid)} in the journal", "NO_SUCH_INVOCATION")
+
+
+def _session_filter(query: Mapping[str, str]) -> str | None:
+    """The ``session`` filter: a session name (``affidavit.session``: 1-255 printable ASCII)
+    or none; anything else matches no action and is refused, never shown back (an over-long
+    or control-laden value an agent put into a link would be echoed in the filter's box)."""
+    value = query.get("session") or None
+    if value is not None and (len(value) > MAX_SESSION or not SESSION.fullmatch(value)):
+        message = f"session: a session name, {SESSION_WORDS}"
+        raise Refused(400, message, "INVALID_FIELD", field="session")
+    return value
+
+
 def _filters(query: Mapping[str, str]) -> pages.ActionFilters:
     def pick(name: str, allowed: list[str]) -> str | None:
         value = query.get(name) or None
@@ -321,7 +364,7 @@ def _filters(query: Mapping[str, str]) -> pages.ActionFilters:
             raise Refused(400, f"{name}: {exc}", "INVALID_FIELD", field=name) from None
 
     return pages.ActionFilters(
-        session=query.get("session") or None,
+        session=_session_filter(query),
         outcome=pick("outcome", pages.OUTCOMES),
         phase=pick("phase", pages.PHASES),
         code=pick("code", ["OK", *pages.CODES]),

@@ -7,7 +7,7 @@ from affidavit.engine.collector import tune_collector
 from affidavit.engine.control import CallControl
 from affidavit.engine.delivery import NotAnswered
 from affidavit.engine.engine import Deliver, Engine
-from affidavit.engine.ids import new_invocation_id
+from affidavit.engine.ids import is_invocation_id, new_invocation_id
 from affidavit.engine.location import JOURNAL_WORDS, unplaced
 from affidavit.engine.operations import OperationError, poll_failure
 from affidavit.engine.recorder import Deferred, stored_envelope
@@ -51,6 +51,7 @@ __all__ = [
     "call_failure",
     "carries_key",
     "internal_failure",
+    "is_invocation_id",
     "new_invocation_id",
     "poll_failure",
     "read_failure",

@@ -4,15 +4,24 @@ appends in order)."""
 
 from __future__ import annotations
 
+import re
 import time
 
 from affidavit.journal import random_bytes
 
-__all__ = ["encode_invocation_id", "new_invocation_id"]
+__all__ = ["encode_invocation_id", "is_invocation_id", "new_invocation_id"]
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _PAIRS = tuple(a + b for a in _CROCKFORD for b in _CROCKFORD)
 """The two Crockford characters of each 10-bit value."""
+_ID = re.compile("act_[" + _CROCKFORD + "]{26}")
+
+
+def is_invocation_id(text: str) -> bool:
+    """Whether ``text`` has the form ``new_invocation_id`` gives every id: what a page may
+    echo of an id it was asked for and has no record of (anything else an agent wrote into a
+    link is not shown back)."""
+    return _ID.fullmatch(text) is not None
 
 
 def new_invocation_id() -> str:
