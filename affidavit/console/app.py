@@ -45,7 +45,10 @@ A request another site's page made (``Sec-Fetch-Site`` ``same-site`` or ``cross-
 refused, 403, unless it is a top-level navigation GET; a prefetch or prerender
 (``Sec-Purpose``) is refused, 503.  Only a request that passed every check, and that a console
 page or the operator made (``Sec-Fetch-Site`` ``same-origin``, ``none`` or absent), restarts
-the session's idle clock.  ``Cross-Origin-Opener-Policy: same-origin``: a page that opened the
+the session's idle clock, and only such a request's page has its decision buttons enabled:
+one another page navigated to (the double-click attack) shows them disabled, and its forms'
+token decides nothing (``request.decision_forms``; 403 ``RELOAD_TO_DECIDE``).
+``Cross-Origin-Opener-Policy: same-origin``: a page that opened the
 console in a popup keeps no handle on it.
 
 This module is the console's front door: routing, the Host, session, peer, origin and CSRF
@@ -85,6 +88,7 @@ from .request import (
     _cookie,
     _fields,
     _shown,
+    decision_forms,
     log,
 )
 from .text import length_mark, session_name, visible
@@ -95,6 +99,7 @@ __all__ = ["COOKIE", "Console"]
 STATIC = {"console.css": b"text/css; charset=utf-8", "console.js": b"text/javascript"}
 _DECIDE = re.compile(r"/approvals/([^/]+)/(approve|deny)")
 _CONTENT = re.compile(r"/approvals/([^/]+)/content/([a-z][a-z0-9_]*)")
+_DECISION_PAGES = ("approval.html", "approvals.html", "invocation.html", "journal.html")
 _INVOCATION = re.compile(r"/invocations/([^/]+)(/reconcile|/result\.json)?")
 
 
@@ -198,9 +203,11 @@ class Console(Handlers):
 
     def _render(self, name: str, req: Request, **context: Any) -> bytes:
         session = req.session
+        forms = decision_forms(req, name in _DECISION_PAGES)
         text = self.templates.get_template(name).render(
             operator=session.operator if session else None,
-            csrf=session.csrf if session else "",
+            **forms,
+            reload_here=quote(req.path),
             version=affidavit.__version__,
             here=req.path,
             **context,
@@ -362,9 +369,18 @@ class Console(Handlers):
             raise Refused(403, message, "NOT_LOGGED_IN")
         self._same_origin(req)
         form = await req.form()
-        if not req.session.csrf_ok(form.get("csrf")):
+        given = form.get("csrf")
+        if not req.session.csrf_ok(given, decision=False):
             message = "refused: the form's CSRF token is missing or wrong; nothing done"
             raise Refused(403, message, "CSRF_REFUSED", field="csrf")
+        if req.path != "/logout" and not req.session.csrf_ok(given):
+            # Every other form decides (approve, deny, reconcile, verify): its page must have
+            # been rendered with the buttons enabled -- one another page navigated to was not.
+            message = (
+                "refused: this form was on a page another page opened; reload the page "
+                "to decide; nothing done"
+            )
+            raise Refused(403, message, "RELOAD_TO_DECIDE", field="csrf")
         return form
 
     async def _static(self, req: Request, name: str) -> None:

@@ -27,7 +27,7 @@ import secrets
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from affidavit.approvals import Operator
@@ -188,6 +188,11 @@ class Session:
     csrf: str
     expires_at: float
     last_seen: float
+    csrf_shown_disabled: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    """The CSRF token of a page rendered with its decision buttons disabled (a navigation
+    another page started: ``app._decidable``): it logs out, and decides nothing -- a decision's
+    form must carry ``csrf``, which only a page rendered enabled holds (the double-click
+    defence, docs/console.md)."""
     notice: tuple[str, str, str] | None = None
     """What the operator's last decision did -- (kind, invocation id, how) -- shown once by the
     page the decision redirects to; kept here, never in the URL, where any link could claim a
@@ -203,9 +208,13 @@ class Session:
             return None
         return notice[2] or notice[1]
 
-    def csrf_ok(self, given: str | None) -> bool:
-        return given is not None and hmac.compare_digest(
-            given.encode("utf-8", "surrogatepass"), self.csrf.encode("ascii")
+    def csrf_ok(self, given: str | None, *, decision: bool = True) -> bool:
+        """Whether ``given`` is this session's CSRF token: the one a page rendered with its
+        decision buttons enabled holds, or (``decision`` False: logging out) either."""
+        tokens = (self.csrf,) if decision else (self.csrf, self.csrf_shown_disabled)
+        return given is not None and any(
+            hmac.compare_digest(given.encode("utf-8", "surrogatepass"), t.encode("ascii"))
+            for t in tokens
         )
 
 

@@ -51,6 +51,7 @@ from .request import (
     _fields,
     _journal_refusal,
     _shown,
+    decision_forms,
     log,
     read_refusal,
 )
@@ -93,7 +94,7 @@ class Handlers:
             try:
                 html = self.templates.get_template("approval.html").render(
                     a=row,
-                    csrf=req.session.csrf if req.session else "",
+                    **decision_forms(req),
                 )
                 rows.append((iid, markupsafe.Markup(html), None))
             except Exception as exc:  # one request's failure is its own row's, not the page's

@@ -192,6 +192,24 @@ class Request:
         await self.answer(303, b"", headers=[(b"location", location.encode()), *(headers or [])])
 
 
+def decision_forms(req: Request, decisions: bool = True) -> dict[str, Any]:
+    """What a page's forms are rendered with: ``csrf``, and ``elsewhere`` (a page with decision
+    buttons, ``decisions``: they are disabled, and the page says to reload it).
+
+    A page another page navigated to -- ``Sec-Fetch-Site`` ``same-site`` (a page an agent
+    serves on another port of 127.0.0.1) or ``cross-site`` -- is the double-click attack's:
+    its first click sends the operator's tab here, timed so that the second lands on a
+    button.  Its buttons are disabled, and its forms hold the session's
+    ``csrf_shown_disabled``, which logs out and decides nothing (``Console._checked_form``).
+    A page the operator opened (``none``: typed, a bookmark, a reload), one a console page
+    opened (``same-origin``), or a client's that sends no Fetch Metadata is rendered enabled,
+    with ``csrf``."""
+    session = req.session
+    enabled = req.headers.get("sec-fetch-site") in (None, "same-origin", "none")
+    csrf = "" if session is None else session.csrf if enabled else session.csrf_shown_disabled
+    return {"csrf": csrf, "elsewhere": decisions and not enabled}
+
+
 def _fields(form: dict[str, str], known: tuple[str, ...]) -> None:
     """400 ``INVALID_FIELD`` naming the first field of ``form`` not in ``known`` (as the
     daemon's operator routes and the call API refuse one); a name that is not plain printable

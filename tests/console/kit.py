@@ -353,6 +353,26 @@ class Browser:
 
         await self.run(lambda d: d.find_element(By.CSS_SELECTOR, css).click())
 
+    async def decide(self, css: str) -> None:
+        """Press a decision button as an operator does: the pointer over the page until the
+        console's script arms the button (visible ~1 s, then a move: console.js), then a
+        click -- a click before that lands on a disabled button and does nothing."""
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.by import By
+
+        def armed(d: Any) -> bool:
+            button = d.find_element(By.CSS_SELECTOR, css)
+            ActionChains(d).move_to_element_with_offset(button, 1, 0).move_to_element(
+                button
+            ).perform()
+            return bool(button.is_enabled())
+
+        async def ready() -> bool:
+            return await self.run(armed)
+
+        await wait_until(ready, f"{css} is armed")
+        await self.click(css)
+
     async def type(self, css: str, text: str) -> None:
         from selenium.webdriver.common.by import By
 

@@ -78,7 +78,7 @@ async def test_log_in_approve_a_waiting_call_and_deny_another(
         assert world.pay.requests == []
 
         await chrome.type(f"#approval-{iid} input[name=note]", "amount checked")
-        await chrome.click(f"#approval-{iid} button.approve")
+        await chrome.decide(f"#approval-{iid} button.approve")
         await wait_until(lambda: chrome.count("#decided"), "the decision is confirmed")
         assert await _exit(caller) == 0  # the waiting call completed with the result
         assert [r.header("authorization") for r in world.pay.requests] == [f"Bearer {token}"]
@@ -93,7 +93,7 @@ async def test_log_in_approve_a_waiting_call_and_deny_another(
         assert other != iid
         await _on_approvals_page(chrome, world, other)
         await chrome.type(f"#approval-{other} input[name=note]", "not today")
-        await chrome.click(f"#approval-{other} button.deny")
+        await chrome.decide(f"#approval-{other} button.deny")
         await wait_until(lambda: chrome.count("#decided"), "the denial is confirmed")
         assert await _exit(second) == 1  # its envelope: APPROVAL_DENIED
         denied = await _decision(world, other, "APPROVAL_DENIED")
@@ -120,7 +120,7 @@ async def test_an_unknown_dropped_post_is_reconciled_by_attestation(
         assert await chrome.count("#lifecycle path.edge.on") >= 4
 
         await chrome.type("#attest-note", "the transfer is in the bank's ledger")
-        await chrome.click("#attest-committed")
+        await chrome.decide("#attest-committed")
         await wait_until(lambda: chrome.count("#done"), "the reconciliation is confirmed")
         assert await chrome.text("#outcome") == "committed (attested)"  # not the remote's word
         assert await chrome.text("#source") == "operator_attested"
@@ -145,7 +145,7 @@ async def test_an_unknown_charge_is_reconciled_by_the_target_s_query(
 ) -> None:
     async with console_world(tmp_path, token) as world:
         iid = await _unknown_page(chrome, world, LEDGER_DROPPED)
-        await chrome.click("#reconcile-query")
+        await chrome.decide("#reconcile-query")
         await wait_until(lambda: chrome.count("#done"), "the query's verdict is shown")
         assert await chrome.text("#outcome") == "committed"
         assert await chrome.text("#source") == "remote_query"
@@ -170,7 +170,7 @@ async def test_a_forged_or_missing_csrf_token_is_refused_and_nothing_is_recorded
         ):
             await _on_approvals_page(chrome, world, iid)
             await chrome.run(lambda d, js=tamper: d.execute_script(js))
-            await chrome.click(f"#approval-{iid} button.approve")
+            await chrome.decide(f"#approval-{iid} button.approve")
             await wait_until(lambda: chrome.count("#problem"), "the refusal page")
             assert "CSRF" in await chrome.text("#problem")
         record = await world.record(iid)
@@ -196,7 +196,7 @@ async def test_what_the_remote_sent_renders_inert(
         await _on_approvals_page(chrome, world, iid)
         assert '<b id="bold">caller html</b>' in await chrome.text(f"#approval-{iid}")
         assert await chrome.count("#bold") == 0
-        await chrome.click(f"#approval-{iid} button.approve")
+        await chrome.decide(f"#approval-{iid} button.approve")
         assert await _exit(caller) == 0
         await chrome.get(f"{world.origin}/invocations/{iid}")
         assert hostile.decode() in await chrome.text("#stream-body")
@@ -259,7 +259,7 @@ async def test_actions_filter_and_count_and_the_journal_verifies(
         assert "night-batch" in sessions and "day" in sessions
         # The whole verify's button: Post/Redirect/Get -- the browser lands on the page
         # itself, which a reload reads again, not posts again.
-        await chrome.click("#verify-whole button")
+        await chrome.decide("#verify-whole button")
         assert await chrome.run(lambda d: d.current_url) == f"{world.origin}/journal"
         # The press is answered at once and the verify runs on (docs/console.md): look again
         # (bounded) until the page no longer says it runs.

@@ -1,0 +1,182 @@
+"""The double-click attack on the console (audit51b item 1, /tmp/audit-audit51b/doubleclick.py):
+a page an agent serves on another port of 127.0.0.1 -- the same *site* as the console, a site
+ignores ports -- sends the operator's tab to /approvals on the first click's mousedown, and the
+second click lands on the approve button.  Two layers stop it (docs/console.md, "Security
+model"): the server renders a page another page navigated to (``Sec-Fetch-Site`` ``same-site``
+or ``cross-site``) with its decision buttons disabled and a token that decides nothing; the
+console's script arms the buttons of any page only once it has been visible ~1 s and the
+pointer has moved over it.  The operator's own flow -- the console opened directly, a moment,
+a click -- still decides."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import trio
+
+from tests.daemon.kit import wait_until
+
+from .kit import CHARGE, Browser, World, console_world, csrf_of, get, log_in, post, refusal
+
+SAME_SITE = {
+    "Sec-Fetch-Site": "same-site",
+    "Sec-Fetch-Mode": "navigate",
+    "Sec-Fetch-Dest": "document",
+}
+
+
+@contextmanager
+def _hostile(page: Callable[[], str]) -> Iterator[str]:
+    """The agent's page, served on another loopback port: its origin."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = page().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def _pending(world: World, iid: str) -> bool:
+    return any(r["invocation_id"] == iid for r in await world.pending())
+
+
+async def test_the_double_click_from_a_same_site_page_approves_nothing(
+    tmp_path: Path, token: str, chrome: Browser
+) -> None:
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
+    from selenium.webdriver.common.by import By
+
+    async with console_world(tmp_path, token, wait="60s") as world:
+        await chrome.log_in(await world.login_url())
+        await wait_until(lambda: chrome.count("#operator"), "logged in")
+        caller = await world.caller(CHARGE)
+        iid = await world.one_pending()
+        button = f"#approval-{iid} button.approve"
+        await chrome.get(f"{world.origin}/approvals")
+        rect = await chrome.run(lambda d: d.find_element(By.CSS_SELECTOR, button).rect)
+        x, y = int(rect["x"] + rect["width"] / 2), int(rect["y"] + rect["height"] / 2)
+        decoy = (
+            '<!doctype html><html><body style="margin:0"><h1>Verify you are human</h1>'
+            f'<button id="decoy" style="position:absolute;left:{x - 80}px;top:{y - 20}px;'
+            'width:160px;height:40px">double-click here</button><script>'
+            "document.getElementById('decoy').addEventListener('mousedown',"
+            f"() => {{ location = '{world.origin}/approvals'; }});</script></body></html>"
+        )
+
+        def click_at(d: object) -> None:
+            actions = ActionBuilder(d)
+            actions.pointer_action.move_to_location(x, y).click()
+            actions.perform()
+
+        with _hostile(lambda: decoy) as hostile:
+            await chrome.get(f"{hostile}/")
+            await chrome.run(click_at)  # the first click: the tab goes to /approvals
+            await wait_until(lambda: chrome.count(button), "the console page is loaded")
+            assert await chrome.count("#opened-elsewhere") == 1
+            assert "reload this page to decide" in await chrome.text("#opened-elsewhere")
+            await chrome.run(click_at)  # the second: on a disabled button
+            await trio.sleep(1)  # (a submitted form would be answered well within it)
+            assert await chrome.count("#decided") == 0
+            assert (
+                await chrome.run(lambda d: d.find_element(By.CSS_SELECTOR, button).is_enabled())
+                is False
+            )
+            assert await _pending(world, iid) and world.pay.requests == []
+
+        # Reloaded (the page's link: the console's own navigation), the operator decides.
+        await chrome.click("#reload")
+        await wait_until(lambda: chrome.count(button), "the page reloaded")
+        assert await chrome.count("#opened-elsewhere") == 0
+        await chrome.decide(button)
+        await wait_until(lambda: chrome.count("#decided"), "the decision is confirmed")
+        with trio.fail_after(60):
+            assert await caller.wait() == 0
+        assert len(world.pay.requests) == 1
+
+
+async def test_the_buttons_wait_for_the_page_to_be_seen_and_the_pointer_to_move(
+    tmp_path: Path, token: str, chrome: Browser
+) -> None:
+    """The script's layer: a page the operator opened directly is rendered enabled, and its
+    buttons are still held until a real pointer move after ~1 s visible -- a still pointer
+    arms nothing, however long the page is shown."""
+    from selenium.webdriver.common.by import By
+
+    async with console_world(tmp_path, token, wait="60s") as world:
+        await chrome.log_in(await world.login_url())
+        await wait_until(lambda: chrome.count("#operator"), "logged in")
+        caller = await world.caller(CHARGE)
+        iid = await world.one_pending()
+        button = f"#approval-{iid} button.approve"
+        await chrome.get(f"{world.origin}/approvals")
+        source = await chrome.source()
+        assert "opened-elsewhere" not in source  # the server rendered it enabled
+        await trio.sleep(1.5)
+        enabled = await chrome.run(lambda d: d.find_element(By.CSS_SELECTOR, button).is_enabled())
+        assert enabled is False  # held by the script: the pointer has not moved
+        await chrome.decide(button)
+        await wait_until(lambda: chrome.count("#decided"), "the decision is confirmed")
+        with trio.fail_after(60):
+            assert await caller.wait() == 0
+
+
+async def test_a_page_another_page_opened_renders_a_token_that_decides_nothing(
+    tmp_path: Path, token: str
+) -> None:
+    """The server's layer, over plain HTTP: the page of a same-site navigation has its decision
+    buttons disabled, says to reload, and its forms' token is refused for a decision
+    (``RELOAD_TO_DECIDE``, nothing done) though it still logs out; the page the operator
+    opened (``Sec-Fetch-Site: none``) carries the token that decides."""
+    async with console_world(tmp_path, token, wait="60s") as world:
+        cookie, csrf = await log_in(world)
+        caller = await world.caller(CHARGE)
+        iid = await world.one_pending()
+        status, _, page = await get(f"{world.origin}/approvals", cookie=cookie, headers=SAME_SITE)
+        assert status == 200 and b'id="opened-elsewhere"' in page
+        assert b"reload this page to decide" in page
+        assert page.count(b" data-decide disabled>") == 2  # approve, deny
+        import re
+
+        m = re.search(rb'name="csrf" value="([^"]+)"', page)
+        assert m is not None
+        shown_disabled = m.group(1).decode()
+        assert shown_disabled != csrf
+        same = {"Origin": world.origin, "Cookie": cookie, "Sec-Fetch-Site": "same-origin"}
+        url = f"{world.origin}/approvals/{iid}/approve"
+        status, _, page = await post(url, {"csrf": shown_disabled}, same)
+        assert (status, refusal(page)) == (403, ("RELOAD_TO_DECIDE", "csrf"))
+        assert await _pending(world, iid) and world.pay.requests == []
+        for where in ("/journal", f"/invocations/{iid}"):
+            _, _, page = await get(world.origin + where, cookie=cookie, headers=SAME_SITE)
+            assert b'id="opened-elsewhere"' in page, where
+        _, _, page = await get(f"{world.origin}/actions", cookie=cookie, headers=SAME_SITE)
+        assert b'id="opened-elsewhere"' not in page  # nothing to decide there
+
+        opened = {"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate"}
+        _, _, page = await get(f"{world.origin}/approvals", cookie=cookie, headers=opened)
+        assert b'id="opened-elsewhere"' not in page and b"disabled" not in page
+        assert await csrf_of(world.origin, cookie) == csrf
+        status, _, _ = await post(url, {"csrf": csrf}, same)
+        assert status == 303
+        with trio.fail_after(60):
+            assert await caller.wait() == 0
+        status, _, _ = await post(f"{world.origin}/logout", {"csrf": shown_disabled}, same)
+        assert status == 303  # logging out decides nothing: either token
