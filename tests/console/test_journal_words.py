@@ -46,6 +46,7 @@ def _journal_page(console: Any, report: VerifyReport, **more: Any) -> str:
         "sessions_error": None,
         "operator": None,
         "csrf": "",
+        "elsewhere": False,
         "version": "0",
         "here": "/journal",
         **more,
