@@ -41,6 +41,10 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
+OWNER = "affidavit.owner"
+"""The ASGI scope's key for the uid owning the client's end of the connection, as a 1-tuple
+(None in it: nobody identified): the daemon looks it up once per connection, at admission
+(``admission.ConsoleCap``), so that a request never asks the kernel again."""
 AUTO = "auto"
 """The query parameter a live page's reload carries (``<meta refresh>`` of /actions): the
 request is the browser's, not the operator's, and restarts no idle clock (``Sessions.get``)."""
@@ -115,8 +119,11 @@ class Request:
         return printable(self.path)
 
     def owner(self) -> int | None:
-        """The uid owning the client's end of this request's connection (``peer.socket_owner``,
-        asked once); None when no established socket of this machine is: nobody identified."""
+        """The uid owning the client's end of this request's connection: the daemon's lookup at
+        admission (``OWNER`` in the scope), else ``peer.socket_owner`` asked once; None when no
+        established socket of this machine is: nobody identified."""
+        if self._owner is None and self.scope.get(OWNER) is not None:
+            self._owner = (self.scope[OWNER][0],)
         if self._owner is None:
             client, server = self.scope.get("client"), self.scope.get("server")
             uid = socket_owner(tuple(client), tuple(server)) if client and server else None

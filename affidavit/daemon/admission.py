@@ -77,12 +77,14 @@ seconds of opening or of its last answer, and the console's ``FORM_WAIT`` one wh
 short -- a place is never held long by a silent connection.  Nor does one local uid hold more
 than half the places (``max_per_uid``): a user reopening connections as fast as the head wait
 closes them would otherwise keep the console full and the operators out.  Its uid is the
-kernel's (``console.peer.socket_owner``, /proc/net/tcp), read once per connection admitted --
-never for one turned away at the cap; a connection whose owner cannot be read counts as one
-unknown uid.  And the uids that are not operators hold no more than half the places *together*
-(``reserved``: the daemon's operator policy, by the user database): two or three users each
-filling their share would otherwise still fill the console, while the operators are the only
-ones it has anything to show.
+kernel's (``console.peer.owner_of``: one netlink ``SOCK_DIAG`` query of the connection's
+4-tuple, or /proc/net/tcp read in a worker thread where netlink does not work -- never parsed on
+the event loop), asked once per connection admitted and handed to the console for every request
+the connection carries -- never for one turned away at the cap; a connection whose owner cannot
+be read counts as one unknown uid.  And the uids that are not operators hold no more than
+half the places *together* (``reserved``: the daemon's operator policy, by the user database):
+two or three users each filling their share would otherwise still fill the console, while the
+operators are the only ones it has anything to show.
 """
 
 from __future__ import annotations
@@ -659,13 +661,15 @@ class _RefusedPeers:
         self.uids.clear()
 
 
-def _console_owner(stream: trio.SocketStream) -> int | None:
-    """The local uid owning the client's end of a console connection, or None."""
-    from affidavit.console.peer import socket_owner
+async def _console_owner(stream: trio.SocketStream) -> int | None:
+    """The local uid owning the client's end of a console connection, or None: the kernel's
+    answer to one netlink query (``console.peer.owner_of``; /proc/net/tcp read off the event
+    loop where netlink does not work)."""
+    from affidavit.console.peer import owner_of
 
     try:
         sock = stream.socket
-        return socket_owner(sock.getpeername()[:2], sock.getsockname()[:2])
+        return await owner_of(sock.getpeername()[:2], sock.getsockname()[:2])
     except (OSError, ValueError):
         return None
 
@@ -706,7 +710,7 @@ class ConsoleCap:
         *,
         max_connections: int = CONSOLE_MAX_CONNECTIONS,
         max_per_uid: int | None = None,
-        owner: Callable[[trio.SocketStream], int | None] = _console_owner,
+        owner: Callable[[trio.SocketStream], Awaitable[int | None]] = _console_owner,
         reserved: Callable[[int], bool] | None = None,
         max_others: int | None = None,
     ) -> None:
@@ -731,14 +735,18 @@ class ConsoleCap:
         self._refusing = _Refusals(max_connections)
 
     async def serve(
-        self, stream: trio.SocketStream, serve: Callable[[trio.SocketStream], Awaitable[None]]
+        self,
+        stream: trio.SocketStream,
+        serve: Callable[[trio.SocketStream, int | None], Awaitable[None]],
     ) -> None:
-        """``serve(stream)`` if there is room, else the 503; ``stream`` is closed either way."""
+        """``serve(stream, uid)`` if there is room, else the 503; ``stream`` is closed either
+        way.  ``uid``: the connection's owner, looked up once here (None: not known) -- the
+        console checks every request of the connection against it, never asking again."""
         try:
             if self.open >= self.max_connections:
                 await self._turn_away(stream)
                 return
-            uid = self._owner(stream)
+            uid = await self._owner(stream)
             if self._per_uid.get(uid, 0) >= self.max_per_uid:
                 await self._turn_away(stream, uid)
                 return
@@ -750,7 +758,7 @@ class ConsoleCap:
             self.others += other
             self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
             try:
-                await serve(stream)
+                await serve(stream, uid)
             except Exception:
                 # A fault of hypercorn's on one connection closes that one, never the daemon
                 # (the agents' socket is served by the same process).

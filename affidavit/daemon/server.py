@@ -59,6 +59,7 @@ import socket
 import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import h11
 import trio
@@ -75,6 +76,7 @@ from affidavit.api.broker import Broker
 from affidavit.approvals import Operator, OperatorPolicy
 from affidavit.config import Config, console_origin, is_loopback, served_through_tls
 from affidavit.console import Console, TokenStore, token_dir
+from affidavit.console.request import OWNER
 from affidavit.engine import EngineSettings
 from affidavit.journal import Exposure, Journal, JournalError
 from affidavit.journal.backend import where as journal_where
@@ -498,11 +500,8 @@ class Daemon:
             await server.serve(Link(stream), peer, api.handle)
 
         async def console_connection(stream: trio.SocketStream) -> None:
-            await cap.serve(stream, serve_console)
-
-        async def serve_console(stream: trio.SocketStream) -> None:
             assert self.console is not None
-            await serve_console_stream(self.console, hconfig, context, stream)
+            await serve_admitted_console(self.console, cap, hconfig, context, stream)
 
         async with trio.open_nursery() as outer:
             await outer.start(calls.run)
@@ -605,13 +604,47 @@ def console_http_config() -> HypercornConfig:
     return hconfig
 
 
+async def serve_admitted_console(
+    console: Console,
+    cap: ConsoleCap,
+    hconfig: HypercornConfig,
+    context: WorkerContext,
+    stream: trio.SocketStream,
+) -> None:
+    """One console connection as the daemon admits it: a place under ``cap``, whose owner
+    lookup (once, at admission: ``ConsoleCap.serve``) every request of it is checked against
+    (``serve_console_stream``'s ``owner``)."""
+
+    async def admitted(s: trio.SocketStream, uid: int | None) -> None:
+        await serve_console_stream(console, hconfig, context, s, owner=(uid,))
+
+    await cap.serve(stream, admitted)
+
+
 async def serve_console_stream(
-    console: Console, hconfig: HypercornConfig, context: WorkerContext, stream: trio.abc.Stream
+    console: Console,
+    hconfig: HypercornConfig,
+    context: WorkerContext,
+    stream: trio.abc.Stream,
+    *,
+    owner: tuple[int | None] | None = None,
 ) -> None:
     """One console connection, served until it ends (``_ConsoleServer``): the daemon's way,
-    which the console's tests serve it by too."""
-    app = ASGIWrapper(console)  # type: ignore[arg-type]
+    which the console's tests serve it by too.  ``owner``: the uid owning the client's end,
+    looked up at admission (None in it: nobody identified), given to each request in its ASGI
+    scope (``request.OWNER``); without it a request asks the kernel itself."""
+    app = ASGIWrapper(console if owner is None else _Owned(console, owner))  # type: ignore[arg-type]
     await _ConsoleServer(app, hconfig, context, ConnectionState({}), stream).run()  # type: ignore[arg-type]
+
+
+class _Owned:
+    """``console`` with the connection's owner in each request's scope (``request.OWNER``)."""
+
+    def __init__(self, console: Console, owner: tuple[int | None]) -> None:
+        self.console, self.owner = console, owner
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await self.console({**scope, OWNER: self.owner}, receive, send)
 
 
 class _H2Refused(Exception):

@@ -165,7 +165,13 @@ def operator_config(
 
 @contextlib.asynccontextmanager
 async def served(
-    broker: Any, tmp: Path, *, threads: bool = False, bound: str | None = None, **console: Any
+    broker: Any,
+    tmp: Path,
+    *,
+    threads: bool = False,
+    bound: str | None = None,
+    capped: bool = False,
+    **console: Any,
 ) -> AsyncIterator[tuple[str, Any]]:
     """``broker``'s console served in this process on a free loopback port, as the daemon
     serves it (``server.serve_console_stream``: its connection class and settings, over a trio
@@ -173,11 +179,18 @@ async def served(
     more of its settings (``public_origin=``); ``bound``: the origin it is told it is bound
     to, when not that loopback port's (a remote console's, reached here over loopback).  Its
     reads are made on the event loop, on the broker's own journal -- or, with ``threads``, as
-    the daemon makes them (``Broker.view``: a reader of their own, in worker threads)."""
+    the daemon makes them (``Broker.view``: a reader of their own, in worker threads); with
+    ``capped``, each connection admitted as the daemon admits one (``ConsoleCap``: its owner
+    looked up once, at admission, and handed to its requests)."""
     from hypercorn.trio.worker_context import WorkerContext
 
     from affidavit.console import Console, TokenStore
-    from affidavit.daemon.server import console_http_config, serve_console_stream
+    from affidavit.daemon.admission import ConsoleCap
+    from affidavit.daemon.server import (
+        console_http_config,
+        serve_admitted_console,
+        serve_console_stream,
+    )
 
     [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
     origin = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
@@ -193,8 +206,13 @@ async def served(
     console = Console(broker, read, tokens, origin=bound or origin, **console)
     config, context = console_http_config(), WorkerContext(None)
 
+    cap = ConsoleCap() if capped else None
+
     async def connection(stream: trio.SocketStream) -> None:
-        await serve_console_stream(console, config, context, stream)
+        if cap is not None:
+            await serve_admitted_console(console, cap, config, context, stream)
+        else:
+            await serve_console_stream(console, config, context, stream)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, connection, [listener])

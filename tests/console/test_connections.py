@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ async def daemon_with_console(
     head_wait: float = 60.0,
     per_uid: int = CAP,
     operators: list[int] | None = None,
-    owner: Callable[[trio.SocketStream], int | None] | None = None,
+    owner: Callable[[trio.SocketStream], Awaitable[int | None]] | None = None,
     service: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[Daemon, ConsoleCap, int]]:
     """A daemon in this process whose console (on a free loopback port) serves at most ``CAP``
@@ -286,9 +286,9 @@ class _Strangers:
     def __init__(self) -> None:
         self.uids: dict[int, int] = {}
 
-    def owner(self, stream: trio.SocketStream) -> int | None:
+    async def owner(self, stream: trio.SocketStream) -> int | None:
         port = stream.socket.getpeername()[1]
-        return self.uids[port] if port in self.uids else _console_owner(stream)
+        return self.uids[port] if port in self.uids else await _console_owner(stream)
 
     async def connect(self, port: int, uid: int) -> trio.SocketStream:
         sock = trio.socket.socket()

@@ -111,15 +111,24 @@ def test_a_token_file_is_trusted_only_when_it_is_this_user_s_own_file(tmp_path: 
     assert store.redeem(linked) is None
 
 
-def test_only_an_established_client_socket_names_its_owner() -> None:
-    """The console's owner check reads the client's end in /proc/net/tcp.  Once the client has
-    closed it (an agent sending a request and closing at once), the row that remains is an
-    orphan's -- FIN_WAIT, then TIME_WAIT, which the kernel lists with uid 0 -- and must name
-    no one: before, a request from any local user could pass as root's."""
+@pytest.mark.parametrize("netlink", [True, False], ids=["netlink", "proc"])
+def test_only_an_established_client_socket_names_its_owner(
+    monkeypatch: pytest.MonkeyPatch, netlink: bool
+) -> None:
+    """The console's owner check asks the kernel of the client's end (netlink ``sock_diag``,
+    or /proc/net/tcp where that does not work).  Once the client has closed it (an agent
+    sending a request and closing at once), the socket that remains is an orphan's --
+    FIN_WAIT, then TIME_WAIT, which the kernel reports with uid 0 -- and must name no one:
+    before, a request from any local user could pass as root's."""
     import socket
     import time
 
+    from affidavit.console import peer
     from affidavit.console.peer import socket_owner
+
+    if not netlink:
+        monkeypatch.setattr(peer, "_works", False)  # as on a kernel without sock_diag
+    assert peer._netlink_works() is netlink  # (this one answers it)
 
     listener = socket.create_server(("127.0.0.1", 0))
     with listener:
