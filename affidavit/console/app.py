@@ -60,6 +60,7 @@ headers, ``request.py``.
 from __future__ import annotations
 
 import re
+import time
 from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -164,6 +165,12 @@ class Console(Handlers):
         # plain HTTP -- not to a server an agent runs on another port of the public host,
         # where cookies (which ignore ports) would otherwise go.
         self.secure_cookie = (public_origin or "").startswith("https://")
+        # (Imported here: the daemon's package imports the console.)
+        from affidavit.daemon.admission import REFUSED_QUIET, _UidSpells
+
+        self._refusals = _UidSpells()
+        """Runs of ``PEER_REFUSED`` by (peer uid, session): logged once each (``_require_peer``)."""
+        self._refusals_quiet = REFUSED_QUIET
         self.templates = jinja2.Environment(
             loader=jinja2.PackageLoader("affidavit.console", "templates"),
             autoescape=True,
@@ -188,8 +195,10 @@ class Console(Handlers):
                 "error.html", req, message=exc.message, code=exc.code, field=exc.field
             )
             after = exc.retry_after
-            retry = None if after is None else [(b"retry-after", b"%d" % after)]
-            await req.answer(exc.status, page, headers=retry)
+            head = [] if after is None else [(b"retry-after", b"%d" % after)]
+            if exc.close:
+                head.append((b"connection", b"close"))
+            await req.answer(exc.status, page, headers=head)
         except Exception:
             log.exception("console: %s %s failed", req.method, req.shown_path)
             page = self._render(
@@ -332,24 +341,47 @@ class Console(Handlers):
             raise Refused(403, message, "SESSION_AMBIGUOUS")
         else:
             session = live[0]
-        self._require_peer(req, session.operator, "a session cookie")
+        self._require_peer(req, session.operator, "a session cookie", session.id)
         return session  # (not touched: the request may yet be refused -- ``_route``)
 
-    def _require_peer(self, req: Request, operator: Operator, what: str) -> None:
+    def _require_peer(self, req: Request, operator: Operator, what: str, session: str = "") -> None:
+        """403 ``PEER_REFUSED`` unless the connection is ``operator``'s (on loopback, without
+        the declared proxy); ``what`` was presented -- of ``session`` (its id: never logged)."""
         if not self.check_peer or req.via_proxy:
             return  # behind the declared proxy the cookie (the token) is the proof
         uid = req.owner()
         if uid != operator.uid:
+            self._log_refused(req, operator, uid, what, session)
+            message = "refused: this connection is not the operator's; nothing done"
+            raise Refused(403, message, "PEER_REFUSED")  # (and the connection closed)
+
+    def _log_refused(
+        self, req: Request, operator: Operator, uid: int | None, what: str, session: str
+    ) -> None:
+        """A refusal's log: the first of a run by (peer uid, session) a warning, the rest
+        counted and their count logged once the run is over (``REFUSED_QUIET`` without one) --
+        a cookie replayed in a loop is one line, not one per request (``admission._UidSpells``,
+        the spells the daemon's connection caps log by)."""
+        now = time.monotonic()
+        peer = "an unidentified peer" if uid is None else f"uid {uid}"
+        for key, count in self._refusals.over(now, self._refusals_quiet):
+            if count > 1:
+                log.info(
+                    "console: %d more requests of %s with %s of uid %d were refused",
+                    count - 1,
+                    *key[:3],  # type: ignore[index]
+                )
+        if self._refusals.turned_away((peer, what, operator.uid, session), now):
             log.warning(
-                "console: refused %s %s: %s of uid %d presented by %s",
+                "console: refused %s %s: %s of uid %d presented by %s (its further refusals "
+                "are counted, and logged once %g s pass without one)",
                 req.method,
                 req.shown_path,
                 what,
                 operator.uid,
-                "an unidentified peer" if uid is None else f"uid {uid}",
+                peer,
+                self._refusals_quiet,
             )
-            message = "refused: this connection is not the operator's; nothing done"
-            raise Refused(403, message, "PEER_REFUSED")
 
     def _same_origin(self, req: Request) -> None:
         origin = req.headers.get("origin")

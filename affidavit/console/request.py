@@ -67,6 +67,9 @@ class Refused(Exception):
     ) -> None:
         self.status, self.message, self.code, self.field = status, message, code, field
         self.retry_after = retry_after
+        self.close = code == "PEER_REFUSED"
+        """Whether the connection is closed after the answer (``Connection: close``): a peer
+        refused for whom it is keeps no connection open to go on presenting the cookie."""
         super().__init__(message)
 
     @classmethod

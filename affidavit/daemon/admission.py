@@ -91,7 +91,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 
 import trio
 
@@ -678,18 +678,32 @@ class _UidSpells:
     """The uids turned away at their own share of connections (``Server``'s, ``ConsoleCap``'s):
     a spell each, logged at its start and at its end -- once the uid holds half its share or
     less, not at its first admission under it: a client reconnecting as fast as its
-    connections close would otherwise make a line per connection."""
+    connections close would otherwise make a line per connection.  The console's refusals of
+    a peer presenting another's session (``Console._require_peer``) are spells too, by (peer
+    uid, session), each ended once ``over``: no refusal of it for a while."""
 
     def __init__(self) -> None:
-        self._turned_away: dict[int | None, int] = {}
-        """By uid in a spell: its connections turned away in it."""
+        self._turned_away: dict[Hashable, int] = {}
+        """By uid (or key) in a spell: its connections turned away in it."""
+        self._last: dict[Hashable, float] = {}
+        """By key, when its spell's last was (those ``turned_away`` was told ``now`` of)."""
 
-    def turned_away(self, uid: int | None) -> bool:
+    def turned_away(self, uid: Hashable, now: float | None = None) -> bool:
         """One of ``uid``'s connections was turned away (or, ``Server._uid_evictions``, an idle
-        one of its evicted): whether a spell starts with it."""
+        one of its evicted), at ``now`` if given: whether a spell starts with it."""
         first = uid not in self._turned_away
         self._turned_away[uid] = self._turned_away.get(uid, 0) + 1
+        if now is not None:
+            self._last[uid] = now
         return first
+
+    def over(self, now: float, quiet: float) -> list[tuple[Hashable, int]]:
+        """The spells whose last was ``quiet`` seconds or more before ``now``, ended: (key,
+        how many were turned away in it) each."""
+        ended = [key for key, last in self._last.items() if now - last >= quiet]
+        for key in ended:
+            del self._last[key]
+        return [(key, self._turned_away.pop(key, 0)) for key in ended]
 
     def left(self, uid: int | None, held: int, share: int) -> int | None:
         """``uid`` holds ``held`` connections now, of ``share``: how many were turned away
