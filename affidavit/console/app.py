@@ -179,6 +179,9 @@ class Console(Handlers):
         self.templates.filters["when"] = _when
         self.templates.filters["q"] = lambda s: quote(str(s), safe="")
         self.templates.filters["v"] = visible
+        # An attribute's value (a filter's box): escaped text, as ``printable`` shows it -- the
+        # ``v`` filter's marks are markup, which an attribute cannot hold.
+        self.templates.filters["box"] = lambda s: printable(str(s))
         self.templates.filters["session"] = session_name
         self.templates.filters["outcome"] = lambda r: shown_outcome(r["outcome"], r["evidence"])
         self.templates.filters["outcome_counts"] = outcome_counts

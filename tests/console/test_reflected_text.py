@@ -44,3 +44,9 @@ async def test_a_path_id_or_a_filter_an_agent_wrote_is_not_shown_back(
         # A session name is still a filter, shown back in its box.
         status, _, page = await get(f"{origin}/actions?session=run%201", cookie=cookie)
         assert status == 200 and b'value="run 1"' in page
+        # One of other characters matches nothing and is kept, but its box shows a bidi
+        # override or a control escaped, never the character (review confix51 item 4).
+        planted = quote("run\u202e\x1b[2J")
+        status, _, page = await get(f"{origin}/actions?session={planted}", cookie=cookie)
+        assert status == 200 and b'value="run\\u202e\\u001b[2J"' in page
+        assert "\u202e".encode() not in page and b"\x1b" not in page
