@@ -60,6 +60,7 @@ _NLM_F_REQUEST = 1
 _NLMSG_ERROR = 2
 _NOCOOKIE = 0xFFFFFFFF  # INET_DIAG_NOCOOKIE: any socket of the 4-tuple
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
+_ERRNO = struct.Struct("=i")  # nlmsgerr's error, first in its body
 _REQUEST = struct.Struct("=BBBBI")  # inet_diag_req_v2: family, protocol, ext, pad, states
 _SOCKID = struct.Struct("!HH16s16s")  # inet_diag_sockid: sport, dport, src, dst (network order)
 _SOCKID_TAIL = struct.Struct("=III")  # ... if, cookie[2]
@@ -146,7 +147,9 @@ def _netlink_owner(local: Address, remote: Address) -> int | None:
     _, kind, _, _, _ = _HEADER.unpack_from(answer)
     body = answer[_HEADER.size :]
     if kind == _NLMSG_ERROR:
-        (code,) = struct.unpack_from("=i", body)
+        if len(body) < _ERRNO.size:
+            raise _Unavailable("a short error answer")
+        (code,) = _ERRNO.unpack_from(body)
         if -code == errno.ENOENT:
             return None  # no such socket (``_netlink_works`` proved the query is served)
         raise _Unavailable(os.strerror(-code))
@@ -161,7 +164,8 @@ def _netlink_owner(local: Address, remote: Address) -> int | None:
 def _netlink_works() -> bool:
     """Whether the kernel answers the query: asked once per process, of a loopback connection
     of its own (its uid must come back) -- an ENOENT would not tell a socket not found from a
-    kernel without ``tcp_diag``."""
+    kernel without ``tcp_diag``.  Blocking (each step bounded by ``_WAIT``): ``owner_of`` asks
+    it in a worker thread."""
     global _works
     if _works is None:
         try:
@@ -169,6 +173,7 @@ def _netlink_works() -> bool:
                 socket.create_server(("127.0.0.1", 0)) as listener,
                 socket.create_connection(listener.getsockname(), timeout=_WAIT) as client,
             ):
+                listener.settimeout(_WAIT)
                 accepted, _ = listener.accept()
                 with accepted:
                     got = _netlink_owner(client.getsockname(), accepted.getsockname())
@@ -196,6 +201,8 @@ async def owner_of(local: Address, remote: Address) -> int | None:
     where it works, else /proc/net/tcp{,6} read in a worker thread, one at a time -- never
     parsed on the loop, where a table of thousands of rows stalled every other connection."""
     global _proc_limiter
+    if _works is None:  # the one-time self-check, off the loop (a listen, connect and accept)
+        await trio.to_thread.run_sync(_netlink_works)
     if _netlink_works():
         try:
             return _netlink_owner(local, remote)

@@ -93,3 +93,76 @@ async def test_an_admitted_connection_is_looked_up_once_and_never_on_the_loop_s_
     else:
         assert (asked, len(read)) == ([], 1)
         assert read[0] != loop
+
+
+class _ShortError:
+    """A netlink socket answering an NLMSG_ERROR whose body is two bytes, not an errno's four."""
+
+    def __init__(self, *_: Any) -> None:
+        pass
+
+    def __enter__(self) -> _ShortError:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        pass
+
+    def settimeout(self, _: float) -> None:
+        pass
+
+    def sendto(self, data: bytes, _: Any) -> int:
+        return len(data)
+
+    def recv(self, _: int) -> bytes:
+        return peer._HEADER.pack(peer._HEADER.size + 2, peer._NLMSG_ERROR, 0, 1, 0) + b"\0\0"
+
+
+def test_a_short_netlink_error_answer_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short error answer is the kernel's not answering (the table is read), never a
+    ``struct.error`` out of the console's admission (review confix51 item 3)."""
+    listener, client, accepted = _pair()
+    with listener, client, accepted:
+        local, remote = client.getsockname(), accepted.getsockname()
+        monkeypatch.setattr(peer, "_works", True)
+        monkeypatch.setattr(socket, "socket", _ShortError)
+        with pytest.raises(peer._Unavailable, match="short error"):
+            peer._netlink_owner(local, remote)
+        assert peer.socket_owner(local, remote) == os.geteuid()  # read from /proc/net/tcp
+
+
+async def test_the_netlink_self_check_runs_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-time self-check (a listen, connect and accept) is made in a worker thread, not
+    on the event loop the console's connections share (review confix51 item 5)."""
+    monkeypatch.setattr(peer, "_works", None)
+    checked: list[int] = []
+    real = socket.create_server
+
+    def create_server(*a: Any, **k: Any) -> socket.socket:
+        checked.append(threading.get_ident())
+        return real(*a, **k)
+
+    monkeypatch.setattr(socket, "create_server", create_server)
+    listener, client, accepted = _pair()
+    with listener, client, accepted:
+        got = await peer.owner_of(client.getsockname(), accepted.getsockname())
+    assert got == os.geteuid() and peer._works is True
+    assert len(checked) == 2 and checked[1] != threading.get_ident()  # ([0]: _pair's)
+
+
+def test_the_netlink_self_check_does_not_wait_forever_for_its_accept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its connection made elsewhere (as a full backlog or a filter would leave it), the
+    self-check's accept gives up after ``_WAIT``: netlink is taken not to work."""
+    monkeypatch.setattr(peer, "_works", None)
+    elsewhere = socket.create_server(("127.0.0.1", 0))
+    real = socket.create_connection
+    monkeypatch.setattr(
+        socket, "create_connection", lambda _, **k: real(elsewhere.getsockname(), **k)
+    )
+    done: list[bool] = []
+    thread = threading.Thread(target=lambda: done.append(peer._netlink_works()), daemon=True)
+    with elsewhere:
+        thread.start()
+        thread.join(30)  # (a bound on a hang: without the accept's timeout it never returns)
+    assert done == [False]
