@@ -66,6 +66,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import jinja2
+import trio
 
 import affidavit
 from affidavit.api.broker import Broker
@@ -367,13 +368,7 @@ class Console(Handlers):
         the spells the daemon's connection caps log by)."""
         now = time.monotonic()
         peer = "an unidentified peer" if uid is None else f"uid {uid}"
-        for key, count in self._refusals.over(now, self._refusals_quiet):
-            if count > 1:
-                log.info(
-                    "console: %d more requests of %s with %s of uid %d were refused",
-                    count - 1,
-                    *key[:3],  # type: ignore[index]
-                )
+        self.end_refusal_runs(now)
         if self._refusals.turned_away((peer, what, operator.uid, session), now):
             log.warning(
                 "console: refused %s %s: %s of uid %d presented by %s (its further refusals "
@@ -385,6 +380,24 @@ class Console(Handlers):
                 peer,
                 self._refusals_quiet,
             )
+
+    def end_refusal_runs(self, now: float) -> None:
+        """The runs of refusals over at ``now`` (``REFUSED_QUIET`` without one): each one's
+        count logged, when it was more than its first line."""
+        for key, count in self._refusals.over(now, self._refusals_quiet):
+            if count > 1:
+                log.info(
+                    "console: %d more requests of %s with %s of uid %d were refused",
+                    count - 1,
+                    *key[:3],  # type: ignore[index]
+                )
+
+    async def keep_refusal_log(self) -> None:
+        """Upkeep for the daemon's life: a run's count logged once it is over, though no later
+        refusal comes to end it (it was logged only then: a run that stopped stayed unsaid)."""
+        while True:
+            await trio.sleep(self._refusals_quiet / 4)
+            self.end_refusal_runs(time.monotonic())
 
     def _same_origin(self, req: Request) -> None:
         origin = req.headers.get("origin")

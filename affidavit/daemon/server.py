@@ -517,6 +517,8 @@ class Daemon:
                 # Upkeep once the socket answers, never before (a shutdown cancels it).
                 outer.start_soon(_reclaim_chunks, api.broker)
                 outer.start_soon(_prune_view_readers, api.broker)
+                if self.console is not None:
+                    outer.start_soon(self.console.keep_refusal_log)
                 self._serving = True
                 task_status.started()
                 await self.shutdown.wait()

@@ -7,11 +7,17 @@ closed after each ``PEER_REFUSED`` answer, so a refused peer keeps no place open
 from __future__ import annotations
 
 import json
+import logging
+import time
 from pathlib import Path
 
+import pytest
+import trio
+
+from tests.broker.helpers import http_target, open_broker
 from tests.daemon.kit import as_user, client_env, run
 
-from .kit import console_world, log_in
+from .kit import console_world, log_in, operator_config, served
 
 NOBODY = 65534
 REQUESTS = 40
@@ -67,3 +73,25 @@ def test_a_run_of_refusals_ends_when_quiet_with_its_count() -> None:
     assert spells.over(61.0, 60.0) == [(key, 2)]  # (the other's last was at 30)
     assert spells.over(90.0, 60.0) == [(other, 1)]
     assert spells.turned_away(key, 62.0) is True  # a new run
+
+
+async def test_a_run_over_is_logged_with_no_later_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run's count is logged by the console's upkeep once the run is over, though no later
+    refusal comes (it was logged only at the next one: review confix51 item 2)."""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    async with open_broker(path) as b, served(b, tmp_path) as (_, console):
+        console._refusals_quiet = 0.2
+        key = ("uid 65534", "a session cookie", 0, "sid")
+        for _ in range(3):
+            console._refusals.turned_away(key, time.monotonic())
+        caplog.set_level(logging.INFO, logger="affidavit")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(console.keep_refusal_log)
+            for _ in range(100):  # (bounded: 10 s at most; the run is over after 0.2 s)
+                if "2 more requests of uid 65534" in caplog.text:
+                    break
+                await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+    assert "2 more requests of uid 65534 with a session cookie of uid 0" in caplog.text
