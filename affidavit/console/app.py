@@ -47,7 +47,9 @@ refused, 403, unless it is a top-level navigation GET; a prefetch or prerender
 page or the operator made (``Sec-Fetch-Site`` ``same-origin``, ``none`` or absent), restarts
 the session's idle clock, and only such a request's page has its decision buttons enabled:
 one another page navigated to (the double-click attack) shows them disabled, and its forms'
-token decides nothing (``request.decision_forms``; 403 ``RELOAD_TO_DECIDE``).
+token decides nothing (``request.decision_forms``; 403 ``RELOAD_TO_DECIDE``) -- and so do all
+the session's pages after it (``Session.held``) until the held page's reload link, which the
+console's script arms, is followed (``/reload``).
 ``Cross-Origin-Opener-Policy: same-origin``: a page that opened the
 console in a popup keeps no handle on it.
 
@@ -269,12 +271,16 @@ class Console(Handlers):
             )
         elif req.session is None:
             return await req.redirect("/login")
+        else:
+            _hold(req, req.session)
         # Only now may the request be the operator's: it restarts the idle clock -- a refused
         # one (a stranger's, a hostile page's 403'd post or image) never does, nor does a live
         # page's own reload (``AUTO``, nobody is at it), nor a navigation another page started
         # (``_operator_s_own``).
         if _operator_s_own(req) and not (method == "GET" and req.query.get(AUTO) == "1"):
             self.sessions.touch(req.session)  # type: ignore[arg-type]
+        if path == "/reload" and method == "GET":
+            return await req.redirect(_reloaded(req, req.session))  # type: ignore[arg-type]
         if path in ("/", "/approvals") and method == "GET":
             return await self._approvals(req)
         if path == "/actions" and method == "GET":
@@ -486,6 +492,32 @@ def _same_site_or_navigation(req: Request) -> None:
     raise Refused(
         403, "refused: another site's page made this request; nothing done", "SITE_REFUSED"
     )
+
+
+def _hold(req: Request, session: Session) -> None:
+    """A GET another page's navigation made holds the session's pages (``Session.held``).
+    Only the held page's armed reload link ends it (``_reloaded``).  Not a reload by the
+    browser: chromium sends a reload -- and a back or forward to a page it refetches (no-store)
+    -- the ``Sec-Fetch-Site`` of the navigation that first reached the page, ``same-site``
+    again (chromedriver's refresh, 2026-12).  Nor ``none`` (the address bar, a bookmark): a
+    back to a page first opened so is sent ``none`` too, and another page can send this tab
+    back (``history.back()``)."""
+    if req.headers.get("sec-fetch-site") in ("same-site", "cross-site"):
+        session.held = True
+
+
+def _reloaded(req: Request, session: Session) -> str:
+    """``/reload?to=PATH``, the held page's reload link (base.html): the page is reloaded, no
+    longer held, when a console page's link asked (``Sec-Fetch-Site: same-origin``) -- the
+    console's script gives the link its address only once the operator is at the page, as it
+    arms a decision button.  Where to: the console's path named, else /approvals (no other
+    site: an open redirect would be a hostile page's link with the console's name on it)."""
+    if req.headers.get("sec-fetch-site") == "same-origin":
+        session.held = False
+    to = req.query.get("to") or ""
+    own = to.startswith("/") and not to.startswith("//") and "\\" not in to
+    plain = to.isascii() and to.isprintable() and len(to) <= 2048  # (as ``quote`` makes it)
+    return to if own and plain else "/approvals"
 
 
 def _not_speculative(req: Request) -> None:

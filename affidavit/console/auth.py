@@ -193,6 +193,14 @@ class Session:
     another page started: ``app._decidable``): it logs out, and decides nothing -- a decision's
     form must carry ``csrf``, which only a page rendered enabled holds (the double-click
     defence, docs/console.md)."""
+    held: bool = False
+    """Whether its pages render held (decision buttons disabled, ``csrf_shown_disabled``):
+    set by a navigation another page started, and kept by every page the console's own links
+    open -- a disabled page's link (its nav, an entry, its own reload) would otherwise open one
+    rendered enabled, and a third click placed in advance would decide.  Cleared only by what a
+    click placed in advance cannot land: the page's reload link, which the console's script
+    holds back until the operator is at the page (``/reload``; or a new session: logging in
+    again).  Only ever stricter; it spans the session's tabs."""
     notice: tuple[str, str, str] | None = None
     """What the operator's last decision did -- (kind, invocation id, how) -- shown once by the
     page the decision redirects to; kept here, never in the URL, where any link could claim a

@@ -213,9 +213,11 @@ def decision_forms(req: Request, decisions: bool = True) -> dict[str, Any]:
     ``csrf_shown_disabled``, which logs out and decides nothing (``Console._checked_form``).
     A page the operator opened (``none``: typed, a bookmark, a reload), one a console page
     opened (``same-origin``), or a client's that sends no Fetch Metadata is rendered enabled,
-    with ``csrf``."""
+    with ``csrf`` -- unless the session is held (``Session.held``: a page another page opened
+    is held, and so is every page its links open, until the operator reloads it)."""
     session = req.session
     enabled = req.headers.get("sec-fetch-site") in (None, "same-origin", "none")
+    enabled = enabled and not (session is not None and session.held)
     csrf = "" if session is None else session.csrf if enabled else session.csrf_shown_disabled
     return {"csrf": csrf, "elsewhere": decisions and not enabled}
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import trio
 
@@ -112,6 +114,77 @@ async def test_the_double_click_from_a_same_site_page_approves_nothing(
         assert len(world.pay.requests) == 1
 
 
+async def test_a_held_page_s_links_keep_it_held_and_its_reload_waits_for_the_operator(
+    tmp_path: Path, token: str, chrome: Browser
+) -> None:
+    """The triple click (review confix51 item 1): another page sends the tab to /approvals,
+    the second click follows a link of that held page -- the console's own navigation -- and
+    the third lands on approve.  The page the link opens is still held by the server (its
+    buttons rendered disabled, its token deciding nothing), and the held page's reload link has
+    no address until the script arms it; a browser reload keeps it held too.  The operator at
+    the page reloads it with the link and decides."""
+    from selenium.webdriver.common.by import By
+
+    async with console_world(tmp_path, token, wait="60s") as world:
+        await chrome.log_in(await world.login_url())
+        await wait_until(lambda: chrome.count("#operator"), "logged in")
+        caller = await world.caller(CHARGE)
+        iid = await world.one_pending()
+        button = f"#approval-{iid} button.approve"
+        decoy = f'<!doctype html><a id="go" href="{world.origin}/approvals">prize</a>'
+
+        async def follow(step: Callable[[Any], object]) -> None:
+            await chrome.run(lambda d: d.execute_script("window.before = 1"))
+            await chrome.run(step)
+
+            async def loaded() -> bool:
+                fresh = await chrome.run(lambda d: d.execute_script("return !window.before"))
+                return bool(fresh) and await chrome.count(button) == 1
+
+            await wait_until(loaded, "the next page is loaded")
+
+        def token_of(d: Any) -> str:
+            return str(d.find_element(By.CSS_SELECTOR, 'input[name="csrf"]').get_attribute("value"))
+
+        def reload_address(d: Any) -> str | None:
+            return d.find_element(By.CSS_SELECTOR, "#reload").get_attribute("href")
+
+        with _hostile(lambda: decoy) as hostile:
+            await chrome.get(f"{hostile}/")
+            await follow(lambda d: d.find_element(By.CSS_SELECTOR, "#go").click())
+        assert await chrome.count("#opened-elsewhere") == 1
+        assert await chrome.run(reload_address) is None  # (no pointer move yet: not armed)
+        # The second click: the page's own nav link.  What it opens is held by the server.
+        await follow(lambda d: d.find_element(By.CSS_SELECTOR, 'nav a[href="/approvals"]').click())
+        assert await chrome.count("#opened-elsewhere") == 1
+        assert await chrome.run(reload_address) is None
+        held_token = await chrome.run(token_of)
+        await chrome.run(lambda d: d.find_element(By.CSS_SELECTOR, button).click())  # the third
+        await trio.sleep(1)  # (a submitted form would be answered well within it)
+        assert await chrome.count("#decided") == 0
+        assert await _pending(world, iid) and world.pay.requests == []
+        # A reload by the browser (chromium sends it same-site again) keeps it held.
+        await follow(lambda d: d.refresh())
+        assert await chrome.count("#opened-elsewhere") == 1
+
+        # The operator at the page: the pointer moves, the reload link gets its address.
+        def armed(d: Any) -> bool:
+            from selenium.webdriver.common.action_chains import ActionChains
+
+            link = d.find_element(By.CSS_SELECTOR, "#reload")
+            ActionChains(d).move_to_element_with_offset(link, 1, 0).move_to_element(link).perform()
+            return reload_address(d) is not None
+
+        await wait_until(lambda: chrome.run(armed), "the reload link is armed")
+        await follow(lambda d: d.find_element(By.CSS_SELECTOR, "#reload").click())
+        assert await chrome.count("#opened-elsewhere") == 0
+        assert await chrome.run(token_of) != held_token  # (the held page's decided nothing)
+        await chrome.decide(button)
+        await wait_until(lambda: chrome.count("#decided"), "the decision is confirmed")
+        with trio.fail_after(60):
+            assert await caller.wait() == 0
+
+
 async def test_the_buttons_wait_for_the_page_to_be_seen_and_the_pointer_to_move(
     tmp_path: Path, token: str, chrome: Browser
 ) -> None:
@@ -169,8 +242,39 @@ async def test_a_page_another_page_opened_renders_a_token_that_decides_nothing(
             assert b'id="opened-elsewhere"' in page, where
         _, _, page = await get(f"{world.origin}/actions", cookie=cookie, headers=SAME_SITE)
         assert b'id="opened-elsewhere"' not in page  # nothing to decide there
+        assert shown_disabled.encode() in page and csrf.encode() not in page
 
+        # A held page's links (its nav, an entry, its reload's plain address) open pages held
+        # too: the console's own navigation does not undo it (review confix51 item 1).
+        own = {"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "navigate"}
+        for where in ("/approvals", f"/invocations/{iid}", "/journal"):
+            _, _, page = await get(world.origin + where, cookie=cookie, headers=own)
+            assert b'id="opened-elsewhere"' in page and csrf.encode() not in page, where
+        # The reload link: its address is the script's to give (no href rendered); asked for
+        # by another page, it holds; by the console's page, the page comes back enabled.
+        assert b'data-reload="/reload?to=%2Fjournal" id="reload"' in page
+        assert b'href="/reload' not in page
+        for site, held in ((SAME_SITE, True), (own, False)):
+            status, head, _ = await get(
+                f"{world.origin}/reload?to=%2Fapprovals", cookie=cookie, headers=site
+            )
+            assert (status, head.get("location")) == (303, "/approvals")
+            _, _, page = await get(f"{world.origin}/approvals", cookie=cookie, headers=own)
+            assert (b'id="opened-elsewhere"' in page) is held
+            assert (csrf.encode() in page) is not held
+        for to in ("//elsewhere.example/x", "https://elsewhere.example/", "/\\x", ""):
+            status, head, _ = await get(
+                f"{world.origin}/reload?to={quote(to, safe='')}", cookie=cookie, headers=own
+            )
+            assert (status, head.get("location")) == (303, "/approvals"), to
+        _, _, page = await get(f"{world.origin}/approvals", cookie=cookie, headers=SAME_SITE)
+        assert b'id="opened-elsewhere"' in page  # held again
+        # Held, even the address bar's (or a back to a page first opened so: ``none``) is.
         opened = {"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate"}
+        _, _, page = await get(f"{world.origin}/approvals", cookie=cookie, headers=opened)
+        assert b'id="opened-elsewhere"' in page and csrf.encode() not in page
+        await get(f"{world.origin}/reload?to=%2Fapprovals", cookie=cookie, headers=own)
+
         _, _, page = await get(f"{world.origin}/approvals", cookie=cookie, headers=opened)
         assert b'id="opened-elsewhere"' not in page and b"disabled" not in page
         assert await csrf_of(world.origin, cookie) == csrf

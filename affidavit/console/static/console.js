@@ -19,11 +19,21 @@ function tick() {
 // the server rendered enabled ([data-decide]) are disabled until the page has been visible for
 // ARM_MS and the pointer has then moved over it; hidden again (another tab, a popup over it),
 // they are disabled again and the wait starts over.
+// A page the server rendered held (opened from another page) has its buttons disabled for
+// good; its reload link ([data-reload], the way out) has no address until it is armed the same
+// way -- else a click placed in advance would reload it enabled for the next one.
 const ARM_MS = 1000;
 function guard() {
   const buttons = [...document.querySelectorAll("button[data-decide]")].filter((b) => !b.disabled);
+  const links = [...document.querySelectorAll("a[data-reload]")];
   let since = document.visibilityState === "visible" ? performance.now() : null;
-  const hold = (on) => { for (const b of buttons) b.disabled = on; };
+  const hold = (on) => {
+    for (const b of buttons) b.disabled = on;
+    for (const a of links) {
+      if (on) a.removeAttribute("href");
+      else a.href = a.dataset.reload;
+    }
+  };
   hold(true);
   document.addEventListener("visibilitychange", () => {
     since = document.visibilityState === "visible" ? performance.now() : null;
