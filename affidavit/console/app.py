@@ -222,7 +222,8 @@ class Console(Handlers):
         text = self.templates.get_template(name).render(
             operator=session.operator if session else None,
             **forms,
-            reload_here=quote(req.path),
+            # The query kept: a held /invocations/X?from=N reloads as itself (review rv51c2).
+            reload_here=quote(req.path) + (f"?{req.query_string}" if req.query_string else ""),
             version=affidavit.__version__,
             here=req.path,
             **context,

@@ -97,6 +97,8 @@ class Request:
         self.method = str(scope["method"])
         self.path = str(scope["path"])
         query = scope.get("query_string", b"").decode("latin-1")
+        self.query_string = query
+        """The query as sent (still percent-encoded): a held page's reload link keeps it."""
         # Blank values kept: ``?from=`` is a value that is no row number (INVALID_FIELD), not
         # the absence of one; every filter reads a blank as none.
         pairs = parse_qsl(query, keep_blank_values=True)

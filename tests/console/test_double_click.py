@@ -254,6 +254,11 @@ async def test_a_page_another_page_opened_renders_a_token_that_decides_nothing(
         # by another page, it holds; by the console's page, the page comes back enabled.
         assert b'data-reload="/reload?to=%2Fjournal" id="reload"' in page
         assert b'href="/reload' not in page
+        # ... and names the page as it was asked for, its query kept (review rv51c2 item 1).
+        _, _, page = await get(
+            f"{world.origin}/invocations/{iid}?from=0", cookie=cookie, headers=own
+        )
+        assert f'data-reload="/reload?to=%2Finvocations%2F{iid}%3Ffrom%3D0"'.encode() in page
         for site, held in ((SAME_SITE, True), (own, False)):
             status, head, _ = await get(
                 f"{world.origin}/reload?to=%2Fapprovals", cookie=cookie, headers=site
