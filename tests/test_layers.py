@@ -2,7 +2,7 @@
 
     statemachine/   imports nothing of ours
     adapters/       statemachine only; a protocol's package never imports another protocol's
-    journal/        statemachine, and the leaves strictjson, acl and privatefile; adapters and
+    journal/        statemachine, and the leaves strictjson, acl, privatefile and text; adapters and
                     journal never import each other
     affidavit/      the service: may import all three, and its own sub-packages only downwards
 
@@ -38,6 +38,7 @@ SERVICE_BASE = {
     "affidavit.heap",
     "affidavit.acl",
     "affidavit.privatefile",
+    "affidavit.spells",
 }
 ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.statemachine": frozenset(),
@@ -55,6 +56,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # glibc's allocator thresholds for the process that calls it (serve, mcp run embedded): a
     # leaf, as ``coredump`` is.
     "affidavit.heap": frozenset(),
+    # Runs of refusals logged as one line each (the daemon's admission, the console's): a leaf,
+    # so the console needs nothing of the daemon that serves it.
+    "affidavit.spells": frozenset(),
     # Who else a file's POSIX ACL lets in: a leaf the journal's exposure checks and the
     # secret-file reads (``affidavit.privatefile``) both judge by.
     "affidavit.acl": frozenset(),
@@ -65,8 +69,15 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # can reach it: one rule for the credentials, the vault's unlock key and the journal's key
     # files, which the journal reads itself.
     "affidavit.privatefile": frozenset({"affidavit.acl"}),
+    # (text: a PostgreSQL lock holder's role name, another role's choice, shown escaped.)
     "affidavit.journal": frozenset(
-        {"affidavit.statemachine", "affidavit.strictjson", "affidavit.acl", "affidavit.privatefile"}
+        {
+            "affidavit.statemachine",
+            "affidavit.strictjson",
+            "affidavit.acl",
+            "affidavit.privatefile",
+            "affidavit.text",
+        }
     ),
     "affidavit.adapters": frozenset({"affidavit.statemachine"}),  # adapters/__init__, base
     "affidavit.adapters.<proto>": frozenset({"affidavit.statemachine", "affidavit.adapters"}),

@@ -75,6 +75,7 @@ from affidavit.api.broker import Broker
 from affidavit.approvals import Operator
 from affidavit.config import is_loopback
 from affidavit.journal import SessionSummary
+from affidavit.spells import REFUSED_QUIET, UidSpells
 from affidavit.text import outcome_counts, printable, shown_outcome, utc_time
 from affidavit.views import metrics_key
 
@@ -168,10 +169,7 @@ class Console(Handlers):
         # plain HTTP -- not to a server an agent runs on another port of the public host,
         # where cookies (which ignore ports) would otherwise go.
         self.secure_cookie = (public_origin or "").startswith("https://")
-        # (Imported here: the daemon's package imports the console.)
-        from affidavit.daemon.admission import REFUSED_QUIET, _UidSpells
-
-        self._refusals = _UidSpells()
+        self._refusals = UidSpells()
         """Runs of ``PEER_REFUSED`` by (peer uid, session): logged once each (``_require_peer``)."""
         self._refusals_quiet = REFUSED_QUIET
         self.templates = jinja2.Environment(
@@ -371,7 +369,7 @@ class Console(Handlers):
     ) -> None:
         """A refusal's log: the first of a run by (peer uid, session) a warning, the rest
         counted and their count logged once the run is over (``REFUSED_QUIET`` without one) --
-        a cookie replayed in a loop is one line, not one per request (``admission._UidSpells``,
+        a cookie replayed in a loop is one line, not one per request (``spells.UidSpells``,
         the spells the daemon's connection caps log by)."""
         now = time.monotonic()
         peer = "an unidentified peer" if uid is None else f"uid {uid}"

@@ -91,10 +91,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
 
 import trio
 
+from ..spells import REFUSED_QUIET, UidSpells
 from .h11server import (
     BODY_WAIT,
     HEAD_WAIT,
@@ -155,8 +156,6 @@ would have to think the call may have run).
 One uid holds half of it at most, the peers who are not operators half together, and -- with
 operators configured -- one uid of theirs a quarter of that (``Server.answer_share``,
 ``answer_others``), as they hold the connections."""
-REFUSED_QUIET = 60.0
-"""A spell of refused peers ends once this many seconds pass without one (``_RefusedPeers``)."""
 CONSOLE_MAX_CONNECTIONS = 64
 """Console connections served at once: an operator console has few users (a browser opens
 about six per origin)."""
@@ -313,9 +312,9 @@ class Server:
         self._full = False
         """Connections were turned away since one was last served under the cap (logged once
         per spell)."""
-        self._uid_spells = _UidSpells()
+        self._uid_spells = UidSpells()
         """Uids turned away at their own share (a spell each)."""
-        self._uid_evictions = _UidSpells()
+        self._uid_evictions = UidSpells()
         """Uids whose idle connections were evicted for their own at their share (likewise:
         the socket-wide ``_evicting`` ends at any admission with half the places free)."""
         self._evicting = False
@@ -674,45 +673,6 @@ async def _console_owner(stream: trio.SocketStream) -> int | None:
         return None
 
 
-class _UidSpells:
-    """The uids turned away at their own share of connections (``Server``'s, ``ConsoleCap``'s):
-    a spell each, logged at its start and at its end -- once the uid holds half its share or
-    less, not at its first admission under it: a client reconnecting as fast as its
-    connections close would otherwise make a line per connection.  The console's refusals of
-    a peer presenting another's session (``Console._require_peer``) are spells too, by (peer
-    uid, session), each ended once ``over``: no refusal of it for a while."""
-
-    def __init__(self) -> None:
-        self._turned_away: dict[Hashable, int] = {}
-        """By uid (or key) in a spell: its connections turned away in it."""
-        self._last: dict[Hashable, float] = {}
-        """By key, when its spell's last was (those ``turned_away`` was told ``now`` of)."""
-
-    def turned_away(self, uid: Hashable, now: float | None = None) -> bool:
-        """One of ``uid``'s connections was turned away (or, ``Server._uid_evictions``, an idle
-        one of its evicted), at ``now`` if given: whether a spell starts with it."""
-        first = uid not in self._turned_away
-        self._turned_away[uid] = self._turned_away.get(uid, 0) + 1
-        if now is not None:
-            self._last[uid] = now
-        return first
-
-    def over(self, now: float, quiet: float) -> list[tuple[Hashable, int]]:
-        """The spells whose last was ``quiet`` seconds or more before ``now``, ended: (key,
-        how many were turned away in it) each."""
-        ended = [key for key, last in self._last.items() if now - last >= quiet]
-        for key in ended:
-            del self._last[key]
-        return [(key, self._turned_away.pop(key, 0)) for key in ended]
-
-    def left(self, uid: int | None, held: int, share: int) -> int | None:
-        """``uid`` holds ``held`` connections now, of ``share``: how many were turned away
-        when its spell ends with this, else None."""
-        if uid in self._turned_away and held <= share // 2:
-            return self._turned_away.pop(uid)
-        return None
-
-
 class ConsoleCap:
     """The console listener's connections: at most ``max_connections`` served at once, and at
     most ``max_per_uid`` of one local uid (half, unless given; ``owner`` names a connection's
@@ -742,7 +702,7 @@ class ConsoleCap:
         self._others_turned_away = 0
         """Connections of those uids turned away in this spell at their joint share."""
         self._per_uid: dict[int | None, int] = {}
-        self._uid_spells = _UidSpells()
+        self._uid_spells = UidSpells()
         """Uids turned away at their share (a spell each)."""
         self.turned_away = 0
         """Connections turned away in this spell at the cap (0 outside one)."""

@@ -59,11 +59,11 @@ async def test_a_replayed_cookie_is_refused_each_time_and_logged_once(
 
 
 def test_a_run_of_refusals_ends_when_quiet_with_its_count() -> None:
-    """``_UidSpells`` keyed by (peer, session) as the console keys them: a run starts with its
+    """``UidSpells`` keyed by (peer, session) as the console keys them: a run starts with its
     first refusal, is counted, and is over -- its count given back once -- after ``quiet``."""
-    from affidavit.daemon.admission import _UidSpells
+    from affidavit.spells import UidSpells
 
-    spells = _UidSpells()
+    spells = UidSpells()
     key = ("uid 65534", "a session cookie", 0, "sid")
     assert spells.turned_away(key, 0.0) is True
     assert spells.turned_away(key, 1.0) is False

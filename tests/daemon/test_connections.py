@@ -227,7 +227,7 @@ async def test_a_uids_evictions_at_its_share_are_logged_once_per_spell_of_its_ow
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A uid whose new connections evict its own idle ones at its share logs that once per
-    spell of its own (``_UidSpells``), not once per reconnect cycle: another agent admitted
+    spell of its own (``UidSpells``), not once per reconnect cycle: another agent admitted
     with half the places free ended the socket-wide spell, and the next eviction logged again.
     Fails with the eviction's spell the whole socket's."""
     caplog.set_level(logging.INFO, logger="affidavit.daemon")
