@@ -34,6 +34,7 @@ import trio
 from .pages import read_pages, read_record_pages
 from .wire import (
     AFTER_BROKEN_SEND,
+    DELIVERY_WAIT,
     EVENTS_LIMIT,
     HEADERS,
     MAX_COUNT,
@@ -44,7 +45,10 @@ from .wire import (
     DaemonUnavailable,
     NotSent,
     Response,
+    answer_cap,
+    answer_wait,
     approval_path,
+    check_envelope,
     check_peer,
     check_socket,
     check_timeout,
@@ -82,10 +86,14 @@ def encode_request(
 
 
 class ResponseReader:
-    """Feeds received bytes to h11 until one whole response has arrived."""
+    """Feeds received bytes to h11 until one whole response has arrived; one whose body would
+    be longer than ``cap`` (``wire.answer_cap``) is ``AnswerLost`` before its body is read."""
 
-    def __init__(self, conn: h11.Connection) -> None:
+    def __init__(self, conn: h11.Connection, cap: int | None = None) -> None:
         self._conn = conn
+        self._cap = cap
+        self.head = False
+        """The answer's head has arrived."""
         self._status = 0
         self._type = ""
         self._retry_after: int | None = None
@@ -110,13 +118,17 @@ class ResponseReader:
                     return None
                 if isinstance(event, h11.Response):
                     self._status = event.status_code
+                    self.head = True
                     for name, value in event.headers:
                         if name == b"content-type":
                             self._type = value.decode("latin-1")
                         elif name == b"retry-after":
                             self._retry_after = retry_after_of(value)
+                        elif name == b"content-length":
+                            self._check_length(int(value))
                 elif isinstance(event, h11.Data):
                     self._body += event.data
+                    self._check_length(len(self._body))
                 elif isinstance(event, h11.EndOfMessage):
                     return Response(self._status, self._type, bytes(self._body), self._retry_after)
                 elif isinstance(event, h11.ConnectionClosed):
@@ -128,8 +140,18 @@ class ResponseReader:
                 ) from None
             raise AnswerLost(f"the daemon's answer is not valid HTTP/1.1 ({exc})") from None
 
+    def _check_length(self, n: int) -> None:
+        if self._cap is not None and n > self._cap:
+            raise AnswerLost(
+                f"the daemon's answer would be {n} bytes, more than the {self._cap} it ever sends"
+            )
+
     def reusable(self) -> bool:
-        """After a complete response: both sides are done, the connection can carry another."""
+        """After a complete response: both sides are done, the connection can carry another --
+        unless bytes arrived past the answer (h11's ``trailing_data``: an answer nobody asked
+        for, which the next request on it would read as its own)."""
+        if self._conn.trailing_data[0] or self._conn.trailing_data[1]:
+            return False
         if self._conn.our_state is h11.DONE and self._conn.their_state is h11.DONE:
             self._conn.start_next_cycle()
             return True
@@ -203,21 +225,34 @@ class Client:
     # -- the Broker-like API --------------------------------------------------------------------
 
     async def call(
-        self, action: Mapping[str, Any], *, timeout: float | None = None
+        self,
+        action: Mapping[str, Any],
+        *,
+        timeout: float | None = None,
+        approval_wait: float = 0.0,
     ) -> dict[str, Any]:
-        """Perform one action in the daemon; return its envelope (as ``Broker.call``)."""
+        """Perform one action in the daemon; return its envelope (as ``Broker.call``).
+
+        Its answer is waited for ``wire.answer_wait(timeout, approval_wait)`` seconds at most:
+        the caller's ``timeout`` (else ``wire.CALL_WAIT``), plus ``approval_wait`` -- the
+        target's ``approval.wait``, when the action may wait for an operator --, plus the
+        daemon's delivery budget; past it the connection is closed and ``AnswerLost`` raised
+        (the call may have run: the daemon keeps what happened).  An answer that is no
+        envelope is ``AnswerInvalid`` (an ``AnswerLost``)."""
         timeout = _timeout(timeout)
+        if not 0 <= approval_wait < float("inf"):
+            raise NotSent("approval_wait must be a number of seconds, 0 or more")
         # allow_nan=False: an overflowed float (``1e400`` read as inf) is refused here, never
         # sent re-encoded as ``Infinity`` -- words the caller never wrote.
         try:
             body = json.dumps(action, allow_nan=False).encode("utf-8")
         except ValueError as exc:
             raise NotSent(str(exc)) from None
+        wait = answer_wait(timeout, approval_wait)
         response = await self._request(
-            "POST", target("/v1/calls", {"timeout": timeout}), body, retry=False
+            "POST", target("/v1/calls", {"timeout": timeout}), body, retry=False, wait=wait
         )
-        envelope: dict[str, Any] = response.json()
-        return envelope
+        return check_envelope(response.json())
 
     async def fetch_result(
         self, invocation_id: str, *, from_chunk: int | None = None, chunks: int | None = None
@@ -428,26 +463,53 @@ class Client:
         return _Conn(stream), False
 
     async def _request(
-        self, method: str, request_target: str, body: bytes | None, *, retry: bool
+        self,
+        method: str,
+        request_target: str,
+        body: bytes | None,
+        *,
+        retry: bool,
+        wait: float | None = None,
     ) -> Response:
+        """One request and its whole answer.  ``wait``: the seconds it all may take (a call's:
+        ``wire.answer_wait``), else no bound before the answer's first byte; after that byte,
+        as ``wire._Clock`` has it (its head within ``DELIVERY_WAIT``, then the whole of an
+        answer the daemon holds in its budget, or a byte every ``DELIVERY_WAIT`` of a stored
+        result).  Past either: the connection closed, ``AnswerLost``."""
+        ends = trio.current_time() + wait if wait is not None else float("inf")
         for _ in range(2):
             conn, reused = await self._take()
-            reader = ResponseReader(conn.h11)
+            cap = answer_cap(request_target)
+            reader = ResponseReader(conn.h11, cap)
             sent = True
             response: Response | None = None
             try:
                 request = encode_request(conn.h11, method, request_target, body)
                 try:
-                    await conn.stream.send_all(request)
+                    with trio.move_on_at(ends):
+                        await conn.stream.send_all(request)
+                    if trio.current_time() >= ends:
+                        raise _Late(wait)
                 except (trio.BrokenResourceError, OSError):
                     # The daemon stopped reading: an answer it wrote first is the answer.
                     sent = False
                     response = await _answer_after_broken_send(conn.stream, reader)
                     if response is None:
                         raise
+                first: float | None = None
                 while response is None:
-                    data = await conn.stream.receive_some(READ_SIZE)
-                    response = reader.feed(data)
+                    limit = ends
+                    if first is not None:
+                        whole = cap is not None or not reader.head
+                        rest = first if whole else trio.current_time()
+                        limit = min(ends, rest + DELIVERY_WAIT)
+                    with trio.move_on_at(limit):
+                        data = await conn.stream.receive_some(READ_SIZE)
+                        if first is None:
+                            first = trio.current_time()
+                        response = reader.feed(data)
+                        continue
+                    raise _Late(wait)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 await conn.stream.aclose()
                 if retry and reused and not reader.started:
@@ -455,6 +517,9 @@ class Client:
                 raise AnswerLost(
                     f"the connection to the daemon broke before it answered ({exc})"
                 ) from None
+            except _Late as late:
+                await conn.stream.aclose()
+                raise AnswerLost(str(late)) from None
             except AnswerLost:
                 await conn.stream.aclose()
                 if retry and reused and not reader.started:
@@ -472,6 +537,17 @@ class Client:
                 await conn.stream.aclose()
             return response
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _Late(Exception):
+    """No whole answer within the bounds of ``Client._request``."""
+
+    def __init__(self, wait: float | None) -> None:
+        within = f"within {wait:.0f} s" if wait is not None else "in time"
+        super().__init__(
+            f"the daemon sent no whole answer {within} (the call may have run: the daemon "
+            f"keeps what happened -- affidavit actions, then affidavit result ID)"
+        )
 
 
 async def _answer_after_broken_send(

@@ -31,9 +31,15 @@ from typing import Any, Protocol
 
 import trio
 
-from .wire import ApiError
+from .wire import ApiError, unsettled_items
 
-__all__ = ["AUTO_RETRY_HINTS", "NOT_SENT_CODES", "AffidavitError", "call_checked"]
+__all__ = [
+    "AUTO_RETRY_HINTS",
+    "NOT_SENT_CODES",
+    "AffidavitError",
+    "BatchItemsError",
+    "call_checked",
+]
 
 AUTO_RETRY_HINTS = frozenset({"backoff", "same_idempotency_key"})
 
@@ -69,6 +75,32 @@ class AffidavitError(Exception):
         )
 
 
+class BatchItemsError(AffidavitError):
+    """A batch whose parent has no error but whose items are not all ``committed``: the call
+    did not do all it was asked.  ``items``: those items (each its ``id``, ``outcome``,
+    ``code``, ``retry``); ``code``/``outcome``/``retry`` are the first ``unknown`` one's, else
+    the first's -- an ``unknown`` item must be reconciled before anything of the batch is sent
+    again; ``phase`` is ``remote_execution`` (the batch was dispatched).  Never retried
+    automatically: a resend would repeat the items that were applied."""
+
+    def __init__(self, envelope: Mapping[str, Any]) -> None:
+        Exception.__init__(self)
+        self.envelope = dict(envelope)
+        self.items: list[Any] = unsettled_items(self.envelope)
+        unknown = [i for i in self.items if isinstance(i, dict) and i.get("outcome") == "unknown"]
+        first = (unknown or self.items)[0]
+        first = first if isinstance(first, dict) else {}
+        self.invocation_id = self.envelope["invocation_id"]
+        self.code = str(first.get("code"))
+        self.phase = "remote_execution"
+        self.outcome = str(first.get("outcome"))
+        self.retry = str(first.get("retry"))
+        self.args = (
+            f"{len(self.items)} batch item(s) not committed in {self.invocation_id} (first: "
+            f"{self.code}, {self.outcome}, retry={self.retry}): see the envelope's items",
+        )
+
+
 def _delay(envelope: Mapping[str, Any], attempt: int, base: float, cap: float) -> float:
     raw = envelope.get("evidence", {}).get("retry_after")
     backoff = min(cap, base * 2.0**attempt)
@@ -87,7 +119,9 @@ async def call_checked(
     refused_retries: int = 5,
     refused_wait: float = 60.0,
 ) -> dict[str, Any]:
-    """Call; return the envelope when it has no error, else raise ``AffidavitError``.
+    """Call; return the envelope when it has no error and every batch item (``items``) is
+    ``committed``; else raise ``AffidavitError`` -- ``BatchItemsError`` for a batch whose
+    items are not all committed, never retried.
 
     With ``auto_retry=N``, up to N further calls are made, and only when the hint is ``backoff``
     or ``same_idempotency_key``: the latter re-sends with the recorded key, so the broker resumes
@@ -103,6 +137,8 @@ async def call_checked(
         envelope = await refused.call(broker, current, timeout)
         err = envelope.get("error")
         if err is None:
+            if unsettled_items(envelope):
+                raise BatchItemsError(envelope)
             return envelope
         if attempt == auto_retry or err["retry"] not in AUTO_RETRY_HINTS:
             raise AffidavitError(envelope)

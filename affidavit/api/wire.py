@@ -36,10 +36,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AFTER_BROKEN_SEND",
+    "ANSWER_MOST",
+    "CALL_WAIT",
     "DAEMON_UID_ENV",
+    "DELIVERY_WAIT",
     "READ_SIZE",
     "RESULT_CHUNK_BYTES",
     "SOCKET_ENV",
+    "AnswerInvalid",
     "AnswerLost",
     "ApiError",
     "ApiFault",
@@ -49,8 +53,10 @@ __all__ = [
     "NotSent",
     "Response",
     "SocketUnsafe",
+    "answer_wait",
     "approval_path",
     "blocking_request",
+    "check_envelope",
     "check_peer",
     "check_socket",
     "check_timeout",
@@ -66,6 +72,7 @@ __all__ = [
     "target",
     "trusted_uids",
     "unreachable",
+    "unsettled_items",
 ]
 
 SOCKET_ENV = "AFFIDAVIT_SOCKET"
@@ -83,6 +90,23 @@ AFTER_BROKEN_SEND = 1.0
 """Seconds a client reads, once sending its request failed, for an answer the daemon wrote
 before it stopped reading (a 503 ``TOO_MANY_CONNECTIONS``): over a Unix socket it is already
 there (``_answer_after_broken_send``)."""
+DELIVERY_WAIT = 30.0
+"""The daemon's delivery budget: seconds one answer's write may take (its ``WRITE_WAIT``: a
+client that does not read its answer loses it), and a delivered answer over ``http.FREE_BODY`` may
+wait for room in the answer budget as long again before it is written (``wait_answer``).  Kept
+here, where both clients read it, so the daemon and its clients share one number."""
+ANSWER_MOST = 256 * 1024 * 1024
+"""The largest answer the daemon holds for a call, a view's page or a record: its answer budget
+(``admission.ANSWER_BUDGET`` is this), which every such answer is held in while it is written --
+so a client refuses a longer one (``AnswerLost``) rather than read it into memory.  A stored
+result's answer (``GET .../result``) is written a piece at a time and is as large as its
+target's ``max_result`` (up to 1 TiB): not bounded by this (``answer_cap``)."""
+CALL_WAIT = 86400.0
+"""Seconds a client waits for a call's answer when its caller gave no timeout, before the
+delivery budget: the target's own ``timeout.total`` applies in the daemon, which the client
+cannot see, and no target's may be longer than this (``schema.target.MAX_TOTAL``, kept equal by
+a test: the daemon's own bound).  A caller that knows its call is shorter gives its
+``timeout``, and is waited for as long (``answer_wait``)."""
 
 
 class ClientError(Exception):
@@ -114,6 +138,12 @@ class AnswerLost(ClientError):
     ``idempotency_key`` lets the caller resume the same invocation instead of a second one.
     (A refusal the daemon answered before closing -- 503 ``TOO_MANY_CONNECTIONS``, the request
     not read -- is an ``ApiError``, even when it broke the request's send.)"""
+
+
+class AnswerInvalid(AnswerLost):
+    """The daemon answered a call 200 with something that is no envelope (an
+    ``invocation_id``, ``evidence``, and either ``error`` or ``result``): as ``AnswerLost``,
+    the call may have run -- nothing of it is taken as its outcome."""
 
 
 class NotSent(ValueError):
@@ -349,6 +379,57 @@ def parse_timeout(value: str) -> float:
     return seconds
 
 
+def answer_wait(timeout: float | None, approval_wait: float = 0.0) -> float:
+    """Seconds a client waits for a call's answer before it gives up (``AnswerLost``: the call
+    may have run): the caller's ``timeout`` (else ``CALL_WAIT``), plus the time the call may
+    wait for an operator (``approval_wait``: its target's ``approval.wait``, which only the
+    caller knows), plus the daemon's delivery budget twice over (``DELIVERY_WAIT``: the wait
+    for room in the answer budget, then the write)."""
+    return (CALL_WAIT if timeout is None else timeout) + approval_wait + 2 * DELIVERY_WAIT
+
+
+def answer_cap(request_target: str) -> int | None:
+    """The longest answer a client reads to ``request_target``: ``ANSWER_MOST``, but for a
+    stored result (``ANSWER_MOST`` says why), which has no bound a client knows (None)."""
+    path = request_target.partition("?")[0]
+    return None if path.endswith("/result") else ANSWER_MOST
+
+
+_ERROR_PARTS = ("code", "phase", "outcome", "retry", "message")
+
+
+def check_envelope(value: Any) -> dict[str, Any]:
+    """``value`` when it is an envelope as the contract has it (``docs/envelope.schema.json``:
+    ``invocation_id``, ``evidence``, and an ``error`` with its code, phase, outcome, retry and
+    message, or a ``result``, or both; ``items`` a list), else ``AnswerInvalid``: a call's 200
+    that says anything less says nothing of what became of the call."""
+    ok = (
+        isinstance(value, dict)
+        and isinstance(value.get("invocation_id"), str)
+        and isinstance(value.get("evidence"), dict)
+        and ("error" in value or "result" in value)
+        and isinstance(value.get("items", []), list)
+    )
+    if ok and "error" in value:
+        err = value["error"]
+        ok = isinstance(err, dict) and all(isinstance(err.get(k), str) for k in _ERROR_PARTS)
+    if not ok:
+        raise AnswerInvalid(
+            "the daemon's answer is no envelope (invocation_id, evidence, and error or result): "
+            "the call may have run -- see affidavit actions, then affidavit result ID"
+        )
+    return value  # type: ignore[no-any-return]
+
+
+def unsettled_items(envelope: Mapping[str, Any]) -> list[Any]:
+    """A batch's items whose outcome is not ``committed`` (the envelope's ``items``): a call
+    with any such item did not do all it was asked, whatever its parent's outcome says."""
+    items = envelope.get("items")
+    if not isinstance(items, list):
+        return []
+    return [i for i in items if not isinstance(i, dict) or i.get("outcome") != "committed"]
+
+
 def parse_time(value: str) -> float:
     """Epoch seconds or ISO 8601 (naive means UTC), as the filters of ``affidavit actions``
     and ``GET /v1/actions`` take them.  ``ValueError`` says what was expected."""
@@ -574,9 +655,12 @@ def blocking_request(
     request_target: str,
     body: bytes | None = None,
     daemon_uid: int | None = None,
+    wait: float | None = None,
 ) -> Response:
-    """One request on a fresh connection, for a short-lived process (the command line).  No
-    timeout of its own: a call is bounded by its target's timeouts in the daemon.
+    """One request on a fresh connection, for a short-lived process (the command line).
+    ``wait``: the seconds the whole answer may take from the start (a call's: ``answer_wait``),
+    else no bound before its first byte; once that has arrived, the rest is read within
+    ``DELIVERY_WAIT`` (``_Clock``).  Past either, the connection is closed: ``AnswerLost``.
     ``daemon_uid``: the daemon's user to trust (``parse_daemon_uid``), else the environment's."""
     check_socket(path, daemon_uid)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -590,18 +674,65 @@ def blocking_request(
         head.append("connection: close")
         if body is not None:
             head += ["content-type: application/json", f"content-length: {len(body)}"]
+        clock = _Clock(sock, wait, answer_cap(request_target) is not None)
         try:
+            if wait is not None:
+                sock.settimeout(wait)
             sock.sendall("\r\n".join(head).encode("ascii") + b"\r\n\r\n" + (body or b""))
+        except TimeoutError:
+            raise AnswerLost(clock.late()) from None
         except OSError as exc:
             return _answer_after_broken_send(sock, exc)
         try:
-            return read_answer(sock.recv)
+            return read_answer(clock.recv, answer_cap(request_target), clock.head_read)
+        except TimeoutError:
+            raise AnswerLost(clock.late()) from None
         except OSError as exc:
             raise AnswerLost(
                 f"the connection to the daemon broke before it answered ({exc.strerror or exc})"
             ) from None
     finally:
         sock.close()
+
+
+class _Clock:
+    """The thin client's bounds on an answer: all of it within ``wait`` of the start (when
+    given); once its first byte arrived, its head within ``DELIVERY_WAIT`` of that byte -- the
+    daemon writes an answer's head at once -- and then the whole of an answer it holds in its
+    answer budget (``whole``), as it writes one within its ``WRITE_WAIT``; a stored result,
+    written a piece at a time, a byte at least every ``DELIVERY_WAIT``.  ``recv`` raises
+    ``TimeoutError`` past them."""
+
+    def __init__(self, sock: socket.socket, wait: float | None, whole: bool) -> None:
+        self.sock, self.whole = sock, whole
+        self.start = time.monotonic()
+        self.ends = None if wait is None else self.start + wait
+        self.first: float | None = None
+        self.head = False
+
+    def head_read(self) -> None:
+        self.head = True
+
+    def recv(self, size: int) -> bytes:
+        now = time.monotonic()
+        ends = [] if self.ends is None else [self.ends]
+        if self.first is not None:
+            whole = self.whole or not self.head
+            ends.append(self.first + DELIVERY_WAIT if whole else now + DELIVERY_WAIT)
+        if ends and min(ends) <= now:
+            raise TimeoutError
+        self.sock.settimeout(min(ends) - now if ends else None)
+        data = self.sock.recv(size)
+        if self.first is None and data:
+            self.first = time.monotonic()
+        return data
+
+    def late(self) -> str:
+        took = time.monotonic() - self.start
+        return (
+            f"the daemon sent no whole answer in time ({took:.0f} s; the call may have run: "
+            f"see affidavit actions, then affidavit result ID)"
+        )
 
 
 def _answer_after_broken_send(sock: socket.socket, exc: OSError) -> Response:
@@ -631,10 +762,14 @@ def _answer_after_broken_send(sock: socket.socket, exc: OSError) -> Response:
         ) from None
 
 
-def read_answer(recv: Any) -> Response:
+def read_answer(recv: Any, cap: int | None = None, on_head: Any = None) -> Response:
     """Read one whole answer with ``recv(n) -> bytes`` (b"" at the end of the stream):
     ``HTTP/1.1 <status>``, headers, then exactly ``Content-Length`` bytes.  ``AnswerLost`` for a
-    short or malformed answer -- a partial body is never presented as an answer."""
+    short or malformed answer -- a partial body is never presented as an answer --, for a
+    header that frames or describes the answer given twice (``Content-Length`` twice, even
+    equal: h11 would refuse the unequal and this reader is as strict), and for a body longer
+    than ``cap`` (``answer_cap``), refused before it is read.  ``on_head()`` once the head
+    has arrived."""
     data = bytearray()
     while (end := data.find(b"\r\n\r\n")) < 0:
         if len(data) > MAX_HEAD:
@@ -643,6 +778,8 @@ def read_answer(recv: Any) -> Response:
         if not chunk:
             raise AnswerLost("the daemon closed the connection before answering")
         data += chunk
+    if on_head is not None:
+        on_head()
     lines = bytes(data[:end]).decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
     try:  # ASCII digits only: ``str.isdigit`` lets "²" through to ``int``, which refuses it
@@ -656,6 +793,8 @@ def read_answer(recv: Any) -> Response:
         name, colon, value = line.partition(":")
         if not colon or not name or name != name.strip():
             raise AnswerLost("the daemon's answer has a malformed header")
+        if name.lower() in headers and name.lower() in _SINGLE:
+            raise AnswerLost(f"the daemon's answer has {name.lower()} twice")
         headers[name.lower()] = value.strip()
     try:
         length = parse_count(headers.get("content-length", ""))
@@ -663,6 +802,10 @@ def read_answer(recv: Any) -> Response:
         length = -1
     if "transfer-encoding" in headers or length < 0:
         raise AnswerLost("the daemon's answer has no length this client reads")
+    if cap is not None and length > cap:
+        raise AnswerLost(
+            f"the daemon's answer would be {length} bytes, more than the {cap} it ever sends"
+        )
     body = data[end + 4 :]
     while len(body) < length:
         chunk = recv(READ_SIZE)
@@ -675,3 +818,7 @@ def read_answer(recv: Any) -> Response:
         bytes(body[:length]),
         retry_after_of(headers.get("retry-after")),
     )
+
+
+_SINGLE = frozenset({"content-length", "content-type", "retry-after", "transfer-encoding"})
+"""Headers an answer gives once: a second would leave which one counts to this reader."""

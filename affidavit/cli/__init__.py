@@ -378,14 +378,19 @@ def daemon_socket(args: argparse.Namespace, *embedded_only: str) -> DaemonSocket
 
 
 def ask_daemon(
-    daemon: DaemonSocket, method: str, target: str, body: bytes | None = None
+    daemon: DaemonSocket,
+    method: str,
+    target: str,
+    body: bytes | None = None,
+    wait: float | None = None,
 ) -> Response:
     """One request to the daemon; no answer, or an API-level refusal, is a UsageError-style
-    message (exit 2) -- an action's own error is an envelope, answered with HTTP 200."""
+    message (exit 2) -- an action's own error is an envelope, answered with HTTP 200.
+    ``wait``: the seconds its answer may take (``blocking_request``)."""
     from affidavit.api.wire import ClientError, blocking_request
 
     try:
-        response = blocking_request(daemon.path, method, target, body, daemon.uid)
+        response = blocking_request(daemon.path, method, target, body, daemon.uid, wait)
     except ClientError as exc:
         raise daemon_refusal(exc) from None
     return response

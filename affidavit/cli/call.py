@@ -1,16 +1,19 @@
 """``affidavit call``, ``affidavit result`` and ``affidavit init``.
 
-Exit status: 0 when the envelope has no ``error``, 1 when it has one, 2 for usage or config
-errors and for a journal that cannot be used or a stored result that fails verification
-(message on stderr).  Exactly one envelope is printed on stdout as JSON -- except for
-``result --raw``, which writes one result stream's bytes (never to a terminal: refused there, as
-``approvals show --content`` is), each chunk verified before it is
-written; a chunk that fails stops the output there (exit 2, the message names the chunk).
+Exit status: 0 when the envelope has no ``error`` and no batch item that is not ``committed``,
+1 when it has one (``exit_status``), 2 for usage or config errors and for a journal that cannot
+be used or a stored result that fails verification (message on stderr).  Exactly one envelope
+is printed on stdout as JSON -- except for ``result --raw``, which writes one result stream's
+bytes (never to a terminal: refused there, as ``approvals show --content`` is), each chunk
+verified before it is written; a chunk that fails stops the output there (exit 2, the message
+names the chunk).
 
 With ``--socket PATH`` (or ``$AFFIDAVIT_SOCKET``) ``call`` and ``result`` ask the daemon and print
 the very envelope it answers, in the same form and with the same exit status as embedded; the
 process then loads neither the engine nor the config (it may have no right to read them).  A
-daemon that cannot be reached is exit 2 as well.
+daemon that cannot be reached is exit 2 as well, and so is one that sends no whole answer
+within ``--timeout`` (else ``wire.CALL_WAIT``) and its delivery budget (``wire.answer_wait``),
+or an answer that is no envelope (``ANSWER_LOST``: the call may have run).
 """
 
 from __future__ import annotations
@@ -185,12 +188,15 @@ def _call(args: argparse.Namespace) -> int:
     args.timeout = timeout_arg(args.timeout)
     socket = daemon_socket(args, "config")
     if socket is not None:
-        from affidavit.api.wire import target
+        from affidavit.api.wire import answer_wait, target
 
         # A daemon takes what its targets accept, as embedded `call` does (at least
         # WIRE_ACTION_LIMIT): only an action larger than that costs asking it how much.
         body = _read_bytes(args.action, WIRE_ACTION_LIMIT, partial(_daemon_limit, socket))
-        response = ask_daemon(socket, "POST", target("/v1/calls", {"timeout": args.timeout}), body)
+        path = target("/v1/calls", {"timeout": args.timeout})
+        # Its answer within --timeout (else CALL_WAIT) and the delivery budget: a daemon that
+        # stops answering is ANSWER_LOST (exit 2), not a wait for ever.
+        response = ask_daemon(socket, "POST", path, body, answer_wait(args.timeout))
         return _print_answer(daemon_json(response))
     from affidavit.api.broker import Broker
 
@@ -222,7 +228,7 @@ def _call(args: argparse.Namespace) -> int:
         # The engine calls ``deliver`` only for a stored remote result; every other envelope
         # (preflight, setup, unknown, busy) is printed here — exactly one envelope either way.
         _print(envelope)
-    return 1 if "error" in envelope else 0
+    return exit_status(envelope)
 
 
 def _result(args: argparse.Namespace) -> int:
@@ -315,7 +321,7 @@ def _result(args: argparse.Namespace) -> int:
         )
     if not delivering:
         _print(envelope)
-    return 1 if "error" in envelope else 0
+    return exit_status(envelope)
 
 
 def _where(config: Any) -> str:
@@ -325,9 +331,25 @@ def _where(config: Any) -> str:
     return where(config.journal.location)
 
 
-def _print_answer(envelope: dict[str, Any]) -> int:
+def _print_answer(envelope: Any) -> int:
+    """The daemon's envelope, printed; one that is none is ``ANSWER_LOST`` (exit 2)."""
+    from affidavit.api.wire import ClientError, check_envelope
+
+    try:
+        envelope = check_envelope(envelope)
+    except ClientError as exc:
+        raise daemon_refusal(exc) from None
     _print(envelope)
-    return 1 if "error" in envelope else 0
+    return exit_status(envelope)
+
+
+def exit_status(envelope: dict[str, Any]) -> int:
+    """``call``'s and ``result``'s: 1 for an error envelope, and for a batch with an item not
+    ``committed`` (rejected, unknown: ``wire.unsettled_items``) -- the call did not do all it
+    was asked; else 0."""
+    from affidavit.api.wire import unsettled_items
+
+    return 1 if "error" in envelope or unsettled_items(envelope) else 0
 
 
 def _result_refusal(exc: Exception, invocation_id: str) -> UsageError:

@@ -95,6 +95,8 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from affidavit.api.wire import ANSWER_MOST
+
 from ..spells import REFUSED_QUIET, UidSpells
 from .h11server import (
     BODY_WAIT,
@@ -140,7 +142,7 @@ OTHER_SHARES = 4
 what the peers who are not operators may hold together: ``max_per_other`` of ``max_others``
 connections, ``answer_per_other`` of ``answer_others`` answer bytes (the module docstring says
 why a fixed part)."""
-ANSWER_BUDGET = 256 * 1024 * 1024
+ANSWER_BUDGET = ANSWER_MOST
 """Bytes of answers all of a ``Server``'s connections hold at once, at most (``hold_answer``):
 a stored result's answer is written a piece at a time (``results.py``: each holds its piece's
 worst case, ``results.PIECE_HOLD``, until its last byte is written) and a view's page while it
@@ -155,7 +157,8 @@ one of a call not attempted (``not_attempted``: it carries no result, and a clie
 would have to think the call may have run).
 One uid holds half of it at most, the peers who are not operators half together, and -- with
 operators configured -- one uid of theirs a quarter of that (``Server.answer_share``,
-``answer_others``), as they hold the connections."""
+``answer_others``), as they hold the connections.  Its clients refuse an answer longer than
+it (``wire.ANSWER_MOST``, the one number)."""
 CONSOLE_MAX_CONNECTIONS = 64
 """Console connections served at once: an operator console has few users (a browser opens
 about six per origin)."""

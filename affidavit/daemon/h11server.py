@@ -81,6 +81,8 @@ from typing import TYPE_CHECKING
 import h11
 import trio
 
+from affidavit.api.wire import DELIVERY_WAIT
+
 from .http import ApiProblem, ClientGone, Request, api_error_body
 from .link import GONE, Link
 from .peer import Peer
@@ -115,8 +117,9 @@ writes a whole request at once, so only a stuck or hostile one comes near."""
 BODY_WAIT = 30.0
 """Seconds a request's whole body may take from the end of its head (16 MiB over a local
 socket takes milliseconds; a client dripping a byte just under ``HEAD_WAIT`` apart does not)."""
-WRITE_WAIT = 30.0
-"""Seconds one answer's write may take: a client that does not read its answer loses it."""
+WRITE_WAIT = DELIVERY_WAIT
+"""Seconds one answer's write may take: a client that does not read its answer loses it (the
+clients' ``wire.DELIVERY_WAIT``: they wait as long for it)."""
 TURN_AWAY_WAIT = 1.0
 """Seconds the 503 of a connection turned away (``admission.py``) may take to be written."""
 INBOX = 64 * 1024
