@@ -10,10 +10,23 @@
 Seed, "Retry code must be simple and testable": "If it must throw exceptions, attach the full
 envelope and allow automatic retry only for backoff or same_idempotency_key.  To retry an
 unknown/reconcile action, the caller should have to make an explicitly unsafe decision in code."
-``call_checked`` therefore retries only those two hints, within the invocation's recorded budget
-and never sooner than Retry-After; everything else raises.  There is deliberately no flag that
-retries ``reconcile``: a caller who has reconciled and still wants to send again must build and
-send a new action itself.
+``call_checked`` therefore retries only those two hints, never sooner than Retry-After;
+everything else raises.  What a retry is follows the record (docs/contract.md, "How the retry
+hint is computed"; the lifecycle's rule 2: a ``rejected`` outcome is final):
+
+* ``same_idempotency_key`` (``unknown``) and ``backoff`` on ``not_attempted`` (nothing was
+  sent): the action again under the recorded key -- the broker resumes the same invocation,
+  within its recorded budget (seed: ``RETRY_SAME_KEY``, ``RETRY_NEW_ATTEMPT``), and answers
+  from the record once the budget is spent;
+* ``backoff`` on ``rejected`` (a complete 429/503: seed ``RETRY_WHEN_ALLOWED``): that
+  invocation is over, and a same-key call is answered from its record, so a retry is a *new*
+  call, a new invocation with a budget of its own -- ``auto_retry`` bounds how many.  Only
+  for an operation the target calls idempotent: when the hint rested on the record's
+  idempotency key (a non-idempotent method), a new call would be sent under a new key the
+  remote cannot tie to the first, so ``call_checked`` raises instead and the caller decides.
+
+There is deliberately no flag that retries ``reconcile``: a caller who has reconciled and still
+wants to send again must build and send a new action itself.
 
 Through the daemon (``affidavit.Client``) a call may also be refused before anything of it is
 journaled or sent: ``ApiError`` 503 ``OVERLOADED`` (``[service] max_calls``), 429
@@ -124,8 +137,8 @@ async def call_checked(
     items are not all committed, never retried.
 
     With ``auto_retry=N``, up to N further calls are made, and only when the hint is ``backoff``
-    or ``same_idempotency_key``: the latter re-sends with the recorded key, so the broker resumes
-    the same invocation (and its budget) instead of creating a new one.
+    or ``same_idempotency_key`` (the module docstring says which are the same invocation, under
+    its recorded key and budget, and which a new call -- and which ``backoff`` it raises for).
 
     A call the daemon refused unsent (``ApiError`` with a ``NOT_SENT_CODES`` code) is made again
     after its ``Retry-After`` (at least the backoff), up to ``refused_retries`` times and while
@@ -142,13 +155,18 @@ async def call_checked(
             return envelope
         if attempt == auto_retry or err["retry"] not in AUTO_RETRY_HINTS:
             raise AffidavitError(envelope)
+        key = (envelope.get("evidence", {}).get("idempotency") or {}).get("key")
         if err["retry"] == "same_idempotency_key":
-            key = (envelope.get("evidence", {}).get("idempotency") or {}).get("key")
             if not key:  # the hint without a recorded key would be a lie; do not guess
                 raise AffidavitError(envelope)
             current["idempotency_key"] = key
-        else:
-            await trio.sleep(_delay(envelope, attempt, backoff_base, backoff_cap))
+            continue
+        if err["outcome"] == "rejected" and key:
+            # backoff on a non-idempotent method rests on the key: a new call is not this one.
+            raise AffidavitError(envelope)
+        if err["outcome"] == "not_attempted" and key:
+            current["idempotency_key"] = key  # the same invocation, its recorded budget
+        await trio.sleep(_delay(envelope, attempt, backoff_base, backoff_cap))
     raise AssertionError("unreachable")  # pragma: no cover
 
 

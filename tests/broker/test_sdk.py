@@ -113,6 +113,36 @@ async def test_backoff_waits_at_least_retry_after(autojump_clock: object) -> Non
     assert caller.times[1] - caller.times[0] >= 7.0
 
 
+KEYED = {"idempotency": {"key": "idem_recorded"}, "retry_after": 1.0}
+
+
+async def test_backoff_on_a_keyed_rejection_is_not_resent_as_a_new_call(
+    autojump_clock: object,
+) -> None:
+    """A complete 429 to a non-idempotent POST: its ``backoff`` rests on the recorded key, and
+    the invocation is over (``rejected`` is final: a same-key call is answered from its record).
+    A resend would be a new invocation under a new key and a fresh budget (audit 51e): raised."""
+    caller = _Scripted([_err("backoff", "rejected", **KEYED)])
+    with pytest.raises(AffidavitError) as info:
+        await call_checked(caller, {"target": "pay", "method": "POST"}, auto_retry=3)
+    assert (info.value.outcome, info.value.retry) == ("rejected", "backoff")
+    assert len(caller.actions) == 1
+
+
+async def test_backoff_on_nothing_sent_resumes_the_invocation_under_its_key(
+    autojump_clock: object,
+) -> None:
+    """``not_attempted`` / ``backoff`` (a refused connection): the same invocation again, under
+    its recorded key, so the broker counts the retry in its recorded budget."""
+    ok = {"invocation_id": "act_x", "result": {"status": 200}, "evidence": {}}
+    caller = _Scripted([_err("backoff", "not_attempted", **KEYED), ok])
+    assert await call_checked(caller, {"target": "pay"}, auto_retry=1) is ok
+    assert caller.actions == [
+        {"target": "pay"},
+        {"target": "pay", "idempotency_key": "idem_recorded"},
+    ]
+
+
 async def test_an_overloaded_refusal_is_called_again_after_retry_after(
     autojump_clock: object,
 ) -> None:
