@@ -197,7 +197,7 @@ def _call(args: argparse.Namespace) -> int:
         # Its answer within --timeout (else CALL_WAIT) and the delivery budget: a daemon that
         # stops answering is ANSWER_LOST (exit 2), not a wait for ever.
         response = ask_daemon(socket, "POST", path, body, answer_wait(args.timeout))
-        return _print_answer(daemon_json(response))
+        return _print_answer(_call_answer(daemon_json(response)))
     from affidavit.api.broker import Broker
 
     config = load_or_usage(args.config)
@@ -331,16 +331,20 @@ def _where(config: Any) -> str:
     return where(config.journal.location)
 
 
-def _print_answer(envelope: Any) -> int:
-    """The daemon's envelope, printed; one that is none is ``ANSWER_LOST`` (exit 2)."""
+def _print_answer(envelope: dict[str, Any]) -> int:
+    _print(envelope)
+    return exit_status(envelope)
+
+
+def _call_answer(answer: Any) -> dict[str, Any]:
+    """The daemon's answer to a call, when it is an envelope; else ``ANSWER_LOST`` (exit 2):
+    a 200 that says nothing of the call is no outcome (``wire.check_envelope``)."""
     from affidavit.api.wire import ClientError, check_envelope
 
     try:
-        envelope = check_envelope(envelope)
+        return check_envelope(answer)
     except ClientError as exc:
         raise daemon_refusal(exc) from None
-    _print(envelope)
-    return exit_status(envelope)
 
 
 def exit_status(envelope: dict[str, Any]) -> int:
