@@ -280,6 +280,13 @@ class Broker:
             requester=requester,
         )
 
+    async def in_progress(self, invocation_id: str) -> dict[str, Any]:
+        """The answer of a call that runs on past its caller's deadline
+        (``CallControl.answer_by``): IN_PROGRESS with the record as it stands -- fetch the
+        result later."""
+        recorder = self._engine.recorder
+        return recorder.envelope(await recorder.record(invocation_id), in_progress=True)
+
     async def recover(self) -> list[Record]:
         """Close the records a stopped broker left open, with what their events prove
         (dispatched without a result: unknown, never not_attempted): the daemon at start-up.

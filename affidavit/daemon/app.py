@@ -272,7 +272,10 @@ class Api:
             raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
 
         async def deliver(envelope: dict[str, Any]) -> None:
-            # Called by the engine for a stored result only.
+            # Called by the engine for a stored result only -- not to a caller already
+            # answered IN_PROGRESS (its deadline passed: ``_answered_by``).
+            if early:
+                raise ClientGone("the caller was answered when its deadline passed")
             await _deliver(req, envelope, running.hand_over())
 
         async def run(call: Running) -> dict[str, Any]:
@@ -284,6 +287,7 @@ class Api:
                 requester=req.peer.uid,  # it may not approve its own request
             )
 
+        early = False  # answered IN_PROGRESS at its deadline (``_answered_by``)
         self.take_call(req)  # or 429 RATE_LIMITED: nothing journaled, nothing run
         running = self.calls.start(run)  # or 503 OVERLOADED (``Overloaded``), nothing run
         withdraw = functools.partial(_withdraw, running)
@@ -291,10 +295,21 @@ class Api:
         if req.link.hung_up.is_set():
             withdraw()  # gone while the body was read: never dispatch it
         try:
-            await running.done.wait()
+            early = not await _answered_by(running)
         finally:
             req.link.on_hang_up.discard(withdraw)
         if running.answering or req.link.hung_up.is_set():
+            return
+        if early:
+            # Past its deadline, a call it does not bound runs on: answered as a caller that
+            # ran out of time -- IN_PROGRESS, its result stored for ``fetch_result``.
+            iid = running.control.invocation_id
+            assert iid is not None
+            try:
+                envelope = await self.broker.in_progress(iid)
+            except JournalError as exc:
+                raise _journal_problem(exc, f"invocation {iid}") from None
+            await answers.respond_delivered(req, envelope)
             return
         if running.envelope is None:
             if running.journal_failed is not None:
@@ -755,6 +770,28 @@ def _journal_problem(
     # Declined this once (a lock, a statement timeout, every view thread busy), or a shared
     # journal away: say when to read again (``READ_RETRY``).
     return ApiProblem(status, code, message, retry_after=READ_RETRY.get(code))
+
+
+async def _answered_by(running: Running) -> bool:
+    """Wait for the call to end (True), or -- once the engine runs it on past its caller's
+    deadline (``CallControl.answer_by``: a joined call dispatched under the target's own
+    timeout) -- for that deadline (False, the call still running)."""
+    control = running.control
+    async with trio.open_nursery() as nursery:
+
+        async def ended() -> None:
+            await running.done.wait()
+            nursery.cancel_scope.cancel()
+
+        async def past() -> None:
+            await control.unbounded.wait()
+            assert control.answer_by is not None
+            await trio.sleep_until(control.answer_by)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(ended)
+        nursery.start_soon(past)
+    return running.done.is_set()
 
 
 def _withdraw(running: Running) -> None:

@@ -46,6 +46,18 @@ class CallControl:
         withdrawal then only detaches it (module docstring)."""
         self.detached = False
         """A joined call's caller went away: it waits no more, and cancels nothing."""
+        self.answer_by: float | None = None
+        """Set (trio's clock) by the engine when the call runs on past its caller's deadline
+        -- a joined call it dispatches under the target's own timeout (``resume``): the host
+        answers the caller then as one that ran out of time (IN_PROGRESS, fetch the result),
+        and the call runs on, its result stored (``unbounded``)."""
+        self.unbounded = trio.Event()
+        """Set with ``answer_by``."""
+
+    def run_past(self, deadline: float) -> None:
+        """The call runs on past its caller's ``deadline`` (``answer_by``)."""
+        self.answer_by = deadline
+        self.unbounded.set()
 
     @property
     def gone(self) -> bool:

@@ -563,7 +563,11 @@ async def resume(
         )
         if isinstance(granted, dict):
             return granted
-        claimed, grant, _left = granted
+        claimed, grant, left = granted
+        if control is not None and left is not None:
+            # Its caller's deadline still bounds its answer: the host answers it then as a
+            # caller that ran out of time (IN_PROGRESS), and the dispatch runs on.
+            control.run_past(trio.current_time() + left)
         return await leased(claimed, None, grant)
     if not record.final:
         record = await recover_stale(recorder, record)
