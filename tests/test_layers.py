@@ -39,6 +39,7 @@ SERVICE_BASE = {
     "affidavit.acl",
     "affidavit.privatefile",
     "affidavit.spells",
+    "affidavit.bounds",
 }
 ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.statemachine": frozenset(),
@@ -62,6 +63,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # Who else a file's POSIX ACL lets in: a leaf the journal's exposure checks and the
     # secret-file reads (``affidavit.privatefile``) both judge by.
     "affidavit.acl": frozenset(),
+    # The longest a call may take (a target's timeout, an approval's ttl): one number for the
+    # schema that bounds it and the thin clients that wait for it -- a leaf.
+    "affidavit.bounds": frozenset(),
     # A broker process's stop (signals off the loop, its bound): the daemon's and the embedded
     # MCP server's, neither importing the other.
     "affidavit.stopping": frozenset({"affidavit.text"}),
@@ -94,7 +98,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # A file a target trusts is hashed for its account as the HTTP driver reads it
     # (``affidavit.adapters.filestat.read_regular``: bounded, never waiting on a FIFO).
     "affidavit.schema": frozenset(
-        {"affidavit.secrets", "affidavit.strictjson", "affidavit.adapters"}
+        {"affidavit.secrets", "affidavit.strictjson", "affidavit.adapters", "affidavit.bounds"}
     ),
     # The registry and the common action parsing: they find protocols through entry points,
     # never by importing one (a protocol is added without editing them).

@@ -29,6 +29,8 @@ import sys
 import time
 from collections.abc import Mapping
 
+from affidavit.bounds import MAX_TOTAL, MAX_TTL
+
 TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
 
 if TYPE_CHECKING:
@@ -101,12 +103,13 @@ ANSWER_MOST = 256 * 1024 * 1024
 so a client refuses a longer one (``AnswerLost``) rather than read it into memory.  A stored
 result's answer (``GET .../result``) is written a piece at a time and is as large as its
 target's ``max_result`` (up to 1 TiB): not bounded by this (``answer_cap``)."""
-CALL_WAIT = 86400.0
+CALL_WAIT = MAX_TTL + MAX_TOTAL
 """Seconds a client waits for a call's answer when its caller gave no timeout, before the
-delivery budget: the target's own ``timeout.total`` applies in the daemon, which the client
-cannot see, and no target's may be longer than this (``schema.target.MAX_TOTAL``, kept equal by
-a test: the daemon's own bound).  A caller that knows its call is shorter gives its
-``timeout``, and is waited for as long (``answer_wait``)."""
+delivery budget: the longest the daemon may legitimately take -- a wait for an operator's
+decision, at most an approval's ttl (``bounds.MAX_TTL``, a week), then a send under the
+target's own ``timeout.total``, which the client cannot see (at most ``bounds.MAX_TOTAL``, a
+day).  A caller that knows its call is shorter gives its ``timeout``, and is waited for as long
+(``answer_wait``)."""
 
 
 class ClientError(Exception):

@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from affidavit.bounds import MAX_TTL
+
 from .fields import Field, Read, Schema
 from .section import Section, kind_of
 from .target import canonical_value
@@ -38,8 +40,6 @@ __all__ = ["MAX_TTL", "RUNNERS", "ApprovalPolicy", "approval_field", "not_simple
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 DEFAULT_TTL = "15m"
 MAX_PATTERN = 1024
-MAX_TTL = 7 * 86400.0
-"""An approval is a decision about one request now; a week is already generous."""
 
 _SAFE = r"A-Za-z0-9_./:,@%+\-"
 SIMPLE_COMMAND = re.compile(rf"[{_SAFE}]+(?: [{_SAFE}=]+)*")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from affidavit.bounds import MAX_TOTAL
 from affidavit.secrets.credentials import REFERENCE_FORMS, CredentialError, parse_ref
 from affidavit.strictjson import compact_encoder
 
@@ -95,12 +96,6 @@ def _credential(r: Read) -> str:
     if kind == "file":
         ref = f"file:{r.resolve_path(name)}"
     return ref
-
-
-MAX_TOTAL = 86400.0
-"""The longest ``timeout`` (``connect``, ``total``) a target may be given: a day.  The clients
-wait as long for a call's answer when its caller gave no timeout (``api.wire.CALL_WAIT``, kept
-equal by a test: the thin client does not import the schema)."""
 
 
 def _seconds(r: Read) -> float:

@@ -21,6 +21,7 @@ from affidavit.api.client import Client
 from affidavit.api.sdk import AffidavitError, BatchItemsError, call_checked
 from affidavit.api.wire import AnswerInvalid, AnswerLost, blocking_request
 from affidavit.cli import main
+from affidavit.schema.approval import MAX_TTL
 from affidavit.schema.target import MAX_TOTAL
 
 from .rawdaemon import answer, envelope, raw_daemon
@@ -155,7 +156,10 @@ def test_the_answer_cap_is_the_daemons_answer_budget() -> None:
     from affidavit.daemon.h11server import WRITE_WAIT
 
     assert wire.ANSWER_MOST == ANSWER_BUDGET and wire.DELIVERY_WAIT == WRITE_WAIT
-    assert wire.CALL_WAIT == MAX_TOTAL  # no target's call may take longer
+    # No call may take longer: a wait for the decision up to an approval's ttl, then a send
+    # under the target's own total (the schema's bounds, the clients' wait: one number each).
+    assert wire.CALL_WAIT == MAX_TTL + MAX_TOTAL
+    assert wire.answer_wait(None) == MAX_TTL + MAX_TOTAL + 2 * wire.DELIVERY_WAIT
 
 
 # -- a daemon that stops answering -----------------------------------------------------------
