@@ -98,6 +98,10 @@ def render_envelope(
     if record.retry_after is not None:
         evidence["retry_after"] = record.retry_after  # seconds the remote asked us to wait
     evidence["state"] = record.state
+    # Whether the target declares the operation idempotent (ACTION_ACCEPTED): what a retry
+    # hint rests on -- a ``backoff`` on a ``rejected`` non-idempotent request rests on its key,
+    # and a new call is not that request (``affidavit.api.sdk.call_checked``).
+    evidence["idempotent"] = record.idempotent
     env["evidence"] = evidence
     return env
 
@@ -323,6 +327,12 @@ def envelope_schema() -> dict[str, Any]:
                 "required": ["dispatch_started", "outcome", "phase", "attempts"],
                 "properties": {
                     "dispatch_started": {"type": "boolean"},
+                    "idempotent": {
+                        "type": "boolean",
+                        "description": "Whether the target declares the operation idempotent "
+                        "(as accepted): a backoff on a rejected request that is not rests on its "
+                        "idempotency key, and a new call is not that request.",
+                    },
                     "request_complete": {"type": "boolean"},
                     "response_headers_received": {"type": "boolean"},
                     "response_complete": {"type": "boolean"},

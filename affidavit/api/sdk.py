@@ -21,9 +21,10 @@ hint is computed"; the lifecycle's rule 2: a ``rejected`` outcome is final):
 * ``backoff`` on ``rejected`` (a complete 429/503: seed ``RETRY_WHEN_ALLOWED``): that
   invocation is over, and a same-key call is answered from its record, so a retry is a *new*
   call, a new invocation with a budget of its own -- ``auto_retry`` bounds how many.  Only
-  for an operation the target calls idempotent: when the hint rested on the record's
-  idempotency key (a non-idempotent method), a new call would be sent under a new key the
-  remote cannot tie to the first, so ``call_checked`` raises instead and the caller decides.
+  for an operation the target calls idempotent (``evidence.idempotent``, as accepted), and
+  without the key, whose record is final; when the hint rested on the record's idempotency
+  key (an operation not idempotent), a new call would be sent under a new key the remote
+  cannot tie to the first, so ``call_checked`` raises instead and the caller decides.
 
 There is deliberately no flag that retries ``reconcile``: a caller who has reconciled and still
 wants to send again must build and send a new action itself.
@@ -155,15 +156,22 @@ async def call_checked(
             return envelope
         if attempt == auto_retry or err["retry"] not in AUTO_RETRY_HINTS:
             raise AffidavitError(envelope)
-        key = (envelope.get("evidence", {}).get("idempotency") or {}).get("key")
+        evidence = envelope.get("evidence", {})
+        key = (evidence.get("idempotency") or {}).get("key")
         if err["retry"] == "same_idempotency_key":
             if not key:  # the hint without a recorded key would be a lie; do not guess
                 raise AffidavitError(envelope)
             current["idempotency_key"] = key
             continue
-        if err["outcome"] == "rejected" and key:
-            # backoff on a non-idempotent method rests on the key: a new call is not this one.
-            raise AffidavitError(envelope)
+        if err["outcome"] == "rejected":
+            idempotent = evidence.get("idempotent")
+            if idempotent is not True and (key or idempotent is not None):
+                # backoff on an operation not idempotent rests on its key: a new call is not
+                # this one (an envelope that does not say: judged by the key, as before).
+                raise AffidavitError(envelope)
+            # An idempotent operation: a new call is safe (contract rule 7) -- and not under
+            # its key, whose record is final and would answer the same again.
+            current.pop("idempotency_key", None)
         if err["outcome"] == "not_attempted" and key:
             current["idempotency_key"] = key  # the same invocation, its recorded budget
         await trio.sleep(_delay(envelope, attempt, backoff_base, backoff_cap))

@@ -37,6 +37,7 @@ async def test_success_returns_the_envelope(demo: tuple[Broker, DemoServer]) -> 
     with trio.fail_after(10):
         env = await call_checked(broker, {"target": "api", "method": "GET", "path": "/hello"})
     assert env["result"]["status"] == 200
+    assert env["evidence"]["idempotent"] is True  # what a backoff's new call rests on
 
 
 async def test_error_raises_with_the_whole_envelope(demo: tuple[Broker, DemoServer]) -> None:
@@ -113,7 +114,7 @@ async def test_backoff_waits_at_least_retry_after(autojump_clock: object) -> Non
     assert caller.times[1] - caller.times[0] >= 7.0
 
 
-KEYED = {"idempotency": {"key": "idem_recorded"}, "retry_after": 1.0}
+KEYED = {"idempotency": {"key": "idem_recorded"}, "retry_after": 1.0, "idempotent": False}
 
 
 async def test_backoff_on_a_keyed_rejection_is_not_resent_as_a_new_call(
@@ -126,6 +127,29 @@ async def test_backoff_on_a_keyed_rejection_is_not_resent_as_a_new_call(
     with pytest.raises(AffidavitError) as info:
         await call_checked(caller, {"target": "pay", "method": "POST"}, auto_retry=3)
     assert (info.value.outcome, info.value.retry) == ("rejected", "backoff")
+    assert len(caller.actions) == 1
+
+
+async def test_backoff_on_an_idempotent_keyed_rejection_is_a_new_call(
+    autojump_clock: object,
+) -> None:
+    """A complete 429 to a PUT the target calls idempotent, sent with the caller's own key: a
+    new call is safe (contract rule 7) -- made without that key, whose record is final."""
+    ok = {"invocation_id": "act_y", "result": {"status": 200}, "evidence": {}}
+    keyed = {**KEYED, "idempotent": True}
+    caller = _Scripted([_err("backoff", "rejected", **keyed), ok])
+    action = {"target": "pay", "method": "PUT", "idempotency_key": "mine"}
+    assert await call_checked(caller, action, auto_retry=1) is ok
+    assert caller.actions == [action, {"target": "pay", "method": "PUT"}]
+
+
+async def test_backoff_on_a_rejection_not_idempotent_without_a_key_is_raised(
+    autojump_clock: object,
+) -> None:
+    """The evidence says the operation is not idempotent: never a new call, key or none."""
+    caller = _Scripted([_err("backoff", "rejected", idempotent=False, retry_after=1.0)])
+    with pytest.raises(AffidavitError):
+        await call_checked(caller, {"target": "pay", "method": "POST"}, auto_retry=3)
     assert len(caller.actions) == 1
 
 
