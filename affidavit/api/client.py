@@ -52,6 +52,7 @@ from .wire import (
     check_peer,
     check_socket,
     check_timeout,
+    health_wait,
     invocation_path,
     parse_daemon_uid,
     retry_after_of,
@@ -375,7 +376,10 @@ class Client:
         return data
 
     async def health(self) -> dict[str, Any]:
-        data: dict[str, Any] = await self._get("/v1/health")
+        """``GET /v1/health``, waited for ``wire.health_wait()`` at most (then ``AnswerLost``):
+        a stopped daemon is told, not waited for."""
+        response = await self._request("GET", "/v1/health", None, retry=True, wait=health_wait())
+        data: dict[str, Any] = response.json()
         return data
 
     # -- operators (docs/approvals.md): the socket peer's uid is the identity -------------------

@@ -62,6 +62,7 @@ __all__ = [
     "check_peer",
     "check_socket",
     "check_timeout",
+    "health_wait",
     "invocation_path",
     "parse_count",
     "parse_daemon_uid",
@@ -389,6 +390,16 @@ def answer_wait(timeout: float | None, approval_wait: float = 0.0) -> float:
     caller knows), plus the daemon's delivery budget twice over (``DELIVERY_WAIT``: the wait
     for room in the answer budget, then the write)."""
     return (CALL_WAIT if timeout is None else timeout) + approval_wait + 2 * DELIVERY_WAIT
+
+
+def health_wait() -> float:
+    """Seconds a client waits for ``GET /v1/health`` before it gives up (``AnswerLost``): the
+    daemon answers it with no read of the journal (one stat of its file, on a thread) and no
+    call, so the delivery budget twice over (``DELIVERY_WAIT``: the wait for room in its answer
+    budget, then the write) is all it may take -- a stopped or wedged daemon is told, not waited
+    for.  (The views and ``fetch_result`` read the journal, which a shared one may take up to
+    its ``[journal] reconnect`` to answer, a setting the client cannot see: not bounded so.)"""
+    return 2 * DELIVERY_WAIT
 
 
 def answer_cap(request_target: str) -> int | None:

@@ -201,6 +201,22 @@ async def test_a_silent_daemon_is_waited_for_the_timeout_and_delivery_budget(
     assert hung_up == [True, True, True]  # each closed its connection
 
 
+@pytest.mark.usefixtures("short_delivery")
+async def test_a_silent_daemon_is_waited_for_a_health_answer_the_delivery_budget(
+    tmp_path: Path,
+) -> None:
+    """A daemon that takes the connection and never answers (stopped, wedged): the health read
+    is given up after ``health_wait()`` -- the delivery budget twice over, all the daemon may
+    take for an answer that reads no journal -- not waited for for ever."""
+    hung_up: list[bool] = []
+    assert wire.health_wait() == pytest.approx(2 * DELIVERY)
+    with raw_daemon(tmp_path, _silent(hung_up)) as path:
+        async with Client.open(path) as client:
+            with trio.fail_after(10), pytest.raises(AnswerLost, match="no whole answer"):
+                await client.health()
+    assert hung_up == [True]  # it closed its connection
+
+
 def _trickle(conn: socket.socket, n: int) -> None:
     for byte in b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n":  # a byte every 0.1 s, never whole
         conn.sendall(bytes([byte]))
