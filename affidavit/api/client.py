@@ -55,6 +55,7 @@ from .wire import (
     health_wait,
     invocation_path,
     parse_daemon_uid,
+    read_wait,
     retry_after_of,
     socket_path,
     target,
@@ -441,10 +442,11 @@ class Client:
     # -- transport ----------------------------------------------------------------------------
 
     async def _get(self, request_target: str) -> Any:
-        return (await self._request("GET", request_target, None, retry=True)).json()
+        response = await self._request("GET", request_target, None, retry=True, head=read_wait())
+        return response.json()
 
     async def _get_or_none(self, request_target: str) -> Any:
-        response = await self._request("GET", request_target, None, retry=True)
+        response = await self._request("GET", request_target, None, retry=True, head=read_wait())
         return None if response.status == 404 else response.json()
 
     async def _take(self) -> tuple[_Conn, bool]:
@@ -474,13 +476,17 @@ class Client:
         *,
         retry: bool,
         wait: float | None = None,
+        head: float | None = None,
     ) -> Response:
         """One request and its whole answer.  ``wait``: the seconds it all may take (a call's:
-        ``wire.answer_wait``), else no bound before the answer's first byte; after that byte,
+        ``wire.answer_wait``); ``head``: the seconds until the answer's first byte (a read's:
+        ``wire.read_wait``); else no bound before that byte; after it,
         as ``wire._Clock`` has it (its head within ``DELIVERY_WAIT``, then the whole of an
         answer the daemon holds in its budget, or a byte every ``DELIVERY_WAIT`` of a stored
         result).  Past either: the connection closed, ``AnswerLost``."""
-        ends = trio.current_time() + wait if wait is not None else float("inf")
+        now = trio.current_time()
+        ends = now + wait if wait is not None else float("inf")
+        head_ends = min(ends, now + head) if head is not None else ends
         for _ in range(2):
             conn, reused = await self._take()
             cap = answer_cap(request_target)
@@ -490,10 +496,10 @@ class Client:
             try:
                 request = encode_request(conn.h11, method, request_target, body)
                 try:
-                    with trio.move_on_at(ends):
+                    with trio.move_on_at(head_ends):
                         await conn.stream.send_all(request)
-                    if trio.current_time() >= ends:
-                        raise _Late(wait)
+                    if trio.current_time() >= head_ends:
+                        raise _Late(wait if head is None else head)
                 except (trio.BrokenResourceError, OSError):
                     # The daemon stopped reading: an answer it wrote first is the answer.
                     sent = False
@@ -502,7 +508,7 @@ class Client:
                         raise
                 first: float | None = None
                 while response is None:
-                    limit = ends
+                    limit = head_ends
                     if first is not None:
                         whole = cap is not None or not reader.head
                         rest = first if whole else trio.current_time()
@@ -513,7 +519,7 @@ class Client:
                             first = trio.current_time()
                         response = reader.feed(data)
                         continue
-                    raise _Late(wait)
+                    raise _Late(wait if first is not None or head is None else head)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 await conn.stream.aclose()
                 if retry and reused and not reader.started:

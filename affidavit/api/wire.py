@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Mapping
 
-from affidavit.bounds import MAX_TOTAL, MAX_TTL
+from affidavit.bounds import MAX_RECONNECT, MAX_TOTAL, MAX_TTL
 
 TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
 
@@ -70,6 +70,7 @@ __all__ = [
     "parse_time",
     "parse_timeout",
     "read_answer",
+    "read_wait",
     "retry_after_of",
     "socket_path",
     "target",
@@ -397,9 +398,18 @@ def health_wait() -> float:
     daemon answers it with no read of the journal (one stat of its file, on a thread) and no
     call, so the delivery budget twice over (``DELIVERY_WAIT``: the wait for room in its answer
     budget, then the write) is all it may take -- a stopped or wedged daemon is told, not waited
-    for.  (The views and ``fetch_result`` read the journal, which a shared one may take up to
-    its ``[journal] reconnect`` to answer, a setting the client cannot see: not bounded so.)"""
+    for.  (The views and ``fetch_result`` read the journal: ``read_wait``.)"""
     return 2 * DELIVERY_WAIT
+
+
+def read_wait() -> float:
+    """Seconds a client waits for the first byte of a read's answer (a view, ``fetch_result``,
+    an approval) before it gives up (``AnswerLost``): the daemon reads the journal for it,
+    which a shared one may take up to its ``[journal] reconnect`` to answer (a setting the
+    client cannot see, at most ``bounds.MAX_RECONNECT``), then the delivery budget twice over
+    (``DELIVERY_WAIT``).  A read waits for no call: ``fetch_result`` answers IN_PROGRESS for
+    one still running."""
+    return MAX_RECONNECT + 2 * DELIVERY_WAIT
 
 
 def answer_cap(request_target: str) -> int | None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from affidavit.bounds import MAX_RECONNECT
 from affidavit.privatefile import FileMissing, FileRefused, read_small_file
 from affidavit.protocols import ProtocolLoadError, get, kinds
 from affidavit.schema import (
@@ -164,6 +165,13 @@ def _existing_file(r: Read) -> Path | None:
     return path
 
 
+def _reconnect(r: Read) -> float:
+    seconds = duration_setting(r)
+    if seconds > MAX_RECONNECT:
+        raise r.error(f"must be at most {MAX_RECONNECT:.0f} seconds")
+    return seconds
+
+
 JOURNAL = Schema(
     JournalConfig,
     (
@@ -207,9 +215,10 @@ JOURNAL = Schema(
         ),
         Field(
             "reconnect",
-            duration_setting,
+            _reconnect,
             default=10,
-            doc="with `url`: seconds a broker that lost the database keeps reconnecting before "
+            doc="with `url` (at most 3600, an hour: a client waits that long for a read of the "
+            "journal): seconds a broker that lost the database keeps reconnecting before "
             "it fails the writes in flight (never claiming a commit it cannot read back), and "
             "the longest a write waits for the chain head another session holds (then it fails, "
             "not committed), and the longest a call's read of the journal may take (then it is "

@@ -89,7 +89,7 @@ def test_a_duration_setting_reads_one_way_and_names_its_path(
     read: Callable[[Config], float],
     zero: bool,
 ) -> None:
-    assert read(_load(tmp_path, place("1h30m"))) == 5400.0
+    assert read(_load(tmp_path, place("50m30s"))) == 3030.0
     assert read(_load(tmp_path, place(45))) == 45.0
     refusals = [("soon", 'must be a duration like "24h"'), (True, "must be a duration")]
     refusals.append(("-1s", "must be a duration"))
@@ -104,3 +104,13 @@ def test_a_duration_setting_reads_one_way_and_names_its_path(
             _load(tmp_path, place(value))
         assert (info.value.code, info.value.field) == ("CONFIG_INVALID", path), value
         assert words in info.value.message, (value, info.value.message)
+
+
+def test_reconnect_is_at_most_max_reconnect(tmp_path: Path) -> None:
+    """A client bounds a journal read by ``bounds.MAX_RECONNECT`` (``wire.read_wait``): a
+    broker may not be told to wait out a lost database longer than that."""
+    assert _load(tmp_path, {"journal": {"reconnect": "1h"}}).journal.reconnect == 3600.0
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, {"journal": {"reconnect": "3601s"}})
+    assert (info.value.code, info.value.field) == ("CONFIG_INVALID", "journal.reconnect")
+    assert "at most 3600 seconds" in info.value.message
