@@ -280,12 +280,14 @@ class Broker:
             requester=requester,
         )
 
-    async def in_progress(self, invocation_id: str) -> dict[str, Any]:
+    async def in_progress(self, invocation_id: str) -> dict[str, Any] | None:
         """The answer of a call that runs on past its caller's deadline
         (``CallControl.answer_by``): IN_PROGRESS with the record as it stands -- fetch the
-        result later."""
+        result later.  None if the record is already final (its result committed, its delivery
+        to come): not in progress, the caller is answered the result."""
         recorder = self._engine.recorder
-        return recorder.envelope(await recorder.record(invocation_id), in_progress=True)
+        record = await recorder.record(invocation_id)
+        return None if record.final else recorder.envelope(record, in_progress=True)
 
     async def recover(self) -> list[Record]:
         """Close the records a stopped broker left open, with what their events prove

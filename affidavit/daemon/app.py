@@ -295,22 +295,29 @@ class Api:
         if req.link.hung_up.is_set():
             withdraw()  # gone while the body was read: never dispatch it
         try:
-            early = not await _answered_by(running)
+            past = not await _answered_by(running)
         finally:
             req.link.on_hang_up.discard(withdraw)
         if running.answering or req.link.hung_up.is_set():
             return
-        if early:
+        if past:
             # Past its deadline, a call it does not bound runs on: answered as a caller that
-            # ran out of time -- IN_PROGRESS, its result stored for ``fetch_result``.
+            # ran out of time -- IN_PROGRESS, its result stored for ``fetch_result``.  Unless
+            # its record is final already (a result committed, its delivery to come): then
+            # that delivery answers, as to a call that ended in time.
             iid = running.control.invocation_id
             assert iid is not None
             try:
                 envelope = await self.broker.in_progress(iid)
             except JournalError as exc:
                 raise _journal_problem(exc, f"invocation {iid}") from None
-            await answers.respond_delivered(req, envelope)
-            return
+            if envelope is not None and not (running.answering or running.done.is_set()):
+                early = True  # no await since the read: ``deliver`` has not been called
+                await answers.respond_delivered(req, envelope)
+                return
+            await running.done.wait()
+            if running.answering or req.link.hung_up.is_set():
+                return
         if running.envelope is None:
             if running.journal_failed is not None:
                 # No envelope without a durable record to render it from.  What was recorded
