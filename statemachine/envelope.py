@@ -98,10 +98,12 @@ def render_envelope(
     if record.retry_after is not None:
         evidence["retry_after"] = record.retry_after  # seconds the remote asked us to wait
     evidence["state"] = record.state
-    # Whether the target declares the operation idempotent (ACTION_ACCEPTED): what a retry
-    # hint rests on -- a ``backoff`` on a ``rejected`` non-idempotent request rests on its key,
-    # and a new call is not that request (``affidavit.api.sdk.call_checked``).
-    evidence["idempotent"] = record.idempotent
+    # Whether the target declares the operation idempotent (ACTION_ACCEPTED's
+    # ``operation.idempotent``): what a retry hint rests on -- a ``backoff`` on a ``rejected``
+    # non-idempotent request rests on its key, and a new call is not that request
+    # (``affidavit.api.sdk.call_checked``).  Left out where the record does not say.
+    if record.idempotent_recorded:
+        evidence["idempotent"] = record.idempotent
     env["evidence"] = evidence
     return env
 
@@ -329,9 +331,10 @@ def envelope_schema() -> dict[str, Any]:
                     "dispatch_started": {"type": "boolean"},
                     "idempotent": {
                         "type": "boolean",
-                        "description": "Whether the target declares the operation idempotent "
-                        "(as accepted): a backoff on a rejected request that is not rests on its "
-                        "idempotency key, and a new call is not that request.",
+                        "description": "Whether the target declares the operation idempotent, "
+                        "as accepted (ACTION_ACCEPTED `operation.idempotent`; absent where that "
+                        "record does not say): a backoff on a rejected request that is not rests "
+                        "on its idempotency key, and a new call is not that request.",
                     },
                     "request_complete": {"type": "boolean"},
                     "response_headers_received": {"type": "boolean"},

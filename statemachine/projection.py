@@ -59,6 +59,7 @@ class Projector:
         "_generation",
         "_idempotency",
         "_idempotent",
+        "_idempotent_recorded",
         "_invocation_id",
         "_last_seq",
         "_max_retry_after",
@@ -85,6 +86,7 @@ class Projector:
         self._target: str | None = None
         self._protocol: str | None = None
         self._idempotent = False
+        self._idempotent_recorded = False  # ACTION_ACCEPTED's operation says (``idempotent``)
         self._fingerprint: str | None = None
         # A read-only view, set once by ACTION_ACCEPTED and handed to every record as is.
         self._idempotency: Mapping[str, Any] | None = None
@@ -272,6 +274,7 @@ class Projector:
         r.target = self._target
         r.protocol = self._protocol
         r.idempotent = self._idempotent
+        r.idempotent_recorded = self._idempotent_recorded
         r.fingerprint = self._fingerprint
         r.idempotency = self._idempotency
         r.generation = self._generation

@@ -79,6 +79,9 @@ class Record:
     job_id, status_url, status_path, state, polls, last_poll, accepted_seq."""
     items: tuple[Mapping[str, Any], ...] | None = None
     """A batch's items, one per item sent: id, outcome, code, retry (``batch.py``)."""
+    idempotent_recorded: bool = True
+    """ACTION_ACCEPTED's ``operation`` names ``idempotent`` (``idempotent`` is then what it says,
+    else False by default: the envelope leaves ``evidence.idempotent`` out)."""
     fenced: Mapping[str, Any] | None = None
     """Why its binder is gone, when a call with a different request under its idempotency key
     fenced the invocation (ACTION_ACCEPTED's ``fenced``, its first event: chained, never

@@ -94,6 +94,7 @@ def _on_accepted(p: Projector, event: Event) -> None:
     p._target = target
     p._protocol = protocol
     p._idempotent = bool(op.get("idempotent", False))
+    p._idempotent_recorded = "idempotent" in op
     p._fingerprint = fingerprint
     p._budget_total = budget
     p._budget_used = 1

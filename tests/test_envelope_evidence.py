@@ -57,3 +57,23 @@ def test_an_unfinished_record_is_in_progress_never_a_bare_success() -> None:
     # Before dispatch the same holds, with the outcome the record proves.
     env = render_envelope(project(events[:3], None))
     assert (env["error"]["code"], env["error"]["outcome"]) == ("IN_PROGRESS", "not_attempted")
+
+
+def test_evidence_idempotent_is_only_what_action_accepted_says() -> None:
+    """``evidence.idempotent`` is ACTION_ACCEPTED's ``operation.idempotent``: shown true or
+    false as recorded, and left out of a record whose operation does not say (one accepted
+    before the field was recorded) -- never a false the records do not back."""
+    tail = [
+        Event(E.PREFLIGHT_VALIDATED, "a", {}, seq=2),
+        Event(E.CREDENTIAL_AUTHORIZED, "a", {}, seq=3),
+        Event(E.DISPATCH_STARTED, "a", {"generation": 0}, seq=4),
+    ]
+    for said in (True, False):
+        op = {**OP, "idempotent": said}
+        events = [Event(E.ACTION_ACCEPTED, "a", {"operation": op}, seq=1), *tail]
+        assert render_envelope(project(events, None))["evidence"]["idempotent"] is said
+    unsaid = {k: v for k, v in OP.items() if k != "idempotent"}
+    events = [Event(E.ACTION_ACCEPTED, "a", {"operation": unsaid}, seq=1), *tail]
+    env = render_envelope(project(events, None))
+    assert "idempotent" not in env["evidence"]
+    assert env["error"]["code"] == "IN_PROGRESS"  # the record itself reads as before
