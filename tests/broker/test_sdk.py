@@ -15,6 +15,8 @@ from affidavit.api.sdk import AffidavitError, call_checked
 from affidavit.api.wire import ApiError
 from affidavit.cli.tour import DemoServer, demo_config
 from affidavit.config import load_config
+from tests.broker.helpers import http_target, open_broker, write_config
+from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 
 @pytest.fixture
@@ -228,3 +230,28 @@ def test_import_affidavit_reaches_the_sdk_as_docs_deployment_writes_it() -> None
     )
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout == b"call_checked\n"
+
+
+async def test_a_throttled_idempotent_keyed_put_is_called_again_once(
+    tmp_path: Path, token: str
+) -> None:
+    """A real broker: a 429 with Retry-After to an idempotent PUT that carries a key is
+    ``backoff`` on a rejected request; ``call_checked(auto_retry=1)`` calls again once, as a new
+    call (the operation is idempotent, ``evidence.idempotent``) -- exactly two requests reach
+    the remote, the second answered 200."""
+    answers = [Reply(429, headers=[("Retry-After", "1")], body=b"{}"), Reply(200, body=b"{}")]
+
+    def reply(_: Received) -> Reply:
+        return answers.pop(0) if answers else Reply(500, body=b"{}")
+
+    idempotency = {"header": "Idempotency-Key", "scope": "items", "retention": "24h"}
+    async with HostileServer.running(scripts.serve(reply)) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=idempotency)})
+        async with open_broker(cfg) as broker:
+            action = {"target": "api", "method": "PUT", "path": "/items/1", "body": "{}"}
+            action["idempotency_key"] = "k-put-1"
+            with trio.fail_after(30):
+                env = await call_checked(broker, action, auto_retry=1)
+    assert env["result"]["status"] == 200
+    assert env["evidence"]["idempotent"] is True
+    assert [r.method for r in srv.requests] == ["PUT", "PUT"]
