@@ -682,9 +682,10 @@ def blocking_request(
     wait: float | None = None,
 ) -> Response:
     """One request on a fresh connection, for a short-lived process (the command line).
-    ``wait``: the seconds the whole answer may take from the start (a call's: ``answer_wait``),
-    else no bound before its first byte; once that has arrived, the rest is read within
-    ``DELIVERY_WAIT`` (``_Clock``).  Past either, the connection is closed: ``AnswerLost``.
+    ``wait``: the seconds the whole answer may take from the start (a call's: ``answer_wait``);
+    a GET's first byte is waited for ``read_wait`` at most; once that has arrived, the rest is
+    read within ``DELIVERY_WAIT`` (``_Clock``).  Past either, the connection is closed:
+    ``AnswerLost``.
     ``daemon_uid``: the daemon's user to trust (``parse_daemon_uid``), else the environment's."""
     check_socket(path, daemon_uid)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -698,10 +699,12 @@ def blocking_request(
         head.append("connection: close")
         if body is not None:
             head += ["content-type: application/json", f"content-length: {len(body)}"]
-        clock = _Clock(sock, wait, answer_cap(request_target) is not None)
+        # A read (GET) is waited for ``read_wait`` at most before its first byte.
+        head_wait = read_wait() if method == "GET" else None
+        clock = _Clock(sock, wait, answer_cap(request_target) is not None, head_wait)
         try:
-            if wait is not None:
-                sock.settimeout(wait)
+            if wait is not None or head_wait is not None:
+                sock.settimeout(min(w for w in (wait, head_wait) if w is not None))
             sock.sendall("\r\n".join(head).encode("ascii") + b"\r\n\r\n" + (body or b""))
         except TimeoutError:
             raise AnswerLost(clock.late()) from None
@@ -727,10 +730,13 @@ class _Clock:
     written a piece at a time, a byte at least every ``DELIVERY_WAIT``.  ``recv`` raises
     ``TimeoutError`` past them."""
 
-    def __init__(self, sock: socket.socket, wait: float | None, whole: bool) -> None:
+    def __init__(
+        self, sock: socket.socket, wait: float | None, whole: bool, head: float | None = None
+    ) -> None:
         self.sock, self.whole = sock, whole
         self.start = time.monotonic()
         self.ends = None if wait is None else self.start + wait
+        self.head_ends = None if head is None else self.start + head  # the first byte's
         self.first: float | None = None
         self.head = False
 
@@ -740,6 +746,8 @@ class _Clock:
     def recv(self, size: int) -> bytes:
         now = time.monotonic()
         ends = [] if self.ends is None else [self.ends]
+        if self.first is None and self.head_ends is not None:
+            ends.append(self.head_ends)
         if self.first is not None:
             whole = self.whole or not self.head
             ends.append(self.first + DELIVERY_WAIT if whole else now + DELIVERY_WAIT)

@@ -5,6 +5,7 @@ patched small here)."""
 
 from __future__ import annotations
 
+import functools
 import signal
 from pathlib import Path
 from typing import Any
@@ -36,5 +37,9 @@ async def test_a_stopped_daemon_answers_no_fetch_result_and_it_is_told(
                         await c.fetch_result("act_" + "0" * 26)
                     with pytest.raises(AnswerLost):
                         await c.approvals()
+            # The command line's (``blocking_request``: ``affidavit actions``, ``result``, ...)
+            with trio.fail_after(20), pytest.raises(AnswerLost):
+                ask = functools.partial(wire.blocking_request, str(daemon.socket))
+                await trio.to_thread.run_sync(ask, "GET", "/v1/actions", abandon_on_cancel=True)
         finally:
             daemon.signal(signal.SIGCONT)
