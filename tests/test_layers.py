@@ -129,6 +129,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
             "affidavit.secrets",
             "affidavit.statemachine",
             "affidavit.privatefile",
+            "affidavit.bounds",  # [journal] reconnect's maximum (MAX_RECONNECT)
         }
     ),
     "affidavit.engine": frozenset(
