@@ -33,7 +33,7 @@ import trio
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy
 from affidavit.approvals import service as approvals
-from affidavit.config import Config, trust_anchors
+from affidavit.config import Config, ConfigError, trust_anchors
 from affidavit.engine import CallControl, Deliver, Engine, EngineSettings
 from affidavit.engine import approval as engine_approval
 from affidavit.engine.delivery import STORE_ONLY
@@ -51,7 +51,7 @@ from affidavit.journal import (
     journal_exposures,
     warn_exposed,
 )
-from affidavit.protocols import Binding, load_bindings
+from affidavit.protocols import Binding, ProtocolLoadError, load_bindings
 from affidavit.protocols.catalog import catalog
 from affidavit.reconcile import service as reconcile
 from affidavit.secrets import redaction
@@ -220,7 +220,13 @@ class Broker:
             exposed = exposed_files(config)  # a journal of thousands of segments: not twice
         warn_exposed(exposed)  # the operator's log, once a file (`serve` refuses)
         # Only the configured kinds: an HTTP-only config never imports the SSH library.
-        bindings: dict[str, Binding] = load_bindings({t.kind for t in config.targets.values()})
+        try:
+            bindings: dict[str, Binding] = load_bindings({t.kind for t in config.targets.values()})
+        except ProtocolLoadError as exc:
+            # A binding made by a factory is judged only once made (a class is judged when the
+            # config is read): the same CONFIG_INVALID at the first target of that kind.
+            name = next(n for n, t in config.targets.items() if t.kind == exc.kind)
+            raise ConfigError(f"targets.{name}.kind", exc.message, config.path) from None
         for kind, binding in bindings.items():
             # Optional for an out-of-tree protocol written before it existed: no words.
             words = getattr(binding, "start_warnings", None)

@@ -98,6 +98,9 @@ def get(kind: str) -> ProtocolSpec | None:
     protocol has that kind.  Raises ``ProtocolLoadError`` for a broken installation."""
     spec = _specs.get(kind)
     if spec is not None:
+        # Registered in-process (``register()``): judged as an installed one is, so a config
+        # naming it is refused CONFIG_INVALID rather than a call raising TypeError.
+        _refuse_old_prepare(spec)
         return spec
     eps = _discovered().get(kind)
     if not eps:
@@ -111,10 +114,14 @@ def get(kind: str) -> ProtocolSpec | None:
         raise ProtocolLoadError(kind, f"cannot load {eps[0].value} ({exc!r})") from exc
     if not isinstance(loaded, ProtocolSpec) or loaded.kind != kind:
         raise ProtocolLoadError(kind, f"{eps[0].value} is not a ProtocolSpec of that kind")
-    made = loaded.binding
-    if isinstance(made, type) and not _takes_trusted(*_prepare_of(made)):
-        raise ProtocolLoadError(kind, OLD_PREPARE)
+    _refuse_old_prepare(loaded)
     return register(loaded)
+
+
+def _refuse_old_prepare(spec: ProtocolSpec) -> None:
+    made = spec.binding
+    if isinstance(made, type) and not _takes_trusted(*_prepare_of(made)):
+        raise ProtocolLoadError(spec.kind, OLD_PREPARE)
 
 
 def registered() -> dict[str, ProtocolSpec]:
