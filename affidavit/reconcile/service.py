@@ -68,7 +68,9 @@ from . import approved
 from .refusals import append, not_at_rest, refusal
 
 if TYPE_CHECKING:
+    from affidavit.config import Target
     from affidavit.engine import CallControl, Engine
+    from affidavit.protocols import ReconcileContract
 
 __all__ = [
     "ATTESTABLE",
@@ -238,12 +240,9 @@ async def query(
     a caller may not read (``_unknown_at_rest``)."""
     requester = asker(requester, engine.settings)
     record = await _unknown_at_rest(engine, invocation_id, operator=operator)
-    target = engine.config.targets.get(record.target or "")
-    spec = get(target.kind) if target is not None else None
-    if target is None or spec is None or spec.reconcile is None or target.kind != record.protocol:
-        raise OperatorError(
-            "NO_QUERY", f"the target of {invocation_id} is not configured as it was", 400
-        )
+    target, contract = _queryable(
+        invocation_id, record, engine.config.targets.get(record.target or "")
+    )
     events = engine.journal.events(invocation_id)
     moved = await engine.snapshot.moved(events, target)
     if moved is not None:
@@ -271,7 +270,7 @@ async def query(
             "session": record.session,
         }
         try:
-            action = dict(spec.reconcile.query(target, values))
+            action = dict(contract.query(target, values))
         except ValueError as exc:
             raise OperatorError("NO_QUERY", str(exc), 400) from None
         if record.session is not None:
@@ -301,12 +300,10 @@ async def query(
         # today's committed_if / rejected_if, nor the query by today's request or settle.
         settled, reason, seq = None, CONFIG_SINCE, None
     else:
-        settled, reason, seq = _settles(engine, query_id, target, spec.reconcile.verdict)
+        settled, reason, seq = _settles(engine, query_id, target, contract.verdict)
     not_before = None
     if settled is not None and settled[0] is Outcome.REJECTED:
-        not_before, reason = _too_soon(
-            engine, invocation_id, query_id, spec.reconcile.settle(target)
-        )
+        not_before, reason = _too_soon(engine, invocation_id, query_id, contract.settle(target))
         if not_before is not None:
             settled, seq = None, None
     if settled is not None:
@@ -507,3 +504,38 @@ def _settles(
         return None, "the query's answer matches neither committed_if nor rejected_if", None
     result = rec.evidence.get("result") or {}
     return (outcome, str(matched)), "", result.get("seq")
+
+
+_ATTEST = "nothing was queried: attest the outcome after inspecting the remote (--attest)"
+
+
+def _queryable(
+    invocation_id: str, record: Record, target: Target | None
+) -> tuple[Target, ReconcileContract]:
+    """``target`` and its protocol's query contract, which reconciles ``record``; or
+    ``NO_QUERY`` saying which of the four reasons there is none (one stable code: callers
+    branch on it, the words say what to do)."""
+    if target is None:
+        raise OperatorError(
+            "NO_QUERY",
+            f"the target {record.target} of {invocation_id} is no longer configured; {_ATTEST}",
+            400,
+        )
+    if target.kind != record.protocol:
+        raise OperatorError(
+            "NO_QUERY",
+            f"the target {target.name} is now of kind {target.kind}, not {record.protocol} as "
+            f"when {invocation_id} was sent; {_ATTEST}",
+            400,
+            f"targets.{target.name}.kind",
+        )
+    spec = get(target.kind)
+    if spec is None:  # (a config naming it was read: the protocol was uninstalled since)
+        raise OperatorError("NO_QUERY", f"protocol {target.kind} is not installed; {_ATTEST}", 400)
+    if spec.reconcile is None:
+        raise OperatorError(
+            "NO_QUERY",
+            f"protocol {target.kind} has no reconcile query: attest the outcome (--attest)",
+            400,
+        )
+    return target, spec.reconcile
