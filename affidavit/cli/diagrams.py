@@ -25,6 +25,23 @@ def _root(args: argparse.Namespace) -> Path | None:
     return root
 
 
+def _tables(args: argparse.Namespace) -> Any:
+    """None (the repository's own tables, the committed set) or, with ``--all-protocols``,
+    every protocol installed (entry points of any distribution) or registered in this process
+    besides them -- a plugin's, drawn into a directory of its author's (``--root``)."""
+    if not args.all_protocols:
+        return None
+    from affidavit.docgen import builtin_tables
+    from affidavit.protocols import ProtocolLoadError, registered
+    from affidavit.statemachine import registered as tables
+
+    try:
+        registered()
+    except ProtocolLoadError as exc:
+        raise UsageError(str(exc), "DIAGRAM_FAILED") from None
+    return {**builtin_tables(), **tables()}
+
+
 def _run(args: argparse.Namespace) -> int:
     # The docgen (and the tables it reads) only when this command runs: every command's
     # parser imports this module.
@@ -33,6 +50,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.svg is not None:
         return _svg(args, args.svg)
     root = _root(args)
+    if args.all_protocols and args.root is None:
+        # The checkout's committed set is its own protocols: a plugin drawn into it would be
+        # an "extra" file to every other developer's --check.
+        raise refusal(
+            "--all-protocols draws installed plugins: name their own directory with --root",
+            "INVALID_FIELD",
+            "--root",
+        )
     if root is None:
         raise refusal(
             "the checkout's directory, needed unless you run inside the affidavit checkout",
@@ -40,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
             "--root",
         )
     try:
-        files = generated_files()
+        files = generated_files(_tables(args))
     except DiagramError as exc:
         raise UsageError(str(exc), "DIAGRAM_FAILED") from exc
     if args.check:
@@ -84,7 +109,7 @@ def _svg(args: argparse.Namespace, dest: Path) -> int:
             "DEPENDENCY_MISSING",
         )
     try:
-        svgs = svg_files(dot)
+        svgs = svg_files(dot, _tables(args))
     except DiagramError as exc:
         raise UsageError(str(exc), "DIAGRAM_FAILED") from exc
     try:
@@ -103,8 +128,9 @@ def add_commands(subparsers: Any) -> None:
         "diagrams",
         help="generate state diagrams and contract docs from the tables",
         description=(
-            "Write diagrams/ (Mermaid and Graphviz dot) for the lifecycle machine and every "
-            "registered protocol table, plus docs/contract.md and docs/envelope.schema.json.  "
+            "Write diagrams/ (Mermaid and Graphviz dot) for the lifecycle machine and each of "
+            "the repository's own protocol tables (adapters/<proto>/; --all-protocols: also "
+            "installed plugins'), plus docs/contract.md and docs/envelope.schema.json.  "
             "With --check, write nothing and exit 1 when any generated file is stale, missing "
             "or extra.  None of these files depends on an installed tool.  --svg DIR renders "
             "SVGs with Graphviz into DIR instead (not committed: Graphviz's output differs "
@@ -118,5 +144,12 @@ def add_commands(subparsers: Any) -> None:
     )
     p.add_argument(
         "--root", type=Path, default=None, help="checkout root (default: found from cwd)"
+    )
+    p.add_argument(
+        "--all-protocols",
+        action="store_true",
+        help="also draw every installed protocol (a plugin's entry point) and every one "
+        "registered in this process, not only the repository's own; needs --root DIR "
+        "(--svg: the same set)",
     )
     p.set_defaults(handler=_run, holds_secrets=SECRETS_NONE)

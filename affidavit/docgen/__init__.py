@@ -11,6 +11,7 @@ from .contract import contract_markdown, member_docs, schema_json, table_cell
 from .generate import (
     DIAGRAM_DIR,
     CheckReport,
+    builtin_tables,
     check_files,
     find_root,
     generated_files,
@@ -37,6 +38,7 @@ __all__ = [
     "GEdge",
     "Graph",
     "Node",
+    "builtin_tables",
     "check_files",
     "contract_markdown",
     "dot_source",

@@ -6,8 +6,10 @@ The tables are the single source of truth (DESIGN, "Two machines, one source of 
 every file here is derived from them.  Output is sorted and stable (no timestamps, no set
 iteration order), so ``--check`` can compare bytes and CI can fail when a table changed but the
 generated files did not (trio's ``gen_exports.py --test`` habit).  Adapters register their
-tables when imported; ``load_all()`` imports every adapter package, so a new protocol shows up
-here with no edit to this package.
+tables when imported; ``load_all()`` imports every adapter package, so a new in-repo protocol
+shows up here with no edit to this package (``builtin_tables``).  The committed set is those
+alone; a plugin's table is drawn when the caller passes it (``affidavit diagrams
+--all-protocols``).
 
 SVG is not in the set.  Its bytes are Graphviz's layout, which changes between Graphviz versions
 and installed fonts, so a committed SVG made ``--check`` report "stale" on any machine with
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from affidavit.statemachine import ProtocolTable, registered
 
-from .common import BANNER
+from .common import BANNER, DiagramError
 from .contract import contract_markdown, schema_json
 from .graphs import Graph, lifecycle_graph, operation_graph, protocol_graph
 from .render import dot_source, mermaid_source, svg_source
@@ -34,6 +36,7 @@ from .render import dot_source, mermaid_source, svg_source
 __all__ = [
     "DIAGRAM_DIR",
     "CheckReport",
+    "builtin_tables",
     "check_files",
     "find_root",
     "generated_files",
@@ -44,13 +47,29 @@ __all__ = [
 DIAGRAM_DIR = "diagrams"
 
 
+def builtin_tables() -> dict[str, ProtocolTable]:
+    """The repository's own protocol tables: each ``adapters/<proto>/`` package's, registered
+    under its package's name when imported -- an in-repo protocol is drawn with no edit here.
+    Only those: a plugin installed from another distribution, or a table registered in this
+    process, never changes what ``--check`` judges against the committed files (``affidavit
+    diagrams --all-protocols --root DIR`` draws those, into a directory of their own)."""
+    from affidavit.adapters import load_all
+
+    names = load_all()
+    tables = registered()
+    unnamed = [n for n in names if n not in tables]
+    if unnamed:
+        raise DiagramError(
+            f"adapters/{unnamed[0]}/ registers no protocol table named {unnamed[0]!r} "
+            "(docs/adding-a-protocol.md)"
+        )
+    return {n: tables[n] for n in sorted(names)}
+
+
 def _tables(protocols: Mapping[str, ProtocolTable] | None) -> dict[str, ProtocolTable]:
     if protocols is not None:
         return dict(sorted(protocols.items()))
-    from affidavit.adapters import load_all
-
-    load_all()
-    return registered()
+    return builtin_tables()
 
 
 def _graphs(protocols: Mapping[str, ProtocolTable]) -> list[Graph]:
@@ -79,8 +98,8 @@ def _index(graphs: list[Graph]) -> str:
 
 def generated_files(protocols: Mapping[str, ProtocolTable] | None = None) -> dict[str, str]:
     """Every committed generated file (path relative to the repository root -> text), for the
-    lifecycle and ``protocols`` (default: every adapter's registered table).  Plain text only,
-    identical on every machine: no file depends on an installed tool."""
+    lifecycle and ``protocols`` (default: ``builtin_tables()``, the repository's own).  Plain
+    text only, identical on every machine: no file depends on an installed tool."""
     tables = _tables(protocols)
     graphs = _graphs(tables)
     files: dict[str, str] = {}

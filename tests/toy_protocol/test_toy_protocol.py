@@ -284,7 +284,8 @@ def test_a_toy_trust_file_others_may_only_read_says_nothing(tmp_path: Path) -> N
 
 @pytest.mark.usefixtures("toy_registered")
 def test_the_diagrams_draw_the_registered_toy_table(tmp_path: Path) -> None:
-    assert main(["diagrams", "--root", str(tmp_path)]) == 0
+    # On request: the repository's committed set is its own protocols (test_toy_diagrams.py).
+    assert main(["diagrams", "--all-protocols", "--root", str(tmp_path)]) == 0
     mmd = (tmp_path / "diagrams/protocol-toy.mmd").read_text()
     assert "running" in mmd and "dispatch" in mmd
     assert (tmp_path / "diagrams/protocol-toy.dot").is_file()
