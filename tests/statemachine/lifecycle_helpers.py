@@ -31,6 +31,7 @@ from affidavit.statemachine import (
     open_query,
     operation_id,
 )
+from affidavit.statemachine.check import protocol_paths
 from affidavit.statemachine.lifecycle import INITIAL, STATES, edges, expand
 
 T = TypeVar("T")
@@ -357,21 +358,6 @@ def path_to(target: str) -> list[tuple[EventKind, str]]:
         steps.append((ev, s))
         s = src
     return steps[::-1]
-
-
-def protocol_paths(table: ProtocolTable, start: str | None = None) -> dict[str, list[str]]:
-    """A shortest path of events from a protocol table's initial state (or ``start``) to every
-    reachable state: how a test brings a ``ProtocolMachine`` to any state through ``fire_all``."""
-    first_state = table.initial if start is None else start
-    paths: dict[str, list[str]] = {first_state: []}
-    todo = deque([first_state])
-    while todo:
-        s = todo.popleft()
-        for ev, dst in sorted(table.transitions.get(s, {}).items()):
-            if dst not in paths:
-                paths[dst] = [*paths[s], ev]
-                todo.append(dst)
-    return paths
 
 
 @st.composite

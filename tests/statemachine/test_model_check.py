@@ -32,14 +32,13 @@ from affidavit.statemachine import (
     EvidenceSource,
     ImpossibleEvent,
     Outcome,
-    ProtocolMachine,
     ProtocolTable,
-    ProtocolViolation,
     build_machine,
     registered,
     render_envelope,
 )
 from affidavit.statemachine import lifecycle as lc
+from affidavit.statemachine.check import check_every_pair_is_declared_or_refused
 from affidavit.statemachine.graph import lifecycle_problems
 from affidavit.statemachine.projection import fold_rows
 
@@ -49,7 +48,6 @@ from .lifecycle_helpers import (
     make_event,
     operation,
     projector_in,
-    protocol_paths,
     rule_refuses,
 )
 
@@ -252,32 +250,6 @@ def test_every_protocol_pair_is_declared_or_refused() -> None:
     assert EXAMPLE in tables
     for table in tables:
         check_every_pair_is_declared_or_refused(table)
-
-
-def check_every_pair_is_declared_or_refused(table: ProtocolTable) -> None:
-    paths = protocol_paths(table)
-    assert set(paths) == set(table.states), f"{table.name}: unreachable states"
-    events = sorted({ev for _s, ev, _d in table.edges()} | {"not-an-event"})
-    for state, path in sorted(paths.items()):
-        for ev in events:
-            m = ProtocolMachine(table)
-            m.fire_all(path)
-            snapshot = (m.state, m.dispatched, m.complete)
-            dest = table.transitions.get(state, {}).get(ev)
-            if dest is None:
-                with pytest.raises(ProtocolViolation):
-                    m.fire(ev)
-                assert (m.state, m.dispatched, m.complete) == snapshot
-            else:
-                step = m.fire(ev)
-                assert (step.source, step.event, step.dest) == (state, ev, dest)
-                assert m.state == dest
-                assert step.crossed_dispatch == ((state, ev) in table.dispatch)
-                assert step.completed == ((state, ev) in table.completes)
-                # dispatched is sticky and exactly "we are past the boundary"
-                assert m.dispatched == (
-                    snapshot[1] or step.crossed_dispatch or dest in table.post_dispatch
-                )
 
 
 # --- (b) graph checks ------------------------------------------------------------------------
