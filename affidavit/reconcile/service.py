@@ -68,7 +68,6 @@ from . import approved
 from .refusals import append, not_at_rest, refusal
 
 if TYPE_CHECKING:
-    from affidavit.config import Target
     from affidavit.engine import CallControl, Engine
     from affidavit.protocols import ReconcileContract
 
@@ -509,16 +508,15 @@ def _settles(
 _ATTEST = "nothing was queried: attest the outcome after inspecting the remote (--attest)"
 
 
-def _queryable(
-    invocation_id: str, record: Record, target: Target | None
-) -> tuple[Target, ReconcileContract]:
+def _queryable(invocation_id: str, record: Record, target: Any) -> tuple[Any, ReconcileContract]:
     """``target`` and its protocol's query contract, which reconciles ``record``; or
     ``NO_QUERY`` saying which of the four reasons there is none (one stable code: callers
     branch on it, the words say what to do)."""
-    if target is None:
+    if target is None:  # (a record written before any target was resolved names none)
+        named = f" {record.target}" if record.target is not None else ""
         raise OperatorError(
             "NO_QUERY",
-            f"the target {record.target} of {invocation_id} is no longer configured; {_ATTEST}",
+            f"the target{named} of {invocation_id} is no longer configured; {_ATTEST}",
             400,
         )
     if target.kind != record.protocol:

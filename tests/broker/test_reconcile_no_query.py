@@ -5,10 +5,12 @@ item 4)."""
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import trio
 
 from affidavit.approvals import OperatorError
 from affidavit.reconcile import service
@@ -60,3 +62,19 @@ def test_a_protocol_with_a_contract_is_queried(monkeypatch: pytest.MonkeyPatch) 
     target = SimpleNamespace(name="api", kind="http")
     record: Any = SimpleNamespace(target="api", protocol="http")
     assert service._queryable(IID, record, target) == (target, CONTRACT)
+
+
+def test_a_record_naming_no_target_is_told_without_a_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through ``query()``: a record with no target reads 'the target of act_...', not 'the
+    target None of act_...' (review 51 round 2, item 4)."""
+    record: Any = SimpleNamespace(target=None, protocol="toy")
+
+    async def at_rest(engine: Any, iid: str, *, operator: bool) -> Any:
+        return record
+
+    monkeypatch.setattr(service, "_unknown_at_rest", at_rest)
+    engine: Any = SimpleNamespace(settings=None, config=SimpleNamespace(targets={}))
+    with pytest.raises(OperatorError) as info:
+        trio.run(functools.partial(service.query, engine, IID, requester=0))
+    assert info.value.code == "NO_QUERY"
+    assert info.value.message == f"the target of {IID} is no longer configured; {service._ATTEST}"
