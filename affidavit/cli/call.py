@@ -470,7 +470,6 @@ def run_journal(main: Callable[[], Awaitable[T]]) -> T:
 
     import trio
 
-    from affidavit.config import ConfigError
     from affidavit.journal import JournalError
 
     async def guarded() -> T:
@@ -500,8 +499,6 @@ def run_journal(main: Callable[[], Awaitable[T]]) -> T:
         return trio.run(guarded)
     except JournalError as exc:
         raise journal_refusal(exc) from None
-    except ConfigError as exc:  # Broker.open: a protocol's binding refused once made
-        raise config_refusal(exc) from None
 
 
 async def acting(

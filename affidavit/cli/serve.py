@@ -141,8 +141,6 @@ def _serve(args: argparse.Namespace) -> int:
         trio.run(start)
     except JournalError as exc:
         raise journal_refusal(exc) from None
-    except ConfigError as exc:  # Broker.open: a protocol's binding refused once made
-        raise config_refusal(exc) from None
     except DaemonError as exc:
         raise UsageError(str(exc), exc.code) from None
     return 0

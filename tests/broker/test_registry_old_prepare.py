@@ -69,8 +69,10 @@ async def test_the_config_or_broker_open_refuses_it_at_the_kind(
     assert info.value.message == OLD_PREPARE
 
 
+@pytest.mark.parametrize("command", ["call", "serve"])
 def test_the_command_line_says_config_invalid_with_no_traceback(
     old_toy: str,
+    command: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -80,8 +82,9 @@ def test_the_command_line_says_config_invalid_with_no_traceback(
     cfg = _config(tmp_path)
     action = tmp_path / "action.json"
     action.write_text('{"target": "aa", "line": "x"}')
-    try:
-        rc = main(["call", "--config", str(cfg), str(action)])
+    args = [str(action)] if command == "call" else ["--socket", str(tmp_path / "s.sock")]
+    try:  # (main's handler says it: call and serve have none of their own)
+        rc = main([command, "--config", str(cfg), *args])
     except SystemExit as exc:
         rc = exc.code
     err = capsys.readouterr().err
