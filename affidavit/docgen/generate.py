@@ -22,6 +22,7 @@ embeds every graph), the ``.dot`` files stay committed for Graphviz users, and
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,22 +49,41 @@ DIAGRAM_DIR = "diagrams"
 
 
 def builtin_tables() -> dict[str, ProtocolTable]:
-    """The repository's own protocol tables: each ``adapters/<proto>/`` package's, registered
-    under its package's name when imported -- an in-repo protocol is drawn with no edit here.
-    Only those: a plugin installed from another distribution, or a table registered in this
-    process, never changes what ``--check`` judges against the committed files (``affidavit
-    diagrams --all-protocols --root DIR`` draws those, into a directory of their own)."""
+    """The repository's own protocol tables: every table an ``adapters/<proto>/`` package's
+    modules registered when imported (held by one of them: ``HTTP_TABLE = register(...)``), by
+    module rather than by name -- a table named otherwise than its folder, or a package's second
+    table, is drawn too, and an in-repo protocol with no edit here.  Only those: a plugin
+    installed from another distribution, or a table registered in this process, never changes
+    what ``--check`` judges against the committed files (``affidavit diagrams --all-protocols
+    --root DIR`` draws those, into a directory of their own)."""
     from affidavit.adapters import load_all
 
-    names = load_all()
+    names = load_all()  # (imports them: their tables register)
     tables = registered()
-    unnamed = [n for n in names if n not in tables]
-    if unnamed:
-        raise DiagramError(
-            f"adapters/{unnamed[0]}/ registers no protocol table named {unnamed[0]!r} "
-            "(docs/adding-a-protocol.md)"
-        )
-    return {n: tables[n] for n in sorted(names)}
+    found: dict[str, ProtocolTable] = {}
+    for name in names:
+        package = f"{load_all.__module__}.{name}"  # (affidavit.adapters)
+        held = _held(package, tables)
+        if not held:
+            raise DiagramError(
+                f"adapters/{name}/ registers no protocol table: none of {package}'s modules holds "
+                f"one it registered (expected e.g. {name.upper()}_TABLE = register(...); "
+                f"registered: {', '.join(tables) or 'none'}; docs/adding-a-protocol.md)"
+            )
+        found.update(held)
+    return dict(sorted(found.items()))
+
+
+def _held(package: str, tables: Mapping[str, ProtocolTable]) -> dict[str, ProtocolTable]:
+    """The registered tables ``package``'s imported modules hold at module level."""
+    held: dict[str, ProtocolTable] = {}
+    for modname, module in list(sys.modules.items()):
+        if module is None or (modname != package and not modname.startswith(package + ".")):
+            continue
+        for value in vars(module).values():
+            if isinstance(value, ProtocolTable) and tables.get(value.name) is value:
+                held[value.name] = value
+    return held
 
 
 def _tables(protocols: Mapping[str, ProtocolTable] | None) -> dict[str, ProtocolTable]:

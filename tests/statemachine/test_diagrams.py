@@ -230,7 +230,7 @@ def test_protocol_graph_marks_the_tables_own_dispatch_and_completes() -> None:
 def test_a_new_protocol_table_is_picked_up_without_an_edit() -> None:
     assert "diagrams/protocol-example.mmd" not in dg.generated_files()
     # By default the file set covers every adapter's table (the repository's own protocols),
-    # each registered under its package's name: a new adapters/<proto>/ needs no edit here.
+    # every table its modules register: a new adapters/<proto>/ needs no edit here.
     assert sorted(dg.builtin_tables()) == sorted(load_all())
     assert dg.generated_files() == dg.generated_files(dg.builtin_tables())
     files = dg.generated_files({**registered(), "example": EXAMPLE})
