@@ -25,6 +25,15 @@ def _root(args: argparse.Namespace) -> Path | None:
     return root
 
 
+def _is_a_checkout(root: Path) -> bool:
+    """``root`` is an affidavit checkout's own root (``--root .`` inside one, or its path):
+    plugin files written there are "extra" to every later ``--check``."""
+    from affidavit.docgen import find_root
+
+    resolved = root.resolve()
+    return find_root(resolved) == resolved
+
+
 def _tables(args: argparse.Namespace) -> Any:
     """None (the repository's own tables, the committed set) or, with ``--all-protocols``,
     every protocol installed (entry points of any distribution) or registered in this process
@@ -55,6 +64,13 @@ def _run(args: argparse.Namespace) -> int:
         # an "extra" file to every other developer's --check.
         raise refusal(
             "--all-protocols draws installed plugins: name their own directory with --root",
+            "INVALID_FIELD",
+            "--root",
+        )
+    if args.all_protocols and root is not None and _is_a_checkout(root):
+        raise refusal(
+            f"{args.root} is an affidavit checkout: --all-protocols draws installed plugins "
+            "into their own directory, never the committed set",
             "INVALID_FIELD",
             "--root",
         )

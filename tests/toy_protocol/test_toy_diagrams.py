@@ -66,3 +66,17 @@ def test_all_protocols_into_the_checkout_is_refused(
     monkeypatch.chdir(ROOT)
     assert main(["diagrams", "--all-protocols"]) == 2
     assert "INVALID_FIELD: --root: --all-protocols" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["dot", "path"])
+def test_all_protocols_with_the_checkout_as_root_is_refused(
+    where: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--root .`` inside the checkout (or its path) would write plugin files into the
+    repository, "extra" to every later --check (review 51 round 2, item 2)."""
+    monkeypatch.chdir(ROOT)
+    root = "." if where == "dot" else str(ROOT)
+    before = sorted(p.name for p in (ROOT / "diagrams").iterdir())
+    assert main(["diagrams", "--all-protocols", "--root", root]) == 2
+    assert f"INVALID_FIELD: --root: {root} is an affidavit checkout" in capsys.readouterr().err
+    assert sorted(p.name for p in (ROOT / "diagrams").iterdir()) == before
