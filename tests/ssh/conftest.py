@@ -17,6 +17,7 @@ from affidavit.adapters.ssh import SSH_TABLE, SshTarget, SshTimeouts
 from affidavit.statemachine import ProtocolMachine, Step
 from tests.external import SSH_KEYGEN, SSHD
 
+from .brokerkit import KEY_ENV
 from .hostile import HostileServer
 from .sshd import Sshd, SshdUnavailable, SshKeys, make_keys, start_sshd
 
@@ -122,3 +123,10 @@ class Recorder:
 
     def stream(self, name: str) -> bytes:
         return b"".join(d for s, d in self.chunks if s == name)
+
+
+@pytest.fixture
+def key_env(ssh_keys: SshKeys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client's key in the variable brokerkit's targets name for their credential
+    (``KEY_ENV``), for the test's length: ``pytestmark = pytest.mark.usefixtures("key_env")``."""
+    monkeypatch.setenv(KEY_ENV, ssh_keys.client_key.decode())

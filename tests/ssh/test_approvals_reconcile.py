@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +27,15 @@ from tests.broker.approvalkit import OPS, OPS_UID, verify_ok
 from tests.broker.helpers import assert_error, assert_ok, event_kinds, open_broker, write_config
 from tests.console.kit import get, log_in_to, served
 
-from .brokerkit import KEY_ENV, ssh_target
+from .brokerkit import ssh_target
 from .hostile import HostileServer
-from .sshd import Sshd, SshKeys
+from .sshd import Sshd
 
 E = EventKind
 LIMIT = 30
 
 
-@pytest.fixture(autouse=True)
-def key_env(ssh_keys: SshKeys) -> Iterator[None]:
-    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
-    try:
-        yield
-    finally:
-        del os.environ[KEY_ENV]
+pytestmark = pytest.mark.usefixtures("key_env")
 
 
 def _config(tmp_path: Path, target: dict[str, Any]) -> Path:

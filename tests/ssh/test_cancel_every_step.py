@@ -11,10 +11,8 @@ the lines are checked once the marker has stayed unchanged for a while (bounded)
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,17 +21,10 @@ import trio
 from tests.broker.helpers import open_broker, raw_kinds, write_config
 from tests.broker.test_cancel_every_step import call_cancelled_at
 
-from .brokerkit import KEY_ENV, ssh_target
-from .sshd import Sshd, SshKeys
+from .brokerkit import ssh_target
+from .sshd import Sshd
 
-
-@pytest.fixture(autouse=True)
-def key_env(ssh_keys: SshKeys) -> Iterator[None]:
-    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
-    try:
-        yield
-    finally:
-        del os.environ[KEY_ENV]
+pytestmark = pytest.mark.usefixtures("key_env")
 
 
 def _command(db: Path, marker: Path, k: int) -> str:

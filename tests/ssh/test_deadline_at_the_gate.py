@@ -11,9 +11,7 @@ outcome unknown (the barrier is durable; whether bytes left is not recorded).
 
 from __future__ import annotations
 
-import os
 import shlex
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +21,15 @@ import trio
 from affidavit.statemachine import EventKind
 from tests.broker.helpers import open_broker, write_config
 
-from .brokerkit import KEY_ENV, ssh_target
-from .sshd import Sshd, SshKeys
+from .brokerkit import ssh_target
+from .sshd import Sshd
 
 E = EventKind
 TIMEOUT = 2.0  # the call's deadline
 COMMIT = 3.0  # how long the gate's barrier takes to commit: past the deadline
 
 
-@pytest.fixture(autouse=True)
-def key_env(ssh_keys: SshKeys) -> Iterator[None]:
-    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
-    try:
-        yield
-    finally:
-        del os.environ[KEY_ENV]
+pytestmark = pytest.mark.usefixtures("key_env")
 
 
 async def test_a_deadline_struck_during_the_gate_sends_no_exec(

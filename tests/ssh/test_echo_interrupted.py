@@ -9,8 +9,6 @@ the record view; the echoed stream's hash must go there too, not only its count.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +19,13 @@ from affidavit.statemachine import EventKind
 from affidavit.views.records import record_view
 from tests.broker.helpers import assert_error, open_broker, write_config
 
-from .brokerkit import KEY_ENV, ssh_target
-from .sshd import Sshd, SshKeys
+from .brokerkit import ssh_target
+from .sshd import Sshd
 
 LIMIT = 64 << 10
 
 
-@pytest.fixture(autouse=True)
-def key_env(ssh_keys: SshKeys) -> Iterator[None]:
-    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
-    try:
-        yield
-    finally:
-        del os.environ[KEY_ENV]
+pytestmark = pytest.mark.usefixtures("key_env")
 
 
 def _keys(value: Any) -> set[str]:

@@ -9,8 +9,6 @@ the journal's PROTOCOL_OBSERVED and the envelope's ``evidence.ssh``.
 from __future__ import annotations
 
 import base64
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncssh
@@ -21,18 +19,10 @@ from affidavit.adapters.ssh.keys import fingerprint
 from affidavit.statemachine import EventKind
 from tests.broker.helpers import assert_error, open_broker, write_config
 
-from .brokerkit import KEY_ENV, ssh_target
+from .brokerkit import ssh_target
 from .hostile import HostileServer
-from .sshd import SshKeys
 
-
-@pytest.fixture(autouse=True)
-def key_env(ssh_keys: SshKeys) -> Iterator[None]:
-    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
-    try:
-        yield
-    finally:
-        del os.environ[KEY_ENV]
+pytestmark = pytest.mark.usefixtures("key_env")
 
 
 def _fingerprint(pin: str) -> str:

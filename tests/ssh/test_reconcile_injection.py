@@ -15,7 +15,6 @@ import os
 import shutil
 import string
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +25,13 @@ from affidavit.approvals import OperatorError
 from affidavit.protocols.placeholders import parse_template, shell_escape
 from tests.broker.helpers import open_broker, write_config
 
-from .brokerkit import KEY_ENV, ssh_target
-from .sshd import Sshd, SshKeys
+from .brokerkit import ssh_target
+from .sshd import Sshd
 
 LIMIT = 60
 
 
-@pytest.fixture(autouse=True)
-def key_env(ssh_keys: SshKeys) -> Iterator[None]:
-    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
-    try:
-        yield
-    finally:
-        del os.environ[KEY_ENV]
+pytestmark = pytest.mark.usefixtures("key_env")
 
 
 def _hostile_keys(pwned: Path) -> list[str]:

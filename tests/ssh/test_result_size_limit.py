@@ -7,9 +7,7 @@ scripted server."""
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +18,15 @@ from affidavit.engine import RESULT_CHUNK
 from affidavit.statemachine import EventKind
 from tests.broker.helpers import assert_error, assert_ok, open_broker, write_config
 
-from .brokerkit import KEY_ENV, ssh_target
+from .brokerkit import ssh_target
 from .hostile import HostileServer
-from .sshd import Sshd, SshKeys
+from .sshd import Sshd
 
 LIMIT = 1 << 20
 WAIT = 20
 
 
-@pytest.fixture(autouse=True)
-def key_env(ssh_keys: SshKeys) -> Iterator[None]:
-    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
-    try:
-        yield
-    finally:
-        del os.environ[KEY_ENV]
+pytestmark = pytest.mark.usefixtures("key_env")
 
 
 def _footprint(tmp_path: Path) -> int:

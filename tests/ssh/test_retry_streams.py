@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +25,14 @@ import trio
 from affidavit.statemachine import EventKind
 from tests.broker.helpers import assert_error, assert_ok, event_kinds, open_broker, write_config
 
-from .brokerkit import KEY_ENV, ssh_target
-from .sshd import Sshd, SshKeys
+from .brokerkit import ssh_target
+from .sshd import Sshd
 
 LIMIT = 30
 CHUNK = 64 * 1024
 
 
-@pytest.fixture(autouse=True)
-def key_env(ssh_keys: SshKeys) -> Iterator[None]:
-    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
-    try:
-        yield
-    finally:
-        del os.environ[KEY_ENV]
+pytestmark = pytest.mark.usefixtures("key_env")
 
 
 def _journal(tmp: Path, backend: str, request: pytest.FixtureRequest) -> dict[str, Any] | None:

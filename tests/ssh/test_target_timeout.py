@@ -12,8 +12,6 @@ deadline stays the caller's.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,19 +22,12 @@ from affidavit.adapters.ssh import connect, perform, prepare_credential
 from affidavit.statemachine import Code, EventKind, Outcome
 from tests.broker.helpers import assert_error, open_broker, write_config
 
-from .brokerkit import KEY_ENV, ssh_target
+from .brokerkit import ssh_target
 from .conftest import Recorder, hostile_target
 from .hostile import HostileServer
 from .sshd import SshKeys
 
-
-@pytest.fixture(autouse=True)
-def key_env(ssh_keys: SshKeys) -> Iterator[None]:
-    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
-    try:
-        yield
-    finally:
-        del os.environ[KEY_ENV]
+pytestmark = pytest.mark.usefixtures("key_env")
 
 
 def _observed(events: list) -> dict:  # type: ignore[type-arg]
