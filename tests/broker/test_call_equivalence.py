@@ -28,7 +28,7 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
-GOLDEN = "dc931261c9282288989d9a21c79d808c0ee810ba5a4f54da64e006baa9fdfb54"
+GOLDEN = "8c0ed8716796a85b2b13e4a8d313990423ad4a268c8b629c8e0815b51db688af"
 
 TOKEN = "tok-equivalence-0123456789abcdef"
 
@@ -145,7 +145,7 @@ def test_calls_answer_and_record_as_pinned(tmp_path: Path, monkeypatch: pytest.M
     lines, digest = trio.run(_run, tmp_path)
     text = "\n".join(lines)
     assert TOKEN not in text  # (the echo is redacted in the envelope and the record)
-    assert digest == GOLDEN, text
+    assert digest == GOLDEN, (digest, text)
 
 
 def test_only_what_varies_is_replaced() -> None:

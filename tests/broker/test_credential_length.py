@@ -208,7 +208,7 @@ async def _cut_short_numbers(
                 assert attrs
                 envs[name] = env
                 seen[name] = _numbers(
-                    [{k: v for k, v in a.items() if k != "generation"} for a in attrs]
+                    [{k: v for k, v in a.items() if k not in ("generation", "boot")} for a in attrs]
                 )
     assert len(one.requests) == len(other.requests) == 1
     return envs, seen

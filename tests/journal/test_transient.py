@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from affidavit.journal import JournalError, JournalReader, ReadFailed
-from journal.postgres import PostgresBackend
-from journal.sqlite import SqliteBackend
+from affidavit.journal.postgres import PostgresBackend
+from affidavit.journal.sqlite import SqliteBackend
 
 
 def _busy(path: Path) -> sqlite3.OperationalError:
