@@ -11,7 +11,7 @@ machine's events through the attempt (docs/ssh-driver.md, "Before the exec reply
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import ssh.exceptions
 
@@ -47,14 +47,13 @@ class BeforeReply:
     conn: Connection
     report: ExitReport
 
-    def fire(self, event: str, facts: Mapping[str, Any] | None = None) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # (the attempt's own, driver._Run's: declared for the type check only)
 
-    def result_facts(self) -> dict[str, Any]:
-        raise NotImplementedError
+        def fire(self, event: str, facts: Mapping[str, Any] | None = None) -> None: ...
 
-    def lost(self, detail: str) -> NoReturn:
-        raise NotImplementedError
+        def result_facts(self) -> dict[str, Any]: ...
+
+        def lost(self, detail: str) -> NoReturn: ...
 
     def look(self, exit_state: bool = True) -> tuple[dict[str, Any], dict[str, str]]:
         """What the channel holds before the exec reply, without reading it: each stream's
