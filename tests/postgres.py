@@ -133,10 +133,13 @@ class Cluster:
         before = len(self.log.read_bytes()) if self.log.exists() else 0
         try:
             self.start()
-        except subprocess.CalledProcessError:
+        except subprocess.CalledProcessError as exc:
             said = self.log.read_bytes()[before:].decode(errors="replace")
             if IN_USE in said:
                 raise PortTaken(f"port {port}: {said}") from None
+            # What the server said, in the failure's report: a start that fails under a loaded
+            # suite (seen three times in stop 51, never alone) is otherwise only "exit status 1".
+            exc.add_note(f"pg_ctl: {exc.stderr.strip()[-1000:]}\npostgres.log: {said[-2000:]}")
             raise
 
     def _stretch_once(self) -> None:
