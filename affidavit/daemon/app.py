@@ -782,22 +782,11 @@ def _journal_problem(
 async def _answered_by(running: Running) -> bool:
     """Wait for the call to end (True), or -- once the engine runs it on past its caller's
     deadline (``CallControl.answer_by``: a joined call dispatched under the target's own
-    timeout) -- for that deadline (False, the call still running)."""
-    control = running.control
-    async with trio.open_nursery() as nursery:
-
-        async def ended() -> None:
-            await running.done.wait()
-            nursery.cancel_scope.cancel()
-
-        async def past() -> None:
-            await control.unbounded.wait()
-            assert control.answer_by is not None
-            await trio.sleep_until(control.answer_by)
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(ended)
-        nursery.start_soon(past)
+    timeout) -- for that deadline (False, the call still running).  One wait, no task of its
+    own: the engine sets the scope's deadline (``CallControl.answer_within``)."""
+    with trio.CancelScope() as scope:
+        running.control.answer_within(scope)
+        await running.done.wait()
     return running.done.is_set()
 
 

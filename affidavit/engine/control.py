@@ -50,14 +50,21 @@ class CallControl:
         """Set (trio's clock) by the engine when the call runs on past its caller's deadline
         -- a joined call it dispatches under the target's own timeout (``resume``): the host
         answers the caller then as one that ran out of time (IN_PROGRESS, fetch the result),
-        and the call runs on, its result stored (``unbounded``)."""
-        self.unbounded = trio.Event()
-        """Set with ``answer_by``."""
+        and the call runs on, its result stored."""
+        self._answer_scope: trio.CancelScope | None = None
+
+    def answer_within(self, scope: trio.CancelScope) -> None:
+        """The host waits for the call under ``scope``: given ``answer_by``'s deadline when
+        the engine sets it (now, if it has) -- no task of its own to watch for it."""
+        self._answer_scope = scope
+        if self.answer_by is not None:
+            scope.deadline = self.answer_by
 
     def run_past(self, deadline: float) -> None:
         """The call runs on past its caller's ``deadline`` (``answer_by``)."""
         self.answer_by = deadline
-        self.unbounded.set()
+        if self._answer_scope is not None:
+            self._answer_scope.deadline = deadline
 
     @property
     def gone(self) -> bool:
