@@ -1,6 +1,6 @@
 """Fixtures every test directory may use: a real PostgreSQL server (``tests/postgres.py``), and
-``core_dumps_forbidden`` -- which every test has: ``affidavit.cli.main`` run in the test's own
-process does not harden it."""
+``core_dumps_forbidden`` and ``umask_restored`` -- which every test has: ``affidavit.cli.main``
+run in the test's own process neither hardens it nor leaves it ``affidavit serve``'s umask."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # under a desktop's 002 a config would be group-writable, which every broker warns of and
     # ``affidavit serve`` refuses (FILES_EXPOSED).  The tests that check those rules set their
     # files' modes themselves; the rest run as under CI's 022, whoever runs them.
-    os.umask(0o022)
+    os.umask(TEST_UMASK)
     hangs.configure(config)
     import affidavit
     import affidavit.adapters
@@ -138,3 +138,22 @@ def core_dumps_forbidden(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr("affidavit.coredump.forbid_core_dumps", record)
     return asked
+
+
+TEST_UMASK = 0o022
+"""The umask every test starts with (``pytest_configure`` sets it for the session)."""
+
+
+@pytest.fixture(autouse=True)
+def umask_restored() -> Iterator[None]:
+    """``affidavit serve`` sets its process's umask to 077 before it reads its config; run in
+    this process (``main(["serve", ...])``, a test of a refusal) it left every later test on the
+    same worker creating its directories 0700 and its files 0600 -- CI's run then failed two
+    tests far from the one that did it (a PostgreSQL server running as ``nobody`` could not read
+    the ``port.conf`` root wrote; the deployment layout's daemon could not enter its ``etc``).
+    Each test starts at ``TEST_UMASK`` and whatever it sets goes with it."""
+    os.umask(TEST_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(TEST_UMASK)

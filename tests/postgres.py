@@ -128,7 +128,9 @@ class Cluster:
     def _start_on(self, port: int) -> None:
         """The first start, on ``port``: ``PortTaken`` when another process held it (the
         server's log says so), and ``tests.external.on_free_port`` picks another."""
-        (self.data / PORT_CONF).write_text(f"port = {port}\n")
+        conf = self.data / PORT_CONF
+        conf.write_text(f"port = {port}\n")
+        conf.chmod(0o644)  # the server may run as another user (``nobody`` under root)
         self.port = port
         before = len(self.log.read_bytes()) if self.log.exists() else 0
         try:

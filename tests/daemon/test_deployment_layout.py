@@ -66,12 +66,14 @@ def layout() -> Iterator[Path]:
     root's (``0755``, in the sticky ``/tmp``: every directory above is root's)."""
     root = Path(tempfile.mkdtemp(prefix="affidavit-layout-"))
     root.chmod(0o755)
-    (root / "etc").mkdir(mode=0o750)
-    os.chown(root / "etc", 0, NOBODY)
-    (root / "lib").mkdir(mode=0o700)
-    os.chown(root / "lib", DAEMON, NOBODY)
-    (root / "run").mkdir(mode=0o750)
-    os.chown(root / "run", DAEMON, CLIENTS)
+    for name, mode, owner in (
+        ("etc", 0o750, (0, NOBODY)),
+        ("lib", 0o700, (DAEMON, NOBODY)),
+        ("run", 0o750, (DAEMON, CLIENTS)),
+    ):
+        (root / name).mkdir()
+        (root / name).chmod(mode)  # not mkdir's mode: the umask would narrow it
+        os.chown(root / name, *owner)
     try:
         yield root
     finally:
