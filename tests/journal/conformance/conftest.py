@@ -9,16 +9,17 @@ write access to the database would -- goes through ``Place``, which knows each b
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from affidavit.journal import Journal, JournalReader
+from affidavit.journal import Journal, JournalError, JournalReader
 from tests.postgres import Cluster
 
 BACKENDS = ("sqlite", "postgresql")
@@ -48,6 +49,10 @@ class Place:
     def reader(self, **kwargs: Any) -> JournalReader:
         kwargs.setdefault("key_file", self.key_file)
         return JournalReader.open(self.location, **kwargs)
+
+    def view_reads(self) -> ViewReads:
+        """Reads as the daemon's view readers make them (``affidavit.api.readers``)."""
+        return ViewReads(self)
 
     def env(self) -> dict[str, str]:
         """What tests/journal/child.py needs to open this journal in another process."""
@@ -123,3 +128,37 @@ def storage_fault(place: Place) -> BaseException:
     import psycopg.errors
 
     return psycopg.errors.DiskFull("could not extend file: No space left on device")
+
+
+class ViewReads:
+    """Views read as the daemon reads them (``affidavit.api.readers.ReaderPool``): one reader
+    taken again for each read, reset after a clean one, closed after a refusal and another
+    opened for the next.  Each read's answer is its JSON text, or ``("JournalError", message)``.
+    (A reader opened for every read -- a PostgreSQL connection each -- made the summary's
+    random walks the suite's two slowest tests, 190 s and 140 s of a CI run.)"""
+
+    def __init__(self, place: Place) -> None:
+        self.place = place
+        self.reader: JournalReader | None = None
+
+    def __call__(self, read: Callable[[JournalReader], Any]) -> Any:
+        if self.reader is None:
+            self.reader = self.place.reader()
+        try:
+            answer = json.dumps(read(self.reader))
+        except JournalError as exc:
+            self.close()
+            return ("JournalError", str(exc))
+        self.reader.reset()
+        return answer
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+
+    def __enter__(self) -> ViewReads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -55,49 +55,47 @@ def _fresh(place: Place, where: Path) -> Place:
 
 
 def _both(place: Place, summary: SessionSummary) -> tuple[Any, Any]:
-    """(full fold, summary) read as the daemon reads them: a new reader each, JSON text --
+    """(full fold, summary) read as the daemon reads them (``Place.view_reads``), JSON text --
     the sessions (whose answer is returned) and the metrics (compared here)."""
 
-    def one(read: Any) -> Any:
-        with place.reader() as r:
-            try:
-                return json.dumps(read(r))
-            except JournalError as exc:
-                return ("JournalError", str(exc))
-
-    full_metrics = one(lambda r: metrics(r.iter_actions()))
-    assert one(lambda r: metrics_of(r.summarized_tallies(summary)[0])) == full_metrics
-    for since in SINCE:  # the metrics since a time: the kept counts of those accepted since
-        full_since = one(lambda r, s=since: metrics(r.iter_actions(since=s)))
-        kept_since = one(lambda r, s=since: metrics_of(r.summarized_tallies(summary, s)[0]))
-        assert kept_since == full_since
-    for name, since in (("alice", None), ("bob", SINCE[1]), ("nobody", None)):  # a session's
-        full_of = one(lambda r, n=name, s=since: metrics(r.iter_actions(session=n, since=s)))
-        kept_of = one(lambda r, n=name, s=since: metrics_of(r.summarized_tallies(summary, s, n)[0]))
-        assert kept_of == full_of, (name, since)
-    # The newest page with the kept count (``/v1/actions``, MCP): the same page and total.
-    newest = one(lambda r: _ids(r.newest_actions(2)))
-    assert one(lambda r: _ids(r.newest_actions(2, summary=summary))) == newest
-    # The console's actions page without a filter: its counts kept, its rows the page alone.
-    full_page = one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters())))
-    assert one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters(), summary))) == (
-        full_page
-    )
-    # A page of the sessions seen last (``/v1/sessions``, the console's journal page): the
-    # kept order's page is the full fold's cut (a clock set back moves a session down), and a
-    # caller's of the sessions on targets it may read the cut of its kept entries.
-    for limit in (0, 1, 2, 5, -1):
-        full_cut = one(lambda r, n=limit: newest_sessions(r.sessions(), n))
-        assert one(lambda r, n=limit: r.summarized_session_page(summary, n)[0]) == full_cut
-        for readable in (_no, _payments):
-            mine = one(
-                lambda r, n=limit, ok=readable: newest_sessions(
-                    r.summarized_sessions(summary, ok)[0], n
-                )
+    with place.view_reads() as one:
+        full_metrics = one(lambda r: metrics(r.iter_actions()))
+        assert one(lambda r: metrics_of(r.summarized_tallies(summary)[0])) == full_metrics
+        for since in SINCE:  # the metrics since a time: the kept counts of those accepted since
+            full_since = one(lambda r, s=since: metrics(r.iter_actions(since=s)))
+            kept_since = one(lambda r, s=since: metrics_of(r.summarized_tallies(summary, s)[0]))
+            assert kept_since == full_since
+        for name, since in (("alice", None), ("bob", SINCE[1]), ("nobody", None)):  # a session's
+            full_of = one(lambda r, n=name, s=since: metrics(r.iter_actions(session=n, since=s)))
+            kept_of = one(
+                lambda r, n=name, s=since: metrics_of(r.summarized_tallies(summary, s, n)[0])
             )
-            page = one(lambda r, n=limit, ok=readable: r.summarized_session_page(summary, n, ok)[0])
-            assert page == mine, readable
-    return one(lambda r: r.sessions()), one(lambda r: r.summarized_sessions(summary)[0])
+            assert kept_of == full_of, (name, since)
+        # The newest page with the kept count (``/v1/actions``, MCP): the same page and total.
+        newest = one(lambda r: _ids(r.newest_actions(2)))
+        assert one(lambda r: _ids(r.newest_actions(2, summary=summary))) == newest
+        # The console's actions page without a filter: its counts kept, its rows the page alone.
+        full_page = one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters())))
+        assert one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters(), summary))) == (
+            full_page
+        )
+        # A page of the sessions seen last (``/v1/sessions``, the console's journal page): the
+        # kept order's page is the full fold's cut (a clock set back moves a session down), and a
+        # caller's of the sessions on targets it may read the cut of its kept entries.
+        for limit in (0, 1, 2, 5, -1):
+            full_cut = one(lambda r, n=limit: newest_sessions(r.sessions(), n))
+            assert one(lambda r, n=limit: r.summarized_session_page(summary, n)[0]) == full_cut
+            for readable in (_no, _payments):
+                mine = one(
+                    lambda r, n=limit, ok=readable: newest_sessions(
+                        r.summarized_sessions(summary, ok)[0], n
+                    )
+                )
+                page = one(
+                    lambda r, n=limit, ok=readable: r.summarized_session_page(summary, n, ok)[0]
+                )
+                assert page == mine, readable
+        return one(lambda r: r.sessions()), one(lambda r: r.summarized_sessions(summary)[0])
 
 
 def _no(target: str | None) -> bool:

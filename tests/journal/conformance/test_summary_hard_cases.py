@@ -76,28 +76,24 @@ def _check(
     first event times exactly (and just after it), or ``sinces`` -- every answer as text, or
     the refusal."""
 
-    def one(read: Any) -> Any:
-        with place.reader() as r:
-            try:
-                return json.dumps(read(r))
-            except JournalError as exc:
-                return ("JournalError", str(exc))
-
-    if sinces is None:
-        times = sorted(float(r[0]) for r in place.rows("SELECT DISTINCT at FROM events"))
-        sinces = [*SINCE, *times[:5], *(t + 1e-6 for t in times[:3])]
-    full: dict[str, Any] = {"sessions": one(lambda r: r.sessions())}
-    kept: dict[str, Any] = {"sessions": one(lambda r: r.summarized_sessions(summary)[0])}
-    full["metrics"] = one(lambda r: metrics(r.iter_actions()))
-    kept["metrics"] = one(lambda r: metrics_of(r.summarized_tallies(summary)[0]))
-    for s in sinces:
-        full[f"since {s!r}"] = one(lambda r, s=s: metrics(r.iter_actions(since=s)))
-        kept[f"since {s!r}"] = one(lambda r, s=s: metrics_of(r.summarized_tallies(summary, s)[0]))
-    full["newest"] = one(lambda r: _ids(r.newest_actions(2)))
-    kept["newest"] = one(lambda r: _ids(r.newest_actions(2, summary=summary)))
-    full["page"] = one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters())))
-    kept["page"] = one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters(), summary)))
-    return full, kept
+    with place.view_reads() as one:
+        if sinces is None:
+            times = sorted(float(r[0]) for r in place.rows("SELECT DISTINCT at FROM events"))
+            sinces = [*SINCE, *times[:5], *(t + 1e-6 for t in times[:3])]
+        full: dict[str, Any] = {"sessions": one(lambda r: r.sessions())}
+        kept: dict[str, Any] = {"sessions": one(lambda r: r.summarized_sessions(summary)[0])}
+        full["metrics"] = one(lambda r: metrics(r.iter_actions()))
+        kept["metrics"] = one(lambda r: metrics_of(r.summarized_tallies(summary)[0]))
+        for s in sinces:
+            full[f"since {s!r}"] = one(lambda r, s=s: metrics(r.iter_actions(since=s)))
+            kept[f"since {s!r}"] = one(
+                lambda r, s=s: metrics_of(r.summarized_tallies(summary, s)[0])
+            )
+        full["newest"] = one(lambda r: _ids(r.newest_actions(2)))
+        kept["newest"] = one(lambda r: _ids(r.newest_actions(2, summary=summary)))
+        full["page"] = one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters())))
+        kept["page"] = one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters(), summary)))
+        return full, kept
 
 
 def _set(place: Place, seq: int, row: tuple[Any, ...]) -> None:
