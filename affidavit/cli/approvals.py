@@ -234,10 +234,19 @@ def _what(request: Any) -> str:
     if not isinstance(request, dict):
         return "(sealed: not readable here)"
     if "method" in request:
-        return f"{request['method']} {request.get('url', '')} ({request.get('body_bytes', 0)} B)"
-    if "command" in request:
-        return f"{request.get('destination', '')} $ {request['command']}"
-    return json.dumps(request, sort_keys=True)
+        line = f"{request['method']} {request.get('url', '')} ({request.get('body_bytes', 0)} B)"
+    elif "command" in request:
+        line = f"{request.get('destination', '')} $ {request['command']}"
+        if "stdin_bytes" in request:
+            # The script ``sh -s`` runs is its stdin: never a row that shows only "sh -s".
+            line += f" + stdin ({request['stdin_bytes']} B)"
+    else:
+        return json.dumps(request, sort_keys=True)
+    if "idempotency_key" in request:
+        # The agent's key, under the header it is sent in (HTTP); SSH sends none.
+        line += f" {request.get('idempotency_header') or 'idempotency_key'}: "
+        line += str(request["idempotency_key"])
+    return line
 
 
 def _show(args: argparse.Namespace) -> int:

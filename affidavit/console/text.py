@@ -15,11 +15,13 @@ and right-to-left letters remain the reader's to judge).
 
 from __future__ import annotations
 
+import re
+
 from markupsafe import Markup, escape
 
 from affidavit.text import escape_char, pieces
 
-__all__ = ["LONG", "NO_SESSION", "length_mark", "session_name", "visible"]
+__all__ = ["BLANK_RUN", "LONG", "NO_SESSION", "content", "length_mark", "session_name", "visible"]
 
 
 NO_SESSION = Markup('<em class="muted">no session</em>')
@@ -28,8 +30,11 @@ and ``(none)`` are valid names (``affidavit.session``: printable ASCII)."""
 
 
 def session_name(name: str | None) -> Markup:
-    """A session's name (``visible``), or ``NO_SESSION``."""
-    return NO_SESSION if name is None else visible(name)
+    """A session's name (``visible``) in a ``<code class="session">``, whose every space shows
+    (console.css: ``deploy     prod`` is not ``deploy prod``), or ``NO_SESSION``."""
+    if name is None:
+        return NO_SESSION
+    return Markup('<code class="session">') + visible(name) + Markup("</code>")
 
 
 def _mark(c: str) -> str:
@@ -58,3 +63,46 @@ def length_mark(value: object) -> Markup:
     took the mark with it, and a value can hold that text itself)."""
     n = len(str(value))
     return Markup(f'<span class="long">({n} characters)</span>') if n > LONG else Markup("")
+
+
+BLANK_RUN = 3
+"""Blank lines in a row (empty, or spaces and tabs only) a content shows as they are; a longer
+run is one marked line instead (``content``)."""
+
+_BLANK_LINE = re.compile(r"[ \t]*")
+
+
+def content(text: str) -> Markup:
+    """A content's text (an HTTP body, SSH stdin) for its ``<pre>`` on an approval card:
+    ``visible`` with line feeds and tabs kept, and each run of more than ``BLANK_RUN`` blank
+    lines drawn as one badge saying how many there are (``150 blank lines``).  An agent put
+    150 newlines between ``systemctl status app.service`` and ``curl ... | sh``: the tail lay
+    2768 px down, where nothing said the blank lines were there.  The badge, like the length
+    mark, is no text a content can hold (markup, not copied with the text); the exact bytes are
+    the download's and ``affidavit approvals show``'s."""
+    lines = text.split("\n")
+    out: list[str] = []
+    blank: list[str] = []
+
+    def flush() -> None:
+        if len(blank) > BLANK_RUN:
+            chars = sum(len(b) for b in blank)
+            extra = f", {chars} spaces or tabs" if chars else ""
+            out.append(
+                f'<span class="blank-run" title="{len(blank)} lines of nothing but spaces and '
+                f'tabs: the download has them">{len(blank)} blank lines{extra}</span>'
+            )
+        else:
+            out.extend(str(visible(b, True)) for b in blank)
+        blank.clear()
+
+    last = len(lines) - 1
+    for i, line in enumerate(lines):
+        # The piece after a final line feed is no line: nothing follows it.
+        if _BLANK_LINE.fullmatch(line) and not (i == last and i > 0 and not line):
+            blank.append(line)
+            continue
+        flush()
+        out.append(str(visible(line, True)))
+    flush()
+    return Markup("\n".join(out))

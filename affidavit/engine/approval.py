@@ -332,9 +332,12 @@ def request_attrs(
     version: str,
     prepared: Prepared,
     requester: int,
+    key: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """APPROVAL_REQUESTED's attrs (secret-free, machine-relevant) and its sealed payload (what
-    will be sent where, for the operator)."""
+    will be sent where, for the operator).  ``key``: the idempotency key the request is sent
+    with -- the caller's, or the one the broker chose for it (``invocation.accept``), which the
+    operator view is given in the action it shows."""
     now = time.time()
     attrs = {
         "fingerprint": approval_fingerprint(engine, action, target, version, prepared),
@@ -347,6 +350,8 @@ def request_attrs(
     }
     spec = get(target.kind)
     view = spec.action.operator_view if spec is not None else None
+    if key is not None and getattr(action, "idempotency_key", key) is None:
+        action = dataclasses.replace(action, idempotency_key=key)
     what = (
         view(action, target)
         if view is not None
@@ -395,7 +400,7 @@ async def request_approval(
             await recorder.write_many(preamble)
             credential, prepared = prepared_or_refused
             attrs, payload = request_attrs(
-                engine, action, target, policy, credential.version, prepared, uid
+                engine, action, target, policy, credential.version, prepared, uid, key
             )
             # The credential was resolved only for its version and the resolved injection:
             # dropped now, not held for the wait (which may last the approval's ``wait``).  The

@@ -1,7 +1,8 @@
 """What the Approvals page shows of a request (docs/console.md, "What it shows"): everything the
-approval view holds -- headers unmasked, bodies whole (scrollable), withheld content said to be
-withheld with its size and hash -- and every control, bidi or zero-width character as a visible
-escape; one request that cannot be rendered is its own row's error, never the page's.
+approval view holds -- headers unmasked, bodies whole (in the page's flow: test_whole_view.py),
+withheld content said to be withheld with its size and hash -- and every control, bidi or
+zero-width character as a visible escape; one request that cannot be rendered is its own row's
+error, never the page's.
 
 The console is served in this process as the daemon serves it (a real loopback socket)."""
 

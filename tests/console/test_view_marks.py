@@ -36,7 +36,8 @@ async def test_no_session_is_not_shown_as_a_name(
     for page in (actions, journal):
         assert page.count(shown) == 1, page[-3000:]  # of two: the one without
     assert b"<th>session</th><td>" + shown + b"</td>" in of_none
-    assert shown not in of_dash and b"<th>session</th><td>-</td>" in of_dash
+    assert shown not in of_dash
+    assert b'<th>session</th><td><code class="session">-</code></td>' in of_dash
 
 
 async def test_an_attested_outcome_is_marked_and_counted_apart(

@@ -310,7 +310,10 @@ BODY_SHOWN = 16 * 1024
 
 def operator_view(action: HttpAction, target: HttpTarget) -> dict[str, Any]:
     """What an operator approves: the URL (without the credential: a ``query:`` injection is
-    added at dispatch), the caller's headers, and the body -- whole when small."""
+    added at dispatch), the caller's headers, the idempotency key with the header the target's
+    contract sends it in (``idempotency_header``), and the body -- whole when small.  The key
+    is the one that will be sent: the engine gives the view an action holding the key it chose
+    when the caller chose none (``affidavit.engine.approval.request_attrs``)."""
     out: dict[str, Any] = {
         "method": action.method,
         "url": target.origin + full_path(action, target),
@@ -318,6 +321,10 @@ def operator_view(action: HttpAction, target: HttpTarget) -> dict[str, Any]:
         "body_bytes": len(action.body),
         "body_sha256": hashlib.sha256(action.body).hexdigest(),
     }
+    contract = target.idempotency
+    if contract is not None and action.idempotency_key is not None:
+        out["idempotency_header"] = contract.header
+        out["idempotency_key"] = action.idempotency_key
     why = approval_reason(action, target)
     if why is not None:
         out["approval_reason"] = why

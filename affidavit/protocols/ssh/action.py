@@ -112,11 +112,15 @@ STDIN_SHOWN = 16 * 1024
 
 
 def operator_view(action: SshAction, target: SshTarget) -> dict[str, Any]:
-    """What an operator approves: where (user@host:port), the command, and stdin."""
+    """What an operator approves: where (user@host:port), the command, stdin, and the
+    caller's idempotency key (never sent: the journal binds it, and a reconciliation query may
+    name it)."""
     out: dict[str, Any] = {
         "destination": f"{target.user}@{target.host}:{target.port}",
         "command": action.command,
     }
+    if action.idempotency_key is not None:
+        out["idempotency_key"] = action.idempotency_key
     why = approval_reason(action, target)
     if why is not None:
         out["approval_reason"] = why
