@@ -15,13 +15,20 @@ and right-to-left letters remain the reader's to judge).
 
 from __future__ import annotations
 
-import re
-
 from markupsafe import Markup, escape
 
 from affidavit.text import escape_char, pieces
 
-__all__ = ["BLANK_RUN", "LONG", "NO_SESSION", "content", "length_mark", "session_name", "visible"]
+__all__ = [
+    "BLANK_RUN",
+    "LONG",
+    "NO_SESSION",
+    "content",
+    "length_mark",
+    "line_count",
+    "session_name",
+    "visible",
+]
 
 
 NO_SESSION = Markup('<em class="muted">no session</em>')
@@ -31,10 +38,37 @@ and ``(none)`` are valid names (``affidavit.session``: printable ASCII)."""
 
 def session_name(name: str | None) -> Markup:
     """A session's name (``visible``) in a ``<code class="session">``, whose every space shows
-    (console.css: ``deploy     prod`` is not ``deploy prod``), or ``NO_SESSION``."""
+    (console.css: ``deploy     prod`` is not ``deploy prod``), those at either end marked
+    (``_edge``), or ``NO_SESSION``."""
     if name is None:
         return NO_SESSION
-    return Markup('<code class="session">') + visible(name) + Markup("</code>")
+    core = name.strip(" ")
+    if not core:
+        return (
+            Markup('<code class="session">')
+            + _edge(name, "making up the whole name")
+            + Markup("</code>")
+        )
+    start = name[: len(name) - len(name.lstrip(" "))]
+    end = name[len(name.rstrip(" ")) :]
+    return (
+        Markup('<code class="session">')
+        + _edge(start, "at the start of the name")
+        + visible(core)
+        + _edge(end, "at the end of the name")
+        + Markup("</code>")
+    )
+
+
+def _edge(spaces: str, where: str) -> Markup:
+    """Spaces at an end of a session's name, kept as spaces (a copy is the name) in a span the
+    stylesheet draws on a marked ground: a space no neighbour shows is otherwise nothing on
+    screen, and ``deploy`` is not ``deploy ``."""
+    if not spaces:
+        return Markup("")
+    n = len(spaces)
+    title = f"{n} space{'s' if n > 1 else ''} {where}"
+    return Markup(f'<span class="edge" title="{title}">{spaces}</span>')
 
 
 def _mark(c: str) -> str:
@@ -66,43 +100,74 @@ def length_mark(value: object) -> Markup:
 
 
 BLANK_RUN = 3
-"""Blank lines in a row (empty, or spaces and tabs only) a content shows as they are; a longer
-run is one marked line instead (``content``)."""
+"""Blank lines in a row a content shows as they are, and copies of a line right after it; a
+longer run is one marked line instead (``content``)."""
 
-_BLANK_LINE = re.compile(r"[ \t]*")
+
+def _blank(line: str) -> bool:
+    """Empty, or white space only by ``str.isspace``: spaces, tabs, and also ``\\r`` (a CRLF
+    blank line), ``\\f``, ``\\v``, U+0085, U+00A0 and the other Unicode spaces and separators --
+    each drawn as its escape, but still a line with nothing on it pushing the rest down."""
+    return not line or line.isspace()
+
+
+def _name(c: str) -> str:
+    return {" ": "spaces", "\t": "tabs"}.get(c) or escape_char(c)
+
+
+def _badge(kind: str, title: str, text: str) -> str:
+    return f'<span class="{kind}" title="{escape(title)}">{escape(text)}</span>'
+
+
+def line_count(text: str) -> int:
+    """The lines of ``text`` as its ``<pre>`` breaks them: line feeds, and a last line without
+    one."""
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
 
 
 def content(text: str) -> Markup:
     """A content's text (an HTTP body, SSH stdin) for its ``<pre>`` on an approval card:
-    ``visible`` with line feeds and tabs kept, and each run of more than ``BLANK_RUN`` blank
-    lines drawn as one badge saying how many there are (``150 blank lines``).  An agent put
-    150 newlines between ``systemctl status app.service`` and ``curl ... | sh``: the tail lay
-    2768 px down, where nothing said the blank lines were there.  The badge, like the length
-    mark, is no text a content can hold (markup, not copied with the text); the exact bytes are
-    the download's and ``affidavit approvals show``'s."""
+    ``visible`` with line feeds and tabs kept; each run of more than ``BLANK_RUN`` blank lines
+    (``_blank``) drawn as one badge saying how many and what they held (``150 blank lines, 150
+    \\r``), and each line repeated more than ``BLANK_RUN`` times right after itself drawn once,
+    then a badge ``the line above 4999 more times``.  An agent put 150 newlines (or CRLFs, or
+    5000 ``#`` lines) between ``systemctl status app.service`` and ``curl ... | sh``: the tail
+    lay thousands of pixels down, where nothing said what came before it.  A badge, like the
+    length mark, is no text a content can hold (markup, not copied with the text); the exact
+    bytes are the download's and ``affidavit approvals show``'s."""
     lines = text.split("\n")
+    if len(lines) > 1 and not lines[-1]:
+        lines.pop()  # the piece after a final line feed is no line: nothing follows it
+        end = "\n"
+    else:
+        end = ""
     out: list[str] = []
-    blank: list[str] = []
-
-    def flush() -> None:
-        if len(blank) > BLANK_RUN:
-            chars = sum(len(b) for b in blank)
-            extra = f", {chars} spaces or tabs" if chars else ""
-            out.append(
-                f'<span class="blank-run" title="{len(blank)} lines of nothing but spaces and '
-                f'tabs: the download has them">{len(blank)} blank lines{extra}</span>'
-            )
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        j = i + 1
+        if _blank(line):
+            while j < len(lines) and _blank(lines[j]):
+                j += 1
+            run = lines[i:j]
+            if len(run) > BLANK_RUN:
+                counts: dict[str, int] = {}
+                for c in "".join(run):
+                    counts[c] = counts.get(c, 0) + 1
+                held = "".join(f", {n} {_name(c)}" for c, n in counts.items())
+                title = f"{len(run)} lines of nothing but white space: the download has them"
+                out.append(_badge("blank-run", title, f"{len(run)} blank lines{held}"))
+            else:
+                out.extend(str(visible(b, True)) for b in run)
         else:
-            out.extend(str(visible(b, True)) for b in blank)
-        blank.clear()
-
-    last = len(lines) - 1
-    for i, line in enumerate(lines):
-        # The piece after a final line feed is no line: nothing follows it.
-        if _BLANK_LINE.fullmatch(line) and not (i == last and i > 0 and not line):
-            blank.append(line)
-            continue
-        flush()
-        out.append(str(visible(line, True)))
-    flush()
-    return Markup("\n".join(out))
+            while j < len(lines) and lines[j] == line:
+                j += 1
+            out.append(str(visible(line, True)))
+            more = j - i - 1
+            if more > BLANK_RUN:
+                title = f"{more} more copies of the line above: the download has them"
+                out.append(_badge("repeat-run", title, f"the line above {more} more times"))
+            else:
+                out.extend(str(visible(line, True)) for _ in range(more))
+        i = j
+    return Markup("\n".join(out) + end)

@@ -16,7 +16,7 @@ import pytest
 
 from affidavit.api.broker import Broker
 from affidavit.approvals import Operator
-from affidavit.console.text import content
+from affidavit.console.text import content, line_count, session_name
 from tests.broker.helpers import http_target, open_broker
 
 from .kit import Browser, get, log_in_to, operator_config, served
@@ -73,7 +73,7 @@ for (let e = pre; e && e !== document.body; e = e.parentElement) {
 const pr = pre.getBoundingClientRect();
 return {tail: box && [box.top, box.bottom], pre: [pr.top, pr.bottom], scrolled,
         page: document.documentElement.scrollHeight + 0, y: scrollY,
-        marks: [...pre.querySelectorAll(".blank-run")].map(m => m.textContent)};
+        marks: [...pre.querySelectorAll(".blank-run, .repeat-run")].map(m => m.textContent)};
 """
 """Where card ``card``'s content draws ``tail``, the boxes that scroll it, its blank-run marks."""
 
@@ -85,14 +85,26 @@ async def test_a_content_s_tail_below_blank_lines_is_in_the_page_s_flow_and_mark
     body = '{"amount": 5}' + "\n" * 150 + '{"then": "DELETE_ALL_ACCOUNTS"}'  # 149 blank lines
     script = await _pending(b, body=SCRIPT)
     json_tail = await _pending(b, body=body)
-    lines = await _pending(b, body="echo ok\n" * 400 + TAIL)  # tall, and no line of it blank
+    lines = await _pending(b, body="".join(f"echo {i}\n" for i in range(400)) + TAIL)  # tall
+    crlf = await _pending(b, body="systemctl status\r\n" + "\r\n" * 150 + TAIL)
+    other = await _pending(b, body="ls\n" + "\f\n\u00a0\n \v\n" * 50 + TAIL)
+    hashes = await _pending(b, body="#\n" * 5000 + TAIL)  # filler that is not blank
     token, _ = console.tokens.mint(Operator.current())
     await chrome.log_in(f"{origin}/login?token={token}")
     await chrome.get(f"{origin}/approvals")
-    cases = ((script, TAIL, 150), (json_tail, "DELETE_ALL_ACCOUNTS", 149), (lines, TAIL, 0))
-    for iid, tail, blank in cases:
+    cases = (
+        (script, TAIL, ["150 blank lines"]),
+        (json_tail, "DELETE_ALL_ACCOUNTS", ["149 blank lines"]),
+        (lines, TAIL, []),
+        (crlf, TAIL, ["150 blank lines, 150 \\r"]),
+        (other, TAIL, ["150 blank lines, 50 \\u000c, 50 \\u00a0, 50 spaces, 50 \\u000b"]),
+        (hashes, TAIL, ["the line above 4999 more times"]),
+    )
+    for iid, tail, marks in cases:
         got = await chrome.run(lambda d, i=iid, t=tail: d.execute_script(IN_FLOW, i, t))
-        assert got["marks"] == ([f"{blank} blank lines"] if blank else []), got
+        assert got["marks"] == marks, got
+        if marks:  # the tail is on the first screen below the card's top, not 2745 px down
+            assert got["tail"] is not None and got["tail"][1] - got["pre"][0] < 200, got
         assert got["tail"] is not None, got
         assert got["scrolled"] == [], got  # no box of its own: the page scrolls to it
         top, bottom = got["tail"]
@@ -101,20 +113,33 @@ async def test_a_content_s_tail_below_blank_lines_is_in_the_page_s_flow_and_mark
     status, _, page = await get(f"{origin}/approvals", cookie=cookie)
     assert status == 200
     assert "\n" * 4 not in _card(page, script)  # the run is the mark, not 150 line feeds
+    assert "10050 bytes, 5001 lines, sha256" in _card(page, hashes)  # 5000 lines and the tail
 
 
 def test_a_run_of_blank_lines_is_one_mark_and_a_few_stay_as_they_are() -> None:
-    def mark(n: int, spaces: int = 0) -> str:
-        extra = f", {spaces} spaces or tabs" if spaces else ""
-        return f"{n} blank lines{extra}</span>"
+    def mark(n: int, held: str = "") -> str:
+        return f"{n} blank lines{held}</span>"
 
     assert str(content("a\n\n\n\nb")) == "a\n\n\n\nb"  # three blank lines: shown
     shown = str(content("a\n\n\n\n\nb\n"))  # four: one mark, its own line
     assert shown.startswith('a\n<span class="blank-run"') and shown.endswith(mark(4) + "\nb\n")
-    assert mark(5, 7) in str(content("a\n \n\t\t\n\n    \n\nb"))  # spaces and tabs are blank
+    spaced = str(content("a\n \n\t\t\n\n    \n\nb"))
+    assert mark(5, ", 5 spaces, 2 tabs") in spaced  # spaces and tabs are blank, and counted
     assert str(content("\n" * 10 + "x")).endswith(mark(10) + "\nx")  # at the start
     assert str(content("x" + "\n" * 10)).endswith(mark(9) + "\n")  # at the end: 9 lines, then
-    assert str(content("x\n\u00a0\n\n\n\ny")).count("blank-run") == 0  # U+00A0 is escaped, seen
+    # Any white space (str.isspace) is blank: a CRLF's \r, \f, \v, U+00A0 -- named in the mark.
+    assert str(content("x\n" + "\r\n" * 4 + "y")).endswith(mark(4, ", 4 \\r") + "\ny")
+    assert mark(4, ", 2 \\u000c, 2 \\u00a0") in str(content("x\n\f\n\u00a0\n\f\n\u00a0\ny"))
+    assert str(content("x\n\u00a0\n\n\ny")).count("blank-run") == 0  # three: shown, escaped
+
+
+def test_copies_of_a_line_are_one_mark_and_a_few_stay_as_they_are() -> None:
+    assert str(content("a\n" + "#\n" * 4 + "b")) == "a\n#\n#\n#\n#\nb"  # 3 more: shown
+    shown = str(content("a\n" + ":\n" * 5000 + "b\n"))
+    assert shown.startswith('a\n:\n<span class="repeat-run"') and shown.endswith("\nb\n")
+    assert "the line above 4999 more times</span>" in shown and shown.count("\n") == 4
+    assert str(content("#\n#\n#\n#\n#\n##")).count("repeat-run") == 1  # only equal lines
+    assert line_count("a\nb") == line_count("a\nb\n") == 2 and line_count("") == 0
     assert "&lt;b&gt;" in content("<b>\n\n\n\n\n</b>") and "\\u202e" in content("\u202e")
 
 
@@ -157,3 +182,35 @@ async def test_a_session_name_shows_every_space(
         await chrome.get(origin + page)
         shown = await chrome.run(lambda d, c=css: d.execute_script(SESSION_TEXT, c))
         assert name in shown, (page, shown)
+
+
+EDGES = """
+return [...document.querySelectorAll(`#approval-${arguments[0]} code.session .edge`)]
+  .map(e => [e.textContent, e.getBoundingClientRect().width,
+             getComputedStyle(e).backgroundColor]);
+"""
+
+
+async def test_spaces_at_either_end_of_a_session_name_are_marked(
+    world: tuple[Broker, str, Any, str], chrome: Browser
+) -> None:
+    """`` deploy  `` drew as ``deploy``: an end space of an inline name is nothing on screen."""
+    b, origin, console, _ = world
+    iid = await _pending(b, body="{}", session=" deploy  ")
+    token, _ = console.tokens.mint(Operator.current())
+    await chrome.log_in(f"{origin}/login?token={token}")
+    await chrome.get(origin + "/approvals")
+    got = await chrome.run(lambda d: d.execute_script(EDGES, iid))
+    assert [text for text, _, _ in got] == [" ", "  "], got  # kept as spaces: a copy is the name
+    assert all(width > 0 and ground != "rgba(0, 0, 0, 0)" for _, width, ground in got), got
+    shown = await chrome.run(
+        lambda d: d.execute_script(SESSION_TEXT, f"#approval-{iid} code.session")
+    )
+    assert shown == [" deploy  "], shown
+
+
+def test_session_name_marks_only_its_end_spaces() -> None:
+    assert str(session_name("a  b")) == '<code class="session">a  b</code>'
+    marked = str(session_name(" a b  "))
+    assert marked.count('class="edge"') == 2 and ">a b<" in marked
+    assert 'title="3 spaces making up the whole name">   <' in str(session_name("   "))
