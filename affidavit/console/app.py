@@ -96,7 +96,7 @@ from .request import (
     decision_forms,
     log,
 )
-from .text import content, length_mark, line_count, session_name, visible
+from .text import content, length_mark, lines_of, session_name, visible
 from .verified import KeptVerify
 
 __all__ = ["COOKIE", "Console"]
@@ -181,7 +181,7 @@ class Console(Handlers):
         self.templates.filters["q"] = lambda s: quote(str(s), safe="")
         self.templates.filters["v"] = visible
         self.templates.filters["content"] = content
-        self.templates.filters["lines"] = line_count
+        self.templates.filters["lines"] = lines_of
         # An attribute's value (a filter's box): escaped text, as ``printable`` shows it -- the
         # ``v`` filter's marks are markup, which an attribute cannot hold.
         self.templates.filters["box"] = lambda s: printable(str(s))

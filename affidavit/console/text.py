@@ -15,6 +15,8 @@ and right-to-left letters remain the reader's to judge).
 
 from __future__ import annotations
 
+import re
+
 from markupsafe import Markup, escape
 
 from affidavit.text import escape_char, pieces
@@ -26,6 +28,7 @@ __all__ = [
     "content",
     "length_mark",
     "line_count",
+    "lines_of",
     "session_name",
     "visible",
 ]
@@ -111,8 +114,40 @@ def _blank(line: str) -> bool:
     return not line or line.isspace()
 
 
-def _name(c: str) -> str:
-    return {" ": "spaces", "\t": "tabs"}.get(c) or escape_char(c)
+def _count_of(c: str, n: int) -> str:
+    """``n`` of character ``c``: ``1 space``, ``50 tabs``, ``150 \\r``."""
+    word = {" ": "space", "\t": "tab"}.get(c)
+    return f"{n} {word}{'' if n == 1 else 's'}" if word else f"{n} {escape_char(c)}"
+
+
+def _held(run: str) -> str:
+    """What a run of white space held, by character in order of first appearance."""
+    counts: dict[str, int] = {}
+    for c in run:
+        counts[c] = counts.get(c, 0) + 1
+    return ", ".join(_count_of(c, n) for c, n in counts.items())
+
+
+SPACE_RUN = 32
+"""Spaces and tabs in a row a content's line shows as they are; a longer run is one badge
+(``_line``): ``pre-wrap`` lets a run of 15,000 spaces hang off the end of its row, drawing
+nothing, and ``ls`` + spaces + ``curl ... | sh`` read as two commands on two rows."""
+
+_SPACES = re.compile(rf"[ \t]{{{SPACE_RUN + 1},}}")
+
+
+def _line(line: str) -> str:
+    """One line of a content: ``visible``, each run of more than ``SPACE_RUN`` spaces or tabs
+    one badge saying what it held."""
+    out: list[str] = []
+    at = 0
+    for run in _SPACES.finditer(line):
+        out.append(str(visible(line[at : run.start()], True)))
+        title = "spaces and tabs in a row: the download has them"
+        out.append(_badge("space-run", title, _held(run.group())))
+        at = run.end()
+    out.append(str(visible(line[at:], True)))
+    return "".join(out)
 
 
 def _badge(kind: str, title: str, text: str) -> str:
@@ -123,6 +158,12 @@ def line_count(text: str) -> int:
     """The lines of ``text`` as its ``<pre>`` breaks them: line feeds, and a last line without
     one."""
     return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
+def lines_of(text: str) -> str:
+    """``1 line``, ``5001 lines`` (``line_count``): the approval card's size line."""
+    n = line_count(text)
+    return f"{n} line{'' if n == 1 else 's'}"
 
 
 def content(text: str) -> Markup:
@@ -151,10 +192,8 @@ def content(text: str) -> Markup:
                 j += 1
             run = lines[i:j]
             if len(run) > BLANK_RUN:
-                counts: dict[str, int] = {}
-                for c in "".join(run):
-                    counts[c] = counts.get(c, 0) + 1
-                held = "".join(f", {n} {_name(c)}" for c, n in counts.items())
+                held = _held("".join(run))
+                held = f", {held}" if held else ""
                 title = f"{len(run)} lines of nothing but white space: the download has them"
                 out.append(_badge("blank-run", title, f"{len(run)} blank lines{held}"))
             else:
@@ -162,12 +201,13 @@ def content(text: str) -> Markup:
         else:
             while j < len(lines) and lines[j] == line:
                 j += 1
-            out.append(str(visible(line, True)))
+            shown = _line(line)
+            out.append(shown)
             more = j - i - 1
             if more > BLANK_RUN:
                 title = f"{more} more copies of the line above: the download has them"
                 out.append(_badge("repeat-run", title, f"the line above {more} more times"))
             else:
-                out.extend(str(visible(line, True)) for _ in range(more))
+                out.extend(shown for _ in range(more))
         i = j
     return Markup("\n".join(out) + end)

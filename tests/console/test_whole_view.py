@@ -73,7 +73,8 @@ for (let e = pre; e && e !== document.body; e = e.parentElement) {
 const pr = pre.getBoundingClientRect();
 return {tail: box && [box.top, box.bottom], pre: [pr.top, pr.bottom], scrolled,
         page: document.documentElement.scrollHeight + 0, y: scrollY,
-        marks: [...pre.querySelectorAll(".blank-run, .repeat-run")].map(m => m.textContent)};
+        marks: [...pre.querySelectorAll(".blank-run, .repeat-run, .space-run")]
+               .map(m => m.textContent)};
 """
 """Where card ``card``'s content draws ``tail``, the boxes that scroll it, its blank-run marks."""
 
@@ -89,6 +90,7 @@ async def test_a_content_s_tail_below_blank_lines_is_in_the_page_s_flow_and_mark
     crlf = await _pending(b, body="systemctl status\r\n" + "\r\n" * 150 + TAIL)
     other = await _pending(b, body="ls\n" + "\f\n\u00a0\n \v\n" * 50 + TAIL)
     hashes = await _pending(b, body="#\n" * 5000 + TAIL)  # filler that is not blank
+    spaced = await _pending(b, body="ls" + " " * 15000 + "\t" + TAIL)  # one line: pre-wrap hid it
     token, _ = console.tokens.mint(Operator.current())
     await chrome.log_in(f"{origin}/login?token={token}")
     await chrome.get(f"{origin}/approvals")
@@ -99,6 +101,7 @@ async def test_a_content_s_tail_below_blank_lines_is_in_the_page_s_flow_and_mark
         (crlf, TAIL, ["150 blank lines, 150 \\r"]),
         (other, TAIL, ["150 blank lines, 50 \\u000c, 50 \\u00a0, 50 spaces, 50 \\u000b"]),
         (hashes, TAIL, ["the line above 4999 more times"]),
+        (spaced, TAIL, ["15000 spaces, 1 tab"]),
     )
     for iid, tail, marks in cases:
         got = await chrome.run(lambda d, i=iid, t=tail: d.execute_script(IN_FLOW, i, t))
@@ -114,6 +117,8 @@ async def test_a_content_s_tail_below_blank_lines_is_in_the_page_s_flow_and_mark
     assert status == 200
     assert "\n" * 4 not in _card(page, script)  # the run is the mark, not 150 line feeds
     assert "10050 bytes, 5001 lines, sha256" in _card(page, hashes)  # 5000 lines and the tail
+    assert f"{15003 + len(TAIL)} bytes, 1 line, sha256" in _card(page, spaced)
+    assert "ls<span" in _card(page, spaced)  # the run is the badge, on the command's own row
 
 
 def test_a_run_of_blank_lines_is_one_mark_and_a_few_stay_as_they_are() -> None:
@@ -139,6 +144,19 @@ def test_copies_of_a_line_are_one_mark_and_a_few_stay_as_they_are() -> None:
     assert shown.startswith('a\n:\n<span class="repeat-run"') and shown.endswith("\nb\n")
     assert "the line above 4999 more times</span>" in shown and shown.count("\n") == 4
     assert str(content("#\n#\n#\n#\n#\n##")).count("repeat-run") == 1  # only equal lines
+
+
+def test_a_run_of_spaces_within_a_line_is_one_mark_and_indentation_stays() -> None:
+    indented = "def f():\n" + " " * 32 + "return 1\n"
+    assert str(content(indented)) == indented  # 32 in a row: shown as they are
+    shown = str(content("ls" + " " * 33 + "\t" + "rm -rf /"))
+    assert shown.startswith('ls<span class="space-run"') and shown.endswith("</span>rm -rf /")
+    assert ">33 spaces, 1 tab</span>" in shown
+    assert ">1 space, 40 tabs</span>" in str(content("a \t" + "\t" * 39 + "b"))
+    # Copies of a line with a run: one line, one run mark, one repeat mark.
+    many = str(content(("x" + " " * 40 + "y\n") * 6))
+    assert many.count("space-run") == 1 and many.count("the line above 5 more times") == 1
+    assert "4 blank lines, 1 space</span>" in str(content("a\n\n\n\n \nb"))  # singular
     assert line_count("a\nb") == line_count("a\nb\n") == 2 and line_count("") == 0
     assert "&lt;b&gt;" in content("<b>\n\n\n\n\n</b>") and "\\u202e" in content("\u202e")
 
