@@ -150,7 +150,13 @@ class EventKind(StrEnum):
     generation."""
     SETUP_FAILED = "SETUP_FAILED"
     """Connection setup gave up before dispatch.  attrs: code, stage, generation; field and
-    message when a target setting that cannot work is the cause (``targets.<name>.ca_file``)."""
+    message when a target setting that cannot work is the cause (``targets.<name>.ca_file``).
+    With CALLER_CANCELLED (the caller withdrew: it hung up) or BROKER_SHUTDOWN, the stop, not
+    the target, ended an attempt that sent nothing: it spends no budget -- the unit its lease
+    (or ACTION_ACCEPTED) took is given back, as for a refused preflight -- and, after an
+    earlier attempt's dispatch, the record says this retry sent nothing and the earlier
+    outcome stands (in older records too).  Any other code (a refused connection, a failed
+    handshake) is the target tried: its budget stays spent."""
     # --- after dispatch ------------------------------------------------------------------------
     ATTEMPT_INTERRUPTED = "ATTEMPT_INTERRUPTED"
     """The dispatched attempt ended without a complete result.  attrs: code
@@ -173,10 +179,12 @@ class EventKind(StrEnum):
     a read that can never be recorded as its delivery."""
     # --- retries, leases, reconciliation ---------------------------------------------------------
     RETRY_LEASE_ACQUIRED = "RETRY_LEASE_ACQUIRED"
-    """A worker took the invocation's retry lease.  attrs: generation (strictly increasing),
-    holder, expires_at; requester ({uid}: the daemon's socket peer whose same-key call retries,
-    or this process's user for an in-process one -- the asker this attempt answers; absent
-    from older records)."""
+    """A worker took the invocation's retry lease, spending one unit of the retry budget
+    (given back when the retry ends before its dispatch gate: refused in its preflight, or
+    withdrawn or stopped -- SETUP_FAILED).  attrs: generation (strictly increasing), holder,
+    expires_at; requester ({uid}: the daemon's socket peer whose same-key call retries, or
+    this process's user for an in-process one -- the asker this attempt answers; absent from
+    older records)."""
     LEASE_LOST = "LEASE_LOST"
     """A worker whose lease is no longer the invocation's was stopped: at a dispatch gate (its
     first hop's or a redirect's next hop's), or -- after its dispatch -- when what it received

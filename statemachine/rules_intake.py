@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from .batch import check_batch
-from .contract import Code
+from .contract import CODES, Code
 from .events import Event
 from .record import FENCE_RULES
 from .rules_common import (
@@ -39,6 +39,21 @@ if TYPE_CHECKING:
 
 _RETRY_PREFLIGHT = frozenset({"validated", "retry_pending"})
 """States a retry (generation > 0) is in between its lease and its dispatch."""
+
+_BEFORE_GATE = _RETRY_PREFLIGHT | {"authorized"}
+"""States an attempt ends SETUP_FAILED from with no DISPATCH_STARTED in its generation (the
+table has no SETUP_FAILED after it: a dispatched attempt ends ATTEMPT_INTERRUPTED)."""
+
+_STOPS = frozenset({Code.CALLER_CANCELLED, Code.BROKER_SHUTDOWN})
+"""Setup-failure codes that are a stop, not the target's answer: the caller withdrew the call
+(it hung up) or the broker stopped it, before its dispatch gate, nothing sent.  A refused
+connection, a failed handshake, a DNS or proxy failure is the target tried and failing: an
+attempt against it, which the budget bounds (seed: "Limit the number of attempts")."""
+
+_WITHDRAWN_RETRY = (
+    "{meaning}  This retry was stopped before its dispatch gate: this retry sent nothing; an"
+    " earlier attempt's outcome stands."
+)
 
 
 def _on_accepted(p: Projector, event: Event) -> None:
@@ -176,7 +191,7 @@ def _on_credential_failed(p: Projector, event: Event) -> None:
     _set_error(p, event, code)
 
 
-def _refund_refused_retry(p: Projector) -> None:
+def _refund_refused_retry(p: Projector, before: frozenset[str] = _RETRY_PREFLIGHT) -> None:
     """A retry refused in its own preflight (re-validation, credential) right after its lease
     never reached dispatch: it was no attempt, so the budget its lease took is given back (seed:
     "Store the retry budget in the action record" -- a budget of attempts).  The lease is where
@@ -185,8 +200,9 @@ def _refund_refused_retry(p: Projector) -> None:
     either: with ``budget = 1`` an APPROVAL_LIMIT refusal (nothing asked, nothing sent) would
     otherwise spend the whole budget, turn its ``backoff`` into ``after_correction`` -- there is
     nothing to correct: the caller waits for a slot -- and refuse the same-key retry its hint
-    promises."""
-    if p._state in _RETRY_PREFLIGHT and p._budget_used > 0:
+    promises.  ``before``: the states that are before the attempt's dispatch for the caller's
+    event (a setup stop may also end an attempt in ``authorized``)."""
+    if p._state in before and p._budget_used > 0:
         p._budget_used -= 1
 
 
@@ -292,7 +308,18 @@ def _on_setup_failed(p: Projector, event: Event) -> None:
     gen = event.attrs.get("generation")
     if gen is not None and (type(gen) is not int or gen != p._generation):
         _stale(p, event, gen)
-    _set_error(p, event, _phase_code(p, event, _CONNECTION_SETUP))
+    code = _phase_code(p, event, _CONNECTION_SETUP)
+    if code in _STOPS and p._state in _BEFORE_GATE:
+        # Withdrawn (the caller hung up) or stopped (the broker's shutdown) before its gate:
+        # no attempt, as a refused preflight is none -- else another caller holding the key
+        # could spend an unknown record's budget by hanging up, sending nothing, and turn its
+        # ``same_idempotency_key`` into ``reconcile``.
+        _refund_refused_retry(p, _BEFORE_GATE)
+    _set_error(p, event, code)
+    if code in _STOPS and p._message is None and p._evidence.get("dispatch_started") is True:
+        # The stop is this retry's, not the dispatched attempt's: its code's meaning alone
+        # ("after dispatch the remote may still be running") would read as the earlier one's.
+        p._message = _WITHDRAWN_RETRY.format(meaning=CODES[code].meaning)
     # The final setup failure is itself an attempt unless it repeats the last recorded one.
     last = p._attempts[-1] if p._attempts else None
     if (

@@ -383,9 +383,12 @@ class ProjectionMachine(RuleBasedStateMachine):
         assert rec.budget.used <= rec.budget.total
         # Monotone, except that an attempt refused in its own preflight -- a retry, or the
         # first one -- gives back the one its lease (or ACTION_ACCEPTED) took (issue 9: a
-        # refused preflight is no attempt).
+        # refused preflight is no attempt), and so does one its caller withdrew or the broker
+        # stopped before its gate (audit 52a: a hang-up sent nothing).
         refund = rec.state in ("credential_failed", "validation_failed", "retry_invalid")
         refund = refund or rec.state == "retry_credential_failed"
+        stopped = rec.code in (Code.CALLER_CANCELLED, Code.BROKER_SHUTDOWN)
+        refund = refund or (stopped and rec.state in ("setup_failed", "retry_setup_failed"))
         assert rec.budget.used >= prev.budget.used - (1 if refund else 0)
         assert len(rec.attempts) >= len(prev.attempts)
         # an attempt once recorded keeps its number, generation and dispatch seq

@@ -279,6 +279,54 @@ def test_refused_connection_may_back_off_until_the_budget_is_spent() -> None:
     assert "budget" in inv.refused(E.RETRY_LEASE_ACQUIRED, generation=2)
 
 
+@pytest.mark.parametrize("stop", [Code.CALLER_CANCELLED, Code.BROKER_SHUTDOWN], ids=str)
+def test_a_retry_stopped_before_its_gate_gives_its_budget_back(stop: Code) -> None:
+    """A same-key retry withdrawn (its caller hung up) or stopped (the broker's shutdown)
+    before its dispatch gate sent nothing: it was no attempt, so the budget its lease took is
+    given back -- else whoever holds the key spends an unknown record's budget by hanging up
+    and turns its ``same_idempotency_key`` into ``reconcile`` (audit 52a).  The record still
+    says what the dispatched attempt proved, and that this retry sent nothing."""
+    inv = unknown_post(key="k1", budget=3)
+    assert (inv.rec().budget.used, inv.rec().retry) == (1, Retry.SAME_IDEMPOTENCY_KEY)
+    for gen in range(1, 6):  # more withdrawn retries than the budget holds
+        inv.ev(E.RETRY_LEASE_ACQUIRED, generation=gen).ev(E.CREDENTIAL_AUTHORIZED, generation=gen)
+        inv.ev(E.SETUP_FAILED, code=stop.value, stage="connecting", generation=gen)
+        rec = inv.rec()
+        assert (rec.state, rec.outcome, rec.retry) == (
+            "retry_setup_failed",
+            Outcome.UNKNOWN,
+            Retry.SAME_IDEMPOTENCY_KEY,
+        )
+        assert rec.budget.used == 1
+        assert rec.message.endswith("this retry sent nothing; an earlier attempt's outcome stands.")
+    assert decide(inv.rec(), Operation(False, FP)) is Decision.RETRY_SAME_KEY
+
+
+def test_a_retry_that_dispatched_or_met_its_target_keeps_its_budget_spent() -> None:
+    """The refund is for a stop before the gate only: a retry that reached DISPATCH_STARTED may
+    have been sent (its cancellation is ATTEMPT_INTERRUPTED, budget spent), and a refused
+    connection is the target tried and failing -- an attempt the budget bounds."""
+    inv = unknown_post(key="k1", budget=3)
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1).ev(E.CREDENTIAL_AUTHORIZED, generation=1)
+    inv.dispatched(generation=1).ev(E.ATTEMPT_INTERRUPTED, code="CALLER_CANCELLED", generation=1)
+    assert inv.rec().budget.used == 2
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=2).ev(E.CREDENTIAL_AUTHORIZED, generation=2)
+    inv.ev(E.SETUP_FAILED, code="CONNECTION_REFUSED", stage="tcp", generation=2)
+    rec = inv.rec()
+    assert (rec.budget.used, rec.retry) == (3, Retry.RECONCILE)
+    assert "this retry sent nothing" not in rec.message
+
+
+def test_a_first_attempt_withdrawn_before_its_gate_spends_no_budget() -> None:
+    """The first attempt too (counted at ACTION_ACCEPTED), as a refused preflight: with
+    ``budget = 1`` a hang-up must not turn its ``backoff`` into ``after_correction``."""
+    inv = Inv(budget=1).authorized()
+    inv.ev(E.SETUP_FAILED, code="CALLER_CANCELLED", stage="connecting")
+    rec = inv.rec()
+    assert (rec.outcome, rec.retry, rec.budget.used) == (Outcome.NOT_ATTEMPTED, Retry.BACKOFF, 0)
+    assert "this retry sent nothing" not in rec.message  # nothing earlier was sent either
+
+
 def test_only_a_credential_refusal_that_says_backoff_is_retried_under_its_invocation() -> None:
     """APPROVAL_LIMIT (too many requests of this uid await a decision) says backoff, and a
     same-key call retries it: the lease takes it back to validated, where it asks again.  A
