@@ -40,9 +40,10 @@ if TYPE_CHECKING:
 _RETRY_PREFLIGHT = frozenset({"validated", "retry_pending"})
 """States a retry (generation > 0) is in between its lease and its dispatch."""
 
-_BEFORE_GATE = _RETRY_PREFLIGHT | {"authorized"}
+_BEFORE_GATE = _RETRY_PREFLIGHT | {"accepted", "authorized"}
 """States an attempt ends SETUP_FAILED from with no DISPATCH_STARTED in its generation (the
-table has no SETUP_FAILED after it: a dispatched attempt ends ATTEMPT_INTERRUPTED)."""
+table has no SETUP_FAILED after it: a dispatched attempt ends ATTEMPT_INTERRUPTED); in
+``accepted``, a new call stopped while it waited for its key's binder."""
 
 _STOPS = frozenset({Code.CALLER_CANCELLED, Code.BROKER_SHUTDOWN})
 """Setup-failure codes that are a stop, not the target's answer: the caller withdrew the call

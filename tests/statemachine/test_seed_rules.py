@@ -325,6 +325,9 @@ def test_a_first_attempt_withdrawn_before_its_gate_spends_no_budget() -> None:
     rec = inv.rec()
     assert (rec.outcome, rec.retry, rec.budget.used) == (Outcome.NOT_ATTEMPTED, Retry.BACKOFF, 0)
     assert "this retry sent nothing" not in rec.message  # nothing earlier was sent either
+    # Stopped while it waited for its key's binder (engine/invocation.py): nothing sent either.
+    waited = Inv(budget=1).ev(E.SETUP_FAILED, code="CALLER_CANCELLED", stage="accepted").rec()
+    assert (waited.retry, waited.budget.used) == (Retry.BACKOFF, 0)
 
 
 def test_only_a_credential_refusal_that_says_backoff_is_retried_under_its_invocation() -> None:
