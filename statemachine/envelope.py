@@ -261,6 +261,8 @@ def envelope_schema() -> dict[str, Any]:
             "outcome": _enum(Outcome),
             "code": {"type": ["string", "null"]},
             "seq": {"type": ["integer", "null"]},
+            # Consecutive stops before the gate (withdrawn, broker stopped), one entry.
+            "repeated": {"type": "integer", "minimum": 1},
         },
     }
     return {

@@ -155,8 +155,13 @@ class EventKind(StrEnum):
     the target, ended an attempt that sent nothing: it spends no budget -- the unit its lease
     (or ACTION_ACCEPTED) took is given back, as for a refused preflight -- and, after an
     earlier attempt's dispatch, the record says this retry sent nothing and the earlier
-    outcome stands (in older records too).  Any other code (a refused connection, a failed
-    handshake) is the target tried: its budget stays spent."""
+    outcome stands (in older records too).  So too recovery's close of an attempt whose worker
+    stopped before its gate (code SETUP_FAILED, stage broker_stopped or lease_lapsed: no
+    DISPATCH_STARTED in its generation proves nothing was sent).  Not after a
+    SETUP_ATTEMPT_FAILED in its generation, nor with any other code (a refused connection, a
+    failed handshake): the target was tried, its budget stays spent.  Consecutive refunded
+    stops of one stage and code are one ``attempts`` entry whose ``repeated`` counts them,
+    across generations, so withdrawals cannot grow the record."""
     # --- after dispatch ------------------------------------------------------------------------
     ATTEMPT_INTERRUPTED = "ATTEMPT_INTERRUPTED"
     """The dispatched attempt ended without a complete result.  attrs: code

@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from .batch import check_batch
-from .contract import CODES, Code
+from .contract import Code
 from .events import Event
 from .record import FENCE_RULES
 from .rules_common import (
@@ -51,10 +51,18 @@ _STOPS = frozenset({Code.CALLER_CANCELLED, Code.BROKER_SHUTDOWN})
 connection, a failed handshake, a DNS or proxy failure is the target tried and failing: an
 attempt against it, which the budget bounds (seed: "Limit the number of attempts")."""
 
-_WITHDRAWN_RETRY = (
-    "{meaning}  This retry was stopped before its dispatch gate: this retry sent nothing; an"
-    " earlier attempt's outcome stands."
-)
+_RECOVERY_STOPS = frozenset({"broker_stopped", "lease_lapsed"})
+"""Stages of recovery's SETUP_FAILED (code SETUP_FAILED) for an attempt whose worker stopped
+(the broker stopped, or its lease ran out) before its dispatch gate: DISPATCH_STARTED is a
+durable barrier before the first byte, so its absence in the generation proves nothing was
+sent -- the same stop as a graceful BROKER_SHUTDOWN at that point."""
+
+_WITHDRAWN_RETRY = {
+    Code.CALLER_CANCELLED: "This retry was withdrawn (its caller hung up or its deadline passed)",
+    Code.BROKER_SHUTDOWN: "This retry was stopped by the broker's shutdown",
+}
+"""The message of a retry's stop before its gate after an earlier attempt's dispatch: not the
+code's generic meaning, whose "not_attempted" would read as the whole invocation's."""
 
 
 def _on_accepted(p: Projector, event: Event) -> None:
@@ -310,19 +318,32 @@ def _on_setup_failed(p: Projector, event: Event) -> None:
     if gen is not None and (type(gen) is not int or gen != p._generation):
         _stale(p, event, gen)
     code = _phase_code(p, event, _CONNECTION_SETUP)
-    if code in _STOPS and p._state in _BEFORE_GATE:
-        # Withdrawn (the caller hung up) or stopped (the broker's shutdown) before its gate:
-        # no attempt, as a refused preflight is none -- else another caller holding the key
-        # could spend an unknown record's budget by hanging up, sending nothing, and turn its
+    stop = _refunded_stop(p, event, code)
+    if stop:
+        # Withdrawn (the caller hung up), stopped (the broker's shutdown) or closed by
+        # recovery (its worker stopped) before its gate, the target untried: no attempt, as a
+        # refused preflight is none -- else another caller holding the key could spend an
+        # unknown record's budget by hanging up, sending nothing, and turn its
         # ``same_idempotency_key`` into ``reconcile``.
         _refund_refused_retry(p, _BEFORE_GATE)
     _set_error(p, event, code)
     if code in _STOPS and p._message is None and p._evidence.get("dispatch_started") is True:
         # The stop is this retry's, not the dispatched attempt's: its code's meaning alone
-        # ("after dispatch the remote may still be running") would read as the earlier one's.
-        p._message = _WITHDRAWN_RETRY.format(meaning=CODES[code].meaning)
-    # The final setup failure is itself an attempt unless it repeats the last recorded one.
+        # ("nothing was sent (connection_setup, not_attempted)") would read as the whole
+        # invocation's, beside an earlier attempt's outcome.
+        p._message = _withdrawn_message(p, code)
     last = p._attempts[-1] if p._attempts else None
+    if stop:
+        # Consecutive refunded stops (same stage and code) are one entry with a count, across
+        # generations: they spend no budget, so only this keeps the record (and every
+        # envelope listing its attempts) bounded whatever the number of withdrawals.
+        if last is not None and "repeated" in last and _same_stop(last, event):
+            last["repeated"] += 1
+        else:
+            _add_setup_attempt(p, event)
+            p._attempts[-1]["repeated"] = 1
+        return
+    # The final setup failure is itself an attempt unless it repeats the last recorded one.
     if (
         last is None
         or last.get("seq") is not None
@@ -330,3 +351,36 @@ def _on_setup_failed(p: Projector, event: Event) -> None:
         or (last["stage"], last["code"]) != (event.attrs.get("stage"), event.attrs.get("code"))
     ):
         _add_setup_attempt(p, event)
+
+
+def _refunded_stop(p: Projector, event: Event, code: Code | None) -> bool:
+    """Whether this SETUP_FAILED ends an attempt that sent nothing and tried no target: a stop
+    (``_STOPS``, or recovery's close of a stopped worker, ``_RECOVERY_STOPS``) before the
+    dispatch gate, with no SETUP_ATTEMPT_FAILED in this generation -- a refused connection
+    try is the target tried, which spends its budget whatever stopped the attempt after it."""
+    if p._state not in _BEFORE_GATE:
+        return False
+    if code not in _STOPS and not (
+        code is Code.SETUP_FAILED and event.attrs.get("stage") in _RECOVERY_STOPS
+    ):
+        return False
+    gen = p._generation
+    for attempt in reversed(p._attempts):
+        if attempt["generation"] != gen:
+            break
+        if "repeated" not in attempt and attempt.get("seq") is None:
+            return False  # a setup try of this generation: the target was tried
+    return True
+
+
+def _same_stop(last: dict[str, Any], event: Event) -> bool:
+    return (last["stage"], last["code"]) == (event.attrs.get("stage"), event.attrs.get("code"))
+
+
+def _withdrawn_message(p: Projector, code: Code) -> str:
+    earlier = next((a for a in reversed(p._attempts) if a["stage"] == "dispatch"), None)
+    outcome = earlier["outcome"] if earlier is not None else "unknown"
+    return (
+        f"{_WITHDRAWN_RETRY[code]} before its dispatch gate and sent nothing; the earlier"
+        f" attempt's outcome ({outcome}) stands."
+    )

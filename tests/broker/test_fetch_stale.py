@@ -104,6 +104,9 @@ async def test_fetch_of_a_retry_whose_worker_died_before_its_own_dispatch(
             record = broker.record(iid)
             assert record is not None and record.final
             assert record.outcome.value == "unknown"
+            # No DISPATCH_STARTED in its generation: the dead retry sent nothing, and gives
+            # back the unit its lease took -- only the first attempt's stays spent (52a).
+            assert (record.budget.used, record.attempts[-1]["repeated"]) == (1, 1), record
 
 
 async def test_fetch_of_a_result_that_was_complete_but_never_stored(

@@ -153,7 +153,11 @@ async def test_retries_withdrawn_before_the_gate_leave_the_first_caller_its_budg
                 assert (rec["code"], rec["outcome"]) == ("CALLER_CANCELLED", "unknown")
                 assert rec["budget"]["used"] == 1, rec["budget"]
                 assert rec["retry"] == "same_idempotency_key"
-                assert "this retry sent nothing" in rec["message"]
+                assert rec["message"].startswith("This retry was withdrawn"), rec["message"]
+                assert "sent nothing; the earlier attempt's outcome (unknown)" in rec["message"]
+                # One entry counts the hang-ups: the record does not grow with them.
+                assert len(rec["attempts"]) == 2, rec["attempts"]
+                assert rec["attempts"][-1]["repeated"] == generation
 
             nursery.start_soon(remote.answer)
             again = await cli(daemon, "call", "-", stdin=CHARGE)
