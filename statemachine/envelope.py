@@ -263,6 +263,20 @@ def envelope_schema() -> dict[str, Any]:
             "seq": {"type": ["integer", "null"]},
             # Consecutive stops before the gate (withdrawn, broker stopped), one entry.
             "repeated": {"type": "integer", "minimum": 1},
+            # Their count per stage and code (bounded: rules_intake._MAX_STOP_KINDS rows).
+            "stops": {
+                "type": "array",
+                "maxItems": 16,
+                "items": {
+                    "type": "object",
+                    "required": ["stage", "code", "repeated"],
+                    "properties": {
+                        "stage": {"type": ["string", "null"]},
+                        "code": {"type": ["string", "null"]},
+                        "repeated": {"type": "integer", "minimum": 1},
+                    },
+                },
+            },
         },
     }
     return {

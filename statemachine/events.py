@@ -159,9 +159,13 @@ class EventKind(StrEnum):
     stopped before its gate (code SETUP_FAILED, stage broker_stopped or lease_lapsed: no
     DISPATCH_STARTED in its generation proves nothing was sent).  Not after a
     SETUP_ATTEMPT_FAILED in its generation, nor with any other code (a refused connection, a
-    failed handshake): the target was tried, its budget stays spent.  Consecutive refunded
-    stops of one stage and code are one ``attempts`` entry whose ``repeated`` counts them,
-    across generations, so withdrawals cannot grow the record."""
+    failed handshake): the target was tried, its budget stays spent.  A connection or TLS
+    handshake the caller (or the broker's stop) cut short before it failed is no tried target:
+    no SETUP_ATTEMPT_FAILED is written for it (no request byte left), so its stop is refunded.
+    Consecutive refunded
+    stops, whatever their stage or code, are one ``attempts`` entry whose ``repeated`` counts
+    them and whose ``stops`` counts them per stage and code (at most 16 rows), across
+    generations, so withdrawals cannot grow the record."""
     # --- after dispatch ------------------------------------------------------------------------
     ATTEMPT_INTERRUPTED = "ATTEMPT_INTERRUPTED"
     """The dispatched attempt ended without a complete result.  attrs: code

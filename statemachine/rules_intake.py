@@ -327,21 +327,24 @@ def _on_setup_failed(p: Projector, event: Event) -> None:
         # ``same_idempotency_key`` into ``reconcile``.
         _refund_refused_retry(p, _BEFORE_GATE)
     _set_error(p, event, code)
-    if code in _STOPS and p._message is None and p._evidence.get("dispatch_started") is True:
-        # The stop is this retry's, not the dispatched attempt's: its code's meaning alone
-        # ("nothing was sent (connection_setup, not_attempted)") would read as the whole
-        # invocation's, beside an earlier attempt's outcome.
-        p._message = _withdrawn_message(p, code)
+    if stop and p._evidence.get("dispatch_started") is True:
+        # The stop is this retry's, not the dispatched attempt's: its code's meaning ("nothing
+        # was sent (connection_setup, not_attempted)") or recovery's "nothing was sent" would
+        # read as the whole invocation's, beside an earlier attempt's outcome.
+        p._message = _withdrawn_message(p, event, code)
     last = p._attempts[-1] if p._attempts else None
     if stop:
-        # Consecutive refunded stops (same stage and code) are one entry with a count, across
-        # generations: they spend no budget, so only this keeps the record (and every
-        # envelope listing its attempts) bounded whatever the number of withdrawals.
-        if last is not None and "repeated" in last and _same_stop(last, event):
-            last["repeated"] += 1
-        else:
+        # Consecutive refunded stops, whatever their stage or code, are one entry with a count,
+        # across generations: they spend no budget, so only this keeps the record (and every
+        # envelope listing its attempts) bounded whatever the number of withdrawals -- merging
+        # only same-stage stops let a caller alternate the stage of its hang-up (idle,
+        # connecting) and grow it one entry per withdrawal.
+        if last is None or "repeated" not in last:
             _add_setup_attempt(p, event)
-            p._attempts[-1]["repeated"] = 1
+            last = p._attempts[-1]
+            last["repeated"] = 0
+            last["stops"] = []
+        _count_stop(last, event)
         return
     # The final setup failure is itself an attempt unless it repeats the last recorded one.
     if (
@@ -373,14 +376,51 @@ def _refunded_stop(p: Projector, event: Event, code: Code | None) -> bool:
     return True
 
 
-def _same_stop(last: dict[str, Any], event: Event) -> bool:
-    return (last["stage"], last["code"]) == (event.attrs.get("stage"), event.attrs.get("code"))
+_MAX_STOP_KINDS = 16
+"""Rows of a run's per-(stage, code) breakdown.  The broker's own journal never reaches it: a
+refunded stop's code is CALLER_CANCELLED or BROKER_SHUTDOWN with a stage among the protocol
+tables' states before the gate (``attempt.machine.state``: idle, dns_resolved, tcp_connected,
+proxy_tunnel_open, tls_established ...), or SETUP_FAILED with one of ``_RECOVERY_STOPS``; this
+cap bounds the entry whatever a journal holds -- stops of further kinds count in ``repeated``
+and in a last ``stage: null, code: null`` row."""
 
 
-def _withdrawn_message(p: Projector, code: Code) -> str:
+def _count_stop(run: dict[str, Any], event: Event) -> None:
+    """Count a refunded stop in its run's entry: ``repeated`` (the total), ``stops`` (per
+    stage and code, first seen first, bounded), ``stage``/``code`` (the latest stop's)."""
+    stage, code = event.attrs.get("stage"), event.attrs.get("code")
+    run["repeated"] += 1
+    run["stage"], run["code"] = stage, code
+    # A new list of new rows: a snapshot (``Projector.record``) copies each entry shallowly.
+    stops = [dict(r) for r in run["stops"]]
+    kinds = [(r["stage"], r["code"]) for r in stops]
+    if (stage, code) not in kinds and len(stops) >= _MAX_STOP_KINDS - 1:
+        stage = code = None  # the overflow row
+    if (stage, code) in kinds:
+        stops[kinds.index((stage, code))]["repeated"] += 1
+    else:
+        stops.append({"stage": stage, "code": code, "repeated": 1})
+    run["stops"] = stops
+
+
+_RECOVERY_RETRY = {
+    "broker_stopped": "The broker stopped before this retry's dispatch gate",
+    "lease_lapsed": "This retry's lease ran out before its dispatch gate",
+}
+"""Recovery's close of a retry stopped before its gate, after an earlier dispatch: recovery's
+"nothing was sent" (older journals) would read as the whole invocation's."""
+
+
+def _withdrawn_message(p: Projector, event: Event, code: Code | None) -> str:
     earlier = next((a for a in reversed(p._attempts) if a["stage"] == "dispatch"), None)
     outcome = earlier["outcome"] if earlier is not None else "unknown"
+    who = _WITHDRAWN_RETRY.get(code) if code is not None else None
+    if who is not None:
+        return (
+            f"{who} before its dispatch gate and sent nothing; the earlier attempt's outcome"
+            f" ({outcome}) stands."
+        )
+    cause = _RECOVERY_RETRY.get(str(event.attrs.get("stage")), "This retry stopped")
     return (
-        f"{_WITHDRAWN_RETRY[code]} before its dispatch gate and sent nothing; the earlier"
-        f" attempt's outcome ({outcome}) stands."
+        f"{cause}; this retry sent nothing, and the earlier attempt's outcome ({outcome}) stands."
     )

@@ -98,8 +98,11 @@ async def test_fetch_of_a_retry_whose_worker_died_before_its_own_dispatch(
             assert env["error"]["outcome"] == "unknown"
             assert env["error"]["retry"] != "fetch_result"
             assert env["evidence"]["dispatch_started"] is True
-            assert env["error"]["message"].startswith(
-                "The retry's lease ran out before its dispatch; the retry sent nothing"
+            # The projection's form for a refunded stop after an earlier dispatch (recovery's
+            # own words are replaced, as old journals' "nothing was sent" is).
+            assert env["error"]["message"] == (
+                "This retry's lease ran out before its dispatch gate; this retry sent nothing,"
+                " and the earlier attempt's outcome (unknown) stands."
             ), env["error"]
             record = broker.record(iid)
             assert record is not None and record.final

@@ -29,11 +29,12 @@ async def test_the_page_counts_the_stops_one_entry_holds(
         j = b.journal
         for ev in interrupted(IID):
             await j.append(ev)
-        for _ in range(3):
+        for stage in ("connecting", "idle", "connecting"):  # any stage: one run
             lease = await j.acquire_lease(IID, "broker-2", ttl=600.0)
-            stop = {"code": "CALLER_CANCELLED", "stage": "connecting"}
+            stop = {"code": "CALLER_CANCELLED", "stage": stage}
             await j.append(Event(E.SETUP_FAILED, IID, {**stop, "generation": lease.generation}))
         _, _, page = await get(f"{origin}/invocations/{IID}", cookie=cookie)
         text = page.decode()
         assert text.count('class="attempt"') == 2, text[-3000:]
         assert "stopped before the gate 3 times in a row" in text, text[-3000:]
+        assert "connecting/CALLER_CANCELLED × 2, idle/CALLER_CANCELLED × 1" in text, text[-3000:]

@@ -37,7 +37,47 @@ def test_many_withdrawals_are_one_attempts_entry_with_their_count() -> None:
     assert len(json.dumps(render_envelope(rec))) < 4000
 
 
-def test_a_different_stop_or_a_dispatch_starts_a_new_entry() -> None:
+def test_alternating_the_stage_or_code_of_the_stops_does_not_grow_the_record() -> None:
+    """The reviewer's alt.py: 40 withdrawn retries alternating ``connecting``/``idle`` (a
+    hang-up at once, one during connect) made 41 entries when only same-stage stops merged."""
+    inv = unknown_post(key="k1", budget=3)
+    for gen in range(1, 41):
+        _retry(inv, gen, code="CALLER_CANCELLED", stage=("connecting" if gen % 2 else "idle"))
+    for gen in range(41, 45):
+        _retry(inv, gen, code="BROKER_SHUTDOWN", stage="tls_established")
+    for gen in range(45, 47):
+        _retry(inv, gen, code="SETUP_FAILED", stage="broker_stopped", message="recovery's")
+    rec = inv.rec()
+    assert len(rec.attempts) == 2 and (rec.budget.used, rec.retry) == (
+        1,
+        Retry.SAME_IDEMPOTENCY_KEY,
+    )
+    run = rec.attempts[1]
+    assert (run["generation"], run["repeated"]) == (1, 46)
+    assert (run["stage"], run["code"]) == ("broker_stopped", "SETUP_FAILED")  # the latest
+    assert run["stops"] == [
+        {"stage": "connecting", "code": "CALLER_CANCELLED", "repeated": 20},
+        {"stage": "idle", "code": "CALLER_CANCELLED", "repeated": 20},
+        {"stage": "tls_established", "code": "BROKER_SHUTDOWN", "repeated": 4},
+        {"stage": "broker_stopped", "code": "SETUP_FAILED", "repeated": 2},
+    ]
+
+
+def test_the_breakdown_is_bounded_whatever_stages_a_journal_holds() -> None:
+    inv = unknown_post(key="k1", budget=3)
+    for gen in range(1, 101):
+        _retry(inv, gen, code="CALLER_CANCELLED", stage=f"s{gen}")
+    snapshot = inv.rec()
+    _retry(inv, 101, code="CALLER_CANCELLED", stage="s1")
+    rec = inv.rec()
+    stops = rec.attempts[1]["stops"]
+    assert len(rec.attempts) == 2 and len(stops) == 16 and rec.attempts[1]["repeated"] == 101
+    assert stops[-1] == {"stage": None, "code": None, "repeated": 85}
+    assert stops[0]["repeated"] == 2
+    assert snapshot.attempts[1]["stops"][0]["repeated"] == 1  # an earlier record unchanged
+
+
+def test_a_dispatch_or_a_tried_target_starts_a_new_entry() -> None:
     inv = unknown_post(key="k1", budget=4)
     _retry(inv, 1, code="CALLER_CANCELLED", stage="connecting")
     _retry(inv, 2, code="BROKER_SHUTDOWN", stage="connecting")
@@ -48,8 +88,7 @@ def test_a_different_stop_or_a_dispatch_starts_a_new_entry() -> None:
     rec = inv.rec()
     assert [(a["generation"], a["code"], a.get("repeated")) for a in rec.attempts] == [
         (0, "REMOTE_OUTCOME_UNKNOWN", None),
-        (1, "CALLER_CANCELLED", 1),
-        (2, "BROKER_SHUTDOWN", 2),
+        (1, "BROKER_SHUTDOWN", 3),  # whatever their codes: one run
         (4, "CALLER_CANCELLED", None),
         (5, "BROKER_SHUTDOWN", 1),
     ]
@@ -67,7 +106,16 @@ def test_recovery_s_close_before_the_gate_is_refunded_too(stage: str) -> None:
     rec = inv.rec()
     assert (rec.budget.used, rec.retry) == (1, Retry.SAME_IDEMPOTENCY_KEY)
     assert rec.attempts[-1]["repeated"] == 3 and len(rec.attempts) == 2
-    assert rec.message == "recovery's"  # recovery's own message stands
+    # Recovery's "nothing was sent" would read as the whole invocation's beside outcome
+    # unknown: the message says this retry sent nothing and the earlier outcome stands.
+    cause = {
+        "broker_stopped": "The broker stopped before this retry's dispatch gate",
+        "lease_lapsed": "This retry's lease ran out before its dispatch gate",
+    }
+    assert rec.message == (
+        f"{cause[stage]}; this retry sent nothing, and the earlier attempt's outcome (unknown)"
+        " stands."
+    )
     # Any other SETUP_FAILED close (a journal refusal, an internal failure) still spends.
     _retry(inv, 4, code="SETUP_FAILED", stage="journal", message="journal")
     assert inv.rec().budget.used == 2
