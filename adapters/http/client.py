@@ -41,10 +41,13 @@ class HttpClient:
 
     ``max_per_origin`` caps the idle connections kept per pool key (scheme, host, port, proxy,
     CA file); ``idle_timeout`` discards pooled connections idle longer than that.  The default
-    covers 64 concurrent calls to one origin: with 16, three calls in four reconnected
-    (tests/benchmarks/http_overhead.py)."""
+    ``max_per_origin`` covers 64 concurrent calls to one origin: with 16, three calls in four
+    reconnected (tests/benchmarks/http_overhead.py).  The default ``idle_timeout`` stays below
+    the 5 s after which common servers (Node, Apache) close an idle connection without saying
+    so: reusing one as its FIN arrives leaves a request ``unknown`` that was never processed (a
+    ``Keep-Alive: timeout=N`` hint shortens it further: ``pool.idle_limit``)."""
 
-    def __init__(self, *, max_per_origin: int = 64, idle_timeout: float = 30.0) -> None:
+    def __init__(self, *, max_per_origin: int = 64, idle_timeout: float = 4.0) -> None:
         self._pool = Pool(max_per_origin=max_per_origin, idle_timeout=idle_timeout)
 
     async def __aenter__(self) -> HttpClient:

@@ -15,6 +15,7 @@ import errno
 import fcntl
 import hashlib
 import logging
+import math
 import os
 import select
 import ssl
@@ -100,6 +101,8 @@ class Connection:
     via_proxy: str | None
     forward_proxy: bool
     idle_since: float = 0.0
+    idle_limit: float = math.inf
+    """How long it may stay idle in the pool and be reused (``pool.idle_limit``)."""
     requests: int = 0
     read_cut: bool = False
     """A TLS read was cancelled (or failed) mid-way and no read has returned data since

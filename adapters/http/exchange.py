@@ -592,7 +592,7 @@ class _Hop:
         # bytes past the response in either would answer the next request on this connection.
         if self.ex.reusable and not conn.tls_buffered():
             conn.h11.start_next_cycle()
-            pool.release(conn)
+            pool.release(conn, self.head.headers)
         else:
             await trio.aclose_forcefully(conn.stream)
 

@@ -8,12 +8,20 @@ it *before* the dispatch boundary, where that costs nothing (seed: "When a reuse
 breaks, the broker may not know whether the other side received the written data" -- so do not
 reuse one that already looks broken).  Only a connection with nothing read past its response
 is released here (``exchange.finish``), and the exchange checks once more after the gate.
+
+A response's ``Keep-Alive: timeout=N`` (RFC 2068 §19.7.1.1, still sent by Node, Apache) says
+the server closes the connection after N idle seconds: reusing it near that moment writes the
+request into the server's FIN -- ``unknown`` for a request never processed.  So a connection
+released with that hint expires at ``min(idle_timeout, N - max(1, N/10))`` (``idle_limit``),
+and one with N <= 1 is not kept at all.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import ssl
+from collections.abc import Iterable
 
 import trio
 
@@ -24,9 +32,41 @@ from .request import HttpRequest
 from .trust import TrustStore
 from .urls import Url
 
-__all__ = ["Pool"]
+__all__ = ["Pool", "idle_limit"]
 
 log = logging.getLogger("affidavit.adapters.http")
+
+
+def _keep_alive_timeout(headers: Iterable[tuple[str, str]]) -> float | None:
+    """The smallest ``timeout=N`` of the response's Keep-Alive fields, or None (none, or none
+    a non-negative finite number: a malformed hint is no hint)."""
+    best: float | None = None
+    for name, value in headers:
+        if name.lower() != "keep-alive":
+            continue
+        for param in value.split(","):
+            key, eq, raw = param.partition("=")
+            if not eq or key.strip().lower() != "timeout":
+                continue
+            try:
+                n = float(raw.strip().strip('"'))
+            except ValueError:
+                continue
+            if math.isfinite(n) and n >= 0 and (best is None or n < best):
+                best = n
+    return best
+
+
+def idle_limit(headers: Iterable[tuple[str, str]], idle_timeout: float) -> float | None:
+    """How long a connection whose last response had ``headers`` may stay idle and still be
+    reused: ``idle_timeout``, shortened by a Keep-Alive hint to leave the server's close a
+    margin; None when the hint is too short to reuse it safely (N <= 1)."""
+    n = _keep_alive_timeout(headers)
+    if n is None:
+        return idle_timeout
+    if n <= 1:
+        return None
+    return min(idle_timeout, n - max(1.0, n / 10))
 
 
 class Pool:
@@ -65,13 +105,16 @@ class Pool:
         self._next_id += 1
         return f"http-{self._next_id}"
 
-    def release(self, conn: Connection) -> None:
+    def release(self, conn: Connection, headers: Iterable[tuple[str, str]] = ()) -> None:
         """Keep ``conn`` for reuse (a closed pool closes it instead, as it does a connection
-        whose read was cut: ``Connection.read_cut``)."""
-        if self.closed or conn.read_cut:
+        whose read was cut: ``Connection.read_cut``, or one whose last response's ``headers``
+        hint at a close within a second: ``idle_limit``)."""
+        limit = idle_limit(headers, self._idle_timeout)
+        if self.closed or conn.read_cut or limit is None:
             conn.socket_stream.socket.close()
             return
         conn.idle_since = trio.current_time()
+        conn.idle_limit = limit
         idle = self._idle.setdefault(conn.key, [])
         idle.append(conn)
         while len(idle) > self._max_idle:
@@ -88,7 +131,7 @@ class Pool:
         now = trio.current_time()
         while idle:
             conn = idle.pop()  # most recently used first: least likely to have been closed
-            too_old = now - conn.idle_since > self._idle_timeout
+            too_old = now - conn.idle_since > conn.idle_limit
             if too_old or conn.looks_stale():
                 await trio.aclose_forcefully(conn.stream)
                 log.debug("discarded idle connection %s to %s", conn.id, target.origin)
