@@ -7,9 +7,11 @@ The steps, in order (``exchange()``):
    fresh and pooled connections alike; if it raises, nothing was written and the connection
    goes back to the pool.
 2. ``transfer`` -- write the head (and, with ``Expect: 100-continue``, wait a bounded time for
-   the interim answer), write the body, read until the response is complete.  Every received
-   byte goes through ``handle``: observed, hashed, and sent to the sink (or buffered, for a 3xx
-   about to be followed) as its head's ``Plan`` decided.
+   the interim answer), write the body -- watching for an early final response meanwhile
+   (``send_body``, ``early.py``: a complete one read before the body is written whole ends the
+   write and answers the hop; the connection is never pooled) -- read until the response is
+   complete.  Every received byte goes through ``handle``: observed, hashed, and sent to the
+   sink (or buffered, for a 3xx about to be followed) as its head's ``Plan`` decided.
 3. on failure, ``interrupted`` -- the attempt ended after the boundary: the code follows what
    the machine proved (bytes of a final response arrived: REMOTE_RESULT_INCOMPLETE; otherwise
    REMOTE_OUTCOME_UNKNOWN).  A reused connection's write error after the gate is ``unknown``
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import select
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -50,6 +53,7 @@ from .classify import (
     parse_proxy_status,
 )
 from .connect import READ_SIZE, Connection, errno_name, setup_failed
+from .early import EarlyResponse
 from .machine import FramingError, HttpExchange, Observation
 from .pool import Pool
 from .redirects import Plan, plan_response
@@ -73,6 +77,12 @@ REDIRECT_BODY_BUFFER: Final = 64 * 1024
 becomes the result after all."""
 _DROP_REQUEST_HEADERS: Final = frozenset({"host", "content-length", "transfer-encoding", "expect"})
 _WITH_BODY: Final = frozenset({"POST", "PUT", "PATCH"})
+WATCH_FROM: Final = 64 * 1024
+"""A body (with its framing) longer than this is written with a reader beside it
+(``send_body``); a shorter one goes to the socket buffers at once."""
+DRAIN_WAIT: Final = 1.0
+"""The most time spent reading what is readable after a failed write (``_drain``)."""
+_IO_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 class _StopAtHead(Exception):
@@ -299,6 +309,9 @@ class _Hop:
         # journal writes are not the peer's silence.
         self.io: trio.CancelScope | None = None
         self.read_size = READ_SIZE
+        self.body_cut = False
+        """A complete final response was read before the body was written whole
+        (``send_body``): the connection is never pooled, its request unfinished."""
 
     @property
     def sha(self) -> Any:
@@ -408,12 +421,8 @@ class _Hop:
                     await self._take(got)
             if not ex.final_response_started:
                 self.during = "write"
-                tail = ex.body_bytes(body)
-                if tail:
-                    io.deadline = trio.current_time() + t.write
-                    await stream.send_all(tail)
-                obs = ex.body_written()
-                ctx.observe(obs.step, obs.facts)
+                io.deadline = math.inf  # the write has its own (``send_body``)
+                await self.send_body(ex.body_bytes(body), t.write)
             self.during = "read"
             # Bounded by the peer's bytes: a read returning the end of stream (``b""``, at once
             # on a closed socket) leaves the exchange finished or raises ``FramingError`` --
@@ -423,6 +432,98 @@ class _Hop:
                 await self._read_some(t.read)
         if io.cancelled_caught:
             raise trio.TooSlowError
+
+    async def send_body(self, tail: bytes, limit: float) -> None:
+        """Write the body and its framing within ``limit`` seconds, watching for an early final
+        response (``early.py``): a large body is written while what the peer sends is read
+        (trio's streams, ``SSLStream`` included, allow one sender and one receiver at once),
+        and a complete final response read meanwhile stops the write.  A write that fails or
+        times out first, over plain TCP, drains what is already readable (a peer that answered
+        and reset the connection left its answer in the receive queue).  A complete final
+        response so read is the hop's answer, fed to the machine now (``send_body`` never
+        fired: the body was not written whole) and the connection never pooled
+        (``body_cut``); anything less is not fed and the write's failure stands as before.
+        Written whole, ``send_body`` fires, then whatever was read meanwhile is fed."""
+        ctx, ex, conn = self.ctx, self.ex, self.conn
+        if not tail:
+            obs = ex.body_written()
+            ctx.observe(obs.step, obs.facts)
+            return
+        early = EarlyResponse(self.method, bytes(conn.h11.trailing_data[0]))
+        failed: BaseException | None = None
+        with trio.move_on_after(limit) as timer:
+            if len(tail) <= WATCH_FROM:  # fits the socket buffers: the write is not held up
+                try:
+                    await conn.stream.send_all(tail)
+                except _IO_ERRORS as e:
+                    failed = e
+            else:
+                failed = await self._send_watched(tail, early)
+        if (failed is not None or timer.cancelled_caught) and not early.complete:
+            await self._drain(early)
+        if early.complete and (self.body_cut or failed is not None or timer.cancelled_caught):
+            self.body_cut = True
+            await self._take(bytes(early.data))
+            return
+        if timer.cancelled_caught:
+            raise trio.TooSlowError
+        if failed is not None:
+            raise failed
+        obs = ex.body_written()
+        ctx.observe(obs.step, obs.facts)
+        if early.data:
+            await self._take(bytes(early.data))
+        if early.eof:
+            await self._take(b"")
+
+    async def _send_watched(self, tail: bytes, early: EarlyResponse) -> BaseException | None:
+        """``send_all(tail)`` with a reader beside it filling ``early``; the write's error, if
+        it failed.  A complete final response read cancels the write (``body_cut``)."""
+        conn = self.conn
+        failed: BaseException | None = None
+
+        async def write() -> None:
+            nonlocal failed
+            try:
+                await conn.stream.send_all(tail)
+            except _IO_ERRORS as e:
+                failed = e
+            n.cancel_scope.cancel()  # the reader is done too: the read after the write follows
+
+        async def watch() -> None:
+            while not early.done:
+                try:
+                    data = await conn.receive_some(READ_SIZE)
+                except _IO_ERRORS:
+                    return  # the write, or the read after it, says so
+                early.add(data)
+            if early.complete:
+                self.body_cut = True
+                n.cancel_scope.cancel()
+
+        async with trio.open_nursery() as n:
+            n.start_soon(write)
+            n.start_soon(watch)
+        return failed
+
+    async def _drain(self, early: EarlyResponse) -> None:
+        """After a failed write over plain TCP: read what is readable now, without waiting for
+        more, bounded in bytes (``EARLY_BYTES``) and time.  Over TLS a failed write leaves the
+        stream broken; what the reader got before it is all there is."""
+        conn = self.conn
+        if type(conn.stream) is not trio.SocketStream:
+            return
+        with trio.move_on_after(DRAIN_WAIT):
+            while not early.done:
+                try:
+                    fd = conn.socket_stream.socket.fileno()
+                    readable, _w, _x = select.select([fd], [], [], 0)
+                    if not readable:
+                        return
+                    data = await conn.receive_some(READ_SIZE)
+                except (*_IO_ERRORS, ValueError):
+                    return
+                early.add(data)
 
     async def _read_some(self, limit: float) -> None:
         # ``data`` stays referenced while it is handled, as the read's buffer always was: freed
@@ -590,7 +691,7 @@ class _Hop:
         conn = self.conn
         # h11's buffer (``reusable``) and the TLS layer's (``tls_buffered``) must both be empty:
         # bytes past the response in either would answer the next request on this connection.
-        if self.ex.reusable and not conn.tls_buffered():
+        if self.ex.reusable and not conn.tls_buffered() and not self.body_cut:
             conn.h11.start_next_cycle()
             pool.release(conn, self.head.headers)
         else:
