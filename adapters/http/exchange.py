@@ -245,6 +245,13 @@ async def exchange(
     return h.result(hop_summary)
 
 
+def _lone(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first exception in ``group`` that is not a cancellation, else its first one."""
+    _cancelled, rest = group.split(trio.Cancelled)
+    first = (rest or group).exceptions[0]
+    return _lone(first) if isinstance(first, BaseExceptionGroup) else first
+
+
 class _Hop:
     """The state of one hop's exchange: what has been received and where it went."""
 
@@ -501,9 +508,15 @@ class _Hop:
                 self.body_cut = True
                 n.cancel_scope.cancel()
 
-        async with trio.open_nursery() as n:
-            n.start_soon(write)
-            n.start_soon(watch)
+        try:
+            async with trio.open_nursery() as n:
+                n.start_soon(write)
+                n.start_soon(watch)
+        except BaseExceptionGroup as group:
+            # Both tasks keep their I/O errors; what is left (a cancellation from outside, an
+            # interrupt) leaves as the lone write's would have, so the abort's facts name it
+            # (``local_error``), not the group.
+            raise _lone(group) from None
         return failed
 
     async def _drain(self, early: EarlyResponse) -> None:

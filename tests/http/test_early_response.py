@@ -137,3 +137,19 @@ async def test_100_continue_during_the_write_changes_nothing(client: HttpClient)
     assert srv.requests[0].complete is True and len(srv.requests[0].body) == len(BIG)
     assert exc.code is Code.REMOTE_OUTCOME_UNKNOWN
     assert fe.events[-4:] == ["send_headers", "send_body", "informational", "peer_closed"]
+
+
+async def test_cancelled_during_the_watched_write_is_named_as_a_cancellation(
+    client: HttpClient,
+) -> None:
+    async def script(peer: Peer) -> None:
+        await peer.read_head()
+        await trio.sleep_forever()  # reads nothing: the write stalls
+
+    fe = FakeEngine()
+    async with HostileServer.running(script) as srv:
+        with trio.move_on_after(0.3) as scope:
+            await client.perform(req(srv.url + "/upload", write=5.0), fe.ctx)
+    assert scope.cancelled_caught
+    assert fe.events[-2:] == ["send_headers", "cancelled"]
+    assert fe.facts_of("cancelled")[0]["local_error"] == "Cancelled"
