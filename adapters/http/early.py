@@ -33,11 +33,19 @@ class EarlyResponse:
         self.eof = False
         self.complete = False
         self.unparsable = False
-        self._final = False
+        self.status = 0
+        """The final response's status, once its head is parsed."""
         self._h11 = h11.Connection(h11.CLIENT)
         self._h11.send(h11.Request(method=method, target="/", headers=[("Host", "early")]))
         if unparsed:
             self._parse(unparsed)
+
+    @property
+    def refusal(self) -> bool:
+        """A complete error answer (>= 400): the server does not want the body (RFC 9112
+        §9.5).  A complete 2xx/3xx does not stop the write: an origin may answer at the head and
+        still read the body to its end."""
+        return self.complete and self.status >= 400
 
     @property
     def done(self) -> bool:
@@ -62,8 +70,8 @@ class EarlyResponse:
                 if event is h11.NEED_DATA or event is h11.PAUSED:
                     return
                 if isinstance(event, h11.Response):
-                    self._final = True
-                elif isinstance(event, h11.EndOfMessage) and self._final:
+                    self.status = event.status_code
+                elif isinstance(event, h11.EndOfMessage) and self.status:
                     self.complete = True
                     return
         except h11.RemoteProtocolError:

@@ -442,50 +442,75 @@ class _Hop:
 
     async def send_body(self, tail: bytes, limit: float) -> None:
         """Write the body and its framing within ``limit`` seconds, watching for an early final
-        response (``early.py``): a large body is written while what the peer sends is read
-        (trio's streams, ``SSLStream`` included, allow one sender and one receiver at once),
-        and a complete final response read meanwhile stops the write.  A write that fails or
-        times out first, over plain TCP, drains what is already readable (a peer that answered
-        and reset the connection left its answer in the receive queue).  A complete final
-        response so read is the hop's answer, fed to the machine now (``send_body`` never
-        fired: the body was not written whole) and the connection never pooled
-        (``body_cut``); anything less is not fed and the write's failure stands as before.
-        Written whole, ``send_body`` fires, then whatever was read meanwhile is fed."""
+        response (``early.py``): a body past ``WATCH_FROM`` is written while what the peer sends
+        is read (trio's streams, ``SSLStream`` included, allow one sender and one receiver at
+        once), and a complete error answer (>= 400, RFC 9112 §9.5) read meanwhile stops the
+        write; a complete 2xx/3xx only stops the reader, the write goes on.  A write that fails
+        or times out, over plain TCP, drains what is already readable (a peer that answered and
+        reset the connection left its answer in the receive queue).  A complete final response
+        so read, or read by the watcher, is the hop's answer, fed to the machine now
+        (``send_body`` never fired: the body was not written whole; the response head's facts
+        say ``request_body_cut``) and the connection never pooled (``body_cut``); anything less
+        is not fed and the write's failure stands as before.  Written whole, ``send_body``
+        fires, then whatever was read meanwhile is fed.  A short body (the socket buffers take
+        it at once) is written plainly under the hop's deadline: nothing is built for it unless
+        its write fails."""
         ctx, ex, conn = self.ctx, self.ex, self.conn
-        if not tail:
-            obs = ex.body_written()
-            ctx.observe(obs.step, obs.facts)
-            return
-        early = EarlyResponse(self.method, bytes(conn.h11.trailing_data[0]))
+        early: EarlyResponse | None = None
         failed: BaseException | None = None
-        with trio.move_on_after(limit) as timer:
-            if len(tail) <= WATCH_FROM:  # fits the socket buffers: the write is not held up
+        timed_out = False
+        if len(tail) <= WATCH_FROM:
+            if tail:
+                io = self.io
+                assert io is not None  # (``transfer``'s)
+                io.deadline = trio.current_time() + limit
                 try:
                     await conn.stream.send_all(tail)
                 except _IO_ERRORS as e:
                     failed = e
-            else:
+                io.deadline = math.inf
+        else:
+            early = self._early()
+            with trio.move_on_after(limit) as timer:
                 failed = await self._send_watched(tail, early)
-        if (failed is not None or timer.cancelled_caught) and not early.complete:
-            await self._drain(early)
-        if early.complete and (self.body_cut or failed is not None or timer.cancelled_caught):
-            self.body_cut = True
-            await self._take(bytes(early.data))
-            return
-        if timer.cancelled_caught:
-            raise trio.TooSlowError
-        if failed is not None:
+            timed_out = timer.cancelled_caught
+        if failed is not None or timed_out:
+            if early is None:
+                early = self._early()
+            if not early.complete:
+                await self._drain(early)
+            if early.complete:
+                await self._cut(early)
+                return
+            if failed is None:
+                raise trio.TooSlowError
             raise failed
+        if early is not None and early.refusal:
+            await self._cut(early)
+            return
         obs = ex.body_written()
         ctx.observe(obs.step, obs.facts)
-        if early.data:
-            await self._take(bytes(early.data))
-        if early.eof:
-            await self._take(b"")
+        if early is not None:
+            if early.data:
+                await self._take(bytes(early.data))
+            if early.eof:
+                await self._take(b"")
+
+    def _early(self) -> EarlyResponse:
+        # The exchange's h11 may hold the start of a response (after an interim one read in
+        # the expect-continue wait): parsed first.
+        return EarlyResponse(self.method, bytes(self.conn.h11.trailing_data[0]))
+
+    async def _cut(self, early: EarlyResponse) -> None:
+        """``early``, complete, answers the hop although the body was not written whole."""
+        self.body_cut = True
+        self.ex.request_body_cut = True
+        await self._take(bytes(early.data))
 
     async def _send_watched(self, tail: bytes, early: EarlyResponse) -> BaseException | None:
         """``send_all(tail)`` with a reader beside it filling ``early``; the write's error, if
-        it failed.  A complete final response read cancels the write (``body_cut``)."""
+        it failed.  A complete error answer read cancels the write (``EarlyResponse.refusal``);
+        a complete 2xx/3xx stops the reader only."""
         conn = self.conn
         failed: BaseException | None = None
 
@@ -504,8 +529,7 @@ class _Hop:
                 except _IO_ERRORS:
                     return  # the write, or the read after it, says so
                 early.add(data)
-            if early.complete:
-                self.body_cut = True
+            if early.refusal:
                 n.cancel_scope.cancel()
 
         try:

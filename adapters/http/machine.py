@@ -369,6 +369,9 @@ class HttpExchange:
     informational_seen: list[int] = field(default_factory=list)
     body_bytes_received: int = 0
     request_body_bytes: int = 0
+    request_body_cut: bool = False
+    """The request body was not written whole: a complete final response read during the
+    write answered the hop (``exchange._Hop.send_body``); the response head's facts say so."""
     proxy_judge: Callable[[int, tuple[tuple[str, str], ...]], bool] | None = None
     """Set by the driver: does this final response head come from a proxy about its own
     attempt?  Then the proxy_* events fire and the exchange can never complete."""
@@ -586,6 +589,8 @@ class HttpExchange:
                     "header_names": sorted({n.lower() for n, _ in headers}),
                     "content_coding": content_coding(headers),
                 }
+                if self.request_body_cut:
+                    facts["request_body_cut"] = True
                 out.append(
                     Observation(
                         step,

@@ -67,6 +67,7 @@ def assert_rejected_413(fe: FakeEngine, res: RemoteResult, client: HttpClient) -
     assert res.facts["status"] == 413 and fe.body == b"too large"
     # The body was never written whole: no send_body, and the connection is not pooled.
     assert fe.events[-4:] == ["send_headers", "response_headers", "body", "end"]
+    assert fe.facts_of("response_headers")[0]["request_body_cut"] is True
     assert fe.machine.state == "framing_complete"
     assert client.idle_connections() == 0
 
@@ -86,14 +87,14 @@ async def test_tls_origin_answering_413_at_the_head_is_rejected(
     assert_rejected_413(fe, res, client)
 
 
-@pytest.mark.parametrize("then", ["wait", "reset"])
 async def test_unwatched_write_failing_drains_the_complete_answer(
-    client: HttpClient, monkeypatch: pytest.MonkeyPatch, then: str
+    client: HttpClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # No reader beside the write: the answer is found by the drain after the write timed out
-    # (the origin reads nothing) or broke (the origin reset after answering).
+    # No reader beside the write: the answer is found by the drain after the write broke (the
+    # origin reset after answering).  An unwatched write that times out is unknown, as before
+    # the watch: the hop's own deadline cancels it (a short body is written plainly).
     monkeypatch.setattr(exchange_module, "WATCH_FROM", len(BIG) + 1024)
-    async with HostileServer.running(answer_at_head(TOO_LARGE, then)) as srv:
+    async with HostileServer.running(answer_at_head(TOO_LARGE, "reset")) as srv:
         fe, res = await perform(client, req(srv.url + "/upload", write=0.5))
     assert_rejected_413(fe, res, client)
 
@@ -108,18 +109,45 @@ async def test_partial_head_then_nothing_stays_unknown(client: HttpClient, then:
     assert exc.facts["response_bytes"] == 0
 
 
-async def test_complete_200_at_the_head_is_committed(client: HttpClient) -> None:
+@pytest.mark.parametrize(
+    "reply",
+    [Reply(200, body=b"accepted"), Reply(307, headers=[("Location", "/elsewhere")], body=b"")],
+    ids=["200", "307"],
+)
+async def test_complete_2xx_3xx_at_the_head_keeps_writing_the_body(
+    client: HttpClient, reply: Reply
+) -> None:
+    # RFC 9112 §9.5 is about an answer showing the body is not wanted: a complete 2xx/3xx at
+    # the head stops the reader, not the write (an origin may answer first and read on).
     async def script(peer: Peer) -> None:
         rec = await peer.read_head()
         assert rec is not None
-        await peer.respond(Reply(200, body=b"accepted"))
+        await peer.respond(reply)
         await peer.read_body(rec)  # keeps reading the body to its end
+        peer.server.event("read").set()
         await trio.sleep_forever()
 
     async with HostileServer.running(script) as srv:
+        fe, res = await perform(client, req(srv.url + "/upload", follow_redirects=False))
+        with trio.fail_after(10):
+            await srv.event("read").wait()
+    assert srv.requests[0].complete is True and len(srv.requests[0].body) == len(BIG)
+    assert res.facts["status"] == reply.status
+    ev = fe.events
+    assert ev.index("send_headers") + 1 == ev.index("send_body") < ev.index("response_headers")
+    assert ev[-1] == "end" and "request_body_cut" not in fe.facts_of("response_headers")[0]
+
+
+async def test_complete_200_then_a_broken_write_is_concluded_from_the_answer(
+    client: HttpClient,
+) -> None:
+    # The 200 was complete before the write broke: it answers the hop (as the drain does),
+    # and the response head says the body was cut.
+    async with HostileServer.running(answer_at_head(Reply(200, body=b"ok"), "reset")) as srv:
         fe, res = await perform(client, req(srv.url + "/upload"))
-    assert res.outcome is Outcome.COMMITTED and res.facts["status"] == 200
-    assert fe.body == b"accepted" and fe.machine.state == "framing_complete"
+    assert res.outcome is Outcome.COMMITTED and fe.body == b"ok"
+    assert fe.events[-4:] == ["send_headers", "response_headers", "body", "end"]
+    assert fe.facts_of("response_headers")[0]["request_body_cut"] is True
     assert client.idle_connections() == 0
 
 
