@@ -317,6 +317,9 @@ class _Hop:
         self.io: trio.CancelScope | None = None
         self.read_size = READ_SIZE
         self.body_cut = False
+        self.refused_early = False
+        """An error answer's head (>= 400) was read before the body was written whole: the
+        connection is never pooled (a non-compliant server may hold the unread body on it)."""
         """A complete final response was read before the body was written whole
         (``send_body``): the connection is never pooled, its request unfinished."""
 
@@ -445,20 +448,23 @@ class _Hop:
         response (``early.py``): a body past ``WATCH_FROM`` is written while what the peer sends
         is read (trio's streams, ``SSLStream`` included, allow one sender and one receiver at
         once), and a complete error answer (>= 400, RFC 9112 §9.5) read meanwhile stops the
-        write; a complete 2xx/3xx only stops the reader, the write goes on.  A write that fails
-        or times out, over plain TCP, drains what is already readable (a peer that answered and
-        reset the connection left its answer in the receive queue).  A complete final response
-        so read, or read by the watcher, is the hop's answer, fed to the machine now
-        (``send_body`` never fired: the body was not written whole; the response head's facts
-        say ``request_body_cut``) and the connection never pooled (``body_cut``); anything less
-        is not fed and the write's failure stands as before.  Written whole, ``send_body``
-        fires, then whatever was read meanwhile is fed.  A short body (the socket buffers take
-        it at once) is written plainly under the hop's deadline: nothing is built for it unless
-        its write fails."""
+        write -- unless ``send_all`` returned in the same scheduling round: the body was then
+        written whole and the normal path runs, the connection unpooled (``refused_early``).  A
+        complete 2xx/3xx only stops the reader, the write goes on.  A write that fails or times
+        out, over plain TCP, drains what is already readable (a peer that answered and reset
+        the connection left its answer in the receive queue).  A complete final response so
+        read, or read by the watcher, is the hop's answer, fed to the machine now (``send_body``
+        never fired: the body was not written whole; the response head's facts say
+        ``request_body_cut``) and the connection never pooled (``body_cut``); anything less is
+        not fed and the write's failure stands as before.  Written whole, ``send_body`` fires,
+        then whatever was read meanwhile is fed.  A short body (the socket buffers take it at
+        once) is written plainly under the hop's deadline: nothing is built for it unless its
+        write fails."""
         ctx, ex, conn = self.ctx, self.ex, self.conn
         early: EarlyResponse | None = None
         failed: BaseException | None = None
         timed_out = False
+        written = True
         if len(tail) <= WATCH_FROM:
             if tail:
                 io = self.io
@@ -471,9 +477,10 @@ class _Hop:
                 io.deadline = math.inf
         else:
             early = self._early()
+            written = False  # stays so if the timer cancels the write
             with trio.move_on_after(limit) as timer:
-                failed = await self._send_watched(tail, early)
-            timed_out = timer.cancelled_caught
+                failed, written = await self._send_watched(tail, early)
+            timed_out = timer.cancelled_caught and not written
         if failed is not None or timed_out:
             if early is None:
                 early = self._early()
@@ -485,9 +492,16 @@ class _Hop:
             if failed is None:
                 raise trio.TooSlowError
             raise failed
-        if early is not None and early.refusal:
+        if not written:  # a refusal read cut the write (``_send_watched``)
+            assert early is not None and early.refusal
             await self._cut(early)
             return
+        # Written whole, although a refusal may have been read in the same scheduling round
+        # (trio's checkpoint after the last send): the normal path.  An error answer whose head
+        # came before the body was written whole leaves the connection unpooled
+        # (``refused_early``): a server that did not want the body may not have read it.
+        if early is not None and early.status >= 400:
+            self.refused_early = True
         obs = ex.body_written()
         ctx.observe(obs.step, obs.facts)
         if early is not None:
@@ -507,17 +521,22 @@ class _Hop:
         self.ex.request_body_cut = True
         await self._take(bytes(early.data))
 
-    async def _send_watched(self, tail: bytes, early: EarlyResponse) -> BaseException | None:
+    async def _send_watched(
+        self, tail: bytes, early: EarlyResponse
+    ) -> tuple[BaseException | None, bool]:
         """``send_all(tail)`` with a reader beside it filling ``early``; the write's error, if
-        it failed.  A complete error answer read cancels the write (``EarlyResponse.refusal``);
-        a complete 2xx/3xx stops the reader only."""
+        it failed, and whether ``send_all`` returned (the body written whole, even when a
+        refusal was read in the same round).  A complete error answer read cancels the write
+        (``EarlyResponse.refusal``); a complete 2xx/3xx stops the reader only."""
         conn = self.conn
         failed: BaseException | None = None
+        written = False
 
         async def write() -> None:
-            nonlocal failed
+            nonlocal failed, written
             try:
                 await conn.stream.send_all(tail)
+                written = True
             except _IO_ERRORS as e:
                 failed = e
             n.cancel_scope.cancel()  # the reader is done too: the read after the write follows
@@ -541,7 +560,7 @@ class _Hop:
             # interrupt) leaves as the lone write's would have, so the abort's facts name it
             # (``local_error``), not the group.
             raise _lone(group) from None
-        return failed
+        return failed, written
 
     async def _drain(self, early: EarlyResponse) -> None:
         """After a failed write over plain TCP: read what is readable now, without waiting for
@@ -728,7 +747,8 @@ class _Hop:
         conn = self.conn
         # h11's buffer (``reusable``) and the TLS layer's (``tls_buffered``) must both be empty:
         # bytes past the response in either would answer the next request on this connection.
-        if self.ex.reusable and not conn.tls_buffered() and not self.body_cut:
+        reuse = not self.body_cut and not self.refused_early
+        if reuse and self.ex.reusable and not conn.tls_buffered():
             conn.h11.start_next_cycle()
             pool.release(conn, self.head.headers)
         else:
