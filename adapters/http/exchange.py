@@ -441,7 +441,20 @@ class _Hop:
             while not ex.finished:
                 await self._read_some(t.read)
         if io.cancelled_caught:
+            if self.during == "write" and await self._answered_unwatched():
+                return
             raise trio.TooSlowError
+
+    async def _answered_unwatched(self) -> bool:
+        """A short body's write (under the hop's deadline, ``send_body``) timed out: drained
+        outside the cancelled scope, a complete final response waiting answers the hop as a
+        failed write's does (``_cut``)."""
+        early = self._early()
+        await self._drain(early)
+        if not early.complete:
+            return False
+        await self._cut(early)
+        return self.ex.finished
 
     async def send_body(self, tail: bytes, limit: float) -> None:
         """Write the body and its framing within ``limit`` seconds, watching for an early final

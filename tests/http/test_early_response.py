@@ -91,8 +91,8 @@ async def test_unwatched_write_failing_drains_the_complete_answer(
     client: HttpClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No reader beside the write: the answer is found by the drain after the write broke (the
-    # origin reset after answering).  An unwatched write that times out is unknown, as before
-    # the watch: the hop's own deadline cancels it (a short body is written plainly).
+    # origin reset after answering).  A short body's write timing out under the hop's own
+    # deadline is drained too (tests/http/test_early_refusal_written_whole.py).
     monkeypatch.setattr(exchange_module, "WATCH_FROM", len(BIG) + 1024)
     async with HostileServer.running(answer_at_head(TOO_LARGE, "reset")) as srv:
         fe, res = await perform(client, req(srv.url + "/upload", write=0.5))
