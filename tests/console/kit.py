@@ -247,6 +247,20 @@ def read_in_threads(
     console.read = console.read_summarized = threaded
 
 
+async def pending_approval(b: Any, **action: Any) -> str:
+    """A POST to ``/v1/x`` of target ``pay`` answered APPROVAL_PENDING; its invocation id."""
+    envelope = await b.call({"target": "pay", "method": "POST", "path": "/v1/x", **action})
+    assert envelope["error"]["code"] == "APPROVAL_PENDING", envelope
+    return str(envelope["invocation_id"])
+
+
+def approval_card(page: bytes, iid: str) -> str:
+    """The approvals page's card (``<section>``) of invocation ``iid``, as HTML text."""
+    text = page.decode()
+    card = text[text.index(f'id="approval-{iid}"') :]
+    return card[: card.index("</section>")]
+
+
 def refusal(page: bytes | str) -> tuple[str, str | None] | None:
     """The stable code of an error page, and the field it names (None: not an error page)."""
     text = page.decode("utf-8", "replace") if isinstance(page, bytes) else page

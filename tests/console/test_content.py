@@ -24,17 +24,11 @@ from affidavit.protocols.ssh.action import STDIN_SHOWN
 from tests.broker.approvalkit import reseal_accepted
 from tests.daemon.kit import cli, embedded
 
-from .kit import CHARGE, World, console_world, get, log_in, post
+from .kit import CHARGE, World, approval_card, console_world, get, log_in, post
 
 # Past the view's limit, with the part that matters at the end, out of the card's sight.
 PADDED = "x" * (BODY_SHOWN + 1000) + '\n{"amount": 5000000, "to": "mallory"}'
 BLOB = bytes(range(256)) * 8  # binary: never shown as text
-
-
-def _card(page: bytes, iid: str) -> str:
-    text = page.decode()
-    card = text[text.index(f'id="approval-{iid}"') :]
-    return card[: card.index("</section>")]
 
 
 def _link(card: str, name: str) -> tuple[str, str]:
@@ -67,7 +61,7 @@ async def test_a_withheld_body_downloads_whole_with_the_hash_the_card_shows(
             (padded, PADDED.encode(), "larger than the approval view keeps: not shown"),
             (binary, BLOB, "binary: not shown"),
         ):
-            card = _card(page, iid)
+            card = approval_card(page, iid)
             assert why in card and "mallory" not in card
             href, shown = _link(card, "body")
             assert href == f"/approvals/{iid}/content/body"

