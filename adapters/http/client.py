@@ -145,6 +145,12 @@ class HttpClient:
             # Whether this hop's request held the credential: only an answer to one that did
             # is the target's word (engine/readable.py, ``from_elsewhere``).
             res.hop_summary["credential_sent"] = credential
+            if hop > 1:
+                # A followed hop's path (the caller's own is in the action): what a reader says
+                # answered instead (reconcile: "answered by a redirect to PATH").  Never its
+                # query -- a remote's Location may carry tokens there --, and scrubbed of any
+                # form of the credential a kept-credential Location may echo.
+                res.hop_summary["path"] = redactor.scrub(target.path_query.partition("?")[0])
             hops.append(res.hop_summary)
             if plan.disposition == "proxy_error":
                 ps = redactor.scrub_parsed(

@@ -471,6 +471,26 @@ PROXY_ANSWERED = (
 itself (a 4xx or 5xx, docs/proxies.md) leaves the invocation unknown -- stable text."""
 
 
+REDIRECTED = "answered by a redirect to {path}: not the queried resource's answer"
+"""The reason a query answered through a followed redirect -- on the target's own origin, with
+the credential -- leaves the invocation unknown (docs/design-notes.md: only an answer to the
+request itself decides).  ``301 -> /v1/maintenance`` then its 404 is no proof the charge is
+absent, nor ``302 -> /v1/login`` then a 200 page proof it exists.  Stable text; ``{path}`` is
+the final hop's path as the adapter recorded it (``summary.hops[-1].path``: no query, the
+credential's forms scrubbed)."""
+
+
+def redirected(summary: Mapping[str, Any]) -> str | None:
+    """``REDIRECTED`` naming the final hop's path when ``summary``'s answer came through a
+    followed redirect (more than one hop), else None."""
+    hops = summary.get("hops")
+    if not isinstance(hops, list) or len(hops) <= 1:
+        return None
+    last = hops[-1]
+    path = last.get("path") if isinstance(last, dict) else None
+    return REDIRECTED.format(path=path if isinstance(path, str) else "another resource")
+
+
 def _settles(
     engine: Engine, query_id: str, target: Any, verdict: Any
 ) -> tuple[tuple[Outcome, str] | None, str, int | None]:
@@ -496,6 +516,9 @@ def _settles(
     # as the prefix of a matching document; an answer from another origin (a followed
     # redirect) is not the target's.  Neither settles anything (engine/readable.py).
     why = unreadable(stored.summary, origin=getattr(target, "origin", None))
+    if why is not None:
+        return None, why, None
+    why = redirected(stored.summary)
     if why is not None:
         return None, why, None
     outcome, matched = verdict(target, stored.summary, stored.streams)

@@ -18,7 +18,9 @@ never elsewhere), run by the engine as an invocation linked to the one it reconc
 
 An array of conditions holds when every one of them does.  Only a complete, authoritative answer
 is read at all -- its body whole (no ``body_withheld``, no ``body_truncated``) and its final hop
-on the target's origin (a redirect elsewhere settles nothing): ``engine/readable.py``; one that
+on the target's origin (a redirect elsewhere settles nothing): ``engine/readable.py``; nor
+does an answer a followed redirect reached on the target's own origin -- another resource's
+(``reconcile.service.REDIRECTED``: only an answer to the query itself decides); one that
 both or neither of ``committed_if`` / ``rejected_if`` match settles nothing
 (``RECONCILE_INCONCLUSIVE``), nor does a non-empty body read by a ``json:`` condition that is
 no JSON text, or JSON readers disagree on -- a field named twice, ``NaN``, ``1e400``, a
