@@ -239,9 +239,14 @@ class ReconcileContract:
     """``(target, bound values) -> action``: the target's configured query with its
     placeholders filled (``affidavit.protocols.placeholders``); ``ValueError`` (for the
     operator) when the target has none or a value it names is missing."""
-    verdict: Callable[[Any, Mapping[str, Any], Mapping[str, bytes]], tuple[Any, str | None]]
-    """``(target, stored summary, stored streams) -> (Outcome.COMMITTED | Outcome.REJECTED |
-    None, what matched)`` from the query's own complete, authoritative result."""
+    verdict: Callable[
+        [Any, Mapping[str, Any], Mapping[str, bytes], Mapping[str, str | None]],
+        tuple[Any, str | None],
+    ]
+    """``(target, stored summary, stored streams, bound values) -> (Outcome.COMMITTED |
+    Outcome.REJECTED | None, what matched)`` from the query's own complete, authoritative
+    result; the bound values are those ``query`` filled its placeholders with (a condition may
+    compare an echo of the idempotency key to them)."""
     settle: Callable[[Any], float]
     """``target -> seconds``: how long after an attempt ended the query must have been sent
     for an absent finding to settle it (``affidavit.protocols.settle``)."""

@@ -262,12 +262,14 @@ async def query(
     # The query this request runs, or one it took up that its asker asked: its delivery is
     # this answer's.
     ran = None if answer is None else await taken_up(engine, answer, requester)
+    # The invocation's bound values: what the query's placeholders are filled with, and what
+    # its answer's echo conditions are compared to.
+    values = {
+        "invocation_id": invocation_id,
+        "idempotency_key": (record.idempotency or {}).get("key"),
+        "session": record.session,
+    }
     if answer is None:
-        values = {
-            "invocation_id": invocation_id,
-            "idempotency_key": (record.idempotency or {}).get("key"),
-            "session": record.session,
-        }
         try:
             action = dict(contract.query(target, values))
         except ValueError as exc:
@@ -299,7 +301,7 @@ async def query(
         # today's committed_if / rejected_if, nor the query by today's request or settle.
         settled, reason, seq = None, CONFIG_SINCE, None
     else:
-        settled, reason, seq = _settles(engine, query_id, target, contract.verdict)
+        settled, reason, seq = _settles(engine, query_id, target, contract.verdict, values)
     not_before = None
     if settled is not None and settled[0] is Outcome.REJECTED:
         not_before, reason = _too_soon(engine, invocation_id, query_id, contract.settle(target))
@@ -471,6 +473,10 @@ PROXY_ANSWERED = (
 itself (a 4xx or 5xx, docs/proxies.md) leaves the invocation unknown -- stable text."""
 
 
+NEITHER = "the query's answer matches neither committed_if nor rejected_if"
+"""The reason a complete answer that neither side (or both) matches settles nothing -- stable
+text."""
+
 REDIRECTED = "answered by a redirect to {path}: not the queried resource's answer"
 """The reason a query answered through a followed redirect -- on the target's own origin, with
 the credential -- leaves the invocation unknown (docs/design-notes.md: only an answer to the
@@ -492,10 +498,11 @@ def redirected(summary: Mapping[str, Any]) -> str | None:
 
 
 def _settles(
-    engine: Engine, query_id: str, target: Any, verdict: Any
+    engine: Engine, query_id: str, target: Any, verdict: Any, values: Mapping[str, str | None]
 ) -> tuple[tuple[Outcome, str] | None, str, int | None]:
     """Whether the query's own result settles the question: ((outcome, what matched) or None,
-    why not, the seq of the query's stored result)."""
+    why not, the seq of the query's stored result); ``values``, the reconciled invocation's
+    bound values, are what its conditions' placeholders stand for."""
     rec = engine.journal.record(query_id)
     if rec is not None and (rec.evidence.get("evidence_from") or {}).get("hop") == "proxy":
         # docs/proxies.md: through a forward proxy a 4xx or 5xx may be the proxy's own answer
@@ -521,9 +528,9 @@ def _settles(
     why = redirected(stored.summary)
     if why is not None:
         return None, why, None
-    outcome, matched = verdict(target, stored.summary, stored.streams)
+    outcome, matched = verdict(target, stored.summary, stored.streams, values)
     if outcome is None:
-        return None, "the query's answer matches neither committed_if nor rejected_if", None
+        return None, NEITHER, None
     result = rec.evidence.get("result") or {}
     return (outcome, str(matched)), "", result.get("seq")
 

@@ -4,6 +4,7 @@ the field path every mistake is reported at (docs/approvals.md)."""
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import os
 import re
@@ -402,7 +403,9 @@ def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
         _config(
             tmp_path,
             http='reconcile = { path = "/v1/charges?idempotency_key={idempotency_key}", '
-            'committed_if = ["status:200", "json:/status=succeeded"], rejected_if = "status:404" }',
+            'committed_if = ["status:200", "json:/key={idempotency_key}", '
+            '"json:/status=succeeded"], '
+            'rejected_if = ["status:404", "json:/error/key={idempotency_key}"] }',
             ssh='reconcile = { command = "test -e /srv/releases/{idempotency_key}", '
             'committed_if = "exit:0", rejected_if = "exit:1", settle = "5m" }',
         )
@@ -425,17 +428,32 @@ def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
     # shell that would parse it unquoted (tests/ssh/test_reconcile_injection.py).
     with pytest.raises(ValueError, match=r"idempotency_key .* must be a plain word"):
         ssh_reconcile.query(deploy, {"idempotency_key": "r42;reboot"})
-    ok = {"status": 200, "headers": []}
-    body = {"body": b'{"status": "succeeded"}'}
-    assert http_reconcile.verdict(billing, ok, body) == (
+    ok, gone = {"status": 200, "headers": []}, {"status": 404, "headers": []}
+    mine = {"idempotency_key": "a/b"}
+
+    def answer(doc: object) -> dict[str, bytes]:
+        return {"body": json.dumps(doc).encode()}
+
+    body = answer({"key": "a/b", "status": "succeeded"})
+    assert http_reconcile.verdict(billing, ok, body, mine) == (
         Outcome.COMMITTED,
-        "status:200 and json:/status=succeeded",
+        "status:200 and json:/key={idempotency_key} and json:/status=succeeded",
     )
-    assert http_reconcile.verdict(billing, ok, {"body": b'{"status": "pending"}'}) == (None, None)
-    assert http_reconcile.verdict(billing, {"status": 404}, {})[0] is Outcome.REJECTED
-    assert ssh_reconcile.verdict(deploy, {"exit_status": 1}, {})[0] is Outcome.REJECTED
-    assert ssh_reconcile.verdict(deploy, {"exit_status": 2}, {}) == (None, None)
-    assert ssh_reconcile.verdict(deploy, {"exit_status": None, "exit_signal": "KILL"}, {}) == (
+    # The echo is compared exactly with the invocation's own value: another key's record, the
+    # key as the URL carried it, or no key to compare with settle nothing.
+    for other in ("SOMEONE-ELSES-KEY", "a%2Fb"):
+        doc = answer({"key": other, "status": "succeeded"})
+        assert http_reconcile.verdict(billing, ok, doc, mine) == (None, None)
+    assert http_reconcile.verdict(billing, ok, body, {"idempotency_key": None}) == (None, None)
+    pending = answer({"key": "a/b", "status": "pending"})
+    assert http_reconcile.verdict(billing, ok, pending, mine) == (None, None)
+    missing = answer({"error": {"key": "a/b"}})
+    assert http_reconcile.verdict(billing, gone, missing, mine)[0] is Outcome.REJECTED
+    assert http_reconcile.verdict(billing, gone, {}, mine) == (None, None)
+    assert ssh_reconcile.verdict(deploy, {"exit_status": 1}, {}, mine)[0] is Outcome.REJECTED
+    assert ssh_reconcile.verdict(deploy, {"exit_status": 2}, {}, mine) == (None, None)
+    killed = {"exit_status": None, "exit_signal": "KILL"}
+    assert ssh_reconcile.verdict(deploy, killed, {}, mine) == (
         None,
         None,
     )
@@ -475,6 +493,20 @@ def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
             {"http": 'reconcile = { path = "x", committed_if = "status:200" }'},
             "targets.billing.reconcile.path",
             "single",
+        ),
+        (
+            # A condition's VALUE takes the path's placeholders, and only those.
+            {
+                "http": 'reconcile = { path = "/x", '
+                'committed_if = ["status:200", "json:/key={amount}"] }'
+            },
+            "targets.billing.reconcile.committed_if[1]",
+            "unknown placeholder {amount}",
+        ),
+        (
+            {"http": 'reconcile = { path = "/x", committed_if = "header:X-Key={idempotency_key" }'},
+            "targets.billing.reconcile.committed_if",
+            "not a template",
         ),
         (
             {

@@ -682,6 +682,52 @@ async def test_a_query_redirected_on_the_targets_own_origin_settles_nothing(
     assert "s3ss10n" not in json.dumps(query)
 
 
+def _echo_api(echo: str | None) -> Script:
+    """POST: taken, then the connection drops (unknown); GET ``/v1/charges/ID``: 200
+    ``{"id": ..., "found": "yes"}`` naming ``echo``, or the ID asked for when None."""
+
+    async def script(peer: Peer) -> None:
+        while True:
+            req = await peer.read_request()
+            if req is None:
+                return
+            if req.method == "POST":
+                await peer.close()
+                return
+            asked = req.target.rpartition("/")[2]
+            body = json.dumps({"id": echo or asked, "found": "yes"}).encode()
+            await peer.respond(Reply(200, body=body))
+
+    return script
+
+
+@pytest.mark.parametrize(
+    ("echo", "settles"), [(None, True), ("act_SOMEONE-ELSES", False)], ids=["own", "other"]
+)
+async def test_a_condition_compares_the_answers_echo_with_the_invocations_bound_value(
+    tmp_path: Path, token: str, echo: str | None, settles: bool
+) -> None:
+    # An answer about another request -- another key's record, a cached page -- says nothing
+    # of this one: a condition VALUE takes the path's placeholders, filled with the
+    # invocation's own values and compared exactly.
+    rule = ["status:200", "json:/id={invocation_id}", "json:/found=yes"]
+    async with HostileServer.running(_echo_api(echo)) as srv:
+        cfg = _lookup_target(srv.url)
+        cfg["pay"]["reconcile"]["committed_if"] = rule
+        async with open_broker(write_config(tmp_path, cfg)) as b:
+            if not settles:
+                await _inconclusive(b, service.NEITHER)
+                return
+            with trio.fail_after(10):
+                env = await b.call(
+                    {"target": "pay", "method": "POST", "path": "/charges", "body": "{}"}
+                )
+                answer = await b.reconcile(env["invocation_id"], query=True)
+            assert answer["reconciled"] is True
+            reconciliation = answer["envelope"]["evidence"]["reconciliation"]
+            assert reconciliation["matched"] == " and ".join(rule)
+
+
 @pytest.mark.parametrize(
     ("rules", "body"),
     [
@@ -748,6 +794,6 @@ def test_an_unreadable_body_settles_nothing_only_where_a_side_asks_it(
         rejected_if=(parse_condition("status:404"),),
     )
     outcome, _why = verdict(
-        SimpleNamespace(reconcile=rq), {"status": status, "headers": []}, {"body": body}
+        SimpleNamespace(reconcile=rq), {"status": status, "headers": []}, {"body": body}, {}
     )  # type: ignore[arg-type]
     assert (outcome.value if outcome else None) == expected

@@ -5,7 +5,8 @@ Seed, "Idempotency is defined by the remote contract" -- one of the three safe p
 whether a new action is needed"::
 
     reconcile = { method = "GET", path = "/v1/charges?idempotency_key={idempotency_key}",
-                  committed_if = "status:200", rejected_if = "status:404" }
+                  committed_if = ["status:200", "json:/idempotency_key={idempotency_key}"],
+                  rejected_if = ["status:404", "json:/error/idempotency_key={idempotency_key}"] }
 
 The query is an ordinary action on the *same* target (its credential, origin and base path;
 never elsewhere), run by the engine as an invocation linked to the one it reconciles
@@ -15,6 +16,11 @@ never elsewhere), run by the engine as an invocation linked to the one it reconc
 * ``status:NNN`` -- the final status is NNN;
 * ``json:/POINTER=VALUE`` -- the JSON body's value at the RFC 6901 pointer, as text, is VALUE;
 * ``header:NAME=VALUE`` -- the header's values (joined with ", ") are VALUE.
+
+VALUE takes the path's placeholders, filled with the reconciled invocation's own values as they
+are (no escaping) and compared exactly: an answer echoing the key is about this request, not
+another's (an unknown placeholder is refused at load; a value the invocation lacks settles
+nothing).
 
 An array of conditions holds when every one of them does.  Only a complete, authoritative answer
 is read at all -- its body whole (no ``body_withheld``, no ``body_truncated``) and its final hop
@@ -52,18 +58,30 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 @dataclass(frozen=True)
 class Condition:
-    """``status:NNN`` (``selector`` None) or ``json:/p=VALUE`` / ``header:N=VALUE``."""
+    """``status:NNN`` (``selector`` None) or ``json:/p=VALUE`` / ``header:N=VALUE``.  VALUE is
+    a template: the path's placeholders (``{idempotency_key}``, ``{invocation_id}``,
+    ``{session}``) stand for the reconciled invocation's bound values, compared exactly (no
+    escaping) -- an answer that echoes the key is this request's, not someone else's."""
 
     text: str
     status: int | None
     selector: Selector | None
-    value: str | None
+    value: Template | None
 
-    def holds(self, summary: Mapping[str, Any], doc: Any) -> bool:
+    def expected(self, values: Mapping[str, str | None]) -> str | None:
+        """VALUE with its placeholders filled; ``ValueError`` when the invocation has no value
+        for one (nothing can then be compared)."""
+        return None if self.value is None else self.value.render(values, _exact)
+
+    def holds(self, summary: Mapping[str, Any], doc: Any, values: Mapping[str, str | None]) -> bool:
         if self.selector is None:
             return summary.get("status") == self.status
         found = scalar(select(self.selector, summary.get("headers", ()), doc))
-        return found is not None and found is not ABSENT and str(found) == self.value
+        return found is not None and found is not ABSENT and str(found) == self.expected(values)
+
+
+def _exact(value: str) -> str:
+    return value
 
 
 def parse_condition(text: str) -> Condition:
@@ -78,7 +96,11 @@ def parse_condition(text: str) -> Condition:
             raise ValueError(
                 f"{source}: takes {source}:{'/POINTER' if source == 'json' else 'NAME'}=VALUE"
             )
-        return Condition(text, None, parse_selector(f"{source}:{where}", (source,)), value)
+        try:
+            template = parse_template(value, shell=False)
+        except ValueError as exc:
+            raise ValueError(f"VALUE {exc}") from None
+        return Condition(text, None, parse_selector(f"{source}:{where}", (source,)), template)
     raise ValueError('must be "status:NNN", "json:/POINTER=VALUE" or "header:NAME=VALUE"')
 
 
@@ -169,29 +191,48 @@ def query(target: HttpTarget, values: Mapping[str, str | None]) -> dict[str, Any
     }
 
 
-def _asks_body(conditions: Sequence[Condition] | None, summary: Mapping[str, Any]) -> bool:
+def _asks_body(
+    conditions: Sequence[Condition] | None,
+    summary: Mapping[str, Any],
+    values: Mapping[str, str | None],
+) -> bool:
     """Whether a side would hold but for its ``json:`` conditions, and has one."""
     if not conditions:
         return False
     on_body = [c.selector is not None and c.selector.source == "json" for c in conditions]
     return any(on_body) and all(
-        c.holds(summary, ABSENT) for c, json in zip(conditions, on_body, strict=True) if not json
+        c.holds(summary, ABSENT, values)
+        for c, json in zip(conditions, on_body, strict=True)
+        if not json
     )
 
 
 def verdict(
-    target: HttpTarget, summary: Mapping[str, Any], streams: Mapping[str, bytes]
+    target: HttpTarget,
+    summary: Mapping[str, Any],
+    streams: Mapping[str, bytes],
+    values: Mapping[str, str | None],
 ) -> tuple[Outcome | None, str | None]:
-    """What the query's complete answer says of the reconciled request: (committed | rejected,
-    the conditions that held), or (None, None) when both or neither match."""
+    """What the query's complete answer says of the reconciled request (``values``: its bound
+    values, as the query's path was filled with): (committed | rejected, the conditions that
+    held), or (None, None) when both or neither match -- or a condition names a value the
+    invocation does not have (nothing to compare the answer with)."""
     rq = target.reconcile
     assert rq is not None
+    try:
+        for c in (*(rq.committed_if or ()), *(rq.rejected_if or ())):
+            c.expected(values)
+    except ValueError:
+        return None, None
     body = streams.get("body")
     doc = json_body(body)
     if (
         body
         and (doc is UNREADABLE or doc is ABSENT)
-        and any(_asks_body(conditions, summary) for conditions in (rq.committed_if, rq.rejected_if))
+        and any(
+            _asks_body(conditions, summary, values)
+            for conditions in (rq.committed_if, rq.rejected_if)
+        )
     ):
         # A body that is no JSON Python reads alike with other readers ({"found": "no",
         # "found": "yes"}, invalid UTF-8 in a string, a 5000-digit integer): what it says is a
@@ -204,6 +245,6 @@ def verdict(
         (Outcome.COMMITTED, rq.committed_if),
         (Outcome.REJECTED, rq.rejected_if),
     ):
-        if conditions and all(c.holds(summary, doc) for c in conditions):
+        if conditions and all(c.holds(summary, doc, values) for c in conditions):
             found.append((outcome, " and ".join(c.text for c in conditions)))
     return found[0] if len(found) == 1 else (None, None)

@@ -95,8 +95,13 @@ def query(target: SshTarget, values: Mapping[str, str | None]) -> dict[str, Any]
 
 
 def verdict(
-    target: SshTarget, summary: Mapping[str, Any], streams: Mapping[str, bytes]
+    target: SshTarget,
+    summary: Mapping[str, Any],
+    streams: Mapping[str, bytes],
+    values: Mapping[str, str | None],
 ) -> tuple[Outcome | None, str | None]:
+    """The exit status against ``committed_if`` / ``rejected_if`` (``values``, the
+    invocation's bound values, are not read: an exit status echoes nothing)."""
     rc = target.reconcile
     assert rc is not None
     status = summary.get("exit_status")
