@@ -57,8 +57,8 @@ timeout = { connect = 5, total = 30 }
 # How `affidavit reconcile ID --query` settles an unknown outcome (docs/approvals.md):
 # [targets.example.reconcile]
 # path = "/charges?idempotency_key={idempotency_key}"
-# committed_if = "status:200"
-# rejected_if = "status:404"
+# committed_if = ["status:200", "json:/idempotency_key={idempotency_key}"]  # echoes this key
+# rejected_if = ["status:404", "json:/error/code=resource_missing"]  # the API's own not-found
 # settle = "60s"                      # "absent" is believed this long after the attempt ended
 
 # An SSH target.  Pin the host key (replace this placeholder with the real one, e.g. from

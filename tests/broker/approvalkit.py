@@ -67,8 +67,11 @@ def reconcile_target(url: str, *, settle: str | None = "0s", **extra: Any) -> di
             idempotency={"header": "Idempotency-Key", "scope": "charges", "retention": "24h"},
             reconcile={
                 "path": "/v1/charges?idempotency_key={idempotency_key}",
-                "committed_if": "status:200",
-                "rejected_if": "status:404",
+                # The payments API echoes the key it was asked for ({"key": ...}): only its own
+                # answer about this key settles (a status alone is refused for rejected_if,
+                # warned of for committed_if).
+                "committed_if": ["status:200", "json:/key={idempotency_key}"],
+                "rejected_if": ["status:404", "json:/key={idempotency_key}"],
                 **window,
             },
             **extra,

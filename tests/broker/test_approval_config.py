@@ -495,6 +495,20 @@ def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
             "single",
         ),
         (
+            # A status alone is no proof of absence: a load balancer's or gateway's 404 meets it.
+            {"http": 'reconcile = { path = "/x", rejected_if = "status:404" }'},
+            "targets.billing.reconcile.rejected_if",
+            "only of status conditions",
+        ),
+        (
+            {
+                "http": 'reconcile = { path = "/x", committed_if = "json:/a=b", '
+                'rejected_if = ["status:404", "status:410"] }'
+            },
+            "targets.billing.reconcile.rejected_if",
+            "add a body condition",
+        ),
+        (
             # A condition's VALUE takes the path's placeholders, and only those.
             {
                 "http": 'reconcile = { path = "/x", '
@@ -545,7 +559,7 @@ def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
             "exit:N",
         ),
         (
-            {"http": 'reconcile = { path = "/x", rejected_if = "status:404", settle = "-1s" }'},
+            {"http": 'reconcile = { path = "/x", committed_if = "json:/a=b", settle = "-1s" }'},
             "targets.billing.reconcile.settle",
             "duration",
         ),
@@ -562,6 +576,25 @@ def test_a_reconcile_mistake_names_its_field(
     err = _error(tmp_path, **kw)
     assert err.field == field
     assert message in err.message
+
+
+@pytest.mark.parametrize(
+    ("committed_if", "warned"),
+    [('"status:200"', True), ('["status:200", "json:/key={idempotency_key}"]', False)],
+    ids=["status-only", "echo"],
+)
+def test_a_status_only_committed_if_is_named_in_a_start_warning(
+    tmp_path: Path, committed_if: str, warned: bool
+) -> None:
+    # A captive portal's or a login page's 200 would settle the invocation committed.
+    from affidavit.protocols.http.binding import HttpBinding
+
+    http = f'reconcile = {{ path = "/x", committed_if = {committed_if} }}'
+    billing = load_config(_config(tmp_path, http=http)).targets["billing"]
+    words = HttpBinding().start_warnings([billing])
+    named = [w for w in words if "targets.billing.reconcile.committed_if" in w]
+    assert len(named) == int(warned), words
+    assert all("only of status conditions" in w for w in named)
 
 
 def test_the_samples_commented_approval_and_reconcile_examples_load(tmp_path: Path) -> None:

@@ -334,7 +334,7 @@ RECONCILE = {
     "method": "GET",
     "path": "/changes/{invocation_id}",
     "committed_if": "status:200",
-    "rejected_if": "status:404",
+    "rejected_if": ["status:404", "json:/error=no such change"],
     "settle": "0s",
 }
 
@@ -352,7 +352,7 @@ def _cut_then_absent(seen: list[str]) -> Script:
         req = await peer.read_request()
         if req is not None:
             seen.append(req.method)
-            await peer.respond(Reply(404, body=b"{}"))
+            await peer.respond(Reply(404, body=b'{"error": "no such change"}'))
 
     return script
 

@@ -14,7 +14,7 @@ from affidavit.config import Config, ConfigError, config_from_dict
 from tests.broker.helpers import http_target
 
 IDEMPOTENCY = {"header": "Idempotency-Key", "scope": "s"}
-RECONCILE = {"path": "/x", "rejected_if": "status:404"}
+RECONCILE = {"path": "/x", "rejected_if": ["status:404", "json:/error=not_found"]}
 
 # (what the setting is, where it goes, the path a refusal names, its value read back, 0 allowed)
 ROWS: list[tuple[str, Callable[[Any], dict[str, Any]], str, Callable[[Config], float], bool]] = [

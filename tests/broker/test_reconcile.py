@@ -111,7 +111,7 @@ async def test_an_unknown_post_is_reconciled_by_its_query(
             query["invocation_id"],
             query["invocation_id"],
         )
-        assert rc["matched"] == f"status:{status}"
+        assert rc["matched"] == f"status:{status} and json:/key={{idempotency_key}}"
         # The query is an invocation of its own, linked to the one it reconciled.
         accepted = b.events(query["invocation_id"])[0]
         assert accepted.attrs["link"] == {"reconciles": iid}

@@ -242,7 +242,7 @@ async def _broker(
     tmp_path: Path, srv: HostileServer, approval: Any, rejected_if: str
 ) -> AsyncIterator[Broker]:
     target = reconcile_target(srv.url, approval=approval)
-    target["api"]["reconcile"]["rejected_if"] = rejected_if
+    target["api"]["reconcile"]["rejected_if"] = [rejected_if, "json:/key={idempotency_key}"]
     path = write_config(tmp_path, target)
     with path.open("a") as f:
         f.write(f"[service]\noperator_uids = [{OPS_UID}]\n")

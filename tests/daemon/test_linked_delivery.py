@@ -103,7 +103,8 @@ async def held_queries(peer: Peer) -> None:
             return
         peer.server.event("queried").set()
         await peer.server.event("release").wait()
-        await peer.respond(Reply(200, body=b'{"id": "ch_1"}'))
+        # The key echoed: the query's committed_if reads it (tests/broker/approvalkit.py).
+        await peer.respond(Reply(200, body=b'{"id": "ch_1", "key": "k1"}'))
 
 
 async def test_a_query_whose_caller_hung_up_before_its_answer_is_not_delivered(

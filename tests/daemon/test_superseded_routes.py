@@ -33,8 +33,8 @@ RECONCILE = {
     "idempotency": {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"},
     "reconcile": {
         "path": "/v1/charges?idempotency_key={idempotency_key}",
-        "committed_if": "status:200",
-        "rejected_if": "status:404",
+        "committed_if": ["status:200", "json:/key={idempotency_key}"],
+        "rejected_if": ["status:404", "json:/key={idempotency_key}"],
         "settle": "0s",
     },
 }

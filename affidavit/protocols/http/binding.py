@@ -19,6 +19,7 @@ from affidavit.secrets.redaction import redactor
 from .action import HttpAction, needs_approval, query_param
 from .decoding import BodyDecoding
 from .params import check_request_query, credential_spelling
+from .reconcile import status_only_warnings
 from .segments import climbs
 from .target import HttpTarget, origin_of
 
@@ -34,13 +35,14 @@ class HttpBinding:
 
     def start_warnings(self, targets: Sequence[HttpTarget]) -> list[str]:
         """``trust.start_warnings``: the system store is used by a target without a ca_file
-        whose url or a redirect origin is https://."""
+        whose url or a redirect origin is https://; and a reconcile query whose committed_if
+        reads a status alone (``reconcile.status_only_warnings``)."""
         used = any(
             t.ca_file is None
             and any(o.startswith("https://") for o in (t.origin, *t.redirect_origins))
             for t in targets
         )
-        return start_warnings(os.environ, used)
+        return [*start_warnings(os.environ, used), *status_only_warnings(targets)]
 
     def connect_timeout(self, target: HttpTarget) -> float:
         return float(target.timeout.connect)

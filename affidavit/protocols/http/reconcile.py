@@ -151,11 +151,44 @@ def _path(r: Read) -> Template:
         raise r.error(str(exc)) from None
 
 
+STATUS_ONLY_REJECTED = (
+    "is made only of status conditions: any such status -- a reverse proxy's, a load "
+    "balancer's, an API gateway's 404 during a deploy -- would read as proof the effect is "
+    "absent, and the caller would send it again; add a body condition only the application's "
+    "own not-found answer meets, e.g. an echo of the key "
+    '("json:/error/idempotency_key={idempotency_key}") or the API\'s error code '
+    '("json:/error/code=resource_missing")'
+)
+"""Why an HTTP ``rejected_if`` of ``status:`` conditions alone is refused at load -- stable
+text.  A rejection settles ``rejected`` / ``after_correction``: the one verdict that invites
+a second payment, so it must name something only the application's own answer says."""
+
+
+def status_only(conditions: Sequence[Condition] | None) -> bool:
+    """Whether ``conditions`` are given and every one of them is a ``status:`` condition."""
+    return bool(conditions) and all(c.selector is None for c in conditions or ())
+
+
 def _rejected_if(r: Read) -> tuple[Condition, ...] | None:
     conditions = _conditions(r)
     if conditions is None and r.values["committed_if"] is None:
         raise r.error("give committed_if, rejected_if or both: a query that can decide nothing")
+    if status_only(conditions):
+        raise r.error(STATUS_ONLY_REJECTED)
     return conditions
+
+
+def status_only_warnings(targets: Sequence[HttpTarget]) -> list[str]:
+    """A start-up word for each target whose ``committed_if`` is ``status:`` conditions alone:
+    a captive portal's or a login page's 200 would read as proof the effect exists."""
+    return [
+        f"targets.{t.name}.reconcile.committed_if is made only of status conditions: any such "
+        "answer -- a captive portal's or a login page's 200 -- would settle the invocation "
+        "committed; add a body condition only the application's own answer meets, e.g. an "
+        'echo of the key ("json:/idempotency_key={idempotency_key}")'
+        for t in targets
+        if t.reconcile is not None and status_only(t.reconcile.committed_if)
+    ]
 
 
 def _encode_conditions(value: tuple[Condition, ...] | None) -> list[str] | None:
