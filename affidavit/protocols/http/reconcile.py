@@ -14,7 +14,8 @@ never elsewhere), run by the engine as an invocation linked to the one it reconc
 (``affidavit.protocols.placeholders``).  A condition reads the query's own complete result:
 
 * ``status:NNN`` -- the final status is NNN;
-* ``json:/POINTER=VALUE`` -- the JSON body's value at the RFC 6901 pointer, as text, is VALUE;
+* ``json:/POINTER=VALUE`` -- the JSON body's value at the RFC 6901 pointer is VALUE, typed
+  where VALUE is a JSON literal (``Condition.typed``: ``=404`` an integer, never ``"404"``);
 * ``header:NAME=VALUE`` -- the header's values (joined with ", ") are VALUE.
 
 VALUE takes the path's placeholders, filled with the reconciled invocation's own values as they
@@ -46,7 +47,7 @@ from affidavit.protocols.settle import SETTLE
 from affidavit.schema import Field, Read, Schema
 from affidavit.statemachine import Outcome
 
-from .selectors import ABSENT, UNREADABLE, Selector, json_body, parse_selector, scalar, select
+from .selectors import ABSENT, UNREADABLE, Selector, json_body, parse_selector, select
 
 if TYPE_CHECKING:
     from .target import HttpTarget
@@ -67,6 +68,11 @@ class Condition:
     status: int | None
     selector: Selector | None
     value: Template | None
+    typed: str = "string"
+    """What a ``json:`` VALUE compares with (``_typed``): "number" (a JSON number literal
+    without placeholders: a JSON integer of that text only), "none" (``true``, ``false``,
+    ``null``: a boolean or null is not read -- it holds for nothing), or "string" (any other
+    VALUE, and every ``header:`` one: a non-empty string equal to it, whole)."""
 
     def expected(self, values: Mapping[str, str | None]) -> str | None:
         """VALUE with its placeholders filled; ``ValueError`` when the invocation has no value
@@ -76,12 +82,35 @@ class Condition:
     def holds(self, summary: Mapping[str, Any], doc: Any, values: Mapping[str, str | None]) -> bool:
         if self.selector is None:
             return summary.get("status") == self.status
-        found = scalar(select(self.selector, summary.get("headers", ()), doc))
-        return found is not None and found is not ABSENT and str(found) == self.expected(values)
+        found = select(self.selector, summary.get("headers", ()), doc)
+        expected = self.expected(values)
+        if self.typed == "number":
+            # Not the string "404" for =404, nor True (an int to Python) for =1.
+            return type(found) is int and str(found) == expected
+        if self.typed == "none":
+            return False
+        # Not the integer 404 for a VALUE "ok", nor a string's first MAX_SCALAR characters.
+        return isinstance(found, str) and found != "" and found == expected
 
 
 def _exact(value: str) -> str:
     return value
+
+
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+def _typed(source: str, template: Template) -> str:
+    """``Condition.typed`` of a VALUE: typed only where it is a JSON literal written as is.
+    Each kind's match is one the former text comparison (``str(scalar(found)) == VALUE``) also
+    made, so the rule only ever turns a match into none -- the answer settles nothing, the safe
+    side --, never makes one: "true" and true no longer both meet ``=true``, nor "404" and 404
+    both ``=404``."""
+    if source != "json" or template.names:
+        return "string"
+    if template.text in ("true", "false", "null"):
+        return "none"
+    return "number" if _JSON_NUMBER.fullmatch(template.text) else "string"
 
 
 def parse_condition(text: str) -> Condition:
@@ -100,7 +129,8 @@ def parse_condition(text: str) -> Condition:
             template = parse_template(value, shell=False)
         except ValueError as exc:
             raise ValueError(f"VALUE {exc}") from None
-        return Condition(text, None, parse_selector(f"{source}:{where}", (source,)), template)
+        selector = parse_selector(f"{source}:{where}", (source,))
+        return Condition(text, None, selector, template, _typed(source, template))
     raise ValueError('must be "status:NNN", "json:/POINTER=VALUE" or "header:NAME=VALUE"')
 
 
