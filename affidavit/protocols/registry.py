@@ -18,6 +18,7 @@ HTTP targets never imports the SSH library.  ``registered()`` loads all of them.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import weakref
 from typing import TYPE_CHECKING
@@ -102,6 +103,7 @@ def get(kind: str) -> ProtocolSpec | None:
         # Registered in-process (``register()``): judged as an installed one is, so a config
         # naming it is refused CONFIG_INVALID rather than a call raising TypeError.
         _refuse_old_prepare(spec)
+        _refuse_old_verdict(spec)
         return spec
     eps = _discovered().get(kind)
     if not eps:
@@ -116,6 +118,7 @@ def get(kind: str) -> ProtocolSpec | None:
     if not isinstance(loaded, ProtocolSpec) or loaded.kind != kind:
         raise ProtocolLoadError(kind, f"{eps[0].value} is not a ProtocolSpec of that kind")
     _refuse_old_prepare(loaded)
+    _refuse_old_verdict(loaded)
     return register(loaded)
 
 
@@ -132,6 +135,39 @@ _judged_fine: weakref.WeakSet[type] = weakref.WeakSet()
 """Binding classes whose ``prepare`` was judged to take the fifth argument: ``get`` runs on
 every call (the engine's contracts, approvals), and reading a signature costs ~60 us (issue 15:
 judging it each time cost a sixth of a call's CPU at c=64)."""
+
+
+def _refuse_old_verdict(spec: ProtocolSpec) -> None:
+    """A reconcile contract whose ``verdict`` takes the three arguments of before the bound
+    values were added is refused when its protocol is loaded (the config naming its kind),
+    never a TypeError when ``affidavit reconcile --query`` asks it."""
+    contract = spec.reconcile
+    if contract is None:
+        return
+    verdict = contract.verdict
+    try:
+        if verdict in _verdicts_fine:
+            return
+    except TypeError:  # not weakly referenceable: judged each time (no such built-in)
+        pass
+    try:
+        signature = inspect.signature(verdict)
+        signature.bind(None, {}, {}, {})
+    except (TypeError, ValueError):
+        raise ProtocolLoadError(spec.kind, OLD_VERDICT) from None
+    with contextlib.suppress(TypeError):
+        _verdicts_fine.add(verdict)
+
+
+_verdicts_fine: weakref.WeakSet[object] = weakref.WeakSet()
+"""Reconcile ``verdict`` callables judged to take the fourth argument, as ``_judged_fine``."""
+
+OLD_VERDICT = (
+    "its reconcile contract's verdict(target, summary, streams) takes no fourth argument, "
+    "values (the bound values its query was filled with: a condition compares an echo of the "
+    "key to them): make it verdict(target, summary, streams, values) "
+    "(docs/adding-a-protocol.md)"
+)
 
 
 def registered() -> dict[str, ProtocolSpec]:
