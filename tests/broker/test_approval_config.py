@@ -518,6 +518,17 @@ def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
             "unknown placeholder {amount}",
         ),
         (
+            # A condition that could never match is refused, not loaded silently.
+            {"http": 'reconcile = { path = "/x", committed_if = ["status:200", "json:/n=1.5"] }'},
+            "targets.billing.reconcile.committed_if[1]",
+            "no integer",
+        ),
+        (
+            {"http": 'reconcile = { path = "/x", committed_if = ["status:200", "json:/n="] }'},
+            "targets.billing.reconcile.committed_if[1]",
+            "is empty",
+        ),
+        (
             {"http": 'reconcile = { path = "/x", committed_if = "header:X-Key={idempotency_key" }'},
             "targets.billing.reconcile.committed_if",
             "not a template",

@@ -1,8 +1,8 @@
 """A reconcile condition's ``json:`` VALUE compares typed where it is a JSON literal
-(``affidavit/protocols/http/reconcile.py``, ``Condition.typed``): a number literal only a JSON
-integer of that text, ``true``/``false``/``null`` nothing (a boolean or null is not read), any
-other VALUE only a non-empty string equal to it, whole.  The rule only ever turns a match of the
-former text comparison into none -- never makes one."""
+(``affidavit/protocols/http/reconcile.py``, ``Condition.typed``): an integer literal only a
+JSON integer of that text, ``true``/``false``/``null`` only that JSON literal, a quoted VALUE
+(``"true"``) only the string it spells, any other VALUE only a non-empty string equal to it,
+whole.  A VALUE that could never match is refused when the config is read."""
 
 from __future__ import annotations
 
@@ -19,17 +19,29 @@ LONG = "a" * 256
 CASES: list[tuple[str, str, Any, list[tuple[str, str]], bool]] = [
     # (id, condition, JSON body (None: none), headers, holds)
     ("true-vs-string-true", "json:/ok=true", {"ok": "true"}, [], False),
-    ("true-vs-boolean", "json:/ok=true", {"ok": True}, [], False),
+    ("true-vs-boolean", "json:/ok=true", {"ok": True}, [], True),
+    ("true-vs-false", "json:/ok=true", {"ok": False}, [], False),
+    ("true-vs-one", "json:/ok=true", {"ok": 1}, [], False),
+    ("false-vs-boolean", "json:/ok=false", {"ok": False}, [], True),
+    ("false-vs-zero", "json:/ok=false", {"ok": 0}, [], False),
+    ("false-vs-absent", "json:/ok=false", {}, [], False),
+    ("null-vs-null", "json:/ok=null", {"ok": None}, [], True),
+    ("null-vs-absent", "json:/ok=null", {}, [], False),
+    ("null-vs-no-body", "json:/ok=null", None, [], False),
     ("null-vs-string-null", "json:/ok=null", {"ok": "null"}, [], False),
+    ("quoted-true-vs-string", 'json:/ok="true"', {"ok": "true"}, [], True),
+    ("quoted-true-vs-boolean", 'json:/ok="true"', {"ok": True}, [], False),
+    ("quoted-number-vs-integer", 'json:/code="404"', {"code": 404}, [], False),
+    ("quoted-number-vs-string", 'json:/code="404"', {"code": "404"}, [], True),
+    ("quoted-empty-vs-empty", 'json:/x=""', {"x": ""}, [], True),
+    ("quoted-escape", 'json:/x="a\\"b"', {"x": 'a"b'}, [], True),
     ("number-vs-integer", "json:/code=404", {"code": 404}, [], True),
     ("number-vs-string", "json:/code=404", {"code": "404"}, [], False),
     ("number-vs-float", "json:/code=404", {"code": 404.0}, [], False),
     ("one-vs-boolean", "json:/n=1", {"n": True}, [], False),
     ("negative-number", "json:/n=-3", {"n": -3}, [], True),
-    ("exponent-vs-string", "json:/n=1e2", {"n": "1e2"}, [], False),
     ("string-vs-string", "json:/status=succeeded", {"status": "succeeded"}, [], True),
     ("text-vs-integer", "json:/code=0404", {"code": 404}, [], False),
-    ("empty-vs-empty", "json:/x=", {"x": ""}, [], False),
     ("prefix-of-a-long-string", f"json:/s={LONG}", {"s": LONG + "-and-more"}, [], False),
     ("whole-long-string", f"json:/s={LONG}", {"s": LONG}, [], True),
     ("header-number-is-text", "header:X-Code=404", None, [("X-Code", "404")], True),
@@ -42,18 +54,39 @@ CASES: list[tuple[str, str, Any, list[tuple[str, str]], bool]] = [
     [case[1:] for case in CASES],
     ids=[case[0] for case in CASES],
 )
-def test_a_json_literal_value_compares_typed_and_never_makes_a_new_match(
+def test_a_json_literal_value_compares_typed(
     condition: str, doc: Any, headers: list[tuple[str, str]], holds: bool
 ) -> None:
     cond = parse_condition(condition)
     body = json_body(None if doc is None else json.dumps(doc).encode())
     summary = {"status": 200, "headers": headers}
     assert cond.holds(summary, body, {}) is holds
-    # The former rule (the value as text, cut at MAX_SCALAR): whatever holds now held then.
-    assert cond.selector is not None
-    before = scalar(select(cond.selector, headers, body))
-    value = condition.partition("=")[2]
-    assert not holds or (before is not None and before is not ABSENT and str(before) == value)
+    if cond.typed in ("number", "string"):
+        # The former rule (the value as text, cut at MAX_SCALAR): whatever holds now held then.
+        assert cond.selector is not None
+        before = scalar(select(cond.selector, headers, body))
+        value = condition.partition("=")[2]
+        assert not holds or (before is not None and before is not ABSENT and str(before) == value)
+
+
+NEVER = [
+    ("empty", "json:/x=", "is empty"),
+    ("header-empty", "header:X-Code=", "is empty"),
+    ("fraction", "json:/n=1.5", "no integer"),
+    ("exponent", "json:/n=1e2", "no integer"),
+    ("minus-zero", "json:/n=-0", "no integer"),
+    ("quoted-placeholder", 'json:/k="{idempotency_key}"', "takes no placeholder"),
+    ("quoted-not-json", 'json:/k="a"b"', "one JSON string"),
+]
+
+
+@pytest.mark.parametrize(
+    ("condition", "says"), [case[1:] for case in NEVER], ids=[case[0] for case in NEVER]
+)
+def test_a_value_that_could_never_match_is_refused(condition: str, says: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_condition(condition)
+    assert str(info.value).startswith("VALUE ") and says in str(info.value)
 
 
 @pytest.mark.parametrize(

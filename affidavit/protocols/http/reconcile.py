@@ -15,7 +15,8 @@ never elsewhere), run by the engine as an invocation linked to the one it reconc
 
 * ``status:NNN`` -- the final status is NNN;
 * ``json:/POINTER=VALUE`` -- the JSON body's value at the RFC 6901 pointer is VALUE, typed
-  where VALUE is a JSON literal (``Condition.typed``: ``=404`` an integer, never ``"404"``);
+  where VALUE is a JSON literal (``Condition.typed``: ``=404`` an integer, never ``"404"``;
+  ``=true`` the JSON true, never ``"true"``; ``="true"`` that string);
 * ``header:NAME=VALUE`` -- the header's values (joined with ", ") are VALUE.
 
 VALUE takes the path's placeholders, filled with the reconciled invocation's own values as they
@@ -37,6 +38,7 @@ no JSON text, or JSON readers disagree on -- a field named twice, ``NaN``, ``1e4
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -69,10 +71,13 @@ class Condition:
     selector: Selector | None
     value: Template | None
     typed: str = "string"
-    """What a ``json:`` VALUE compares with (``_typed``): "number" (a JSON number literal
-    without placeholders: a JSON integer of that text only), "none" (``true``, ``false``,
-    ``null``: a boolean or null is not read -- it holds for nothing), or "string" (any other
-    VALUE, and every ``header:`` one: a non-empty string equal to it, whole)."""
+    """What a ``json:`` VALUE compares with (``_typed``): "number" (an integer literal without
+    placeholders: a JSON integer of that text only), "literal" (``true``, ``false``, ``null``:
+    that JSON literal only, never the string "true"), "quoted" (a JSON string literal, e.g.
+    ``"true"``: a string equal to its decoded text), or "string" (any other VALUE, and every
+    ``header:`` one: a non-empty string equal to it, whole)."""
+    literal: Any = None
+    """The JSON value of a "literal" or "quoted" VALUE."""
 
     def expected(self, values: Mapping[str, str | None]) -> str | None:
         """VALUE with its placeholders filled; ``ValueError`` when the invocation has no value
@@ -83,12 +88,15 @@ class Condition:
         if self.selector is None:
             return summary.get("status") == self.status
         found = select(self.selector, summary.get("headers", ()), doc)
+        if self.typed == "literal":
+            # true, false and null are singletons once read: never the string "true", nor 1.
+            return found is self.literal
+        if self.typed == "quoted":
+            return isinstance(found, str) and found == self.literal
         expected = self.expected(values)
         if self.typed == "number":
             # Not the string "404" for =404, nor True (an int to Python) for =1.
             return type(found) is int and str(found) == expected
-        if self.typed == "none":
-            return False
         # Not the integer 404 for a VALUE "ok", nor a string's first MAX_SCALAR characters.
         return isinstance(found, str) and found != "" and found == expected
 
@@ -98,19 +106,46 @@ def _exact(value: str) -> str:
 
 
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_INTEGER = re.compile(r"0|-?[1-9][0-9]*")
+_LITERALS = {"true": True, "false": False, "null": None}
 
 
-def _typed(source: str, template: Template) -> str:
-    """``Condition.typed`` of a VALUE: typed only where it is a JSON literal written as is.
-    Each kind's match is one the former text comparison (``str(scalar(found)) == VALUE``) also
-    made, so the rule only ever turns a match into none -- the answer settles nothing, the safe
-    side --, never makes one: "true" and true no longer both meet ``=true``, nor "404" and 404
-    both ``=404``."""
-    if source != "json" or template.names:
-        return "string"
-    if template.text in ("true", "false", "null"):
-        return "none"
-    return "number" if _JSON_NUMBER.fullmatch(template.text) else "string"
+def _typed(source: str, template: Template) -> tuple[str, Any]:
+    """``Condition.typed`` and ``literal`` of a VALUE: typed where it is a JSON literal written
+    as is.  A VALUE that could never match is refused (``ValueError``), never loaded silently:
+    an empty one, a JSON number that is no integer (a fraction, an exponent, ``-0``: the reader
+    compares integers only), a quoted VALUE that is no JSON string or holds a placeholder."""
+    text = template.text if template.names else template.render({}, _exact)  # "{{" -> "{"
+    if source != "json":
+        if not text:
+            raise ValueError("is empty: a header's value is compared only when non-empty")
+        return "string", None
+    if text.startswith('"'):
+        if template.names:
+            raise ValueError(
+                "in quotes takes no placeholder (write it bare: its value compares as a string)"
+            )
+        try:
+            decoded = json.loads(text)
+        except ValueError:
+            decoded = None
+        if not isinstance(decoded, str):
+            raise ValueError('in quotes must be one JSON string ("true" matches the string true)')
+        return "quoted", decoded
+    if template.names:
+        return "string", None
+    if not text:
+        raise ValueError('is empty: write json:/POINTER="" to match the empty string')
+    if text in _LITERALS:
+        return "literal", _LITERALS[text]
+    if _JSON_NUMBER.fullmatch(text):
+        if not _INTEGER.fullmatch(text):
+            raise ValueError(
+                "is a JSON number but no integer (a fraction, an exponent or -0): only "
+                "integers are compared, so it would match nothing"
+            )
+        return "number", None
+    return "string", None
 
 
 def parse_condition(text: str) -> Condition:
@@ -130,7 +165,11 @@ def parse_condition(text: str) -> Condition:
         except ValueError as exc:
             raise ValueError(f"VALUE {exc}") from None
         selector = parse_selector(f"{source}:{where}", (source,))
-        return Condition(text, None, selector, template, _typed(source, template))
+        try:
+            typed, literal = _typed(source, template)
+        except ValueError as exc:
+            raise ValueError(f"VALUE {exc}") from None
+        return Condition(text, None, selector, template, typed, literal)
     raise ValueError('must be "status:NNN", "json:/POINTER=VALUE" or "header:NAME=VALUE"')
 
 
