@@ -213,8 +213,13 @@ class EventKind(StrEnum):
     """A reconciliation query ran as a linked invocation and did not settle the outcome (no
     complete answer -- through a forward proxy, a 4xx or 5xx the proxy may have written itself,
     docs/proxies.md --, one whose body was withheld or truncated or that a redirect fetched
-    from another origin (``engine/readable.py``), one neither ``committed_if`` nor
-    ``rejected_if`` matches, or an absent
+    from another origin (``engine/readable.py``), one any followed redirect reached, even on
+    the target's origin ("answered by a redirect to PATH: not the queried resource's answer"),
+    one both or neither of ``committed_if`` and ``rejected_if`` match, one a condition reads
+    ambiguously (its typed value fails where its text would have matched: "the condition
+    CONDITION does not hold of the answer's typed value, yet its text would have matched
+    ..."), a condition naming a value the invocation lacks ("the invocation has no
+    {idempotency_key} to compare the answer with"), or an absent
     finding within the target's ``settle`` window after the attempt ended): the invocation stays
     unknown; the query's evidence is on its own record.  attrs: query_invocation, code, reason,
     generation (as RECONCILED's); not_before (seconds since the epoch: when a query may settle

@@ -530,7 +530,8 @@ def _settles(
         return None, why, None
     outcome, matched = verdict(target, stored.summary, stored.streams, values)
     if outcome is None:
-        return None, NEITHER, None
+        # A protocol may say why (an ambiguous condition, a missing bound value); else NEITHER.
+        return None, str(matched) if matched else NEITHER, None
     result = rec.evidence.get("result") or {}
     return (outcome, str(matched)), "", result.get("seq")
 

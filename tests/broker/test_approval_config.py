@@ -444,7 +444,10 @@ def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
     for other in ("SOMEONE-ELSES-KEY", "a%2Fb"):
         doc = answer({"key": other, "status": "succeeded"})
         assert http_reconcile.verdict(billing, ok, doc, mine) == (None, None)
-    assert http_reconcile.verdict(billing, ok, body, {"idempotency_key": None}) == (None, None)
+    assert http_reconcile.verdict(billing, ok, body, {"idempotency_key": None}) == (
+        None,
+        "the invocation has no {idempotency_key} to compare the answer with",
+    )
     pending = answer({"key": "a/b", "status": "pending"})
     assert http_reconcile.verdict(billing, ok, pending, mine) == (None, None)
     missing = answer({"error": {"key": "a/b"}})

@@ -26,7 +26,7 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.approvals import Operator, OperatorError
-from affidavit.protocols.http.reconcile import parse_condition, verdict
+from affidavit.protocols.http.reconcile import AMBIGUOUS, parse_condition, verdict
 from affidavit.reconcile import service
 from affidavit.statemachine import Event, EventKind
 from tests.http.hostile import HostileServer, Peer, Reply, Script, scripts
@@ -682,9 +682,9 @@ async def test_a_query_redirected_on_the_targets_own_origin_settles_nothing(
     assert "s3ss10n" not in json.dumps(query)
 
 
-def _echo_api(echo: str | None) -> Script:
+def _echo_api(echo: str | None, **extra: str) -> Script:
     """POST: taken, then the connection drops (unknown); GET ``/v1/charges/ID``: 200
-    ``{"id": ..., "found": "yes"}`` naming ``echo``, or the ID asked for when None."""
+    ``{"id": ..., "found": "yes", **extra}`` naming ``echo``, or the ID asked for when None."""
 
     async def script(peer: Peer) -> None:
         while True:
@@ -695,7 +695,7 @@ def _echo_api(echo: str | None) -> Script:
                 await peer.close()
                 return
             asked = req.target.rpartition("/")[2]
-            body = json.dumps({"id": echo or asked, "found": "yes"}).encode()
+            body = json.dumps({"id": echo or asked, "found": "yes", **extra}).encode()
             await peer.respond(Reply(200, body=body))
 
     return script
@@ -726,6 +726,20 @@ async def test_a_condition_compares_the_answers_echo_with_the_invocations_bound_
             assert answer["reconciled"] is True
             reconciliation = answer["envelope"]["evidence"]["reconciliation"]
             assert reconciliation["matched"] == " and ".join(rule)
+
+
+async def test_an_ambiguous_condition_leaves_the_invocation_unknown_with_its_reason(
+    tmp_path: Path, token: str
+) -> None:
+    # {"deleted": "true"}: the text comparison met json:/deleted=true (both sides matched:
+    # inconclusive), the typed one does not -- which must not hand the other side a win.
+    deleted = "json:/deleted=true"
+    async with HostileServer.running(_echo_api(None, deleted="true")) as srv:
+        cfg = _lookup_target(srv.url)
+        cfg["pay"]["reconcile"]["committed_if"] = ["status:200", "json:/found=yes"]
+        cfg["pay"]["reconcile"]["rejected_if"] = ["status:200", deleted]
+        async with open_broker(write_config(tmp_path, cfg)) as b:
+            await _inconclusive(b, AMBIGUOUS.format(condition=deleted))
 
 
 @pytest.mark.parametrize(

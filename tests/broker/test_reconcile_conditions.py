@@ -61,12 +61,14 @@ def test_a_json_literal_value_compares_typed(
     body = json_body(None if doc is None else json.dumps(doc).encode())
     summary = {"status": 200, "headers": headers}
     assert cond.holds(summary, body, {}) is holds
+    # The former rule (the value as text, cut at MAX_SCALAR), which results() reports beside.
+    assert cond.selector is not None
+    before = scalar(select(cond.selector, headers, body))
+    value = condition.partition("=")[2]
+    was = before is not None and before is not ABSENT and str(before) == value
+    assert cond.results(summary, body, {}) == (holds, was)
     if cond.typed in ("number", "string"):
-        # The former rule (the value as text, cut at MAX_SCALAR): whatever holds now held then.
-        assert cond.selector is not None
-        before = scalar(select(cond.selector, headers, body))
-        value = condition.partition("=")[2]
-        assert not holds or (before is not None and before is not ABSENT and str(before) == value)
+        assert not holds or was  # whatever holds now held then
 
 
 NEVER = [

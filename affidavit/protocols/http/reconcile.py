@@ -49,7 +49,15 @@ from affidavit.protocols.settle import SETTLE
 from affidavit.schema import Field, Read, Schema
 from affidavit.statemachine import Outcome
 
-from .selectors import ABSENT, UNREADABLE, Selector, json_body, parse_selector, select
+from .selectors import (
+    ABSENT,
+    UNREADABLE,
+    Selector,
+    json_body,
+    parse_selector,
+    scalar,
+    select,
+)
 
 if TYPE_CHECKING:
     from .target import HttpTarget
@@ -85,20 +93,31 @@ class Condition:
         return None if self.value is None else self.value.render(values, _exact)
 
     def holds(self, summary: Mapping[str, Any], doc: Any, values: Mapping[str, str | None]) -> bool:
+        return self.results(summary, doc, values)[0]
+
+    def results(
+        self, summary: Mapping[str, Any], doc: Any, values: Mapping[str, str | None]
+    ) -> tuple[bool, bool]:
+        """(whether the condition holds, whether the text comparison it replaced -- the value's
+        first ``MAX_SCALAR`` characters as text equal to VALUE -- would have said it does).
+        (False, True) is an ambiguous answer: ``verdict`` settles nothing on it."""
         if self.selector is None:
-            return summary.get("status") == self.status
+            held = summary.get("status") == self.status
+            return held, held
         found = select(self.selector, summary.get("headers", ()), doc)
+        expected = self.expected(values)
+        text = scalar(found)
+        was = text is not None and str(text) == expected
         if self.typed == "literal":
             # true, false and null are singletons once read: never the string "true", nor 1.
-            return found is self.literal
+            return found is self.literal, was
         if self.typed == "quoted":
-            return isinstance(found, str) and found == self.literal
-        expected = self.expected(values)
+            return isinstance(found, str) and found == self.literal, was
         if self.typed == "number":
             # Not the string "404" for =404, nor True (an int to Python) for =1.
-            return type(found) is int and str(found) == expected
+            return type(found) is int and str(found) == expected, was
         # Not the integer 404 for a VALUE "ok", nor a string's first MAX_SCALAR characters.
-        return isinstance(found, str) and found != "" and found == expected
+        return isinstance(found, str) and found != "" and found == expected, was
 
 
 def _exact(value: str) -> str:
@@ -309,6 +328,29 @@ def _asks_body(
     )
 
 
+AMBIGUOUS = (
+    "the condition {condition} does not hold of the answer's typed value, yet its text would "
+    'have matched ("404" for =404, "true" for =true, a longer string equal in its first '
+    "256 characters): the answer settles nothing"
+)
+"""Why an answer a condition reads ambiguously leaves the invocation unknown -- stable text.
+A typed comparison may only turn a match into none, and "none" on one side may turn "both sides
+match" into "one side matches": so a condition the text comparison would have met is no
+failure either, and nothing is decided on it."""
+
+MISSING = "the invocation has no {name} to compare the answer with"
+"""Why a condition naming a bound value the invocation lacks (no idempotency key) settles
+nothing -- stable text."""
+
+
+def _missing(conditions: Sequence[Condition], values: Mapping[str, str | None]) -> str | None:
+    for c in conditions:
+        for name in c.value.names if c.value is not None else ():
+            if not values.get(name):
+                return MISSING.format(name="{" + name + "}")
+    return None
+
+
 def verdict(
     target: HttpTarget,
     summary: Mapping[str, Any],
@@ -317,15 +359,15 @@ def verdict(
 ) -> tuple[Outcome | None, str | None]:
     """What the query's complete answer says of the reconciled request (``values``: its bound
     values, as the query's path was filled with): (committed | rejected, the conditions that
-    held), or (None, None) when both or neither match -- or a condition names a value the
-    invocation does not have (nothing to compare the answer with)."""
+    held), or (None, why or None) when it settles nothing: both or neither side match
+    (None), a condition names a value the invocation does not have (``MISSING``), or reads
+    the answer ambiguously (``AMBIGUOUS``)."""
     rq = target.reconcile
     assert rq is not None
-    try:
-        for c in (*(rq.committed_if or ()), *(rq.rejected_if or ())):
-            c.expected(values)
-    except ValueError:
-        return None, None
+    every = (*(rq.committed_if or ()), *(rq.rejected_if or ()))
+    missing = _missing(every, values)
+    if missing is not None:
+        return None, missing
     body = streams.get("body")
     doc = json_body(body)
     if (
@@ -347,6 +389,13 @@ def verdict(
         (Outcome.COMMITTED, rq.committed_if),
         (Outcome.REJECTED, rq.rejected_if),
     ):
-        if conditions and all(c.holds(summary, doc, values) for c in conditions):
-            found.append((outcome, " and ".join(c.text for c in conditions)))
+        if not conditions:
+            continue
+        results = [(c, *c.results(summary, doc, values)) for c in conditions]
+        if any(not held and not was for _c, held, was in results):
+            continue  # a condition fails outright: this side does not match
+        unsure = [c for c, held, _was in results if not held]
+        if unsure:
+            return None, AMBIGUOUS.format(condition=unsure[0].text)
+        found.append((outcome, " and ".join(c.text for c in conditions)))
     return found[0] if len(found) == 1 else (None, None)
