@@ -501,7 +501,16 @@ def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
             # A status alone is no proof of absence: a load balancer's or gateway's 404 meets it.
             {"http": 'reconcile = { path = "/x", rejected_if = "status:404" }'},
             "targets.billing.reconcile.rejected_if",
-            "only of status conditions",
+            "reads no json: condition",
+        ),
+        (
+            # Nor a header: a load balancer's HTML 404 carries its server=nginx too.
+            {
+                "http": 'reconcile = { path = "/x", committed_if = "json:/a=b", '
+                'rejected_if = ["status:404", "header:server=nginx"] }'
+            },
+            "targets.billing.reconcile.rejected_if",
+            "add a json: condition",
         ),
         (
             {
@@ -509,7 +518,7 @@ def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
                 'rejected_if = ["status:404", "status:410"] }'
             },
             "targets.billing.reconcile.rejected_if",
-            "add a body condition",
+            "add a json: condition",
         ),
         (
             # A condition's VALUE takes the path's placeholders, and only those.

@@ -240,14 +240,14 @@ def _path(r: Read) -> Template:
 
 
 STATUS_ONLY_REJECTED = (
-    "is made only of status conditions: any such status -- a reverse proxy's, a load "
-    "balancer's, an API gateway's 404 during a deploy -- would read as proof the effect is "
-    "absent, and the caller would send it again; add a body condition only the application's "
-    "own not-found answer meets, e.g. an echo of the key "
-    '("json:/error/idempotency_key={idempotency_key}") or the API\'s error code '
-    '("json:/error/code=resource_missing")'
+    "reads no json: condition (status and header conditions alone): any such status -- a "
+    "reverse proxy's, a load balancer's, an API gateway's 404 during a deploy, with its "
+    "server=nginx -- would read as proof the effect is absent, and the caller would send it "
+    "again; add a json: condition only the application's own not-found answer meets, e.g. an "
+    'echo of the key ("json:/error/idempotency_key={idempotency_key}") or the API\'s error '
+    'code ("json:/error/code=resource_missing")'
 )
-"""Why an HTTP ``rejected_if`` of ``status:`` conditions alone is refused at load -- stable
+"""Why an HTTP ``rejected_if`` without a ``json:`` condition is refused at load -- stable
 text.  A rejection settles ``rejected`` / ``after_correction``: the one verdict that invites
 a second payment, so it must name something only the application's own answer says."""
 
@@ -261,7 +261,9 @@ def _rejected_if(r: Read) -> tuple[Condition, ...] | None:
     conditions = _conditions(r)
     if conditions is None and r.values["committed_if"] is None:
         raise r.error("give committed_if, rejected_if or both: a query that can decide nothing")
-    if status_only(conditions):
+    if conditions is not None and not any(
+        c.selector is not None and c.selector.source == "json" for c in conditions
+    ):
         raise r.error(STATUS_ONLY_REJECTED)
     return conditions
 
