@@ -14,7 +14,7 @@ Nothing here logs, raises or returns a header value, a URL query or a response b
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Final
 
@@ -150,7 +150,7 @@ class HttpClient:
                 # answered instead (reconcile: "answered by a redirect to PATH").  Never its
                 # query -- a remote's Location may carry tokens there --, and scrubbed of any
                 # form of the credential a kept-credential Location may echo.
-                res.hop_summary["path"] = redactor.scrub(target.path_query.partition("?")[0])
+                res.hop_summary["path"] = hop_path(target.path_query, redactor.scrub)
             hops.append(res.hop_summary)
             if plan.disposition == "proxy_error":
                 ps = redactor.scrub_parsed(
@@ -185,6 +185,21 @@ class HttpClient:
             method, url, headers, body = nxt.method, nxt.url, nxt.headers, nxt.body
             credential = nxt.credential
             hop += 1
+
+
+HOP_PATH_MAX = 200
+"""Longest followed hop's path kept in ``hops[].path`` (and so in a reconcile reason)."""
+
+
+def hop_path(path_query: str, scrub: Callable[[str], str]) -> str:
+    """A followed hop's path as recorded: no query, no ``;`` parameters (``;jsessionid=...``:
+    a session token in the path), ``scrub``-bed of the credential's forms, at most
+    ``HOP_PATH_MAX`` characters (then ending ``...[cut]``)."""
+    path = "/".join(seg.partition(";")[0] for seg in path_query.partition("?")[0].split("/"))
+    path = scrub(path)
+    if len(path) > HOP_PATH_MAX:
+        path = path[: HOP_PATH_MAX - 8] + "...[cut]"
+    return path
 
 
 async def _result(

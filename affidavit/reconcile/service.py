@@ -482,8 +482,9 @@ REDIRECTED = "answered by a redirect to {path}: not the queried resource's answe
 the credential -- leaves the invocation unknown (docs/design-notes.md: only an answer to the
 request itself decides).  ``301 -> /v1/maintenance`` then its 404 is no proof the charge is
 absent, nor ``302 -> /v1/login`` then a 200 page proof it exists.  Stable text; ``{path}`` is
-the final hop's path as the adapter recorded it (``summary.hops[-1].path``: no query, the
-credential's forms scrubbed)."""
+the final hop's path as the adapter recorded it (``summary.hops[-1].path``: no query, no
+``;`` parameters, the credential's forms scrubbed, at most 200 characters --
+``adapters/http/client.hop_path``)."""
 
 
 def redirected(summary: Mapping[str, Any]) -> str | None:
