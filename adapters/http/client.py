@@ -195,8 +195,10 @@ def hop_path(path_query: str, scrub: Callable[[str], str]) -> str:
     """A followed hop's path as recorded: no query, no ``;`` parameters (``;jsessionid=...``:
     a session token in the path), ``scrub``-bed of the credential's forms, at most
     ``HOP_PATH_MAX`` characters (then ending ``...[cut]``)."""
-    path = "/".join(seg.partition(";")[0] for seg in path_query.partition("?")[0].split("/"))
-    path = scrub(path)
+    # Scrubbed before the parameters go: a credential holding a ``;`` echoed in the path,
+    # cut at it first, would no longer be whole for ``scrub`` to find, and its head would stay.
+    path = scrub(path_query.partition("?")[0])
+    path = "/".join(seg.partition(";")[0] for seg in path.split("/"))
     if len(path) > HOP_PATH_MAX:
         path = path[: HOP_PATH_MAX - 8] + "...[cut]"
     return path

@@ -62,7 +62,7 @@ from affidavit.journal import boot_between
 from affidavit.protocols import get
 from affidavit.protocols.actions import ActionInvalid, parse_action
 from affidavit.statemachine import Code, Event, EventKind, EvidenceSource, Outcome, Record
-from affidavit.text import utc_time
+from affidavit.text import printable, utc_time
 
 from . import approved
 from .refusals import append, not_at_rest, refusal
@@ -532,9 +532,25 @@ def _settles(
     outcome, matched = verdict(target, stored.summary, stored.streams, values)
     if outcome is None:
         # A protocol may say why (an ambiguous condition, a missing bound value); else NEITHER.
-        return None, str(matched) if matched else NEITHER, None
+        return None, _reason(matched), None
     result = rec.evidence.get("result") or {}
     return (outcome, str(matched)), "", result.get("seq")
+
+
+REASON_MAX = 300
+"""Longest reason a protocol's ``verdict`` gives for settling nothing that is recorded as it is:
+the text goes into the journal and the envelope (docs/adding-a-protocol.md: it names the
+condition, never quotes the answer)."""
+
+
+def _reason(said: object) -> str:
+    """A ``verdict``'s reason for settling nothing: its text, escaped of anything that is no
+    printable character and cut at ``REASON_MAX`` -- a plugin's own words, bounded -- else
+    ``NEITHER``."""
+    if not isinstance(said, str) or not said:
+        return NEITHER
+    text = printable(said)
+    return text if len(text) <= REASON_MAX else text[: REASON_MAX - 8] + "...[cut]"
 
 
 _ATTEST = "nothing was queried: attest the outcome after inspecting the remote (--attest)"

@@ -603,10 +603,14 @@ def test_a_reconcile_mistake_names_its_field(
 
 @pytest.mark.parametrize(
     ("committed_if", "warned"),
-    [('"status:200"', True), ('["status:200", "json:/key={idempotency_key}"]', False)],
-    ids=["status-only", "echo"],
+    [
+        ('"status:200"', True),
+        ('["status:200", "header:content-type=text/html"]', True),
+        ('["status:200", "json:/key={idempotency_key}"]', False),
+    ],
+    ids=["status-only", "status-and-header", "echo"],
 )
-def test_a_status_only_committed_if_is_named_in_a_start_warning(
+def test_a_committed_if_reading_no_json_is_named_in_a_start_warning(
     tmp_path: Path, committed_if: str, warned: bool
 ) -> None:
     # A captive portal's or a login page's 200 would settle the invocation committed.
@@ -617,7 +621,7 @@ def test_a_status_only_committed_if_is_named_in_a_start_warning(
     words = HttpBinding().start_warnings([billing])
     named = [w for w in words if "targets.billing.reconcile.committed_if" in w]
     assert len(named) == int(warned), words
-    assert all("only of status conditions" in w for w in named)
+    assert all("reads no json: condition" in w for w in named)
 
 
 def test_the_samples_commented_approval_and_reconcile_examples_load(tmp_path: Path) -> None:

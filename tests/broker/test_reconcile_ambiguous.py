@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from affidavit.protocols.http.reconcile import AMBIGUOUS, MISSING, parse_condition, verdict
+from affidavit.reconcile.service import NEITHER, REASON_MAX, _reason
 from affidavit.statemachine import Outcome
 
 LONG = "a" * 256
@@ -95,3 +96,22 @@ def test_a_missing_bound_value_has_its_own_reason() -> None:
     assert found == (None, MISSING.format(name="{idempotency_key}"))
     assert found[1] == "the invocation has no {idempotency_key} to compare the answer with"
     assert _verdict(*sides, {"key": "k-1"}, idempotency_key="k-1")[0] is Outcome.COMMITTED
+
+
+@pytest.mark.parametrize(
+    ("said", "recorded"),
+    [
+        (None, NEITHER),
+        ("", NEITHER),
+        (("not", "text"), NEITHER),
+        ("the key was not echoed", "the key was not echoed"),
+        ("line\nbreak\x1b[31m", "line\\nbreak\\u001b[31m"),
+    ],
+    ids=["none", "empty", "not-text", "plain", "escaped"],
+)
+def test_a_verdicts_reason_is_recorded_printable_and_bounded(said: object, recorded: str) -> None:
+    """A plugin's ``verdict`` may say why it settles nothing; the journal and the envelope take
+    that text printable (affidavit.text) and at most REASON_MAX characters (review rv52c2)."""
+    assert _reason(said) == recorded
+    long = _reason("x" * 5000)
+    assert len(long) == REASON_MAX and long.endswith("...[cut]")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from affidavit.adapters.http.client import HOP_PATH_MAX, hop_path
+from affidavit.secrets.redaction import Redactor
 
 SECRET = "s3cr3t-T0KEN"
 
@@ -39,3 +40,17 @@ def test_a_long_hop_path_is_cut_with_a_marker() -> None:
     assert recorded.endswith("...[cut]") and recorded.startswith("/xxx")
     exact = "/" + "y" * (HOP_PATH_MAX - 1)
     assert hop_path(exact, _scrub) == exact
+
+
+@pytest.mark.parametrize(
+    "path_query", ["/v1/k3y;Secret-PART/x", "/cb/k3y;Secret-PART?x=1", "/k3y;Secret-PART"]
+)
+def test_a_credential_holding_a_semicolon_is_scrubbed_whole_before_the_parameters_go(
+    path_query: str,
+) -> None:
+    """The parameters stripped first cut such a credential at its ``;``: no longer whole, the
+    real redactor missed it and its head (``k3y``) was recorded (review rv52c2)."""
+    redactor = Redactor([b"k3y;Secret-PART"])
+    recorded = hop_path(path_query, redactor.scrub_text)
+    assert "k3y" not in recorded and "Secret" not in recorded, recorded
+    assert recorded.startswith("/"), recorded

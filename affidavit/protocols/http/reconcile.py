@@ -252,32 +252,35 @@ text.  A rejection settles ``rejected`` / ``after_correction``: the one verdict 
 a second payment, so it must name something only the application's own answer says."""
 
 
-def status_only(conditions: Sequence[Condition] | None) -> bool:
-    """Whether ``conditions`` are given and every one of them is a ``status:`` condition."""
-    return bool(conditions) and all(c.selector is None for c in conditions or ())
+def reads_no_json(conditions: Sequence[Condition] | None) -> bool:
+    """Whether ``conditions`` are given and none of them reads the body (``json:``): status and
+    header conditions alone, which a proxy's, a gateway's or a login page's answer can meet."""
+    return bool(conditions) and not any(
+        c.selector is not None and c.selector.source == "json" for c in conditions or ()
+    )
 
 
 def _rejected_if(r: Read) -> tuple[Condition, ...] | None:
     conditions = _conditions(r)
     if conditions is None and r.values["committed_if"] is None:
         raise r.error("give committed_if, rejected_if or both: a query that can decide nothing")
-    if conditions is not None and not any(
-        c.selector is not None and c.selector.source == "json" for c in conditions
-    ):
+    if reads_no_json(conditions):
         raise r.error(STATUS_ONLY_REJECTED)
     return conditions
 
 
 def status_only_warnings(targets: Sequence[HttpTarget]) -> list[str]:
-    """A start-up word for each target whose ``committed_if`` is ``status:`` conditions alone:
-    a captive portal's or a login page's 200 would read as proof the effect exists."""
+    """A start-up word for each target whose ``committed_if`` reads no ``json:`` condition
+    (status and header conditions alone): a captive portal's or a login page's 200 -- and its
+    ``Content-Type`` -- would read as proof the effect exists."""
     return [
-        f"targets.{t.name}.reconcile.committed_if is made only of status conditions: any such "
-        "answer -- a captive portal's or a login page's 200 -- would settle the invocation "
+        f"targets.{t.name}.reconcile.committed_if reads no json: condition: any answer meeting "
+        "its status and headers -- a captive portal's or a login page's 200 -- would settle the "
+        "invocation "
         "committed; add a body condition only the application's own answer meets, e.g. an "
         'echo of the key ("json:/idempotency_key={idempotency_key}")'
         for t in targets
-        if t.reconcile is not None and status_only(t.reconcile.committed_if)
+        if t.reconcile is not None and reads_no_json(t.reconcile.committed_if)
     ]
 
 
