@@ -28,7 +28,7 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
-GOLDEN = "8c0ed8716796a85b2b13e4a8d313990423ad4a268c8b629c8e0815b51db688af"
+GOLDEN = "e2fd8acb3de7edf05d14b55917aefd8fd75dd278f700a774b30f11cda474cf87"
 
 TOKEN = "tok-equivalence-0123456789abcdef"
 
