@@ -16,7 +16,7 @@ import gzip
 import json
 import time
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -537,8 +537,9 @@ def _lookup_target(url: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _lookup_api(answer: Reply) -> Script:
-    """POST: taken, then the connection drops (unknown); every GET: ``answer``."""
+def _lookup_api(answer: Reply | Callable[[Any], Reply]) -> Script:
+    """POST: taken, then the connection drops (unknown); every GET: ``answer`` (or what it
+    makes of the request)."""
 
     async def script(peer: Peer) -> None:
         while True:
@@ -548,7 +549,7 @@ def _lookup_api(answer: Reply) -> Script:
             if req.method == "POST":
                 await peer.close()
                 return
-            await peer.respond(answer)
+            await peer.respond(answer if isinstance(answer, Reply) else answer(req))
 
     return script
 
@@ -686,19 +687,11 @@ def _echo_api(echo: str | None, **extra: str) -> Script:
     """POST: taken, then the connection drops (unknown); GET ``/v1/charges/ID``: 200
     ``{"id": ..., "found": "yes", **extra}`` naming ``echo``, or the ID asked for when None."""
 
-    async def script(peer: Peer) -> None:
-        while True:
-            req = await peer.read_request()
-            if req is None:
-                return
-            if req.method == "POST":
-                await peer.close()
-                return
-            asked = req.target.rpartition("/")[2]
-            body = json.dumps({"id": echo or asked, "found": "yes", **extra}).encode()
-            await peer.respond(Reply(200, body=body))
+    def answer(req: Any) -> Reply:
+        asked = req.target.rpartition("/")[2]
+        return Reply(200, body=json.dumps({"id": echo or asked, "found": "yes", **extra}).encode())
 
-    return script
+    return _lookup_api(answer)
 
 
 @pytest.mark.parametrize(
