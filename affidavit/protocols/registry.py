@@ -18,9 +18,7 @@ HTTP targets never imports the SSH library.  ``registered()`` loads all of them.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import weakref
 from typing import TYPE_CHECKING
 
 from affidavit.statemachine import register as register_table
@@ -72,6 +70,7 @@ def register(spec: ProtocolSpec) -> ProtocolSpec:
 def unregister(kind: str) -> None:
     """Forget a registered protocol and its table (an installed one is found again by ``get``)."""
     spec = _specs.pop(kind, None)
+    _judged.pop(kind, None)
     if spec is not None:
         unregister_table(spec.table.name)
 
@@ -102,8 +101,8 @@ def get(kind: str) -> ProtocolSpec | None:
     if spec is not None:
         # Registered in-process (``register()``): judged as an installed one is, so a config
         # naming it is refused CONFIG_INVALID rather than a call raising TypeError.
-        _refuse_old_prepare(spec)
-        _refuse_old_verdict(spec)
+        if _judged.get(kind) is not spec:
+            _judge(spec)
         return spec
     eps = _discovered().get(kind)
     if not eps:
@@ -117,50 +116,31 @@ def get(kind: str) -> ProtocolSpec | None:
         raise ProtocolLoadError(kind, f"cannot load {eps[0].value} ({exc!r})") from exc
     if not isinstance(loaded, ProtocolSpec) or loaded.kind != kind:
         raise ProtocolLoadError(kind, f"{eps[0].value} is not a ProtocolSpec of that kind")
-    _refuse_old_prepare(loaded)
-    _refuse_old_verdict(loaded)
+    _judge(loaded)
     return register(loaded)
 
 
-def _refuse_old_prepare(spec: ProtocolSpec) -> None:
+def _judge(spec: ProtocolSpec) -> None:
+    """Refuse a protocol written against an older interface -- a binding whose ``prepare``
+    takes no ``trusted`` (``OLD_PREPARE``), a reconcile ``verdict`` that takes no ``values``
+    (``OLD_VERDICT``) -- when its kind is first asked for (a config naming it is refused
+    CONFIG_INVALID, never a TypeError mid-call), and remember a spec judged fine: ``get`` runs
+    several times a call (the engine's contracts, approvals), and reading a signature costs ~60
+    us (issue 15: judging it each time cost a sixth of a call's CPU at c=64).  A refused spec
+    is judged, and refused, again each time."""
     made = spec.binding
-    if not isinstance(made, type) or made in _judged_fine:
-        return
-    if not _takes_trusted(*_prepare_of(made)):
+    if isinstance(made, type) and not _takes_trusted(*_prepare_of(made)):
         raise ProtocolLoadError(spec.kind, OLD_PREPARE)
-    _judged_fine.add(made)
+    if spec.reconcile is not None:
+        try:
+            inspect.signature(spec.reconcile.verdict).bind(None, {}, {}, {})
+        except (TypeError, ValueError):
+            raise ProtocolLoadError(spec.kind, OLD_VERDICT) from None
+    _judged[spec.kind] = spec
 
 
-_judged_fine: weakref.WeakSet[type] = weakref.WeakSet()
-"""Binding classes whose ``prepare`` was judged to take the fifth argument: ``get`` runs on
-every call (the engine's contracts, approvals), and reading a signature costs ~60 us (issue 15:
-judging it each time cost a sixth of a call's CPU at c=64)."""
-
-
-def _refuse_old_verdict(spec: ProtocolSpec) -> None:
-    """A reconcile contract whose ``verdict`` takes the three arguments of before the bound
-    values were added is refused when its protocol is loaded (the config naming its kind),
-    never a TypeError when ``affidavit reconcile --query`` asks it."""
-    contract = spec.reconcile
-    if contract is None:
-        return
-    verdict = contract.verdict
-    try:
-        if verdict in _verdicts_fine:
-            return
-    except TypeError:  # not weakly referenceable: judged each time (no such built-in)
-        pass
-    try:
-        signature = inspect.signature(verdict)
-        signature.bind(None, {}, {}, {})
-    except (TypeError, ValueError):
-        raise ProtocolLoadError(spec.kind, OLD_VERDICT) from None
-    with contextlib.suppress(TypeError):
-        _verdicts_fine.add(verdict)
-
-
-_verdicts_fine: weakref.WeakSet[object] = weakref.WeakSet()
-"""Reconcile ``verdict`` callables judged to take the fourth argument, as ``_judged_fine``."""
+_judged: dict[str, ProtocolSpec] = {}
+"""By kind, the spec ``_judge`` found fine (another spec registered under the kind is judged)."""
 
 OLD_VERDICT = (
     "its reconcile contract's verdict(target, summary, streams) takes no fourth argument, "

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from affidavit.config import ConfigError, load_config
-from affidavit.protocols import register, unregister
-from affidavit.protocols.registry import OLD_VERDICT, _verdicts_fine
+from affidavit.protocols import register, registry, unregister
+from affidavit.protocols.registry import OLD_VERDICT
 from affidavit.protocols.settle import settle_of
 from affidavit.protocols.spec import ReconcileContract
 from tests.toy_protocol.protocol import PROTOCOL as TOY
@@ -70,4 +70,4 @@ def test_a_four_argument_verdict_loads_and_is_judged_once(toy_with: Any, tmp_pat
     toy_with(new_verdict)
     config = load_config(_config(tmp_path))
     assert config.targets["zz"].kind == "toy"
-    assert new_verdict in _verdicts_fine
+    assert registry._judged["toy"].reconcile.verdict is new_verdict  # judged, remembered
