@@ -1,10 +1,14 @@
 """Fixtures every test directory may use: a real PostgreSQL server (``tests/postgres.py``), and
-``core_dumps_forbidden`` and ``umask_restored`` -- which every test has: ``affidavit.cli.main``
-run in the test's own process neither hardens it nor leaves it ``affidavit serve``'s umask."""
+``core_dumps_forbidden``, ``umask_restored`` and ``process_state_restored`` -- which every test
+has: ``affidavit.cli.main`` run in the test's own process neither hardens it nor leaves it
+``affidavit serve``'s umask, logging or garbage-collector settings."""
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
+import signal
 import socket
 import warnings
 from collections.abc import Iterator, Mapping
@@ -157,3 +161,61 @@ def umask_restored() -> Iterator[None]:
         yield
     finally:
         os.umask(TEST_UMASK)
+
+
+_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPIPE")
+    if hasattr(signal, name)
+)
+"""What a command's stop handling may take over (``affidavit/stopping/signals.py`` gives them
+back; this makes sure).  Not SIGALRM: pytest-timeout's."""
+
+
+def _loggers() -> dict[str, logging.Logger]:
+    found = {"": logging.getLogger()}
+    for name, logger in logging.Logger.manager.loggerDict.items():
+        if isinstance(logger, logging.Logger):
+            found[name] = logger
+    return found
+
+
+@pytest.fixture(autouse=True)
+def process_state_restored() -> Iterator[None]:
+    """The rest of the process-wide state a command run in this process sets, given back after
+    each test as the umask is (``umask_restored``).  An embedded ``affidavit mcp`` (and
+    ``serve``) calls ``tune_collector`` before it reads its config -- ``gc.freeze`` and a young
+    threshold of 20,000 for the rest of the worker's life -- sets the ``mcp`` logger's level and
+    adds its ``BoundedLog`` filter to every root handler, pytest's capture handlers included
+    (which cut long lines in every later test's ``caplog``).  Their ``logging.basicConfig`` adds
+    nothing under pytest (the root has pytest's handlers), but a handler a test adds is removed
+    all the same.  tests/test_process_state_restored.py shows the leaks and this undoing them."""
+    loggers = {
+        name: (lg.level, list(lg.handlers), list(lg.filters), lg.propagate)
+        for name, lg in _loggers().items()
+    }
+    filters = {h: list(h.filters) for lg in _loggers().values() for h in lg.handlers}
+    collector = (gc.get_threshold(), gc.isenabled(), gc.get_freeze_count())
+    handlers = {signum: signal.getsignal(signum) for signum in _SIGNALS}
+    try:
+        yield
+    finally:
+        for name, logger in _loggers().items():
+            level, kept, own_filters, propagate = loggers.get(name, (logging.NOTSET, [], [], True))
+            for handler in list(logger.handlers):
+                if handler in filters:
+                    handler.filters[:] = filters[handler]
+                elif handler not in kept and not type(handler).__module__.startswith("_pytest"):
+                    logger.removeHandler(handler)
+            logger.filters[:] = own_filters
+            if logger.level != level:  # setLevel clears every logger's cache: only when needed
+                logger.setLevel(level)
+            logger.propagate = propagate
+        threshold, enabled, frozen = collector
+        if gc.get_freeze_count() > frozen:
+            gc.unfreeze()
+        gc.set_threshold(*threshold)
+        (gc.enable if enabled else gc.disable)()
+        for signum, handler in handlers.items():
+            if signal.getsignal(signum) is not handler and handler is not None:
+                signal.signal(signum, handler)
