@@ -53,6 +53,7 @@ __all__ = [
     "FileRefused",
     "OwnerNotKept",
     "is_serving",
+    "other_names",
     "read_small_file",
     "remove_leftovers",
     "root_copy",
@@ -561,3 +562,23 @@ def remove_leftovers(path: Path) -> int:
 
 def _hex(text: str) -> bool:
     return len(text) == _TMP_HEX and all(c in "0123456789abcdef" for c in text)
+
+
+def other_names(real: str | os.PathLike[str]) -> tuple[int, str] | None:
+    """``(names, how to list them)`` if the regular file at ``real`` (resolved by the caller)
+    has more than one name (hard links), else None -- not there, not a regular file (opening
+    it says what it is), or one name.  A file a broker rewrites by rename, or keeps files beside
+    (the journal's ``-wal`` and lock, the vault's unlock file and lock), under two names is two
+    files to a writer under each: the journal's and the vault's refusal both ask this.  The
+    command is a ``find`` on the file's mount, where every hard link of it is."""
+    try:
+        st = os.stat(real)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink <= 1:
+        return None
+    where = Path(real).parent
+    while not os.path.ismount(where) and where != where.parent:
+        where = where.parent
+    names = f"find {shlex.quote(str(where))} -xdev -samefile {shlex.quote(str(real))}"
+    return st.st_nlink, names

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from affidavit.privatefile import run_as_owner, theirs_for_root
+from affidavit.privatefile import other_names, run_as_owner, theirs_for_root
 
 from .errors import JournalError
 from .exposure import is_serving, journal_files
@@ -69,30 +69,16 @@ def _refuse_other_names(journal: Path, real: Path) -> None:
     has a second name no writer opens it under either (one open already keeps it; the next
     under another name is refused).  Refused before anything is made; a journal not there yet
     has no links, a directory's are not names of a file (opening it says what it is)."""
-    try:
-        st = os.stat(real)
-    except OSError:
-        return  # (none yet; or opening it says why)
-    links = st.st_nlink
-    if stat.S_ISREG(st.st_mode) and links > 1:
-        mount = _mount_point(real)
+    found = other_names(real)  # (none yet, not a regular file: opening it says why)
+    if found is not None:
+        links, names = found
         raise JournalError(
             f"journal {journal} has {links} names (hard links): SQLite keeps a -wal beside the "
             "name a journal is opened under, so a writer under another name would write a WAL "
-            "of its own into the same file; remove the other names (`find "
-            f"{shlex.quote(str(mount))} -xdev -samefile {shlex.quote(str(real))}` lists them)",
+            f"of its own into the same file; remove the other names (`{names}` lists them)",
             public="the journal file has other names (hard links), which would each get a WAL "
             "of their own; the operator must remove them",
         )
-
-
-def _mount_point(path: Path) -> Path:
-    """The mount point of the file system ``path`` (resolved) is on: every hard link of a
-    file is on it, so a search for them need not cross into any other."""
-    where = path.parent
-    while not os.path.ismount(where) and where != where.parent:
-        where = where.parent
-    return where
 
 
 def refuse_root_on_theirs(
