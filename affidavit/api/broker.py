@@ -56,7 +56,7 @@ from affidavit.protocols.catalog import catalog
 from affidavit.reconcile import service as reconcile
 from affidavit.secrets import redaction
 from affidavit.secrets.credentials import CREDENTIALS_DIRECTORY, CredentialError, systemd_path
-from affidavit.secrets.vault import Vault
+from affidavit.secrets.vault import Vault, VaultError
 from affidavit.statemachine import Event, Record, operation_json
 
 from . import readers as view_readers
@@ -101,7 +101,9 @@ def exposed_files(config: Config) -> list[Exposure]:
         # Read as a credential is (``Vault._key``: ``read_small_file``, ``private``).
         files.append(exposure(vault.unlock_path, "vault unlock file", CREDENTIAL))
         files.append(exposure(vault.lock_path, "vault lock file"))
-        placed.append((vault.path, "vault file"))
+        # Walked from the name the config gives (``walk``: through a link to the file it names,
+        # beside which the unlock file and lock are): the directories of both are looked at.
+        placed.append((Path(config.vault_path), "vault file"))
     for path, what in _credential_files(config):
         files.append(exposure(path, what, TARGET_CREDENTIAL))  # (looked at, never read)
         placed.append((path, what))
@@ -216,6 +218,11 @@ class Broker:
         # A configured vault is handed over even before its file exists: a lookup then says
         # the vault file is missing (CREDENTIAL_MISSING), not that no vault is configured.
         vault = Vault(config.vault_path) if config.vault_path else None
+        if vault is not None:
+            try:
+                vault.refuse_other_names()  # (a hard-linked vault: a rotation misses a name)
+            except VaultError as exc:
+                raise ConfigError("vault.path", str(exc), config.path, exc.code) from None
         if exposed is None:
             exposed = exposed_files(config)  # a journal of thousands of segments: not twice
         warn_exposed(exposed)  # the operator's log, once a file (`serve` refuses)

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from affidavit.cli import (
     SECRETS_ALWAYS,
@@ -24,6 +24,9 @@ from affidavit.cli import (
     stdin_bytes,
     stdin_is_terminal,
 )
+
+if TYPE_CHECKING:
+    from affidavit.secrets.vault import VaultError
 
 __all__ = ["PASSPHRASE_ENV_SHOWN", "add_commands"]
 
@@ -95,6 +98,14 @@ def add_commands(subparsers: Any) -> None:
         f"{MAX_PASSPHRASE} bytes",
     )
     p.set_defaults(handler=_unlock, holds_secrets=SECRETS_ALWAYS)
+
+
+def _refused(exc: VaultError, args: argparse.Namespace) -> UsageError:
+    """A vault's refusal with its code and the field to fix: the entry's (``name``,
+    ``value``), else the vault's path as it was given -- ``--vault``, or the config's
+    ``vault.path``."""
+    field = exc.field or ("--vault" if args.vault else "vault.path")
+    return UsageError(str(exc), exc.code, field)
 
 
 def _vault_path(args: argparse.Namespace) -> Path:
@@ -213,7 +224,7 @@ def _init(args: argparse.Namespace) -> int:
         passphrase = _passphrase(args, confirm=True)
         Vault.init(path, passphrase)
     except VaultError as exc:
-        raise UsageError(str(exc), exc.code) from None
+        raise _refused(exc, args) from None
     print(f"created {path} (locked); run `affidavit vault unlock` to use it")
     return 0
 
@@ -248,7 +259,7 @@ def _put(args: argparse.Namespace) -> int:
             raise refusal("is empty (it is read from stdin)", "INVALID_FIELD", "value")
         version = vault.put(args.name, value)
     except VaultError as exc:
-        raise UsageError(str(exc), exc.code) from None
+        raise _refused(exc, args) from None
     print(f"stored {args.name} version {version}")
     return 0
 
@@ -260,7 +271,7 @@ def _list(args: argparse.Namespace) -> int:
     try:
         entries = Vault.open(path).list()
     except VaultError as exc:
-        raise UsageError(str(exc), exc.code) from None
+        raise _refused(exc, args) from None
     if args.json:
         print(
             json.dumps(
@@ -283,7 +294,7 @@ def _lock(args: argparse.Namespace) -> int:
     try:
         Vault.open(path).lock()
     except VaultError as exc:
-        raise UsageError(str(exc), exc.code) from None
+        raise _refused(exc, args) from None
     print(f"locked {path}")
     if os.environ.get(PASSPHRASE_ENV):
         print(
@@ -303,7 +314,7 @@ def _unlock(args: argparse.Namespace) -> int:
         vault.refuse_root_on_theirs()  # before the passphrase is asked for
         vault.unlock(_passphrase(args, confirm=False))
     except VaultError as exc:
-        raise UsageError(str(exc), exc.code) from None
+        raise _refused(exc, args) from None
     print(
         f"unlocked {path} (key in {vault.unlock_path}, mode 0600; `affidavit vault lock` ends it)"
     )

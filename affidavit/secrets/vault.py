@@ -60,6 +60,7 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 from affidavit.privatefile import (
     FileMissing,
     FileRefused,
+    other_names,
     read_small_file,
     refuse_shared_fd,
     remove_leftovers,
@@ -72,15 +73,19 @@ __all__ = [
     "MAX_VAULT_BYTES",
     "PASSPHRASE_ENV",
     "EntryMissing",
+    "InvalidEntry",
     "Vault",
     "VaultBusy",
     "VaultCorrupt",
     "VaultError",
     "VaultExists",
+    "VaultHardLinked",
     "VaultLockUnusable",
     "VaultLocked",
     "VaultMissing",
     "VaultNotRoots",
+    "VaultUnreadable",
+    "VaultWriteFailed",
     "WrongPassphrase",
     "valid_entry_name",
 ]
@@ -105,10 +110,47 @@ _ENTRY_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 
 
 class VaultError(Exception):
-    """Base class.  Messages name files and entries, never values or passphrases; ``code`` is
-    the stable kind the command line prints before the message."""
+    """Base class (never raised itself).  Messages name files and entries, never values or
+    passphrases; ``code`` is the stable kind the command line prints before the message;
+    ``field``: what to fix when it is not the vault's path (``name``, ``value`` of an entry)
+    -- None: the vault's path, which the command line names as it was given (``--vault`` or
+    the config's ``vault.path``)."""
 
     code = "VAULT_ERROR"
+    field: str | None = None
+
+
+class InvalidEntry(VaultError):
+    """An entry name or value ``put`` cannot store (``field``: ``name`` or ``value``)."""
+
+    code = "INVALID_FIELD"
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class VaultUnreadable(VaultError):
+    """The vault file is there but cannot be read: not a regular file (a directory, a FIFO --
+    never waited on), larger than ``MAX_VAULT_BYTES``, no permission, an I/O error."""
+
+    code = "VAULT_UNREADABLE"
+
+
+class VaultWriteFailed(VaultError):
+    """Writing the vault file or its unlock file (or removing the unlock file) failed: the
+    OS's reason (no space, a read-only directory...).  The old file stays whole (``privatefile.
+    write_private_file`` renames a whole new one over it, or nothing)."""
+
+    code = "VAULT_WRITE_FAILED"
+
+
+class VaultHardLinked(VaultError):
+    """The vault file has more than one name (hard links): a write renames a new file onto
+    one name, and the others keep the old contents -- a revoked credential a broker reading
+    another name keeps sending."""
+
+    code = "VAULT_HARD_LINKED"
 
 
 class VaultMissing(VaultError):
@@ -222,8 +264,14 @@ class _Header:
 class Vault:
     """An encrypted secrets file.  Construct with ``Vault.init`` or ``Vault.open``."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        # The file the path names, resolved once (links, a chain of them, a dangling one: where
+        # ``init`` makes it; ``..``; a relative name), as the journal's (``journal.names``): a
+        # write renames onto the file itself, not onto a link (which became a file of its own,
+        # and the file the config names kept the revoked value), and the unlock file and lock
+        # are beside the file, one for every name it is reached by.
+        self.path = Path(os.path.realpath(path))
+        self.given = Path(path)
         self.unlock_path = self.path.with_name(self.path.name + ".unlock")
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self._env_cache: tuple[str, bytes, bytes] | None = None
@@ -256,9 +304,23 @@ class Vault:
     @classmethod
     def open(cls, path: str | Path) -> Vault:
         vault = cls(Path(path))
+        vault.refuse_other_names()
         vault._read_header()
         vault._sweep()
         return vault
+
+    def refuse_other_names(self) -> None:
+        """``VaultHardLinked`` if the vault file has more than one name (hard links): a write
+        renames a new file onto this one, and every other name keeps the old one.  Asked at
+        every open, by each ``put`` under the lock, and by a broker's start (``Broker.open``)."""
+        found = other_names(self.path)
+        if found is not None:
+            links, names = found
+            raise VaultHardLinked(
+                f"{self.path}: the vault file has {links} names (hard links): a write replaces "
+                "the file under one name and the others keep the old entries (a revoked value); "
+                f"remove the other names (`{names}` lists them) or reach it by a symbolic link"
+            )
 
     # -- locking --------------------------------------------------------------------------
 
@@ -274,7 +336,7 @@ class Vault:
             try:
                 write_private_file(self.unlock_path, _UNLOCK_MAGIC + header.salt + key)
             except OSError as exc:
-                raise VaultError(
+                raise VaultWriteFailed(
                     f"{self.unlock_path}: cannot write the unlock file: {exc.strerror}"
                 ) from None
 
@@ -290,7 +352,7 @@ class Vault:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            raise VaultError(
+            raise VaultWriteFailed(
                 f"{self.unlock_path}: cannot remove the unlock file: {exc.strerror}"
             ) from None
         self._sweep()
@@ -315,9 +377,9 @@ class Vault:
     def put(self, name: str, value: bytes) -> int:
         """Store ``value`` under ``name``; returns the entry's new version (1 for a new entry)."""
         if not valid_entry_name(name):
-            raise VaultError("entry names are 1-128 characters of A-Z a-z 0-9 _ . -")
+            raise InvalidEntry("entry names are 1-128 characters of A-Z a-z 0-9 _ . -", "name")
         if not isinstance(value, bytes) or not value:
-            raise VaultError("the value must be non-empty bytes")
+            raise InvalidEntry("the value must be non-empty bytes", "value")
         # Root on another user's vault is refused first: not VaultLocked, nor an scrypt spent.
         self.refuse_root_on_theirs()
         # The key first, outside the lock: from $AFFIDAVIT_VAULT_PASSPHRASE it is an scrypt
@@ -325,6 +387,7 @@ class Vault:
         # for the header read under the lock, unless the vault was made again meanwhile.
         self._key(self._read_header())
         with self._exclusive():
+            self.refuse_other_names()  # (a name made since the open: under the lock, as written)
             raw = self._read_raw()
             header = _Header(raw)
             key = self._key(header)
@@ -486,7 +549,7 @@ class Vault:
                 f"{self.path}: no vault file (create one with `affidavit vault init`)"
             ) from None
         except FileRefused as exc:
-            raise VaultError(f"{self.path}: cannot read the vault file: {exc}") from None
+            raise VaultUnreadable(f"{self.path}: cannot read the vault file: {exc}") from None
 
     def _read_header(self) -> _Header:
         return _Header(self._read_raw())
@@ -506,7 +569,8 @@ class Vault:
             blob = read_small_file(self.unlock_path, _UNLOCK_MAX_BYTES, private=True)[0]
         except FileMissing:
             raise VaultLocked(
-                f"{self.path}: the vault is locked (`affidavit vault unlock` as the broker's user)"
+                f"{self.path}: the vault is locked (`affidavit vault unlock` as the broker's "
+                f"user){self._left_beside()}"
             ) from None
         except FileRefused as exc:
             raise VaultLocked(
@@ -524,6 +588,18 @@ class Vault:
             # belongs to another vault, so for this one we are locked.
             raise VaultLocked(f"{self.path}: the unlock key belongs to another vault; unlock again")
         return key
+
+    def _left_beside(self) -> str:
+        """What to do about an unlock file an earlier affidavit kept beside the name the vault
+        was given, a link, rather than beside the file (``journal.names.refuse_left_beside``
+        for the journal's files): '' when there is none."""
+        old = Path(f"{self.given}.unlock")
+        if old == self.unlock_path or not os.path.lexists(old):
+            return ""
+        return (
+            f"; {old}, beside the link {self.given}, is an unlock file an earlier affidavit "
+            f"kept there: unlock again and remove it (`rm {shlex.quote(str(old))}`)"
+        )
 
     def _decrypt(self, header: _Header, key: bytes, raw: bytes) -> dict[str, dict[str, Any]]:
         body = raw[_HEADER_LEN:]
@@ -552,4 +628,6 @@ class Vault:
         try:
             write_private_file(self.path, header.raw + nonce + ct)
         except OSError as exc:
-            raise VaultError(f"{self.path}: cannot write the vault file: {exc.strerror}") from None
+            raise VaultWriteFailed(
+                f"{self.path}: cannot write the vault file: {exc.strerror}"
+            ) from None

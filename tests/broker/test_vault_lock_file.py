@@ -161,8 +161,8 @@ async def test_a_lock_file_root_left_names_its_owner_and_the_fix() -> None:
         lock = vault.lock_path
         assert done.returncode == 2, err
         assert err.startswith(
-            f"affidavit: VAULT_LOCK_UNUSABLE: {lock}: cannot open the lock file: it is owned by "
-            f"uid 0, not by this process's uid {NOBODY}"
+            f"affidavit: VAULT_LOCK_UNUSABLE: --vault: {lock}: cannot open the lock file: it is "
+            f"owned by uid 0, not by this process's uid {NOBODY}"
         ), err
         assert f"`chown {NOBODY} {lock}` as uid 0 or root" in err, err
         assert "Permission denied" not in err and "Traceback" not in err, err

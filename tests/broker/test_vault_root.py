@@ -56,7 +56,8 @@ async def test_root_is_refused_the_daemons_vault_writing_nothing(
     status, err = await _vault(args[0], "--vault", str(path), *args[1:], stdin=stdin)
     assert status == 2, err
     assert err.startswith(
-        f"affidavit: VAULT_NOT_ROOTS: {path} is owned by uid {NOBODY} and this process runs as root"
+        f"affidavit: VAULT_NOT_ROOTS: --vault: {path} is owned by uid {NOBODY} and this "
+        "process runs as root"
     ), err
     assert f"sudo -u '#{NOBODY}' affidavit" in err and "Traceback" not in err, err
     home = path.parent
@@ -91,7 +92,9 @@ async def test_put_says_why_the_vault_is_locked(tmp_path: Path) -> None:
     unlock.chmod(0o644)
     status, err = await _vault("put", "--vault", str(path), "tok", stdin=b"v")
     assert status == 2, err
-    assert err.startswith(f"affidavit: VAULT_LOCKED: {unlock}: cannot read the unlock file ("), err
+    assert err.startswith(
+        f"affidavit: VAULT_LOCKED: --vault: {unlock}: cannot read the unlock file ("
+    ), err
     assert "0644" in err and "chmod 600" in err, err
 
 
@@ -117,7 +120,9 @@ async def test_unlock_is_refused_before_the_passphrase_is_asked(tmp_path: Path) 
     path, before = _theirs(tmp_path)
     status, err = await _vault("unlock", "--vault", str(path))
     assert status == 2, err
-    assert err.startswith(f"affidavit: VAULT_NOT_ROOTS: {path} is owned by uid {NOBODY}"), err
+    assert err.startswith(
+        f"affidavit: VAULT_NOT_ROOTS: --vault: {path} is owned by uid {NOBODY}"
+    ), err
     assert {p: (p.stat().st_uid, p.read_bytes()) for p in path.parent.iterdir()} == before
 
 
