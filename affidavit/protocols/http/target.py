@@ -307,11 +307,23 @@ def _methods(r: Read) -> frozenset[str]:
 
 
 def _inject(r: Read) -> str:
+    """The injection scheme; ``header:NAME`` never a header a caller may not set but for the
+    end-to-end credential headers (``Authorization`` with a scheme of the service's own,
+    ``Cookie``): not ``Proxy-Authorization`` (a forward proxy on an http:// target consumes it:
+    the credential goes to the proxy, never the origin), a hop-by-hop or framing header, not
+    ``Expect``, ``Range``, a method or path override, nor a routing header a reverse proxy
+    writes (``Forwarded``) -- names compared as servers read them (``header_key``)."""
     inject: str = r.string()
     try:
-        parse_inject(inject)
+        kind, name = parse_inject(inject)
     except ValueError as exc:
         raise r.error(str(exc)) from None
+    if kind == "header" and name and header_key(name) in _INJECT_REFUSED:
+        raise r.error(
+            f"header:{name} is a hop-by-hop, proxy, framing, range, override or routing header "
+            "(one a proxy or the transport consumes or a server reads as other than a "
+            "credential): inject into an end-to-end header (header:X-Api-Key, bearer, basic)"
+        )
     return inject
 
 
@@ -454,6 +466,8 @@ def _idempotency_header(r: Read) -> str:
 
 
 _REFUSED_KEYS: Final = frozenset(map(header_key, CALLER_REFUSED))
+_INJECT_REFUSED: Final = _REFUSED_KEYS - {"authorization", "cookie"}
+"""The headers ``inject = "header:NAME"`` may not name (``_inject``)."""
 
 
 def _scope(contract: IdempotencyContract | None) -> str | None:
