@@ -611,6 +611,41 @@ async def test_trust_anchors_others_may_read_say_nothing_but_their_directory_is_
     ]
 
 
+async def _vault_by_link(tmp: Path) -> tuple[Path, Path, Path]:
+    """A config naming the vault by a link in ``tmp/etc`` to the vault in ``tmp/real`` (both
+    0700, the journal and keys in ``tmp``): the config, the link's directory, the file's."""
+    here, real = tmp / "etc", tmp / "real"
+    here.mkdir(mode=0o700)
+    real.mkdir(mode=0o700)
+    socket = tmp / "affidavit.sock"
+    config = write_daemon_config(tmp, {}, socket=socket)
+    with config.open("a", encoding="utf-8") as f:
+        f.write(f'\n[vault]\npath = "{here / "affidavit.vault"}"\n')
+    async with Journal.open(tmp / "journal.db"):
+        pass
+    Vault.init(real / "affidavit.vault", "a passphrase", n_log2=10)
+    (here / "affidavit.vault").symlink_to(real / "affidavit.vault")
+    return config, here, real
+
+
+@pytest.mark.parametrize("loose", ["link", "file"])
+async def test_a_vault_named_by_a_link_has_the_directories_of_both_looked_at(
+    tmp_path: Path, loose: str
+) -> None:
+    """Whoever writes the link's directory can point it at a vault of theirs, whoever writes
+    the file's can swap the file: each directory is named, the other (0700) is not."""
+    config, here, real = await _vault_by_link(tmp_path)
+    assert exposed_files(load_config(config)) == []
+    writable = here if loose == "link" else real
+    mode, fix = (0o770, "750") if loose == "link" else (0o777, "755")
+    writable.chmod(mode)
+    said = [str(e) for e in exposed_files(load_config(config))]
+    assert said == [
+        f"directory {writable} (on the path to the vault file) is writable by group or others "
+        f"(mode {mode:04o}): chmod {fix} {writable}"
+    ]
+
+
 _ANCHORS = (
     "import sys; from affidavit.api.broker import exposed_files; "
     "from affidavit.config import load_config; "
