@@ -25,6 +25,10 @@ REFUSED = [
     "Keep-Alive",
     "Proxy-Connection",
     "Connection",
+    "Via",  # each proxy appends to it or rewrites it
+    "via",
+    "Content-Type",  # the body's media type
+    "Location",  # a response header
 ]
 ACCEPTED = ["Authorization", "Cookie", "X-Api-Key", "Private-Token"]
 

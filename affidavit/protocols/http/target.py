@@ -311,8 +311,10 @@ def _inject(r: Read) -> str:
     end-to-end credential headers (``Authorization`` with a scheme of the service's own,
     ``Cookie``): not ``Proxy-Authorization`` (a forward proxy on an http:// target consumes it:
     the credential goes to the proxy, never the origin), a hop-by-hop or framing header, not
-    ``Expect``, ``Range``, a method or path override, nor a routing header a reverse proxy
-    writes (``Forwarded``) -- names compared as servers read them (``header_key``)."""
+    ``Expect``, ``Range``, a method or path override, a routing header a reverse proxy
+    writes (``Forwarded``), ``Via`` (each proxy appends to it or rewrites it), nor
+    ``Content-Type`` or ``Location`` (a body's media type, a response header: no service
+    reads a credential there) -- names compared as servers read them (``header_key``)."""
     inject: str = r.string()
     try:
         kind, name = parse_inject(inject)
@@ -320,9 +322,10 @@ def _inject(r: Read) -> str:
         raise r.error(str(exc)) from None
     if kind == "header" and name and header_key(name) in _INJECT_REFUSED:
         raise r.error(
-            f"header:{name} is a hop-by-hop, proxy, framing, range, override or routing header "
-            "(one a proxy or the transport consumes or a server reads as other than a "
-            "credential): inject into an end-to-end header (header:X-Api-Key, bearer, basic)"
+            f"header:{name} is a hop-by-hop, proxy, framing, range, override, routing or "
+            "content header (one a proxy or the transport consumes or rewrites, or a server "
+            "reads as other than a credential): inject into an end-to-end header "
+            "(header:X-Api-Key, bearer, basic)"
         )
     return inject
 
@@ -466,7 +469,11 @@ def _idempotency_header(r: Read) -> str:
 
 
 _REFUSED_KEYS: Final = frozenset(map(header_key, CALLER_REFUSED))
-_INJECT_REFUSED: Final = _REFUSED_KEYS - {"authorization", "cookie"}
+_INJECT_REFUSED: Final = (_REFUSED_KEYS - {"authorization", "cookie"}) | {
+    "via",  # each proxy on the way appends to it or rewrites it
+    "content-type",  # the body's media type: the credential would replace it
+    "location",  # a response header: no server reads a request's as a credential
+}
 """The headers ``inject = "header:NAME"`` may not name (``_inject``)."""
 
 
