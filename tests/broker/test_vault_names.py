@@ -208,7 +208,7 @@ def test_a_write_on_a_full_file_system_keeps_the_old_vault(tmp_path: Path) -> No
         vault.put("tok", OLD)
         before = vault.path.read_bytes()
         with (where / "fill").open("wb") as f, contextlib.suppress(OSError):
-            f.write(b"\0" * 200_000)  # all but a few blocks (tmpfs: ENOSPC at its size)
+            f.write(b"\0" * 200_000)  # more than its 64 KiB: filled to the last block (ENOSPC)
         with pytest.raises(VaultWriteFailed, match="No space left on device"):
             vault.put("big", os.urandom(40_000))
         assert vault.path.read_bytes() == before
