@@ -456,7 +456,9 @@ def unsettled_items(envelope: Mapping[str, Any]) -> list[Any]:
 
 def parse_time(value: str) -> float:
     """Epoch seconds or ISO 8601 (naive means UTC), as the filters of ``affidavit actions``
-    and ``GET /v1/actions`` take them.  ``ValueError`` says what was expected."""
+    and ``GET /v1/actions`` take them.  ``ValueError`` says what was expected, quoting
+    ``value`` as every echo does (``text.echoed``: at most ``ECHO`` characters, escaped) --
+    a 15 KB ``since`` was echoed whole, by the daemon, the CLI and the console alike."""
     try:
         t = float(value)
         if math.isfinite(t):
@@ -468,7 +470,9 @@ def parse_time(value: str) -> float:
     try:
         dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"expected ISO 8601 or epoch seconds, got {value!r}") from None
+        from affidavit.text import echoed  # light: it imports nothing at its top
+
+        raise ValueError(f"expected ISO 8601 or epoch seconds, got '{echoed(value)}'") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()

@@ -318,3 +318,13 @@ async def test_a_close_mid_send_without_a_whole_answer_is_still_answer_lost(
                     await client.call({"pad": BIG_BODY.decode()})
             else:
                 await trio.to_thread.run_sync(blocking_request, path, "POST", "/v1/calls", BIG_BODY)
+
+
+def test_a_time_that_is_no_time_is_quoted_as_every_echo() -> None:
+    """``parse_time`` quotes what it was given cut to ``ECHO`` characters and escaped (the
+    daemon, the CLI and the console all say its words): a 15 KB value was quoted whole."""
+    with pytest.raises(ValueError) as raised:
+        parse_time("y" * 15_000)
+    assert str(raised.value) == f"expected ISO 8601 or epoch seconds, got '{'y' * 61}...'"
+    with pytest.raises(ValueError, match=r"got 'a\\nb'$"):
+        parse_time("a\nb")

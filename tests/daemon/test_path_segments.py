@@ -101,3 +101,26 @@ async def test_an_id_or_path_is_echoed_at_most_64_printable_characters(
             assert (answer.status, error.code, error.field) == (status, code, field), error
             assert shown in error.message and "\n" not in error.message, error.message
             assert len(error.message) < 150, error.message
+
+
+async def test_a_time_filter_is_echoed_at_most_64_printable_characters(
+    tmp_path: Path, token: str
+) -> None:
+    """``since`` / ``until`` that is no time is refused quoting it as every echo is
+    (``text.echoed``): a 15 KB ``since`` was echoed whole into a 15 KB answer (audit 53), by
+    the daemon's ``GET /v1/actions`` and by ``affidavit actions --since`` alike.  The field is
+    still named."""
+    bad = "x" * 15_000
+    async with running_daemon(tmp_path, api_target("http://127.0.0.1:9"), token=token) as d:
+        for name in ("since", "until"):
+            answer = await trio.to_thread.run_sync(
+                blocking_request, str(d.socket), "GET", f"/v1/actions?{name}={bad}"
+            )
+            error = answer.error()
+            assert (answer.status, error.code, error.field) == (400, "BAD_REQUEST", name), error
+            assert f"{name}: expected ISO 8601" in error.message, error.message
+            assert f"'{'x' * 61}...'" in error.message and len(error.message) < 150, error.message
+        shown = await cli(d, "actions", "--since", bad + "\n")
+        assert shown.returncode != 0 and b"Traceback" not in shown.stderr, shown
+        assert b"--since" in shown.stderr and b"x" * 62 not in shown.stderr, shown.stderr
+        assert len(shown.stderr) < 400, shown.stderr
