@@ -31,7 +31,9 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
   ``Content-Length`` beside ``Transfer-Encoding: chunked``: 400 ``AMBIGUOUS_FRAMING``
   (field ``headers.content-length``) before a route or the body, then close (section 6.1:
   reject, or read by the coding alone, and close either way -- ``_refuse_framing`` says which
-  and why);
+  and why); a ``Transfer-Encoding`` in an HTTP/1.0 request: 400 ``AMBIGUOUS_FRAMING`` (field
+  ``headers.transfer-encoding``; section 6.1: faulty framing), likewise; a version other than
+  HTTP/1.0 or 1.1 on the request line: 505 ``HTTP_VERSION_UNSUPPORTED``, likewise;
 * more than ``MAX_CONNECTIONS`` open at once: the longest-idle one makes room, or the new
   one is answered 503 unread (``admission.py``, whose ``Server`` holds a listener's
   connections);
@@ -294,6 +296,9 @@ class Connection:
             if _head_size(head) > MAX_HEAD:
                 await self._refuse(h11.RemoteProtocolError("head too large", 431))
                 return
+            if head.http_version not in (b"1.0", b"1.1"):
+                await self._refuse_version(head.http_version)
+                return
             if head.method == b"CONNECT" or any(n == b"upgrade" for n, _ in head.headers):
                 await self._refuse_switch(head.method == b"CONNECT")
                 return
@@ -303,8 +308,9 @@ class Connection:
             ):
                 await self._refuse_encoding()
                 return
-            if _framed_twice(head):
-                await self._refuse_framing()
+            framing = _bad_framing(head)
+            if framing is not None:
+                await self._refuse_framing(*framing)
                 return
             self._body_by = trio.current_time() + self.server.body_wait
             self.declared = _content_length(head)
@@ -379,24 +385,43 @@ class Connection:
             close=True,
         )
 
-    async def _refuse_framing(self) -> None:
-        """``Content-Length`` beside ``Transfer-Encoding: chunked``: 400 before a route or a
-        byte of the body, then close.  RFC 9112 section 6.1 lets a server reject such a request
+    async def _refuse_version(self, version: bytes) -> None:
+        """A request line naming an HTTP version other than 1.0 or 1.1 (``HTTP/2.0``,
+        ``HTTP/9.9``: h11 parses any ``HTTP/d.d`` as if it were 1.1): 505
+        ``HTTP_VERSION_UNSUPPORTED`` before any route runs or a byte of a body is read, then
+        close -- the framing of a message in a version this server does not speak is unknown
+        (RFC 9110 section 15.6.6), and a call must never run on a guess of it."""
+        log.info("refused a request in HTTP/%s from %s (505)", version, self.peer.describe())
+        message = "this socket speaks HTTP/1.1 (and 1.0) only: the request was not run"
+        await self.answer(
+            505,
+            [(b"content-type", b"application/json")],
+            api_error_body("HTTP_VERSION_UNSUPPORTED", message),
+            close=True,
+        )
+
+    async def _refuse_framing(self, message: str, field: str) -> None:
+        """A body framed ambiguously (``_bad_framing``): 400 before a route or a byte of the
+        body, then close.
+
+        ``Content-Length`` beside ``Transfer-Encoding: chunked``: RFC 9112 section 6.1 lets a
+        server reject such a request
         or read it by the chunked coding alone, and either way "MUST close the connection after
         responding"; section 6.3 says it "ought to be handled as an error" (a smuggling
         attempt).  Refused rather than read: no client of this socket sends both (ours, curl,
         the MCP proxy send one), and a call must never run on a body two framings disagree
         about -- which of them an intermediary between agent and socket honoured is unknowable
-        here."""
-        log.info("refused a request framed twice from %s (400)", self.peer.describe())
-        message = (
-            "a request body is framed by Content-Length or Transfer-Encoding: chunked, never both "
-            "(RFC 9112 section 6.1)"
-        )
+        here.
+
+        ``Transfer-Encoding`` in an HTTP/1.0 request: section 6.1 again -- a server "MUST
+        treat the message as if the framing is faulty" (1.0 has no chunked coding; an
+        intermediary of 1.0 would have read the body to the close instead), and close after
+        answering.  h11 read it chunked and the call was dispatched (audit 53)."""
+        log.info("refused a request framed ambiguously from %s (400)", self.peer.describe())
         await self.answer(
             400,
             [(b"content-type", b"application/json")],
-            api_error_body("AMBIGUOUS_FRAMING", message, "headers.content-length"),
+            api_error_body("AMBIGUOUS_FRAMING", message, field),
             close=True,
         )
 
@@ -589,11 +614,26 @@ def _content_length(head: h11.Request) -> int | None:
     return None
 
 
-def _framed_twice(head: h11.Request) -> bool:
-    """Both a ``Content-Length`` and a ``Transfer-Encoding`` (h11 has refused any coding but
-    one ``chunked``, and reads the body by it, ignoring the length)."""
+def _bad_framing(head: h11.Request) -> tuple[str, str] | None:
+    """Why the request's body framing is ambiguous, and the field to fix, or None:
+    ``Transfer-Encoding`` in HTTP/1.0, or beside a ``Content-Length`` (h11 has refused any
+    coding but one ``chunked``, and would read the body by it, ignoring the length)."""
     names = {name for name, _ in head.headers}
-    return b"content-length" in names and b"transfer-encoding" in names
+    if b"transfer-encoding" not in names:
+        return None
+    if head.http_version == b"1.0":
+        return (
+            "an HTTP/1.0 request has no Transfer-Encoding: send HTTP/1.1, or a Content-Length "
+            "alone (RFC 9112 section 6.1)",
+            "headers.transfer-encoding",
+        )
+    if b"content-length" in names:
+        return (
+            "a request body is framed by Content-Length or Transfer-Encoding: chunked, never "
+            "both (RFC 9112 section 6.1)",
+            "headers.content-length",
+        )
+    return None
 
 
 def _head_size(head: h11.Request) -> int:

@@ -146,6 +146,8 @@ CL_TE_HEAD = (
     b"0\r\n\r\nGET /second HTTP/1.1\r\nhost: a\r\n\r\n"
 )
 
+HTTP10_TE_HEAD = b"POST /echo HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+
 
 @pytest.mark.parametrize("piece", [1 << 20, 1000], ids=["whole", "in-pieces"])
 @pytest.mark.parametrize(
@@ -165,6 +167,10 @@ CL_TE_HEAD = (
         # request): it was served by the chunked coding and the connection kept for the next.
         (TE_HEAD % b"chunked\r\ncontent-length: 2", 400, "AMBIGUOUS_FRAMING"),
         (CL_TE_HEAD, 400, "AMBIGUOUS_FRAMING"),
+        # Transfer-Encoding in HTTP/1.0 (section 6.1: faulty framing), a version not 1.0/1.1:
+        # h11 read the first chunked and took the second as 1.1, and the call ran (audit 53).
+        (HTTP10_TE_HEAD, 400, "AMBIGUOUS_FRAMING"),
+        (b"GET /v1/health HTTP/2.0\r\nhost: a\r\n\r\n", 505, "HTTP_VERSION_UNSUPPORTED"),
     ],
     ids=[
         "request-line",
@@ -177,6 +183,8 @@ CL_TE_HEAD = (
         "transfer-encoding-twice",
         "chunked-and-length",
         "length-then-chunked",
+        "http10-chunked",
+        "http20",
     ],
 )
 async def test_a_malformed_or_oversized_head_is_refused_then_closed_without_a_traceback(
@@ -210,6 +218,47 @@ async def test_a_body_framed_by_both_length_and_chunked_runs_no_route_and_names_
         "headers.content-length",
     )
     assert headers["connection"] == "close" and routes.paths == []
+
+
+@pytest.mark.parametrize(
+    ("data", "status", "code", "field"),
+    [
+        (HTTP10_TE_HEAD, 400, "AMBIGUOUS_FRAMING", "headers.transfer-encoding"),
+        (
+            b"POST /echo HTTP/1.0\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n{}",
+            400,
+            "AMBIGUOUS_FRAMING",
+            "headers.transfer-encoding",
+        ),
+        (
+            b"POST /echo HTTP/2.0\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}",
+            505,
+            "HTTP_VERSION_UNSUPPORTED",
+            None,
+        ),
+        (b"GET /echo HTTP/9.9\r\nhost: a\r\n\r\n", 505, "HTTP_VERSION_UNSUPPORTED", None),
+        (b"GET /echo HTTP/0.9\r\nhost: a\r\n\r\n", 505, "HTTP_VERSION_UNSUPPORTED", None),
+    ],
+    ids=["http10-chunked", "http10-chunked-and-length", "http20", "http99", "http09"],
+)
+async def test_http10_with_a_transfer_coding_or_another_version_runs_no_route(
+    data: bytes, status: int, code: str, field: str | None
+) -> None:
+    """RFC 9112 section 6.1: ``Transfer-Encoding`` in an HTTP/1.0 message is faulty framing,
+    closed after answering; a version this server does not speak is 505.  Both before any route
+    runs -- h11 read the chunked body of a 1.0 request and took ``HTTP/2.0`` and ``HTTP/9.9``
+    request lines as 1.1, and the call was dispatched (audit 53).  The request behind is never
+    served."""
+    routes = Routes()
+    async with serving(routes) as client:
+        with contextlib.suppress(trio.BrokenResourceError):
+            await client.send(data + b"GET /second HTTP/1.1\r\nhost: a\r\n\r\n")
+        got, headers, body = await client.answer()
+        assert await client.closed()
+    error = json.loads(body)["api_error"]
+    assert (got, error["code"], error.get("field")) == (status, code, field)
+    assert headers["connection"] == "close" and routes.paths == []
+    assert client.buffer == b"", "answered past the refusal"
 
 
 BIG_HEAD_OF_HEAD = b"HEAD /x HTTP/1.1\r\nhost: a\r\nx-pad: " + b"p" * MAX_HEAD + b"\r\n\r\n"
