@@ -42,7 +42,7 @@ class UidSpells:
             del self._last[key]
         return [(key, self._turned_away.pop(key, 0)) for key in ended]
 
-    def left(self, uid: int | None, held: int, share: int) -> int | None:
+    def left(self, uid: Hashable, held: int, share: int) -> int | None:
         """``uid`` holds ``held`` connections now, of ``share``: how many were turned away
         when its spell ends with this, else None."""
         if uid in self._turned_away and held <= share // 2:

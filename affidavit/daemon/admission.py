@@ -52,7 +52,10 @@ close after their answer) -- and keeps their number bounded:
   claims that it did not run).
 
 A ``Server`` also keeps the bytes its connections hold in memory bounded: request bodies
-(``BODY_BUDGET``, ``hold_body``: 503 ``BODIES_IN_FLIGHT``) and answers (``ANSWER_BUDGET``,
+(``BODY_BUDGET``, ``hold_body``: 503 ``BODIES_IN_FLIGHT`` with ``Retry-After``, shared out by
+uid as the answers are -- ``held.Shares``, one rule for both -- each share never less than one
+body of ``max_body``: 17 connections of one uid dripping 16 MiB bodies held the whole budget,
+audit 53; a spell of refusals in a share logged once) and answers (``ANSWER_BUDGET``,
 ``hold_answer``: a stored result's answer holds one piece of it while it is written -- results.py
 -- a view's page its length; 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After`` past it, 413
 ``ANSWER_TOO_LARGE`` past what it could ever hold; a delivered answer over 64 KiB its length
@@ -107,6 +110,7 @@ from .h11server import (
     Connection,
     Handler,
 )
+from .held import OTHER_SHARES, Shares
 from .http import MAX_BODY
 from .link import GONE, Link
 from .peer import Peer
@@ -137,11 +141,6 @@ PARSE_THREADS = 2
 (``Request._parsed``): their own, never trio's default ones -- which the calls' journal opens
 and closes share -- so a flood of large bodies waits its turn and takes no thread a call
 needs."""
-OTHER_SHARES = 4
-"""Where operators are configured, one uid that is not an operator holds at most this part of
-what the peers who are not operators may hold together: ``max_per_other`` of ``max_others``
-connections, ``answer_per_other`` of ``answer_others`` answer bytes (the module docstring says
-why a fixed part)."""
 ANSWER_BUDGET = ANSWER_MOST
 """Bytes of answers all of a ``Server``'s connections hold at once, at most (``hold_answer``):
 a stored result's answer is written a piece at a time (``results.py``: each holds its piece's
@@ -242,41 +241,37 @@ class Server:
         answer_others: int | None = None,
         max_per_other: int | None = None,
         answer_per_other: int | None = None,
+        body_per_uid: int | None = None,
     ) -> None:
         self.keep_alive = keep_alive
         self.max_body = max_body
         """The bytes a request body may hold (``http.body_limit`` of the daemon's config)."""
-        self.body_budget = max(BODY_BUDGET, 2 * max_body) if body_budget is None else body_budget
-        """The bytes of request bodies its connections may hold at once (``BODY_BUDGET``)."""
-        self.bodies = 0
-        """The bytes of request bodies held now (``hold_body``)."""
+        self.body_shares = Shares(
+            max(BODY_BUDGET, 2 * max_body) if body_budget is None else body_budget,
+            body_per_uid,
+            least=max_body,
+        )
+        """The bytes of request bodies its connections may hold at once (``BODY_BUDGET``),
+        shared out by uid as the answers are (``hold_body``)."""
+        self._body_spells = UidSpells()
+        """The shares (a uid, ``"others"``, ``"all"``) whose bodies were refused (a spell
+        each, logged once: ``hold_body``)."""
         self.parse_threads = trio.CapacityLimiter(PARSE_THREADS)
         """The threads large bodies are parsed in (``PARSE_THREADS``)."""
         self.answer_threads = trio.CapacityLimiter(PARSE_THREADS)
         """The threads large delivered answers are encoded in (``answers.encoded``): as many
         as bodies are parsed in, and not theirs -- neither waits for the other."""
-        self.answer_budget = ANSWER_BUDGET if answer_budget is None else answer_budget
-        """The bytes of answers its connections may hold at once (``ANSWER_BUDGET``)."""
-        self.answers = 0
-        """The bytes of answers held now (``hold_answer``)."""
+        self.answer_shares = Shares(
+            ANSWER_BUDGET if answer_budget is None else answer_budget,
+            answer_per_uid,
+            answer_others,
+            answer_per_other,
+        )
+        """The bytes of answers its connections may hold at once (``ANSWER_BUDGET``), by uid
+        (``hold_answer``)."""
         self.answers_peak = 0
         """The most ``answers`` has been (what the budget let in, for the operators' eyes and
         the tests')."""
-        self.answer_per_uid = self.answer_budget // 2 if answer_per_uid is None else answer_per_uid
-        """Bytes of answers one peer uid may hold at once (half the budget unless given)."""
-        self.answer_others = self.answer_budget // 2 if answer_others is None else answer_others
-        """Bytes of answers the peers not ``reserved`` hold together, at most (half)."""
-        self.answer_per_other = (
-            max(1, self.answer_others // OTHER_SHARES)
-            if answer_per_other is None
-            else answer_per_other
-        )
-        """Bytes of answers one peer uid not ``reserved`` may hold at once (a quarter of
-        ``answer_others`` unless given; none of this without a reserve)."""
-        self.others_answers = 0
-        """Of ``answers``, those held for peers not ``reserved``."""
-        self._answers_by_uid: dict[int, int] = {}
-        """Bytes of answers held now, by peer uid (none listed with 0)."""
         self._wakes: set[trio.Event] = set()
         """One per delivered answer waiting for room (``wait_answer``): set when answer bytes
         are dropped or the server closes."""
@@ -329,16 +324,95 @@ class Server:
         """The waits of connections between requests (or before their first), longest idle
         first (cancelled by ``close``, and one by ``_evict``)."""
 
-    def hold_body(self, n: int) -> bool:
-        """Count ``n`` more bytes of a request body as held, if they fit in ``body_budget``."""
-        if self.bodies + n > self.body_budget:
-            return False
-        self.bodies += n
-        return True
+    @property
+    def body_budget(self) -> int:
+        """The bytes of request bodies its connections may hold at once (``BODY_BUDGET``)."""
+        return self.body_shares.budget
 
-    def drop_body(self, n: int) -> None:
+    @property
+    def bodies(self) -> int:
+        """The bytes of request bodies held now (``hold_body``)."""
+        return self.body_shares.held
+
+    def hold_body(self, n: int, peer: Peer, other: bool) -> str | None:
+        """Count ``n`` more bytes of a request body of ``peer``'s (``other``: one not
+        ``reserved``) as held, if they fit in ``body_budget`` and the peer's shares of it
+        (``body_shares``: as the answers'): None.  Else nothing is counted and the share they
+        do not fit in is named (``"all"``, ``"uid"``, ``"others"``) -- one uid's 17 bodies,
+        dripped, held the whole budget and every other uid's large call was 503 (audit 53).
+        Each spell of refusals in a share is logged once, and its end (``drop_body``)."""
+        full = self.body_shares.full(n, peer.uid, other)
+        if full is None:
+            self.body_shares.add(n, peer.uid, other)
+            return None
+        key: int | str = peer.uid if full == "uid" else full
+        if self._body_spells.turned_away(key):
+            log.warning(
+                "request bodies %s hold %d bytes, their most: refusing more (503 "
+                "BODIES_IN_FLIGHT) until they hold half of it, first %s",
+                _whose(full, peer.uid),
+                self.body_shares.limit(full, other),
+                peer.describe(),
+            )
+        return full
+
+    def drop_body(self, n: int, uid: int, other: bool) -> None:
         """A request's bodies are no longer held (its handling is over)."""
-        self.bodies -= n
+        if not n:
+            return
+        shares = self.body_shares
+        left = shares.drop(n, uid, other)
+        for key, held, share in (
+            (uid, left, shares.share(other)),
+            ("others", shares.others_held, shares.others),
+            ("all", shares.held, shares.budget),
+        ):
+            ended = self._body_spells.left(key, held, share)
+            if ended is not None:
+                log.info(
+                    "request bodies %s have room again (%d bytes held); %d were refused",
+                    _whose("uid" if key == uid else str(key), uid),
+                    held,
+                    ended,
+                )
+
+    # The answer budget's limits, as set (tests change them on a server made).
+    @property
+    def answer_budget(self) -> int:
+        return self.answer_shares.budget
+
+    @answer_budget.setter
+    def answer_budget(self, value: int) -> None:
+        self.answer_shares.budget = value
+
+    @property
+    def answer_per_uid(self) -> int:
+        return self.answer_shares.per_uid
+
+    @answer_per_uid.setter
+    def answer_per_uid(self, value: int) -> None:
+        self.answer_shares.per_uid = value
+
+    @property
+    def answer_others(self) -> int:
+        return self.answer_shares.others
+
+    @answer_others.setter
+    def answer_others(self, value: int) -> None:
+        self.answer_shares.others = value
+
+    @property
+    def answer_per_other(self) -> int:
+        return self.answer_shares.per_other
+
+    @answer_per_other.setter
+    def answer_per_other(self, value: int) -> None:
+        self.answer_shares.per_other = value
+
+    @property
+    def answers(self) -> int:
+        """The bytes of answers held now (``hold_answer``)."""
+        return self.answer_shares.held
 
     def share(self, other: bool) -> int:
         """The places one uid may hold: ``max_per_uid``, and no more than ``max_per_other`` for
@@ -348,13 +422,12 @@ class Server:
     def answer_share(self, other: bool) -> int:
         """The answer bytes one uid may hold at once: ``answer_per_uid``, and no more than
         ``answer_per_other`` for a peer not ``reserved`` (``other``)."""
-        return min(self.answer_per_uid, self.answer_per_other) if other else self.answer_per_uid
+        return self.answer_shares.share(other)
 
     def answer_most(self, other: bool) -> int:
         """The largest answer one peer could ever be let hold (``other``: one not
         ``reserved``): its uid's share, within the budget and the others' joint share."""
-        most = min(self.answer_budget, self.answer_share(other))
-        return min(most, self.answer_others) if other else most
+        return self.answer_shares.most(other)
 
     def hold_answer(self, n: int, uid: int, other: bool, *, first: bool = False) -> str | None:
         """Count ``n`` bytes of an answer to peer ``uid`` (``other``: one not ``reserved``) as
@@ -366,20 +439,12 @@ class Server:
         page or a fetch can be asked again (``wait_answer``).  For ``first`` the uid's own
         share is named before the budget: the answer waits in the narrowest share that
         holds it back, so it keeps only its own uid's pages waiting, not every uid's."""
-        mine = self._answers_by_uid.get(uid, 0)
-        waits = self._waiting if not first else {}
-        over_mine = bool(waits.get(uid)) or mine + n > self.answer_share(other)
-        if first and over_mine:
-            return "uid"
-        if waits.get("all") or self.answers + n > self.answer_budget:
-            return "all"
-        if over_mine:
-            return "uid"
-        if other and (waits.get("others") or self.others_answers + n > self.answer_others):
-            return "others"
-        self.answers += n
-        self._answers_by_uid[uid] = mine + n
-        self.others_answers += n if other else 0
+        full = self.answer_shares.full(
+            n, uid, other, None if first else self._waiting, mine_first=first
+        )
+        if full is not None:
+            return full
+        self.answer_shares.add(n, uid, other)
         self.answers_peak = max(self.answers_peak, self.answers)
         return None
 
@@ -438,13 +503,7 @@ class Server:
     def drop_answer(self, n: int, uid: int, other: bool) -> None:
         """An answer's bytes are no longer held (written, or its writing given up)."""
         self._wake()
-        self.answers -= n
-        self.others_answers -= n if other else 0
-        left = self._answers_by_uid[uid] - n
-        if left:
-            self._answers_by_uid[uid] = left
-        else:
-            del self._answers_by_uid[uid]
+        self.answer_shares.drop(n, uid, other)
 
     @property
     def idle(self) -> int:
@@ -619,6 +678,13 @@ class Server:
         finally:
             with trio.CancelScope(shield=True):
                 await link.aclose()
+
+
+def _whose(full: str, uid: int) -> str:
+    """The share ``full`` names, in a log line's words."""
+    return {"uid": f"of uid {uid}", "others": "of peers who are not operators"}.get(
+        full, "of all peers"
+    )
 
 
 class _RefusedPeers:

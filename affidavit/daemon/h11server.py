@@ -323,7 +323,7 @@ class Connection:
                 if not req.answered and not self.link.hung_up.is_set():
                     await req.respond_problem(ApiProblem(500, "INTERNAL", "the daemon failed"))
             finally:
-                self.server.drop_body(req.held)  # its body is no longer held
+                self.server.drop_body(req.held, self.peer.uid, self.other)  # no longer held
             if not req.answered or not self._next_cycle():
                 return
 

@@ -49,6 +49,11 @@ MAX_BODY = 16 * 1024 * 1024
 is small; targets enforce their own ``max_body`` (PAYLOAD_LIMIT, an envelope)."""
 
 
+BODY_RETRY = 5
+"""Seconds a request refused 503 ``BODIES_IN_FLIGHT`` is told to wait (``Retry-After``): as
+long as ``ANSWERS_IN_FLIGHT``'s (``results.ANSWER_RETRY``) -- a body held is let go once its
+request is answered, bounded by ``BODY_WAIT``."""
+
 FREE_BODY = 64 * 1024
 """The bytes of each request's body not counted against the server's ``body_budget`` (a
 request that small is never refused for others' bodies: 256 connections hold 16 MiB of them at
@@ -201,13 +206,23 @@ class Request:
                 self._hold(sent - FREE_BODY - self.held)
 
     def _hold(self, n: int) -> None:
-        server = self._conn.server
-        if not server.hold_body(n):
+        """Hold ``n`` more bytes of the body in the server's budget and the peer's shares of it
+        (``Server.hold_body``), or 503 ``BODIES_IN_FLIGHT`` naming the share that is full,
+        with ``Retry-After`` as ``ANSWERS_IN_FLIGHT`` has."""
+        server, other = self._conn.server, self._conn.other
+        full = server.hold_body(n, self.peer, other)
+        if full is not None:
+            whose = {
+                "all": "and others fill it",
+                "uid": f"for uid {self.peer.uid}, and its other bodies fill it",
+                "others": "for peers who are not operators, and theirs fill it",
+            }[full]
             raise ApiProblem(
                 503,
                 "BODIES_IN_FLIGHT",
-                f"the daemon holds {server.body_budget} bytes of request bodies at most, at "
-                "once, and others fill it: the body was not read; try again later",
+                f"the daemon holds {server.body_shares.limit(full, other)} bytes of request "
+                f"bodies at most, at once, {whose}: the body was not read; try again later",
+                retry_after=BODY_RETRY,
             )
         self.held += n
 

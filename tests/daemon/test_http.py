@@ -369,6 +369,7 @@ async def test_the_bodies_held_at_once_are_bounded_and_a_small_one_always_passes
             "close",
         )
         assert f"{budget} bytes" in json.loads(body)["api_error"]["message"]
+        assert headers["retry-after"] == "5"  # as ANSWERS_IN_FLIGHT's (audit 53: none)
         assert await b.closed()
         assert server.bodies == held  # b's bytes were let go at its answer
         await c.send(post % FREE_BODY + b"c" * FREE_BODY)
