@@ -13,7 +13,8 @@ naming the write that was pending.  Nothing claims more than the journal holds: 
 no envelope (its connection closed unanswered), the remote got no request (the request leaves
 only once DISPATCH_STARTED is durable), and the daemon started again on the same socket and
 journal finds a journal that verifies and closes the record as what its events prove -- not
-dispatched."""
+dispatched.  The processes whose stop runs out of its bound have its fixed phases shortened
+(``QUICK``): the bound is the same sum, of smaller parts, pinned by its exact number."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import trio
 
@@ -31,6 +33,7 @@ from affidavit.api.wire import AnswerLost, ClientError, DaemonUnavailable
 from affidavit.daemon.server import ANSWER_WAIT
 from affidavit.journal import JournalReader
 from affidavit.statemachine import EventKind
+from affidavit.stopping import bound as stopping_bound
 from affidavit.stopping.bound import EXIT_STOP_UNFINISHED, stop_bound
 from tests.http.hostile import HostileServer, Peer, Reply, scripts
 from tests.postgres import Cluster, Proxy
@@ -50,19 +53,47 @@ from .kit import (
     write_daemon_config,
 )
 
+QUICK_WAITS = {"RECORD_WAIT": 1.0, "ANSWER_WAIT": 1.0, "CLOSE_WAIT": 1.5}
+"""The stop's fixed phases (``affidavit.stopping.bound``), shortened in the processes whose
+stop runs out of its bound (``QUICK``): a bound of 4 s (6.5 s embedded) proves what one of
+15.5 s did.  ``RECORD_WAIT`` stays at least ``ANSWER_WAIT`` (as ``bound`` asserts), and
+``CLOSE_WAIT`` over the shared journals' ``reconnect`` of 1 s (``_through``)."""
+QUICK_LOOP_WAIT = 3.5
+"""``affidavit.mcp.stop.LOOP_WAIT`` so shortened (the late loop's test needs its slack)."""
+QUICK = f"""
+from affidavit.stopping import bound
+for name, seconds in {QUICK_WAITS!r}.items():  # before any module imports them by name
+    setattr(bound, name, seconds)
+from affidavit.mcp import stop
+stop.LOOP_WAIT = {QUICK_LOOP_WAIT!r}
+"""
+"""A ``-c`` script's head: the phases shortened, then the real command (``SERVE``, ``HOLD``)."""
+SERVE = f"""{QUICK}
+import sys
+from affidavit.cli import main
+sys.exit(main(["serve", "--config", sys.argv[1]]))
+"""
+
+
+def quick_bound(grace: float, wait: float, reconnect: float | None) -> float:
+    """``stop_bound`` with the phases ``QUICK`` gives the process (the line's exact number)."""
+    with mock.patch.multiple(stopping_bound, **QUICK_WAITS):
+        return stop_bound(grace, wait, reconnect)
+
+
 GRACE = 0.5
-BOUND = stop_bound(GRACE, ANSWER_WAIT, None)
+BOUND = quick_bound(GRACE, QUICK_WAITS["ANSWER_WAIT"], None)
 MARGIN = 20.0
+"""Beyond the bound: a loaded machine's time to notice the exit (a ceiling, not a measure)."""
 EARLY = 0.5
 """Under the bound: the watchdog's timer and ours started apart (a floor, not a measure)."""
 SLOW = 2.5
 """Seconds the slow stop's remote takes to answer: most of its call's grace."""
 QUIET = 1.0
 """Seconds a frozen database is left alone before the read, to tell its packets apart."""
-"""Beyond the bound: a loaded machine's time to notice the exit (a ceiling, not a measure)."""
 HELD = "test hook: a DISPATCH_STARTED write holds"
 
-HOLD = f"""
+HOLD = f"""{QUICK}
 import sys, threading
 from affidavit.journal import writer
 
@@ -171,7 +202,9 @@ async def test_a_stop_held_by_a_database_that_never_answers_ends_within_its_boun
                 service={"shutdown_grace": GRACE},
                 journal=journal,
             )
-            held = await start_daemon(config, socket, tmp_path / "held.log", token)
+            held = await start_daemon(
+                config, socket, tmp_path / "held.log", token, command=_quick(config)
+            )
             answered: list[Run] = []
             try:
                 async with trio.open_nursery() as nursery:
@@ -225,7 +258,7 @@ async def test_sigterm_while_the_loop_waits_for_a_database_read_ends_within_its_
     SIGTERM" line: that is logged on the loop).  The reader's wait is unanswered, not refused."""
     proxy = Proxy(pg.port)
     socket = tmp_path / "affidavit.sock"
-    bound = stop_bound(GRACE, ANSWER_WAIT, 1.0)
+    bound = quick_bound(GRACE, QUICK_WAITS["ANSWER_WAIT"], 1.0)
     try:
         async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
             config = write_daemon_config(
@@ -235,7 +268,9 @@ async def test_sigterm_while_the_loop_waits_for_a_database_read_ends_within_its_
                 service={"shutdown_grace": GRACE},
                 journal=_through(proxy, pg, pg_url, tmp_path),
             )
-            held = await start_daemon(config, socket, tmp_path / "held.log", token)
+            held = await start_daemon(
+                config, socket, tmp_path / "held.log", token, command=_quick(config)
+            )
             read: list[BaseException] = []
             try:
                 async with Client.open(socket) as client:
@@ -393,6 +428,11 @@ async def test_a_signal_during_the_start_up_ends_it_with_the_journal_closed(
     after = await start_daemon(config, socket, tmp_path / "after.log", token)
     stop(after)
     assert after.proc.returncode == 0, after.log_text()
+
+
+def _quick(config: Path) -> list[str]:
+    """``affidavit serve --config CONFIG`` with the stop's phases shortened (``QUICK``)."""
+    return [sys.executable, "-c", SERVE, str(config)]
 
 
 def _lost(caller: Run) -> None:

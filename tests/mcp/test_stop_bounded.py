@@ -9,8 +9,10 @@ within ``stop_bound`` and not before, one line naming the write and the call.  A
 that takes every packet and never answers (``Proxy.freeze``) while the loop itself waits in a
 result read: trio's receiver, a task on that loop, would never hear SIGTERM; the process's own
 signal thread does.  Each bound is pinned by its exact number in the line, so a grace or a
-``reconnect`` (7 s: over ``CLOSE_WAIT``) the bound failed to count fails the test.  A healthy
-stop, by SIGTERM or SIGINT: the call's answer goes out, exit 0, nothing critical."""
+``reconnect`` (3 s: over ``CLOSE_WAIT``) the bound failed to count fails the test.  A healthy
+stop, by SIGTERM or SIGINT: the call's answer goes out, exit 0, nothing critical.  The
+processes whose stop runs out of its bound have its fixed phases shortened (``QUICK``): the
+bound is the same sum, of smaller parts."""
 
 from __future__ import annotations
 
@@ -39,7 +41,15 @@ from tests.daemon.test_stop_bound_parts import (
     _no_watchdog_thread,
     serve_s_signals,  # noqa: F401 (a fixture)
 )
-from tests.daemon.test_stop_bounded import HELD, HOLD, _through
+from tests.daemon.test_stop_bounded import (
+    HELD,
+    HOLD,
+    QUICK,
+    QUICK_LOOP_WAIT,
+    QUICK_WAITS,
+    _through,
+    quick_bound,
+)
 from tests.http.hostile import HostileServer, Peer, Reply
 from tests.postgres import Cluster, Proxy
 
@@ -48,17 +58,26 @@ from .kit import PYTHON, WAIT
 from .test_protocol import FAST, INIT, Raw, call
 
 GRACE = 0.5
-BOUND = stop_bound(GRACE, LOOP_WAIT, None)
-"""The embedded stop's phases: no answer wait, the loop's slack (``affidavit.mcp.stop``)."""
+BOUND = quick_bound(GRACE, QUICK_LOOP_WAIT, None)
+"""The embedded stop's phases: no answer wait, the loop's slack (``affidavit.mcp.stop``), as
+shortened by ``QUICK`` in the processes whose stop runs out of its bound."""
 EARLY = 0.5
 """Under the bound: the watchdog's timer and ours started apart (a floor, not a measure)."""
 MARGIN = 20.0
 """Beyond the bound: a loaded machine's time to notice the exit (a ceiling, not a measure)."""
 SLOW = 1.5
 """Seconds the healthy stop's remote takes to answer, within its grace."""
-RECONNECT = 7.0
-"""A shared journal's ``[journal] reconnect``: over ``CLOSE_WAIT``, so the bound counts it."""
+RECONNECT = 3.0
+"""A shared journal's ``[journal] reconnect``: over ``CLOSE_WAIT`` (``QUICK``'s), so the bound
+counts it."""
+assert QUICK_WAITS["CLOSE_WAIT"] < RECONNECT
 HOLD_MCP = HOLD.replace('["serve", "--config", sys.argv[1]]', '["mcp", *sys.argv[1:]]')
+MCP = f"""{QUICK}
+import sys
+from affidavit.cli import main
+sys.exit(main(["mcp", *sys.argv[1:]]))
+"""
+"""``affidavit mcp ARGS`` with the stop's phases shortened (``QUICK``)."""
 
 
 @asynccontextmanager
@@ -146,15 +165,14 @@ async def test_sigterm_while_the_loop_waits_for_a_database_read_exits_74_within_
     """A shared journal whose PostgreSQL stops answering while a ``fetch_result`` reads it on
     the event loop: the loop never runs again, so the stop is not started there (no "signal
     15: stopping" line: that is logged on the loop) -- the process's signal thread arms the
-    bound (its ``reconnect`` of 7 s over ``CLOSE_WAIT``, so counted: the line's exact number
+    bound (its ``reconnect`` of 3 s over ``CLOSE_WAIT``, so counted: the line's exact number
     says it was), which ends it: exit 74."""
     proxy = Proxy(pg.port)
-    bound = stop_bound(GRACE, LOOP_WAIT, RECONNECT)
+    bound = quick_bound(GRACE, QUICK_LOOP_WAIT, RECONNECT)
     try:
         journal = {**_through(proxy, pg, pg_url, tmp_path), "reconnect": RECONNECT}
         cfg = write_config(tmp_path, remotes.targets(), journal=journal)
-        argv = [PYTHON, "-m", "affidavit", "mcp", "--config", str(cfg)]
-        argv += ["--shutdown-grace", str(GRACE)]
+        argv = [PYTHON, "-c", MCP, "--config", str(cfg), "--shutdown-grace", str(GRACE)]
         async with started(argv, remotes.env(token), tmp_path / "mcp.log") as raw:
             await raw.send(call(1, "http_request", FAST))
             answer: dict[str, Any] = (await raw.answer(1))["result"]["structuredContent"]
@@ -409,7 +427,7 @@ async def test_a_signal_after_the_stop_let_the_signals_go_ends_it_at_once(
     assert not [line for line in lines if re.search(r" signal \d+: ", line)], lines
 
 
-HUNG_START = SLOW_START.replace(
+HUNG_START = QUICK + SLOW_START.replace(
     "await trio.sleep_forever()  # a long start-up",
     "with trio.CancelScope(shield=True): await trio.sleep_forever()  # a start-up held",
 )
@@ -424,7 +442,7 @@ async def test_a_signal_during_the_start_up_is_bounded_by_the_config_s_terms(
     """A start-up that never ends (held where ``Broker.open`` recovers a shared journal whose
     PostgreSQL restarts) and SIGTERM: the bound counts the config's terms from the signal on --
     its ``[service] shutdown_grace`` when no ``--shutdown-grace`` is given (SQLite), a shared
-    journal's ``[journal] reconnect`` of 7 s over ``CLOSE_WAIT`` (PostgreSQL): exit 74 at
+    journal's ``[journal] reconnect`` of 3 s over ``CLOSE_WAIT`` (PostgreSQL): exit 74 at
     that bound, not before, the exact number in its line.  (Before, until the broker was open
     the bound was the default grace's, 65 s, and no reconnect's: a writer still legitimately
     reconnecting was ended at ``CLOSE_WAIT``.)"""
@@ -432,7 +450,7 @@ async def test_a_signal_during_the_start_up_is_bounded_by_the_config_s_terms(
         cfg = write_config(tmp_path, remotes.targets())
         cfg.write_text(cfg.read_text() + f"[service]\nshutdown_grace = {CONFIG_GRACE}\n")
         flags: list[str] = []
-        bound = stop_bound(CONFIG_GRACE, LOOP_WAIT, None)
+        bound = quick_bound(CONFIG_GRACE, QUICK_LOOP_WAIT, None)
     else:
         shared = {
             "url": request.getfixturevalue("pg_url"),
@@ -442,7 +460,7 @@ async def test_a_signal_during_the_start_up_is_bounded_by_the_config_s_terms(
         }
         cfg = write_config(tmp_path, remotes.targets(), journal=shared)
         flags = ["--shutdown-grace", str(GRACE)]
-        bound = stop_bound(GRACE, LOOP_WAIT, RECONNECT)
+        bound = quick_bound(GRACE, QUICK_LOOP_WAIT, RECONNECT)
     argv = [PYTHON, "-c", HUNG_START, "--config", str(cfg), *flags]
     async with started(argv, remotes.env(token), tmp_path / "mcp.log", initialize=False) as raw:
         await wait_until(lambda: OPENED in raw.stderr(), "the start-up")
@@ -455,7 +473,9 @@ async def test_a_signal_during_the_start_up_is_bounded_by_the_config_s_terms(
     assert token not in log
 
 
-LATE_LOOP = """
+LATE = 1.0
+"""Seconds the late loop comes after the phases' sum with no slack: under ``QUICK_LOOP_WAIT``."""
+LATE_LOOP = f"""{QUICK}
 import sys, time
 from affidavit.mcp import stop
 
@@ -480,7 +500,7 @@ async def test_a_stop_the_loop_starts_late_is_not_ended_while_it_progresses(
     to it later than the phases' sum with no slack (``stop_bound`` without ``LOOP_WAIT``) but
     within the slack still ends on its own: exit 0, nothing critical (before: 74, the
     journal not closed, while the stop made progress)."""
-    held = stop_bound(GRACE, 0.0, None) + 2.0
+    held = quick_bound(GRACE, 0.0, None) + LATE
     cfg = write_config(tmp_path, remotes.targets())
     argv = [
         PYTHON,
