@@ -15,6 +15,7 @@ private copy of it and reads it through every surface.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -33,6 +34,7 @@ import trio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import affidavit.cli
 from affidavit.cli import main as cli_main
 from affidavit.journal import Journal, JournalError, JournalReader, LeaseBusy
 from affidavit.statemachine import Event, ImpossibleEvent
@@ -260,6 +262,18 @@ def altered_copy(base: Path, a: Alteration) -> Iterator[Path | None]:
     with tempfile.TemporaryDirectory() as d:
         db = _copy(base, Path(d))
         yield db if alter(db, a) else None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_parser_per_command() -> Iterator[None]:
+    """The CLI surfaces run ``affidavit.cli.main`` in process ~900 times a property, and each
+    run built its command's argparse parser again (~35 ms: half the property's time) -- the
+    same parser whatever the journal holds, so here it is built once per command and reused
+    (``parse_args`` keeps nothing between two parses: each gets a namespace of its own).  The
+    processes of ``test_the_cli_prints_one_line_and_no_traceback`` build theirs as always."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(affidavit.cli, "build_parser", functools.cache(affidavit.cli.build_parser))
+        yield
 
 
 # -- the surfaces -------------------------------------------------------------------------------
