@@ -22,16 +22,18 @@ from tests.daemon.kit import wait_until
 from tests.http.hostile import HostileServer, Peer, Reply
 
 from .conftest import JOB, wait_for
-from .kit import WAIT
+from .kit import PYTHON, WAIT
 from .test_linked_delivery import OPERATIONS, mcp, poll_deliveries, submitted
 from .test_protocol import call
+from .test_stop_bounded import MCP
 
 PAD = "x" * 900_000
 """A status document far larger than the stdout pipe takes (64 KiB on Linux): the test reads
 what reached the client once the process ended, and checks it is less."""
 GRACE = 2.0
 """Long enough for the poll's answer to be under way before it ends (its write then waits on
-the pipe for good); the stop after it takes the recording wait (5 s) too."""
+the pipe for good); the stop after it takes the recording wait too -- ``max(GRACE,
+RECORD_WAIT)``, 2 s with the fixed phases shortened (``MCP``: ``RECORD_WAIT`` 1 s), not 5."""
 
 
 async def jobs(peer: Peer) -> None:
@@ -53,7 +55,7 @@ async def test_a_poll_answer_cut_off_by_the_stop_is_recorded_undelivered(
         cfg = write_config(tmp_path, {"jobs": http_target(srv.url + "/v1", operations=OPERATIONS)})
         with cfg.open("a", encoding="utf-8") as out:
             out.write(f"[service]\nshutdown_grace = {GRACE}\n")
-        async with mcp(tmp_path, cfg, token) as raw:
+        async with mcp(tmp_path, cfg, token, (PYTHON, "-c", MCP)) as raw:
             submission, op = await submitted(raw)
             await raw.send(call(2, "poll_operation", {"operation_id": op}))  # never read
             await wait_for(srv.event("polled"))

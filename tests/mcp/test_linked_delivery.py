@@ -48,12 +48,14 @@ async def held_polls(peer: Peer) -> None:
 
 
 @asynccontextmanager
-async def mcp(tmp: Path, cfg: Path, token: str) -> AsyncIterator[Raw]:
+async def mcp(
+    tmp: Path, cfg: Path, token: str, command: tuple[str, ...] = (PYTHON, "-m", "affidavit", "mcp")
+) -> AsyncIterator[Raw]:
     """An embedded ``affidavit mcp`` spoken to in raw lines, initialized; killed on leaving if
-    it has not exited."""
+    it has not exited.  ``command``: what runs ``affidavit mcp`` (its arguments follow)."""
     with (tmp / "mcp.log").open("ab") as log:
         proc = await trio.lowlevel.open_process(
-            [PYTHON, "-m", "affidavit", "mcp", "--config", str(cfg)],
+            [*command, "--config", str(cfg)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
