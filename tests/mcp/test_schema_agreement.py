@@ -96,13 +96,16 @@ def from_schema(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
         values = from_schema(schema.get("additionalProperties", {}))
         return st.dictionaries(names, values, max_size=min(schema.get("maxProperties", 4), 4))
     required = set(schema.get("required", ()))
+    # Each property's strategy built once, not at every draw: a ``from_regex`` made anew was
+    # parsed and validated again for each example (half the test's time).
+    properties = {name: from_schema(sub) for name, sub in schema["properties"].items()}
 
     @st.composite
     def objects(draw: st.DrawFn) -> dict[str, Any]:
         out = {}
-        for name, sub in schema["properties"].items():
+        for name, strategy in properties.items():
             if name in required or draw(st.booleans()):
-                out[name] = draw(from_schema(sub))
+                out[name] = draw(strategy)
         return out
 
     return objects()
