@@ -6,7 +6,10 @@ while a large answer is written holds that write; SIGTERM's grace runs out, the 
 get their recording wait, then the connection is cut -- the write with it -- and the poll's
 result must be recorded RESULT_DELIVERY_FAILED (stored, fetchable), never RESULT_DELIVERED, nor
 left stored with no delivery row.  The daemon's: tests/daemon/test_linked_answer_stop.py.
-A real process, its real pipes; every wait bounded; no timing asserted.
+A real process, its real pipes; every wait bounded; no timing asserted.  The process runs with
+the stop's fixed phases shortened (test_stop_bounded's ``MCP`` through ``mcp()``'s ``command``:
+``RECORD_WAIT`` 1.25 s, so the stopped poll's recording wait is ``max(GRACE, RECORD_WAIT)`` =
+2 s, not 5); the answer's write is still held past the grace and cut.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ what reached the client once the process ended, and checks it is less."""
 GRACE = 2.0
 """Long enough for the poll's answer to be under way before it ends (its write then waits on
 the pipe for good); the stop after it takes the recording wait too -- ``max(GRACE,
-RECORD_WAIT)``, 2 s with the fixed phases shortened (``MCP``: ``RECORD_WAIT`` 1 s), not 5."""
+RECORD_WAIT)``, 2 s with the fixed phases shortened (``MCP``: ``RECORD_WAIT`` 1.25 s), not 5."""
 
 
 async def jobs(peer: Peer) -> None:

@@ -5,7 +5,9 @@ whole, and RESULT_DELIVERY_FAILED -- never RESULT_DELIVERED -- when the client h
 Before, the poll ran without the surface's ``deliver`` and was recorded delivered (channel
 ``return``) as soon as its envelope came back in-process, whether or not the answer was written.
 The daemon's routes: tests/daemon/test_linked_delivery.py; a reconciliation query's:
-tests/mcp/test_reconcile.py."""
+tests/mcp/test_reconcile.py.  ``mcp()`` runs ``python -m affidavit mcp`` unless given another
+``command`` (test_linked_answer_stop.py gives test_stop_bounded's ``MCP``: the same command with
+the stop's fixed phases shortened)."""
 
 from __future__ import annotations
 

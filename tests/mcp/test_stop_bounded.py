@@ -45,10 +45,8 @@ from tests.daemon.test_stop_bounded import (
     HELD,
     HOLD,
     QUICK,
-    QUICK_LOOP_WAIT,
     QUICK_WAITS,
     _through,
-    quick_bound,
 )
 from tests.http.hostile import HostileServer, Peer, Reply
 from tests.postgres import Cluster, Proxy
@@ -58,9 +56,15 @@ from .kit import PYTHON, WAIT
 from .test_protocol import FAST, INIT, Raw, call
 
 GRACE = 0.5
-BOUND = quick_bound(GRACE, QUICK_LOOP_WAIT, None)
-"""The embedded stop's phases: no answer wait, the loop's slack (``affidavit.mcp.stop``), as
-shortened by ``QUICK`` in the processes whose stop runs out of its bound."""
+BOUND = 7.75
+"""The embedded stop's exact number, written out (not computed by the ``stop_bound`` under
+test): the grace 0.5 + the recording ``max(grace, RECORD_WAIT)`` 1.25 + the loop's slack
+``LOOP_WAIT`` 4.5 (``affidavit.mcp.stop``; no answer wait) + ``CLOSE_WAIT`` 1.5, as shortened by
+``QUICK`` in the processes whose stop runs out of its bound."""
+RECONNECT_BOUND = 9.25
+"""``BOUND`` with a shared journal's ``reconnect`` of 3 s in place of ``CLOSE_WAIT``'s 1.5 s."""
+START = 60.0
+"""Seconds a process may take to start (a ceiling, not a measure: a loaded machine's)."""
 EARLY = 0.5
 """Under the bound: the watchdog's timer and ours started apart (a floor, not a measure)."""
 MARGIN = 20.0
@@ -168,7 +172,7 @@ async def test_sigterm_while_the_loop_waits_for_a_database_read_exits_74_within_
     bound (its ``reconnect`` of 3 s over ``CLOSE_WAIT``, so counted: the line's exact number
     says it was), which ends it: exit 74."""
     proxy = Proxy(pg.port)
-    bound = quick_bound(GRACE, QUICK_LOOP_WAIT, RECONNECT)
+    bound = RECONNECT_BOUND
     try:
         journal = {**_through(proxy, pg, pg_url, tmp_path), "reconnect": RECONNECT}
         cfg = write_config(tmp_path, remotes.targets(), journal=journal)
@@ -354,7 +358,7 @@ async def test_a_signal_before_the_session_began_ends_the_start_up_with_the_jour
     argv = [PYTHON, "-c", SLOW_START, "--config", str(cfg), "--shutdown-grace", str(GRACE)]
     log = tmp_path / "mcp.log"
     async with started(argv, remotes.env(token), log, initialize=False) as raw:
-        await wait_until(lambda: OPENED in raw.stderr(), "the start-up")
+        await wait_until(lambda: OPENED in raw.stderr(), "the start-up", START)
         raw.proc.send_signal(signal.SIGTERM)
         status, _ = await exit_within(raw, BOUND)
     assert status == 0, raw.stderr()
@@ -450,7 +454,7 @@ async def test_a_signal_during_the_start_up_is_bounded_by_the_config_s_terms(
         cfg = write_config(tmp_path, remotes.targets())
         cfg.write_text(cfg.read_text() + f"[service]\nshutdown_grace = {CONFIG_GRACE}\n")
         flags: list[str] = []
-        bound = quick_bound(CONFIG_GRACE, QUICK_LOOP_WAIT, None)
+        bound = BOUND  # CONFIG_GRACE is GRACE
     else:
         shared = {
             "url": request.getfixturevalue("pg_url"),
@@ -460,10 +464,10 @@ async def test_a_signal_during_the_start_up_is_bounded_by_the_config_s_terms(
         }
         cfg = write_config(tmp_path, remotes.targets(), journal=shared)
         flags = ["--shutdown-grace", str(GRACE)]
-        bound = quick_bound(GRACE, QUICK_LOOP_WAIT, RECONNECT)
+        bound = RECONNECT_BOUND
     argv = [PYTHON, "-c", HUNG_START, "--config", str(cfg), *flags]
     async with started(argv, remotes.env(token), tmp_path / "mcp.log", initialize=False) as raw:
-        await wait_until(lambda: OPENED in raw.stderr(), "the start-up")
+        await wait_until(lambda: OPENED in raw.stderr(), "the start-up", START)
         raw.proc.send_signal(signal.SIGTERM)
         status, elapsed = await exit_within(raw, bound)
     log = raw.stderr()
@@ -473,8 +477,9 @@ async def test_a_signal_during_the_start_up_is_bounded_by_the_config_s_terms(
     assert token not in log
 
 
-LATE = 1.0
-"""Seconds the late loop comes after the phases' sum with no slack: under ``QUICK_LOOP_WAIT``."""
+LATE = 2.0
+"""Seconds the late loop comes after the phases' sum with no slack: 2.5 s under
+``QUICK_LOOP_WAIT``."""
 LATE_LOOP = f"""{QUICK}
 import sys, time
 from affidavit.mcp import stop
@@ -500,7 +505,7 @@ async def test_a_stop_the_loop_starts_late_is_not_ended_while_it_progresses(
     to it later than the phases' sum with no slack (``stop_bound`` without ``LOOP_WAIT``) but
     within the slack still ends on its own: exit 0, nothing critical (before: 74, the
     journal not closed, while the stop made progress)."""
-    held = quick_bound(GRACE, 0.0, None) + LATE
+    held = 3.25 + LATE  # BOUND without its LOOP_WAIT (0.5 + 1.25 + 1.5), then LATE
     cfg = write_config(tmp_path, remotes.targets())
     argv = [
         PYTHON,
