@@ -337,10 +337,11 @@ async def _store_failed(
     say so -- the complete response (its outcome and hash), unless the record already holds it,
     and RESULT_STORE_FAILED -- are appended as barriers of their own: a journal that refused
     megabytes may take them, and then the record itself confirms the outcome.  What it does not
-    take is rendered in memory on top of the durable record, never claimed as durable:
-    RESULT_STORE_FAILED, retry never, outcome unknown unless the complete response is on
-    record.  Returns the envelope and whether the result is stored after all (as ``_commit``):
-    a commit whose answer a shared journal lost may have landed.
+    take is rendered in memory on top of the durable record, never claimed as durable, and
+    only as what recovery will write (``closing_event``): RESULT_STORE_FAILED when the complete
+    response is on record, else ATTEMPT_INTERRUPTED -- outcome unknown, retry reconcile.
+    Returns the envelope and whether the result is stored after all (as ``_commit``): a commit
+    whose answer a shared journal lost may have landed.
 
     ``doubt``: the commit's own error when it may yet land (``ResultStoreUnknown``) -- on SQLite
     its frames, in the -wal but read by no connection, are recovered by an open after a crash
@@ -395,9 +396,17 @@ async def _store_failed(
     if pending and doubt is not None:
         raise CallNotRecorded(iid) from doubt
     if pending:
-        # Only the failure is shown: a complete response that is not on record is not proven.
-        events = [*engine.journal.events(iid), pending[-1]]
-        return recorder.render(recorder.projected(events, recorder.hint_now())), False
+        # Shown as what the record will hold: what closes it as it stands (recovery's own
+        # ``closing_event``).  The complete response on record: RESULT_STORE_FAILED.  Not on
+        # record: the record proves only a dispatch, and recovery closes it ATTEMPT_INTERRUPTED
+        # (outcome unknown, retry reconcile) -- a RESULT_STORE_FAILED rendered over it (retry
+        # never) was a claim the record later contradicted.
+        events = engine.journal.events(iid)
+        now = recorder.hint_now()
+        closing = closing_event(recorder.projected(events, now), "journal")
+        if closing is None or len(pending) == 1:
+            closing = pending[-1]
+        return recorder.render(recorder.projected([*events, closing], now)), False
     return recorder.envelope(await recorder.record(iid)), False
 
 

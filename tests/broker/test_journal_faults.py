@@ -226,11 +226,14 @@ async def test_a_result_commit_that_may_land_and_nothing_after_it_is_not_answere
         assert len(srv.requests) == 1
 
 
-async def test_when_nothing_more_fits_the_outcome_is_not_claimed(
+async def test_when_nothing_more_fits_the_envelope_is_what_recovery_writes(
     tmp_path: Path, token: str
 ) -> None:
-    """The disk stays full from the first chunk on: RESULT_STORE_FAILED, retry never, and the
-    outcome is unknown -- the complete response is in memory, not on record."""
+    """The disk stays full from the first chunk on: neither the complete response nor
+    RESULT_STORE_FAILED lands, so the record proves a dispatch and nothing after it.  The
+    envelope is the event recovery closes that record with (ATTEMPT_INTERRUPTED: remote
+    execution, outcome unknown, retry reconcile) -- a RESULT_STORE_FAILED, retry never, shown
+    over it was contradicted by the record once recovery ran (audit 53b F1)."""
     async with HostileServer.running(scripts.serve(Reply(201, body=BIG))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         with trio.fail_after(LIMIT):
@@ -240,19 +243,33 @@ async def test_when_nothing_more_fits_the_outcome_is_not_claimed(
                 env = await broker.call(POST)
                 err = env["error"]
                 assert (err["code"], err["phase"], err["outcome"], err["retry"]) == (
-                    "RESULT_STORE_FAILED",
-                    "result_delivery",
+                    "REMOTE_OUTCOME_UNKNOWN",
+                    "remote_execution",
                     "unknown",
-                    "never",
+                    "reconcile",
                 )
                 assert env["evidence"]["dispatch_started"] is True
-                assert EventKind.REMOTE_RESPONSE_COMPLETE not in _kinds(
-                    broker, env["invocation_id"]
-                )
+                iid = env["invocation_id"]
+                kinds = _kinds(broker, iid)
+                assert EventKind.REMOTE_RESPONSE_COMPLETE not in kinds
+                assert EventKind.ATTEMPT_INTERRUPTED not in kinds  # rendered, not durable
                 # The next call meets the same full disk before anything of it is durable: the
                 # journal is unusable, said as such (the CLI turns it into exit 2).
                 with pytest.raises(JournalWriteError, match="full"):
                     await broker.call(POST)
+            # The disk is free again and the broker gone: recovery (the daemon's at start-up,
+            # which knows the holder is gone) closes the record with what the envelope said.
+            async with open_broker(cfg) as broker:
+                await broker._engine.recover_orphans()
+                assert_error(
+                    broker,
+                    env,
+                    phase="remote_execution",
+                    outcome="unknown",
+                    retry="reconcile",
+                    code="REMOTE_OUTCOME_UNKNOWN",
+                )
+                assert _kinds(broker, iid)[-1] is EventKind.ATTEMPT_INTERRUPTED
         assert len(srv.requests) == 1
 
 
