@@ -144,11 +144,17 @@ def root_copy(path: Path) -> str:
 
 class FileRefused(Exception):
     """The file exists but must not be read; ``str()`` says why (never its contents).
-    ``public``: the same without the file's path (for a caller who must not learn it)."""
+    ``public``: the same without the file's path (for a caller who must not learn it).
+    ``errno``: the ``OSError``'s when opening, reading or closing it failed (no descriptor left,
+    an I/O error, a permission) -- the file could not be read, which says nothing of what it
+    holds; None when what the path holds is refused (not a regular file, too large)."""
 
-    def __init__(self, message: str, public: str | None = None) -> None:
+    def __init__(
+        self, message: str, public: str | None = None, *, errno: int | None = None
+    ) -> None:
         super().__init__(message)
         self.public = message if public is None else public
+        self.errno = errno
 
 
 class FileMissing(FileRefused):
@@ -284,7 +290,7 @@ def read_small_file(
     except FileNotFoundError:
         raise FileMissing("file not found") from None
     except OSError as exc:
-        raise FileRefused(f"cannot open file ({exc.strerror})") from None
+        raise FileRefused(f"cannot open file ({exc.strerror})", errno=exc.errno) from None
     try:
         read = _read_open(fd, path, limit, private, subject, credential)
     except BaseException:
@@ -294,7 +300,7 @@ def read_small_file(
     try:
         os.close(fd)
     except OSError as exc:  # EIO on a network file system: the read proves nothing
-        raise FileRefused(f"cannot close file ({exc.strerror})") from None
+        raise FileRefused(f"cannot close file ({exc.strerror})", errno=exc.errno) from None
     return read
 
 
@@ -322,7 +328,7 @@ def _read_open(
             raise too_large
         return b"".join(chunks), st
     except OSError as exc:
-        raise FileRefused(f"cannot read file ({exc.strerror})") from None
+        raise FileRefused(f"cannot read file ({exc.strerror})", errno=exc.errno) from None
 
 
 FileId = tuple[int, int]

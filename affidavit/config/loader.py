@@ -46,6 +46,7 @@ __all__ = [
     "MAX_CONFIG_BYTES",
     "VAULT",
     "Config",
+    "ConfigUnread",
     "JournalConfig",
     "caveats",
     "config_from_dict",
@@ -275,6 +276,16 @@ MAX_CONFIG_BYTES = 1 << 20
 """The largest config file read (1 MiB: a config of a thousand targets is a tenth of it)."""
 
 
+class ConfigUnread(ConfigError):
+    """CONFIG_UNREADABLE because reading the file failed (``errno``: no descriptor left, an I/O
+    error, a permission), not because of what the path holds: it says nothing of the
+    configuration -- a running broker's dispatch gate must not take it for an edit."""
+
+    def __init__(self, message: str, path: Path, errno: int) -> None:
+        super().__init__("", message, path, CONFIG_UNREADABLE)
+        self.errno = errno
+
+
 def read_config(
     path: Path, opener: Callable[[Path], int] | None = None
 ) -> tuple[bytes, os.stat_result]:
@@ -283,7 +294,7 @@ def read_config(
     opens): a FIFO there neither blocks the read nor a huge file swells it (the running broker
     reads it again before a dispatch: ``engine.snapshot``).  Not ``private``: the config names
     credentials, never holds them (its journal URL's password is the start's ``exposed_files``
-    check)."""
+    check).  ``ConfigUnread`` when the read itself failed (an ``OSError``)."""
     try:
         return read_small_file(path, MAX_CONFIG_BYTES, subject="config file", opener=opener)
     except FileMissing:
@@ -291,6 +302,8 @@ def read_config(
             "", "config file not found (create one with `affidavit init`)", path, CONFIG_NOT_FOUND
         ) from None
     except FileRefused as exc:
+        if exc.errno is not None:
+            raise ConfigUnread(f"cannot read config file: {exc}", path, exc.errno) from None
         raise ConfigError("", f"cannot read config file: {exc}", path, CONFIG_UNREADABLE) from None
 
 

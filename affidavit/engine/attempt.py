@@ -13,6 +13,7 @@ entered, or the protocol machine crossed a dispatch transition -- never the exce
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteResult, SetupError
+from affidavit.config import ConfigUnread
 from affidavit.journal import (
     ApprovalLapsed,
     CommitUnknown,
@@ -87,11 +89,13 @@ twice)."""
 
 class _Refused(Exception):
     """The gate refused to write: the bound target config changed, or the approval does not
-    cover this dispatch.  ``attrs``: PREFLIGHT_FAILED's (a validation code); nothing was
-    written."""
+    cover this dispatch.  ``attrs``: PREFLIGHT_FAILED's (a validation code) -- or, ``kind``
+    SETUP_FAILED, the attempt's set-up failed at the gate (the config file could not be read
+    again: ``_unread``); nothing was written."""
 
-    def __init__(self, attrs: Mapping[str, Any]) -> None:
+    def __init__(self, attrs: Mapping[str, Any], kind: EventKind = E.PREFLIGHT_FAILED) -> None:
         self.attrs = attrs
+        self.kind = kind
         super().__init__(attrs["code"])
 
 
@@ -466,7 +470,7 @@ def _stopped_by(attempt: Attempt, exc: BaseException) -> Failure:
     uncancellable write ran (``Attempt.gate_stop``)."""
     iid = attempt.iid
     if isinstance(exc, _Refused):
-        return Event(E.PREFLIGHT_FAILED, iid, dict(exc.attrs))
+        return Event(exc.kind, iid, dict(exc.attrs))
     if isinstance(exc, LeaseRefusal):
         return exc
     # The gate's own reads and writes (the database's clock for an approval's expiry, its
@@ -478,6 +482,18 @@ def _stopped_by(attempt: Attempt, exc: BaseException) -> Failure:
     stage = "journal" if isinstance(exc, JournalWriteError) else "journal_read"
     attrs = {"stage": stage, "code": Code.SETUP_FAILED.value, "message": _JOURNAL_STOP[stage]}
     return Event(E.SETUP_FAILED, iid, attrs)
+
+
+def _unread(exc: ConfigUnread) -> dict[str, Any]:
+    """SETUP_FAILED's attrs when the gate could not read the config file again (``exc``: no
+    file descriptor left, an I/O error): a local failure before dispatch, retry backoff -- not
+    CONFIG_CHANGED, which no read proved.  The errno's name only, never the path."""
+    name = errno.errorcode.get(exc.errno, str(exc.errno))
+    message = (
+        f"The config file could not be read again at the dispatch gate ({name}); this attempt"
+        " sent nothing."
+    )
+    return {"stage": "config_reread", "code": Code.SETUP_FAILED.value, "message": message}
 
 
 _JOURNAL_STOP = {
@@ -734,7 +750,11 @@ def _passing(engine: Engine, attempt: Attempt) -> Any:
         # Re-check the bound config immediately before the write (seed: "re-check it
         # immediately before the write"); a change means a new invocation -- and for an
         # approved one, that the approval does not cover what would be sent.
-        if await engine.snapshot.changed(attempt.target_name, attempt.expected_hash):
+        try:
+            changed = await engine.snapshot.changed(attempt.target_name, attempt.expected_hash)
+        except ConfigUnread as exc:
+            raise _Refused(_unread(exc), E.SETUP_FAILED) from None
+        if changed:
             if attempt.grant is not None:
                 raise _Refused(_approval_refusal(Code.APPROVAL_STALE, attempt))
             # The field is the section to look at: the target's settings (or the target itself,

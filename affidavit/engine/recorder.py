@@ -397,6 +397,12 @@ class Recorder:
             return stored_envelope(
                 self.journal, record, from_chunk, to_chunk, holder=tag, defer=defer
             )
+        if record.evidence.get("result") is None:
+            # No RESULT_COMMITTED on record: no result is this record's, and the result tables
+            # are not read for it.  Read anyway, a refusal there (no file descriptor left)
+            # failed the answer of a call whose closing event was written (audit 53b: EMFILE,
+            # exit 2 with no envelope after a durable SETUP_FAILED).
+            return self.render(record)
         iid = record.invocation_id
         stream = self.journal.result_stream(iid)  # the marker and summary, verified
         limit = self.inline_limit

@@ -37,6 +37,7 @@ from affidavit.adapters.filestat import stat_key as _stat_key
 from affidavit.adapters.filethread import off_loop
 from affidavit.config import (
     Config,
+    ConfigUnread,
     account,
     canonical_json,
     parse_config,
@@ -242,7 +243,8 @@ class ConfigSnapshot:
         snapshot existed, and an edit in between would otherwise be the stat it trusts -- but
         bytes the same as those the config was parsed from are that config, not parsed again
         (a parse also judges the files the config names: a CA file removed since is not an
-        edit of the configuration, and must not make every target CONFIG_CHANGED)."""
+        edit of the configuration, and must not make every target CONFIG_CHANGED).
+        ``ConfigUnread`` when the file could not be read at all: neither answer is proven."""
         path = self.config.path
         if path is None:
             return False
@@ -310,12 +312,17 @@ class _Seen:
 
 def _read(path: Path, previous: _Seen | None) -> _Seen:
     """Read and (when its bytes moved since ``previous``) parse the config at ``path``: in a
-    worker thread, so nothing here touches the snapshot.  Whatever keeps it from a valid config
-    (a refusal, a parse that fails in any way) is "no valid config": the target counts as
-    changed (CONFIG_CHANGED, nothing sent), never a failure of the call's set-up."""
+    worker thread, so nothing here touches the snapshot.  Whatever the path holds that is no
+    valid config (no file, not a regular one, bytes that fail to parse in any way) is "no valid
+    config": the target counts as changed (CONFIG_CHANGED, nothing sent).  A read that failed
+    (``ConfigUnread``: no file descriptor left, an I/O error) proves no edit: it is raised, and
+    the gate answers it as the set-up failure it is (audit 53b: EMFILE was recorded for good as
+    a CONFIG_CHANGED the file never had)."""
     began = time.time_ns()
     try:
         raw, st = read_config(path)
+    except ConfigUnread:
+        raise
     except Exception:
         return _Seen(None, False, b"", None)
     settled = began - st.st_ctime_ns > SETTLED_NS
