@@ -4,6 +4,7 @@ retry decisions.  No I/O happens in this package."""
 from .contract import CODES, Code, CodeInfo, EvidenceSource, Outcome, Phase, Retry
 from .envelope import (
     CURRENT_CODE_STATES,
+    NOTHING_SENT_YET,
     attested,
     current_code,
     envelope_schema,
@@ -69,6 +70,7 @@ __all__ = [
     "INITIAL",
     "KEYED_PREFIX",
     "LINKED_ATTRS",
+    "NOTHING_SENT_YET",
     "STATES",
     "TRANSITIONS",
     "WITHHELD",

@@ -30,6 +30,7 @@ from .withheld import HolderTag, caller_evidence, caller_record, hashes_withheld
 __all__ = [
     "CURRENT_CODE_STATES",
     "ENVELOPE_SCHEMA_ID",
+    "NOTHING_SENT_YET",
     "attested",
     "current_code",
     "envelope_schema",
@@ -167,15 +168,32 @@ def current_code(record: Record) -> Code | None:
     return None
 
 
+NOTHING_SENT_YET = (
+    "The invocation has not finished, and no dispatch of it is on record: nothing has been sent"
+    " so far.  Its attempt may still send it while it holds its lease; fetch it later, and once"
+    " it has ended with nothing sent (not_attempted), a new call is safe."
+)
+"""IN_PROGRESS's message for a record with no DISPATCH_STARTED in any attempt
+(``evidence.dispatch_started`` false): DISPATCH_STARTED is the barrier before the first byte,
+so the record proves nothing was sent yet -- not that nothing will be (a worker holding the
+lease may be at its gate).  An embedded call whose closing SETUP_FAILED the journal refused was
+answered not_attempted / backoff; until a read closes its record once the lease ran out, this
+is what every read says (docs/journal.md, "A close the journal refused")."""
+
+
 def in_progress_error(record: Record, code: Code = Code.IN_PROGRESS) -> dict[str, Any]:
     """The error of an invocation that has not finished: ``code`` (IN_PROGRESS, or a pending
-    code the record says it waits with), its phase and outcome so far, fetch it later."""
+    code the record says it waits with), its phase and outcome so far, fetch it later --
+    ``NOTHING_SENT_YET`` when no attempt of it dispatched."""
+    message = CODES[code].meaning
+    if code is Code.IN_PROGRESS and not record.evidence.get("dispatch_started"):
+        message = NOTHING_SENT_YET
     return {
         "code": code.value,
         "phase": record.phase.value,
         "outcome": record.outcome.value,
         "retry": Retry.FETCH_RESULT.value,
-        "message": CODES[code].meaning,
+        "message": message,
     }
 
 

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
 from affidavit.statemachine import (
+    NOTHING_SENT_YET,
     STATES,
     Event,
     HolderTag,
@@ -100,6 +101,10 @@ def shown_error(rec: Record) -> tuple[str | None, str, str | None]:
     code = current_code(rec)
     if code is not None:
         return code.value, rec.message, rec.field
+    if not rec.final and not rec.evidence.get("dispatch_started"):
+        # Running, no attempt dispatched: what its envelope's IN_PROGRESS says -- nothing sent
+        # so far, a new call safe once it ends not_attempted (``NOTHING_SENT_YET``).
+        return None, NOTHING_SENT_YET, None
     if rec.code is None:  # none of its own: its message and field, as they are
         return None, rec.message, rec.field
     return None, "", None

@@ -28,7 +28,8 @@ import trio
 from affidavit.engine import CallNotRecorded
 from affidavit.journal import Batch, Journal, JournalWriteError, segments
 from affidavit.journal.sqlite_wal import SQLITE_FULL
-from affidavit.statemachine import EventKind
+from affidavit.statemachine import CODES, NOTHING_SENT_YET, Code, EventKind
+from affidavit.views.records import shown_error
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .helpers import (
@@ -385,4 +386,51 @@ async def test_an_interrupted_attempt_the_journal_cannot_close_stays_unknown(
                 kinds = _kinds(broker, env["invocation_id"])
                 assert EventKind.DISPATCH_STARTED in kinds
                 assert EventKind.ATTEMPT_INTERRUPTED not in kinds
+        assert len(srv.requests) == 1
+
+
+async def test_a_refused_close_reads_in_progress_saying_what_the_record_proves(
+    tmp_path: Path, token: str
+) -> None:
+    """DISPATCH_STARTED and the closing SETUP_FAILED are both refused: the call answered
+    SETUP_FAILED / backoff, rendered; the record stays open until its lease runs out.  Read in
+    that window (audit 53b F3), it says what it proves -- no dispatch on record: nothing sent so
+    far, a new call safe once it ends not_attempted -- in the envelope and in the views, not
+    "never send it again".  A record that shows a dispatch keeps IN_PROGRESS's own words."""
+
+    async def slow(name: str) -> None:
+        await trio.sleep(0.2)
+
+    async with HostileServer.running(scripts.cut_mid_body()) as srv:
+        port = srv.url.rsplit(":", 1)[1]
+        cfg = write_config(
+            tmp_path, {"api": http_target(f"http://api.test:{port}", trust_cleartext=True)}
+        )
+        with custom_resolver(FakeResolver({"api.test": "127.0.0.1"}, on_lookup=slow)):
+            with trio.fail_after(LIMIT):
+                async with open_broker(cfg) as broker:
+                    for refused, sent in (
+                        ("DISPATCH_STARTED", False),
+                        ("ATTEMPT_INTERRUPTED", True),
+                    ):
+                        broker.journal.before_commit = DiskFull(
+                            broker.journal, lambda kinds, _, k=refused: k in kinds, True
+                        )
+                        env = await broker.call(POST)
+                        broker.journal.before_commit = None
+                        iid = env["invocation_id"]
+                        assert env["evidence"]["dispatch_started"] is sent
+                        read = await broker.fetch_result(iid)
+                        assert read is not None
+                        err = read["error"]
+                        assert (err["code"], err["retry"]) == ("IN_PROGRESS", "fetch_result")
+                        rec = broker.record(iid)
+                        assert not rec.final
+                        if sent:
+                            assert err["message"] == CODES[Code.IN_PROGRESS].meaning
+                            assert shown_error(rec)[1] != NOTHING_SENT_YET
+                        else:
+                            assert env["error"]["retry"] == "backoff"
+                            assert err["message"] == NOTHING_SENT_YET
+                            assert shown_error(rec) == (None, NOTHING_SENT_YET, None)
         assert len(srv.requests) == 1
