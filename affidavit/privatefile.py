@@ -145,9 +145,11 @@ def root_copy(path: Path) -> str:
 class FileRefused(Exception):
     """The file exists but must not be read; ``str()`` says why (never its contents).
     ``public``: the same without the file's path (for a caller who must not learn it).
-    ``errno``: the ``OSError``'s when opening, reading or closing it failed (no descriptor left,
-    an I/O error, a permission) -- the file could not be read, which says nothing of what it
-    holds; None when what the path holds is refused (not a regular file, too large)."""
+    ``errno``: the ``OSError``'s when opening, reading or closing it failed -- some (no
+    descriptor left, an I/O error) say nothing of what the path holds, others do (a socket
+    there: ENXIO, a symlink loop: ELOOP, a permission: EACCES); the caller judges which
+    (``config.loader.TRANSIENT_READ_ERRNOS``); None when this module refused what the path
+    holds (not a regular file, too large)."""
 
     def __init__(
         self, message: str, public: str | None = None, *, errno: int | None = None

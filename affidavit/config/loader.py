@@ -9,6 +9,7 @@ file, the field path to fix (``targets.billing.inject``) and why — never a tra
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import logging
 import os
@@ -44,6 +45,7 @@ __all__ = [
     "DEFAULT_CONFIG",
     "JOURNAL",
     "MAX_CONFIG_BYTES",
+    "TRANSIENT_READ_ERRNOS",
     "VAULT",
     "Config",
     "ConfigUnread",
@@ -276,10 +278,22 @@ MAX_CONFIG_BYTES = 1 << 20
 """The largest config file read (1 MiB: a config of a thousand targets is a tenth of it)."""
 
 
+TRANSIENT_READ_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EIO, errno.EINTR, errno.EAGAIN}
+)
+"""The errnos of a config read that failed for a reason of this process or its machine (no
+descriptor left, no memory, an I/O error, an interrupted or would-block call), not of what the
+path holds: ``ConfigUnread``.  Every other errno describes the path -- a socket there
+(``ENXIO``), a symlink loop (``ELOOP``), a parent now a file (``ENOTDIR``), a name too long, a
+permission taken away (``EACCES``/``EPERM``: an operator's edit) -- and is the plain
+``ConfigError`` a running broker's gate takes for an edit (CONFIG_CHANGED; audit 53b r2)."""
+
+
 class ConfigUnread(ConfigError):
-    """CONFIG_UNREADABLE because reading the file failed (``errno``: no descriptor left, an I/O
-    error, a permission), not because of what the path holds: it says nothing of the
-    configuration -- a running broker's dispatch gate must not take it for an edit."""
+    """CONFIG_UNREADABLE because reading the file failed with a ``TRANSIENT_READ_ERRNOS``
+    ``errno`` (no descriptor left, an I/O error), not because of what the path holds: it says
+    nothing of the configuration -- a running broker's dispatch gate must not take it for an
+    edit."""
 
     def __init__(self, message: str, path: Path, errno: int) -> None:
         super().__init__("", message, path, CONFIG_UNREADABLE)
@@ -294,7 +308,8 @@ def read_config(
     opens): a FIFO there neither blocks the read nor a huge file swells it (the running broker
     reads it again before a dispatch: ``engine.snapshot``).  Not ``private``: the config names
     credentials, never holds them (its journal URL's password is the start's ``exposed_files``
-    check).  ``ConfigUnread`` when the read itself failed (an ``OSError``)."""
+    check).  ``ConfigUnread`` when the read itself failed for a transient reason
+    (``TRANSIENT_READ_ERRNOS``), ``ConfigError`` for any other refusal."""
     try:
         return read_small_file(path, MAX_CONFIG_BYTES, subject="config file", opener=opener)
     except FileMissing:
@@ -302,7 +317,7 @@ def read_config(
             "", "config file not found (create one with `affidavit init`)", path, CONFIG_NOT_FOUND
         ) from None
     except FileRefused as exc:
-        if exc.errno is not None:
+        if exc.errno in TRANSIENT_READ_ERRNOS:
             raise ConfigUnread(f"cannot read config file: {exc}", path, exc.errno) from None
         raise ConfigError("", f"cannot read config file: {exc}", path, CONFIG_UNREADABLE) from None
 
