@@ -400,12 +400,21 @@ async def _store_failed(
         # ``closing_event``).  The complete response on record: RESULT_STORE_FAILED.  Not on
         # record: the record proves only a dispatch, and recovery closes it ATTEMPT_INTERRUPTED
         # (outcome unknown, retry reconcile) -- a RESULT_STORE_FAILED rendered over it (retry
-        # never) was a claim the record later contradicted.
+        # never) was a claim the record later contradicted.  Code, phase, outcome and retry are
+        # recovery's; the message is this stage's ("journal": why it is unknown now), where
+        # recovery's will say the broker stopped or the lease lapsed (docs/design-notes.md).
         events = engine.journal.events(iid)
         now = recorder.hint_now()
-        closing = closing_event(recorder.projected(events, now), "journal")
-        if closing is None or len(pending) == 1:
-            closing = pending[-1]
+        durable = recorder.projected(events, now)
+        closing = closing_event(durable, "journal")
+        if closing is None:
+            # Recovery writes nothing over this record (closed or taken over since it was
+            # read above): nothing this call can render is what it will hold.
+            if durable.final or durable.generation != generation:
+                raise ImpossibleEvent(
+                    complete, durable.state, f"generation {generation}'s record moved on"
+                )
+            raise CallNotRecorded(iid)
         return recorder.render(recorder.projected([*events, closing], now)), False
     return recorder.envelope(await recorder.record(iid)), False
 

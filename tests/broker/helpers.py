@@ -451,3 +451,22 @@ async def until_lease_lapsed(accepted: Event, *, after: float = 0.0, step: float
     boot = accepted.attrs.get("lease_boot")
     while time.time() <= expires + after or boot_lapsed(boot, length) is False:
         await trio.sleep(step)
+
+
+CLOSING_AGREES = ("code", "phase", "outcome", "retry")
+"""What an envelope rendered as the closing recovery will write (``engine.delivery``: a result
+store the journal refused, nothing after it durable) promises equal to the envelope of the
+record once recovery wrote it (docs/design-notes.md).  Not the message: the call's says why
+the outcome is unknown now (the journal refused), recovery's why it closed the record (the
+broker stopped, the lease lapsed)."""
+
+
+def assert_closed_as_rendered(rendered: Mapping[str, Any], recovered: Mapping[str, Any]) -> None:
+    """``rendered`` (the call's answer) and ``recovered`` (the record's, once closed) agree on
+    ``CLOSING_AGREES`` and on the evidence's outcome."""
+    ours, theirs = rendered["error"], recovered["error"]
+    assert {k: ours[k] for k in CLOSING_AGREES} == {k: theirs[k] for k in CLOSING_AGREES}, (
+        ours,
+        theirs,
+    )
+    assert rendered["evidence"]["outcome"] == recovered["evidence"]["outcome"]
