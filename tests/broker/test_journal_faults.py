@@ -26,6 +26,7 @@ import pytest
 import trio
 
 from affidavit.engine import CallNotRecorded
+from affidavit.engine.recovery import _AFTER_DISPATCH
 from affidavit.journal import Batch, Journal, JournalWriteError, segments
 from affidavit.journal.sqlite_wal import SQLITE_FULL
 from affidavit.statemachine import CODES, NOTHING_SENT_YET, Code, EventKind
@@ -34,6 +35,7 @@ from tests.http.hostile import HostileServer, Reply, scripts
 
 from .helpers import (
     FakeResolver,
+    assert_closed_as_rendered,
     assert_error,
     custom_resolver,
     http_target,
@@ -262,6 +264,11 @@ async def test_when_nothing_more_fits_the_envelope_is_what_recovery_writes(
             # which knows the holder is gone) closes the record with what the envelope said.
             async with open_broker(cfg) as broker:
                 await broker._engine.recover_orphans()
+                recovered = await broker.fetch_result(iid)
+                assert recovered is not None
+                assert_closed_as_rendered(env, recovered)  # code, phase, outcome, retry
+                assert env["error"]["message"] == _AFTER_DISPATCH["journal"]
+                assert recovered["error"]["message"] == _AFTER_DISPATCH["broker_stopped"]
                 assert_error(
                     broker,
                     env,

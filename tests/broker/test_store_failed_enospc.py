@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 import trio
 
+from affidavit.engine.recovery import _AFTER_DISPATCH
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
-from .helpers import assert_error, http_target, open_broker, write_config
+from .helpers import assert_closed_as_rendered, assert_error, http_target, open_broker, write_config
 
 LIMIT = 30
 POST = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
@@ -89,6 +90,11 @@ async def test_a_disk_full_after_dispatch_answers_what_recovery_writes(
                 assert EventKind.REMOTE_RESPONSE_COMPLETE not in kinds
                 async with open_broker(cfg) as broker:
                     await broker._engine.recover_orphans()  # the daemon's, at start-up
+                    recovered = await broker.fetch_result(iid)
+                    assert recovered is not None
+                    assert_closed_as_rendered(env, recovered)  # code, phase, outcome, retry
+                    assert env["error"]["message"] == _AFTER_DISPATCH["journal"]
+                    assert recovered["error"]["message"] == _AFTER_DISPATCH["broker_stopped"]
                     assert_error(
                         broker,
                         env,
