@@ -279,14 +279,29 @@ MAX_CONFIG_BYTES = 1 << 20
 
 
 TRANSIENT_READ_ERRNOS = frozenset(
-    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EIO, errno.EINTR, errno.EAGAIN}
+    {
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.ENOMEM,
+        errno.ENOBUFS,
+        errno.EIO,
+        errno.EINTR,
+        errno.EAGAIN,
+        errno.ETIMEDOUT,
+        errno.ENOLCK,
+        errno.ECOMM,
+        errno.EHOSTDOWN,
+    }
 )
 """The errnos of a config read that failed for a reason of this process or its machine (no
-descriptor left, no memory, an I/O error, an interrupted or would-block call), not of what the
-path holds: ``ConfigUnread``.  Every other errno describes the path -- a socket there
-(``ENXIO``), a symlink loop (``ELOOP``), a parent now a file (``ENOTDIR``), a name too long, a
-permission taken away (``EACCES``/``EPERM``: an operator's edit) -- and is the plain
-``ConfigError`` a running broker's gate takes for an edit (CONFIG_CHANGED; audit 53b r2)."""
+descriptor left, no memory, an I/O error, an interrupted or would-block call) or of the network
+a network filesystem reaches its server over (a timeout, no lock manager, a communication error,
+the server down), not of what the path holds: ``ConfigUnread``.  ``ESTALE`` is not among them:
+the file handle names a file replaced or removed on the server -- an edit.  Every other errno
+describes the path -- a socket there (``ENXIO``), a symlink loop (``ELOOP``), a parent now a
+file (``ENOTDIR``), a name too long, a permission taken away (``EACCES``/``EPERM``: an
+operator's edit) -- and is the plain ``ConfigError`` a running broker's gate takes for an edit
+(CONFIG_CHANGED; audit 53b r2)."""
 
 
 class ConfigUnread(ConfigError):

@@ -23,6 +23,7 @@ to match -- a timeout, or the ``reconcile`` setting itself, may be added or chan
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import threading
 import time
@@ -317,12 +318,17 @@ def _read(path: Path, previous: _Seen | None) -> _Seen:
     config": the target counts as changed (CONFIG_CHANGED, nothing sent).  A read that failed
     (``ConfigUnread``: no file descriptor left, an I/O error) proves no edit: it is raised, and
     the gate answers it as the set-up failure it is (audit 53b: EMFILE was recorded for good as
-    a CONFIG_CHANGED the file never had)."""
+    a CONFIG_CHANGED the file never had).  So is a ``MemoryError`` while reading or parsing
+    (``_no_memory``): it says nothing of the bytes, and a parse it broke is never kept as the
+    ``_Seen`` of those bytes -- that would answer CONFIG_CHANGED until the file is edited
+    (audit 53b r3)."""
     began = time.time_ns()
     try:
         raw, st = read_config(path)
     except ConfigUnread:
         raise
+    except MemoryError:
+        raise _no_memory(path) from None
     except Exception:
         return _Seen(None, False, b"", None)
     settled = began - st.st_ctime_ns > SETTLED_NS
@@ -331,9 +337,16 @@ def _read(path: Path, previous: _Seen | None) -> _Seen:
         return _Seen(_key(st), settled, digest, previous.config, previous.hashes)
     try:
         fresh: Config | None = parse_config(raw, path)
+    except MemoryError:
+        raise _no_memory(path) from None
     except Exception:
         fresh = None
     return _Seen(_key(st), settled, digest, fresh)
+
+
+def _no_memory(path: Path) -> ConfigUnread:
+    """The ``ConfigUnread`` a ``MemoryError`` in ``_read`` is: transient, as ``ENOMEM`` is."""
+    return ConfigUnread("cannot read config file: out of memory", path, errno.ENOMEM)
 
 
 def _pinned(recorded: str | None, now: str, anchors: dict[str, str]) -> dict[str, str]:
