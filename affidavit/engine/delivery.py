@@ -406,14 +406,20 @@ async def _store_failed(
         events = engine.journal.events(iid)
         now = recorder.hint_now()
         durable = recorder.projected(events, now)
+        if durable.state in _STORED and durable.generation == generation:
+            # As at the first read: this generation's result is on record after all -- the
+            # answer, never overwritten by a lost lease (audit 53b r3).
+            return recorder.envelope(durable), True
+        if durable.final or durable.generation != generation:
+            # Closed or taken over since it was read above (recovery, a reconciliation): a
+            # lost lease, as at the first read -- nothing this call renders is what it holds.
+            raise ImpossibleEvent(
+                complete, durable.state, f"generation {generation}'s record moved on"
+            )
         closing = closing_event(durable, "journal")
         if closing is None:
-            # Recovery writes nothing over this record (closed or taken over since it was
-            # read above): nothing this call can render is what it will hold.
-            if durable.final or durable.generation != generation:
-                raise ImpossibleEvent(
-                    complete, durable.state, f"generation {generation}'s record moved on"
-                )
+            # Recovery writes nothing over this record: nothing this call can render is what
+            # it will hold.
             raise CallNotRecorded(iid)
         return recorder.render(recorder.projected([*events, closing], now)), False
     return recorder.envelope(await recorder.record(iid)), False

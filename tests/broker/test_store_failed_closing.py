@@ -19,8 +19,9 @@ import affidavit.engine.delivery as delivery
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
 from affidavit.engine import CallNotRecorded, EngineSettings
-from affidavit.engine.recovery import _AFTER_DISPATCH
-from affidavit.statemachine import EventKind
+from affidavit.engine.recovery import _AFTER_DISPATCH, closing_event
+from affidavit.journal import JournalWriteError
+from affidavit.statemachine import Event, EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .helpers import assert_closed_as_rendered, http_target, until_lease_lapsed, write_config
@@ -91,4 +92,55 @@ async def test_a_record_recovery_would_not_close_is_not_rendered_closed(
                 b.journal.before_commit = None
                 kinds = [e.kind for e in b.events(iid)]
                 assert EventKind.RESULT_STORE_FAILED not in kinds, kinds
+        assert len(srv.requests) == 1
+
+
+@pytest.mark.parametrize("still_full", [True, False], ids=["disk-full", "disk-free"])
+async def test_a_record_closed_before_the_re_read_is_a_lost_lease(
+    tmp_path: Path, token: str, still_full: bool
+) -> None:
+    """Recovery closes the record (ATTEMPT_INTERRUPTED, "lease_lapsed") after the store
+    failure's first read, as its first small follow-up event is refused: the re-read finds it
+    final, and the call is answered as the lost lease it is (``ImpossibleEvent``): LEASE_LOST
+    recorded when the disk is free again, the record as recovery closed it while it is still
+    full -- never a closing this call would render over it (audit 53b r2, r3)."""
+    async with HostileServer.running(scripts.serve(Reply(201, body=BIG))) as srv:
+        cfg = load_config(write_config(tmp_path, {"api": http_target(srv.url)}))
+        with trio.fail_after(LIMIT):
+            async with Broker.open(config=cfg) as b:
+                recorder = b._engine.recorder
+                real = recorder.append
+                full = DiskFull(b.journal, lambda kinds, chunks: chunks > 0, stays_full=True)
+                b.journal.before_commit = full
+                closed: list[Event] = []
+
+                async def append(event: Event, **kwargs: Any) -> Any:
+                    follow_up = (EventKind.REMOTE_RESPONSE_COMPLETE, EventKind.RESULT_STORE_FAILED)
+                    if event.kind in follow_up and not closed:
+                        b.journal.before_commit = None
+                        closing = closing_event(
+                            await recorder.record(event.invocation_id), "lease_lapsed"
+                        )
+                        assert closing is not None
+                        closed.append(closing)
+                        await real(closing, barrier=True)
+                        if still_full:
+                            b.journal.before_commit = full
+                        raise JournalWriteError("database or disk is full")
+                    return await real(event, **kwargs)
+
+                recorder.append = append  # type: ignore[method-assign]
+                env = await b.call(POST)
+                b.journal.before_commit = None
+                kinds = [e.kind for e in b.events(env["invocation_id"])]
+        assert closed and closed[0].kind is EventKind.ATTEMPT_INTERRUPTED
+        assert EventKind.RESULT_STORE_FAILED not in kinds, kinds
+        err = env["error"]
+        assert (err["phase"], err["outcome"]) == ("remote_execution", "unknown"), err
+        if still_full:  # nothing more recorded: answered as the record recovery closed
+            assert err["code"] == "REMOTE_OUTCOME_UNKNOWN", err
+            assert err["message"] == _AFTER_DISPATCH["lease_lapsed"]
+            assert kinds[-1] is EventKind.ATTEMPT_INTERRUPTED, kinds
+        else:  # the lost lease recorded over it
+            assert err["code"] == "LEASE_LOST" and kinds[-1] is EventKind.LEASE_LOST, (err, kinds)
         assert len(srv.requests) == 1
