@@ -32,7 +32,16 @@ from affidavit.config import load_config
 from affidavit.engine import read_failure, unread
 from affidavit.journal import JournalError, JournalReader, JournalUnavailable
 from affidavit.statemachine import EventKind
-from tests.daemon.kit import WAIT, DaemonProc, client_env, run, start_daemon, stop, wait_until
+from tests.daemon.kit import (
+    WAIT,
+    DaemonProc,
+    client_env,
+    run,
+    run_all,
+    start_daemon,
+    stop,
+    wait_until,
+)
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
@@ -89,9 +98,9 @@ async def test_approvals_commands_exit_2_naming_what_and_decide_nothing(
         ]
         with trio.fail_after(LIMIT * 10):
             async with database_stopped(pg):
-                for args, what in commands:
-                    with trio.fail_after(LIMIT):
-                        done = await run([*PYTHON_M, *args, "--config", str(cfg)], env=env)
+                argvs = [[*PYTHON_M, *args, "--config", str(cfg)] for args, _ in commands]
+                runs = await run_all(argvs, env=env, within=LIMIT)  # none decides: independent
+                for (args, what), done in zip(commands, runs, strict=True):
                     err = done.stderr.decode()
                     assert done.returncode == 2, (args, done)
                     if "--json" in args:  # the refusal itself, as the stderr line says it
