@@ -29,7 +29,7 @@ import trio
 from affidavit.cli import main
 from affidavit.engine import unread
 from affidavit.journal import JournalReader
-from tests.daemon.kit import client_env, run
+from tests.daemon.kit import client_env, run_all
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster, argv_url, password_apart
 
@@ -96,24 +96,23 @@ async def test_record_and_actions_exit_2_naming_what_while_the_database_is_stopp
     env = {**client_env(), TOKEN_ENV: token, "PGPASSWORD": password}
     where = [("--config", str(cfg)), ("--journal", bare)]
     with trio.fail_after(LIMIT * 10):
-        async with database_stopped(pg):
-            for args, what in _commands(iid):
-                for flag, value in where:
-                    with trio.fail_after(LIMIT):
-                        done = await run([*PYTHON_M, *args, flag, value], env=env)
-                    err = done.stderr.decode()
-                    _says_away(done.returncode, done.stdout.decode(), err, what, pg)
-                    assert (done.stdout == b"") == ("--json" not in args), done.stdout
-                    assert " -- cannot connect to journal " in err, err
-        # Back: the same commands answer.
-        for args, _ in _commands(iid):
-            with trio.fail_after(LIMIT):
-                done = await run([*PYTHON_M, *args, "--config", str(cfg)], env=env)
-            assert done.returncode == 0, done.stderr
-            assert iid.encode() in done.stdout, done.stdout
-    with trio.fail_after(LIMIT):
-        done = await run([*PYTHON_M, "record", iid, "--json", "--journal", bare], env=env)
-    assert json.loads(done.stdout)["record"]["outcome"] == "committed", done.stdout
+        async with database_stopped(pg):  # (readers all: independent, run a few at once)
+            cases = [(args, what) for args, what in _commands(iid) for _ in where]
+            argvs = [[*PYTHON_M, *args, *w] for args, _ in _commands(iid) for w in where]
+            runs = await run_all(argvs, env=env, within=LIMIT)
+            for (args, what), done in zip(cases, runs, strict=True):
+                err = done.stderr.decode()
+                _says_away(done.returncode, done.stdout.decode(), err, what, pg)
+                assert (done.stdout == b"") == ("--json" not in args), done.stdout
+                assert " -- cannot connect to journal " in err, err
+        # Back: the same commands answer (and the record by --journal's URL, its password apart).
+        argvs = [[*PYTHON_M, *args, "--config", str(cfg)] for args, _ in _commands(iid)]
+        argvs.append([*PYTHON_M, "record", iid, "--json", "--journal", bare])
+        runs = await run_all(argvs, env=env, within=LIMIT)
+    for done in runs:
+        assert done.returncode == 0, done.stderr
+        assert iid.encode() in done.stdout, done.stdout
+    assert json.loads(runs[-1].stdout)["record"]["outcome"] == "committed", runs[-1].stdout
 
 
 @contextmanager
