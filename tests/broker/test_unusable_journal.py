@@ -18,12 +18,14 @@ import resource
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from affidavit.journal import Journal
 from affidavit.statemachine import Event, EventKind
+from tests.daemon.kit import AT_ONCE
 
 from .helpers import TOKEN_ENV, http_target, write_config
 
@@ -56,6 +58,19 @@ def _run(
     )
 
 
+def _run_all(
+    commands: list[list[str]],
+    cfg: Path,
+    *,
+    stdin: bytes = ACTION,
+    preexec: Callable[[], None] | None = None,
+) -> list[subprocess.CompletedProcess[bytes]]:
+    """``_run`` each of ``commands`` (independent: none can change the journal they fail on,
+    or they only read it) a few at a time -- their Python start-ups overlap: results in order."""
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        return list(pool.map(lambda a: _run(a, cfg, stdin=stdin, preexec=preexec), commands))
+
+
 def _one_line_naming(p: subprocess.CompletedProcess[bytes], path: Path) -> str:
     assert b"Traceback" not in p.stderr, p.stderr.decode()
     line = p.stderr.decode()
@@ -79,8 +94,7 @@ def test_a_journal_path_that_cannot_be_a_journal_is_exit_2_naming_it(
     if case == "a directory":
         journal.mkdir()
     cfg = _config(tmp_path, journal)
-    for args in COMMANDS:
-        p = _run(args, cfg)
+    for args, p in zip(COMMANDS, _run_all(COMMANDS, cfg), strict=True):
         assert p.returncode == 2, (args, p.stderr)
         assert p.stdout == b""
         _one_line_naming(p, journal)
@@ -131,8 +145,7 @@ def test_a_read_only_journal_is_exit_2_for_a_call_and_readable_for_the_views(
 
 
 def _check_read_only(cfg: Path, journal: Path, preexec: Callable[[], None] | None) -> None:
-    for args in COMMANDS:
-        p = _run(args, cfg, preexec=preexec)
+    for args, p in zip(COMMANDS, _run_all(COMMANDS, cfg, preexec=preexec), strict=True):
         assert b"Traceback" not in p.stderr, (args, p.stderr.decode())
         if args[0] in ("call", "result"):
             # They write (a call's record; a result read closes a stale record): refused.
@@ -184,8 +197,8 @@ async def test_views_escape_control_characters_from_the_journal(tmp_path: Path) 
             barrier=True,
         )
     cfg = _config(tmp_path, tmp_path / "journal.db")
-    for args in (["actions"], ["sessions"], ["record", iid]):
-        p = _run(args, cfg, stdin=b"")
+    views = [["actions"], ["sessions"], ["record", iid]]
+    for args, p in zip(views, _run_all(views, cfg, stdin=b""), strict=True):
         assert p.returncode == 0, (args, p.stderr)
         out = p.stdout.decode()
         for raw in ("\x1b", "\r", "\u202e", "\x07"):
