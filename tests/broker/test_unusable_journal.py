@@ -66,7 +66,11 @@ def _run_all(
     preexec: Callable[[], None] | None = None,
 ) -> list[subprocess.CompletedProcess[bytes]]:
     """``_run`` each of ``commands`` (independent: none can change the journal they fail on,
-    or they only read it) a few at a time -- their Python start-ups overlap: results in order."""
+    or they only read it) a few at a time -- their Python start-ups overlap: results in order.
+    With a ``preexec`` one at a time: a ``preexec_fn`` is not safe to start from several threads
+    (the child runs Python code between fork and exec, and another thread's lock may be held)."""
+    if preexec is not None:
+        return [_run(a, cfg, stdin=stdin, preexec=preexec) for a in commands]
     with ThreadPoolExecutor(AT_ONCE) as pool:
         return list(pool.map(lambda a: _run(a, cfg, stdin=stdin, preexec=preexec), commands))
 
