@@ -103,7 +103,9 @@ class EventKind(StrEnum):
     fetch: a whole read by the requesting uid -- the latest asker's requester, the socket peer
     or an in-process caller's own uid; a session is a label any caller may send and decides
     nothing; another uid's fetch, or any fetch of a record naming no requester, is a read and
-    records nothing); reader ({uid}), the uid whose fetch it was.  Delivered means
+    records nothing; an answer that carries the result only ``by_reference``, or a page of
+    it, transferred none or part of it and records nothing); reader ({uid}), the uid whose
+    fetch it was.  Delivered means
     answered whole to the requesting uid.  Not a barrier: written after the hand-over
     and queued without waiting for its commit (the call returns first).  The broker's async
     reads wait for it (a fetch right after records no second delivery; a view no longer than

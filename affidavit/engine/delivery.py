@@ -55,6 +55,7 @@ __all__ = [
     "AWAITING_DELIVERY",
     "STORE_ONLY",
     "NotAnswered",
+    "by_reference",
     "conclude",
     "deliver_linked",
     "deliver_stored",
@@ -88,6 +89,29 @@ AWAITING_DELIVERY = frozenset(
 )
 """States whose stored result has not reached its caller (stored, or its answer failed): the
 lifecycle table's states that RESULT_DELIVERED moves on."""
+
+
+def by_reference(answer: Any, iid: str | None) -> bool:
+    """Whether ``answer`` (an envelope, or an answer that nests one: a poll's, a query's)
+    carries ``iid``'s result only by reference (``reference_payload``: its summary and hash,
+    where to fetch it, never the bytes).  Seed, "Mark RESULT_DELIVERED only after the protocol
+    has confirmed complete transfer": an answer that names where the result is has transferred
+    none of it, so writing it records no delivery -- the result stays stored, awaiting
+    delivery (``fetch_result``), until a fetch that transfers it whole records it.  The one
+    rule every surface's delivery applies (``conclude``, ``deliver_linked``)."""
+    if iid is None:
+        return False
+    if isinstance(answer, Mapping):
+        ref = answer.get("by_reference")
+        if isinstance(ref, Mapping):
+            fetch = ref.get("fetch")
+            if isinstance(fetch, Mapping) and fetch.get("invocation_id") == iid:
+                return True
+        return any(by_reference(value, iid) for value in answer.values())
+    if isinstance(answer, list):
+        return any(by_reference(value, iid) for value in answer)
+    return False
+
 
 _STORED = frozenset(
     row[E.RESULT_COMMITTED] for row in TRANSITIONS.values() if E.RESULT_COMMITTED in row
@@ -136,6 +160,8 @@ async def conclude(
             return await lease_refused(engine, attempt, refused)
         if not committed or deliver is STORE_ONLY:
             return envelope
+        if deliver is None and by_reference(envelope, iid):
+            return envelope  # nothing of the result transferred: fetched later (by_reference)
         if deliver is None:
             # In-process return: handing the dict back is the complete transfer.  Its record
             # is queued, not waited for (issue 15: not a barrier); every read of this broker
@@ -439,6 +465,8 @@ async def _deliver(
         return recorder.render(
             await _delivery_failed(engine, iid, "deliver"), envelope.get("result")
         )
+    if by_reference(envelope, iid):
+        return envelope  # its bytes were not in it: awaiting delivery, fetched (by_reference)
     # Not a barrier (DESIGN, "Durability barriers": recovery never depends on it; a delivery
     # lost with a crash leaves the result stored and fetchable -- a read).  Queued like the
     # in-process return's, not waited for: the daemon serves the connection's next request
@@ -488,7 +516,7 @@ async def deliver_linked(
     # The read checkpoints only while a delivery of ``linked`` is queued or a shared journal
     # reconnects: tests/broker/test_linked_delivery_cancel.py cancels there, both paths.
     with trio.CancelScope(shield=True):
-        if await _in(engine, linked, AWAITING_DELIVERY):
+        if not by_reference(answer, linked) and await _in(engine, linked, AWAITING_DELIVERY):
             assert linked is not None
             delivered = Event(E.RESULT_DELIVERED, linked, {"channel": "deliver"})
             await engine.recorder.deliver_later(delivered)
