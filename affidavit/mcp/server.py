@@ -358,8 +358,9 @@ class McpSession:
                 answer = api_error("INTERNAL", f"the broker failed ({name})", sent=True)
             exchange.hand_over(answer)
             if exchange.written is not None and not await exchange.written.wait():
+                why = "cancelled by the client" if exchange.written.cancelled else "client gone"
                 log.warning(
-                    "the answer to request %s was not written (client gone)", shown_id(request_id)
+                    "the answer to request %s was not written (%s)", shown_id(request_id), why
                 )
         finally:
             self.running -= 1

@@ -159,11 +159,14 @@ REFUSAL_BYTES = 1024 * 1024
 class Outcome:
     """Whether one expected answer was written; ``wait`` returns the verdict."""
 
-    __slots__ = ("_done", "written")
+    __slots__ = ("_done", "cancelled", "written")
 
     def __init__(self) -> None:
         self._done = trio.Event()
         self.written = False
+        self.cancelled = False
+        """The client cancelled the request (``notifications/cancelled``): MCP forbids its
+        answer, so an unwritten one is no sign the client is gone."""
 
     def settle(self, written: bool) -> None:
         if not self._done.is_set():
@@ -182,12 +185,19 @@ class Outcome:
 class _Request:
     """A request read and not yet settled; ``outcome`` once the server expects its answer."""
 
-    __slots__ = ("outcome", "size")
+    __slots__ = ("cancelled", "outcome", "size")
 
     def __init__(self, size: int) -> None:
         self.outcome: Outcome | None = None
         self.size = size
         """Bytes of its line: what holding it open costs (``OPEN_BYTES``)."""
+        self.cancelled = False
+        """The client cancelled it (``notifications/cancelled``): it is never answered."""
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.outcome is not None:
+            self.outcome.cancelled = True
 
 
 class StdioTransport:
@@ -270,6 +280,7 @@ class StdioTransport:
             outcome.settle(False)
         else:
             request.outcome = outcome
+            outcome.cancelled = request.cancelled
         return outcome
 
     @staticmethod
@@ -291,6 +302,7 @@ class StdioTransport:
         if self._open.get(key) is request:
             del self._open[key]
             self._settled(request)
+        request.cancel()
         if request.outcome is not None:
             request.outcome.settle(False)
 
@@ -347,6 +359,11 @@ class StdioTransport:
         while True:
             data = await self._reader.receive_some(65536)
             if not data:
+                # A last line with no newline before the end of input is a line all the
+                # same (as the SDK reads it), never dropped in silence; the tail of an
+                # oversized one was answered with it.
+                if not dropping and buffer.strip():
+                    await self._take(_cut(buffer, 0, len(buffer)), out)
                 return
             searched = len(buffer)  # held no newline: searched again per read, a
             buffer += data  # 64 MiB line took 1,024 searches, 2.95 s of the loop
@@ -391,6 +408,7 @@ class StdioTransport:
             return
         message = read
         if not isinstance(message, types.JSONRPCRequest):
+            self._cancelled(message)
             await out.send(SessionMessage(message))
             return
         key = coerce_request_id(message.id)
@@ -406,6 +424,19 @@ class StdioTransport:
         await out.send(
             SessionMessage(message, ServerMessageMetadata(on_request_unanswered=settled))
         )
+
+    def _cancelled(self, message: Any) -> None:
+        """Mark the request in flight a ``notifications/cancelled`` names: it is never answered
+        (MCP), which a reuse of its id is told (``_refuse``) and its log line says."""
+        if not isinstance(message, types.JSONRPCNotification):
+            return
+        if message.method != "notifications/cancelled" or not isinstance(message.params, dict):
+            return
+        named = message.params.get("requestId")
+        if isinstance(named, (str, int)) and not isinstance(named, bool):
+            request = self._open.get(coerce_request_id(named))
+            if request is not None:
+                request.cancel()
 
     def _room(self, request: _Request) -> bool:
         """Count ``request`` open, if there is room: fewer than ``max_open`` requests are, and
@@ -444,7 +475,14 @@ class StdioTransport:
         """Answer a request the server never sees.  Under an id still in flight the error
         carries that id, so a client may take it for the first request's answer: it then says
         that one runs on, and that its answer is still to come -- never that it failed."""
-        if request_id is not None and coerce_request_id(request_id) in self._open:
+        request = None if request_id is None else self._open.get(coerce_request_id(request_id))
+        if request is not None and request.cancelled:
+            what = (
+                f"request id {shown_id(request_id)} was cancelled by the client and is still "
+                f"being settled: this one ({what}) was refused and nothing ran for it; the "
+                "cancelled one is never answered -- send it again under another id"
+            )
+        elif request is not None:
             what = (
                 f"request id {shown_id(request_id)} is already in flight: this one ({what}) was "
                 "refused and nothing ran for it; the first one runs on and is answered under "

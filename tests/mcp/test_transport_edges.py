@@ -1,0 +1,67 @@
+"""Audit 53c: a last line with no newline before the end of input is read as a line, never
+dropped in silence (the SDK's reader takes it too); an id reused while the request it named,
+cancelled by the client, is still settling is refused with the truth -- that request is never
+answered (MCP forbids it), not "the first one runs on and is answered under the same id"."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import trio
+import trio.testing
+
+from affidavit.mcp.transport import StdioTransport
+
+WAIT = 10
+
+
+async def _exchange(lines: list[bytes], close: bool, count: int) -> tuple[list[Any], list[Any]]:
+    """Send ``lines`` (closing the input after, if ``close``); return what the server side read
+    and the first ``count`` answers the transport wrote itself."""
+    to_server, server_in = trio.testing.memory_stream_one_way_pair()
+    server_out, from_server = trio.testing.memory_stream_one_way_pair()
+    stdio = StdioTransport(server_in, server_out)
+    seen: list[Any] = []
+    data = b""
+    async with stdio.streams() as (read, write), read, write, trio.open_nursery() as nursery:
+
+        async def drain() -> None:
+            async for message in read:
+                seen.append(message)
+
+        nursery.start_soon(drain)
+        for line in lines:
+            await to_server.send_all(line)
+            await trio.testing.wait_all_tasks_blocked()
+        if close:
+            await to_server.aclose()
+        with trio.fail_after(WAIT):
+            while data.count(b"\n") < count:
+                data += await from_server.receive_some(65536)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    return seen, [json.loads(line) for line in data.splitlines()]
+
+
+async def test_a_last_line_without_newline_is_read() -> None:
+    _seen, got = await _exchange([b'{"jsonrpc": "2.0", "id": 1, "method"'], close=True, count=1)
+    assert [a["error"]["code"] for a in got] == [-32700]  # read, and answered as unparsable
+
+
+async def test_a_last_request_without_newline_reaches_the_server() -> None:
+    line = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "ping"}).encode()
+    seen, _got = await _exchange([line], close=True, count=0)
+    assert [m.message.id for m in seen] == [7]
+
+
+async def test_a_reused_id_of_a_cancelled_request_is_told_it_is_never_answered() -> None:
+    call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "x"}}
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5}}
+    again = {"jsonrpc": "2.0", "id": 5, "method": "ping"}
+    lines = [json.dumps(m).encode() + b"\n" for m in (call, cancel, again)]
+    _seen, got = await _exchange(lines, close=False, count=1)
+    message = got[0]["error"]["message"]
+    assert got[0]["id"] == 5
+    assert "cancelled by the client" in message and "never answered" in message
+    assert "runs on" not in message
