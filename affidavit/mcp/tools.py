@@ -242,11 +242,16 @@ class Param:
                 raise ArgumentError(self.name, "is required", "MISSING_FIELD")
             return None
         if self.type == "integer":
-            if not isinstance(value, int) or isinstance(value, bool) or value < self.minimum:
+            # JSON Schema's integer is a number with no fraction: 5.0 and 1e2 are integers
+            # (audit 53c), read as the int they are, once within the bounds.
+            whole = isinstance(value, float) and math.isfinite(value) and value.is_integer()
+            if not (whole or isinstance(value, int)) or isinstance(value, bool):
+                raise ArgumentError(self.name, f"must be a whole number >= {self.minimum}")
+            if value < self.minimum:
                 raise ArgumentError(self.name, f"must be a whole number >= {self.minimum}")
             if self.maximum is not None and value > self.maximum:
                 raise ArgumentError(self.name, f"must be at most {self.maximum}")
-            return value
+            return int(value)
         if not isinstance(value, str):
             raise ArgumentError(self.name, "must be a string")
         if self.values and value not in self.values:

@@ -215,3 +215,40 @@ def test_a_target_s_own_bound_is_documented_not_published(tmp_path: Path) -> Non
     assert "(PAYLOAD_LIMIT)" in body["description"]
     action = {"target": "plain", "method": "GET", "path": "/", "body": "x" * 100}
     assert refusal(action, config) == ("PAYLOAD_LIMIT", "body")
+
+
+def _integer_params() -> list[tuple[str, str]]:
+    from affidavit.mcp.tools import READ_TOOLS
+
+    return [
+        (tool.name, param.name)
+        for tool in READ_TOOLS.values()
+        for param in tool.params
+        if param.type == "integer"
+    ]
+
+
+@pytest.mark.parametrize(("tool", "name"), _integer_params(), ids=lambda v: str(v))
+@pytest.mark.parametrize("number", [5.0, 1e2, 5.5, float("inf"), -1.0, 1e300], ids=repr)
+def test_a_read_tool_s_integer_agrees_with_the_schema_on_floats(
+    tool: str, name: str, number: float
+) -> None:
+    """JSON Schema's integer accepts a number with no fraction (5.0, 1e2): so does the parser,
+    reading it as the int it is (audit 53c: the schema said integer, the parser refused 5.0)."""
+    from affidavit.mcp.tools import READ_TOOLS, ArgumentError
+
+    read = READ_TOOLS[tool]
+    param = next(p for p in read.params if p.name == name)
+    args = {p.name: "act_1" for p in read.params if p.required and p.type == "string"}
+    args[name] = number
+    schema_ok = jsonschema.Draft202012Validator(read.input_schema()).is_valid(args)
+    try:
+        value = param.read(args)
+    except ArgumentError:
+        parser_ok = False
+    else:
+        parser_ok = True
+        assert type(value) is int and value == number
+    assert parser_ok == schema_ok, (args, read.input_schema())
+    if number in (5.0, 1e2):
+        assert parser_ok
