@@ -730,12 +730,28 @@ def _read_line(line: bytes) -> types.JSONRPCMessage | tuple[int, Any, str] | str
 
 
 def _arguments_fault(message: types.JSONRPCRequest) -> str | None:
-    """What is wrong with a ``tools/call`` request's ``arguments``: when given, a JSON object
-    (MCP; null reads as none given, as the SDK reads it).  The SDK's own refusal of another
-    (-32602) names no field; this one does, as every refusal here does."""
+    """What is wrong with a ``tools/call`` request's shape: its ``name`` a string, its
+    ``arguments``, when given, a JSON object (MCP; null reads as none given, as the SDK reads
+    it); of any request, ``_meta`` an object and its ``progressToken`` a string or an integer.
+    The SDK's own refusal of these (-32602 "Invalid request parameters") names no field; this
+    one does, as every refusal here does."""
     params = message.params
-    if message.method != "tools/call" or not isinstance(params, dict):
+    if not isinstance(params, dict):
         return None
+    meta = params.get("_meta")
+    if meta is not None and not isinstance(meta, dict):
+        return f"INVALID_FIELD at params._meta: {_kind(meta)}, not a JSON object"
+    token = None if meta is None else meta.get("progressToken")
+    if token is not None and (isinstance(token, bool) or not isinstance(token, (str, int))):
+        what = f"{_kind(token)}, not a string or an integer"
+        return f"INVALID_FIELD at params._meta.progressToken: {what}"
+    if message.method != "tools/call":
+        return None
+    name = params.get("name")
+    if name is None:
+        return "MISSING_FIELD at params.name: a tools/call names its tool (tools/list)"
+    if not isinstance(name, str):
+        return f"INVALID_FIELD at params.name: {_kind(name)}, not a string"
     arguments = params.get("arguments")
     if arguments is None or isinstance(arguments, dict):
         return None
@@ -750,6 +766,8 @@ def _kind(value: Any) -> str:
         return "a string"
     if isinstance(value, list):
         return "an array"
+    if isinstance(value, dict):
+        return "an object"
     return "a number"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -59,9 +60,38 @@ async def test_a_reused_id_of_a_cancelled_request_is_told_it_is_never_answered()
     call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "x"}}
     cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5}}
     again = {"jsonrpc": "2.0", "id": 5, "method": "ping"}
-    lines = [json.dumps(m).encode() + b"\n" for m in (call, cancel, again)]
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}}
+    lines = [json.dumps(m).encode() + b"\n" for m in (init, call, cancel, again)]
     _seen, got = await _exchange(lines, close=False, count=1)
     message = got[0]["error"]["message"]
     assert got[0]["id"] == 5
     assert "cancelled by the client" in message and "never answered" in message
     assert "runs on" not in message
+
+
+@pytest.mark.parametrize(
+    ("params", "shown"),
+    [
+        ({"name": 5, "arguments": {}}, "INVALID_FIELD at params.name: a number"),
+        ({"arguments": {}}, "MISSING_FIELD at params.name"),
+        (
+            {"name": "list_targets", "arguments": {}, "_meta": {"progressToken": {"x": 1}}},
+            "INVALID_FIELD at params._meta.progressToken: an object",
+        ),
+        (
+            {"name": "list_targets", "_meta": {"progressToken": True}},
+            "INVALID_FIELD at params._meta.progressToken: a boolean",
+        ),
+        ({"name": "list_targets", "_meta": [1]}, "INVALID_FIELD at params._meta: an array"),
+    ],
+    ids=["name-number", "name-missing", "token-object", "token-boolean", "meta-array"],
+)
+async def test_a_call_the_sdk_would_refuse_without_a_field_names_it(
+    params: dict[str, Any], shown: str
+) -> None:
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}}
+    call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": params}
+    lines = [json.dumps(m).encode() + b"\n" for m in (init, call)]
+    _seen, got = await _exchange(lines, close=False, count=1)
+    assert got[0]["id"] == 3 and got[0]["error"]["code"] == -32602
+    assert got[0]["error"]["message"].startswith(shown)
