@@ -275,10 +275,13 @@ class Client:
 
         if chunks is not None:
             envelope: dict[str, Any] | None = await page(from_chunk or 0)
-        elif from_chunk is not None:
+        elif from_chunk:
             envelope = await read_pages(page, from_chunk)
         else:
-            envelope = await self._get_or_none(path)
+            # Whole -- from chunk 0 too, the reference's pointer: one answer, which the daemon
+            # records delivered once written (never pages, which record nothing).
+            query = {} if from_chunk is None else {"from_chunk": 0}
+            envelope = await self._get_or_none(target(path, query))
         return envelope
 
     async def poll_operation(

@@ -264,8 +264,9 @@ def _result(args: argparse.Namespace) -> int:
                 "--raw",
             )
         path = invocation_path(args.invocation_id, "/result")
-        if args.from_chunk is None:
-            return _print_answer(daemon_json(ask_daemon(socket, "GET", path)))
+        if not args.from_chunk:  # whole (from 0 too): one answer, recorded delivered
+            query = {} if args.from_chunk is None else {"from_chunk": 0}
+            return _print_answer(daemon_json(ask_daemon(socket, "GET", target(path, query))))
 
         async def page(at: int) -> Any:  # the daemon answers a page at a time: to the end
             page = {"from_chunk": at, "chunks": MAX_RESULT_PAGE_CHUNKS}
@@ -453,7 +454,17 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
                 f"({index - start} verified chunks, {written} bytes written from chunk {start})",
                 stopped.code,
             ) from None
+        if start == 0 and names == [name]:
+            # Every stream written whole, its last byte out: a whole fetch, recorded as the
+            # daemon's is (delivered to this uid if it asked, else a read recording nothing).
+            await broker.fetch_result(
+                iid, as_operator=True, reader=os.getuid(), deliver=_written, defer=True
+            )
     return 0
+
+
+async def _written(envelope: dict[str, Any]) -> None:
+    """``result --raw``'s ``deliver``: its bytes are already written (nothing more to hand)."""
 
 
 def run_journal(main: Callable[[], Awaitable[T]]) -> T:

@@ -229,9 +229,11 @@ class McpSession:
         backend = self.backend
         if name == "fetch_result":
             # A resumed read is a page (``chunks``, by default ``RESULT_PAGE_CHUNKS``), from
-            # either backend alike: an agent pages a long result, never takes it whole again.
+            # either backend alike.  From chunk 0 with no ``chunks`` -- the reference's own
+            # pointer -- it is the whole result, a whole fetch: delivered, as one without
+            # ``from_chunk`` (its answer with the ``resume`` table a read from 0 shows).
             iid, chunk, size = args["invocation_id"], args["from_chunk"], args["chunks"]
-            if chunk is not None or size is not None:
+            if chunk or size is not None:
                 chunk, size = chunk or 0, size or RESULT_PAGE_CHUNKS
             return await self._run(
                 request_id, lambda ex: backend.fetch_result(iid, chunk, size, ex)

@@ -300,7 +300,9 @@ READ_TOOLS: dict[str, ReadTool] = {
             "became of a call whose answer you lost. `from_chunk` resumes a long result a "
             f"page at a time: `chunks` (default {RESULT_PAGE_CHUNKS}, at most "
             f"{MAX_RESULT_PAGE_CHUNKS}) of each stream from that chunk on, with "
-            "`result.resume` -- its `next_chunk` is where the next page starts (null: none).",
+            "`result.resume` -- its `next_chunk` is where the next page starts (null: none). "
+            "Whole, or from_chunk 0 with no chunks (a by_reference answer's `fetch`), it is "
+            "the whole result and records its delivery; a page records nothing.",
             (
                 _ID,
                 Param("from_chunk", "resume from this chunk", type="integer", maximum=MAX_COUNT),
