@@ -68,6 +68,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import AsyncIterator
@@ -298,11 +299,13 @@ class StdioTransport:
                 request.outcome.settle(False)
 
     async def _unanswered(self, key: Any, request: _Request) -> None:
-        """The SDK settled the request without writing anything (the client cancelled it)."""
+        """The SDK settled the request without writing anything (a cancel, or the SDK's own
+        drop of it)."""
         if self._open.get(key) is request:
             del self._open[key]
             self._settled(request)
-        request.cancel()
+        # Not marked cancelled: only a ``notifications/cancelled`` is (``_cancelled``); an
+        # answer the SDK dropped for another reason is no cancel of the client's.
         if request.outcome is not None:
             request.outcome.settle(False)
 
@@ -741,9 +744,9 @@ def _arguments_fault(message: types.JSONRPCRequest) -> str | None:
     meta = params.get("_meta")
     if meta is not None and not isinstance(meta, dict):
         return f"INVALID_FIELD at params._meta: {_kind(meta)}, not a JSON object"
-    token = None if meta is None else meta.get("progressToken")
-    if token is not None and (isinstance(token, bool) or not isinstance(token, (str, int))):
-        what = f"{_kind(token)}, not a string or an integer"
+    if meta is not None and "progressToken" in meta and not _token(meta["progressToken"]):
+        # (null too: the SDK refuses it with its bare -32602.)
+        what = f"{_kind(meta['progressToken'])}, not a string or an integer"
         return f"INVALID_FIELD at params._meta.progressToken: {what}"
     if message.method != "tools/call":
         return None
@@ -758,8 +761,18 @@ def _arguments_fault(message: types.JSONRPCRequest) -> str | None:
     return f"INVALID_FIELD at params.arguments: {_kind(arguments)}, not a JSON object"
 
 
+def _token(value: Any) -> bool:
+    """A progress token: a string or an integer -- a finite float with no fraction (5.0) is
+    one (JSON has one number type; the SDK reads it as 5), as F5's integer arguments are."""
+    if isinstance(value, float):
+        return math.isfinite(value) and value.is_integer()
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
+
+
 def _kind(value: Any) -> str:
     """What kind of JSON value ``value`` is, in words (never its text)."""
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, str):

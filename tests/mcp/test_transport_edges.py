@@ -83,8 +83,24 @@ async def test_a_reused_id_of_a_cancelled_request_is_told_it_is_never_answered()
             "INVALID_FIELD at params._meta.progressToken: a boolean",
         ),
         ({"name": "list_targets", "_meta": [1]}, "INVALID_FIELD at params._meta: an array"),
+        (
+            {"name": "list_targets", "_meta": {"progressToken": None}},
+            "INVALID_FIELD at params._meta.progressToken: null",
+        ),
+        (
+            {"name": "list_targets", "_meta": {"progressToken": 5.5}},
+            "INVALID_FIELD at params._meta.progressToken: a number",
+        ),
     ],
-    ids=["name-number", "name-missing", "token-object", "token-boolean", "meta-array"],
+    ids=[
+        "name-number",
+        "name-missing",
+        "token-object",
+        "token-boolean",
+        "meta-array",
+        "token-null",
+        "token-fraction",
+    ],
 )
 async def test_a_call_the_sdk_would_refuse_without_a_field_names_it(
     params: dict[str, Any], shown: str
@@ -95,3 +111,29 @@ async def test_a_call_the_sdk_would_refuse_without_a_field_names_it(
     _seen, got = await _exchange(lines, close=False, count=1)
     assert got[0]["id"] == 3 and got[0]["error"]["code"] == -32602
     assert got[0]["error"]["message"].startswith(shown)
+
+
+@pytest.mark.parametrize("token", [5, 5.0, 1e2, "t"], ids=["int", "whole-float", "exp", "str"])
+def test_a_progress_token_that_is_a_whole_number_or_a_string_passes(token: Any) -> None:
+    """5.0 is an integer (JSON has one number type; the SDK takes it as 5), as F5's rule says
+    of integer arguments: not refused (review 53c)."""
+    from mcp_types import JSONRPCRequest
+
+    from affidavit.mcp.transport import _arguments_fault
+
+    params = {"name": "list_targets", "_meta": {"progressToken": token}}
+    message = JSONRPCRequest(jsonrpc="2.0", id=3, method="tools/call", params=params)
+    assert _arguments_fault(message) is None
+
+
+async def test_a_request_the_sdk_settles_unanswered_is_not_marked_cancelled() -> None:
+    """Only a ``notifications/cancelled`` marks a request cancelled; the SDK dropping its
+    answer for another reason is not the client's cancel (review 53c: the log said so)."""
+    from affidavit.mcp.transport import Outcome, _Request
+
+    send, receive = trio.testing.memory_stream_pair()
+    transport = StdioTransport(receive, send)
+    request = _Request(10)
+    request.outcome = Outcome()
+    await transport._unanswered(7, request)
+    assert not request.cancelled and not request.outcome.cancelled
