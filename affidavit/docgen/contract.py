@@ -199,7 +199,11 @@ def _retry_sections() -> list[str]:
         "a record without one is judged at the moment itself, or by that lease when read "
         "with the config) → `same_idempotency_key`; "
         "otherwise `reconcile`.",
-        "6. `rejected`/`committed` without a code (success): `never`.",
+        "6. `rejected`/`committed` without a code (success): `never` -- also while a stored "
+        "result answered by reference awaits its fetch (`stored_*`, no delivery recorded): "
+        "`never` is about sending the action again, not about fetching; what tells the caller "
+        "to fetch is the answer's `result.by_reference` and its `fetch` pointer "
+        "([journal](journal.md)).",
         "7. `REMOTE_THROTTLED`: `backoff` only when the retry is safe (idempotent, or a usable "
         'key), Retry-After was sent and is within the configured maximum (seed: backoff "if '
         'the method is safe to retry and the response specifies a suitable time"; without '
