@@ -145,3 +145,27 @@ def test_by_reference_names_only_the_referenced_invocation() -> None:
     assert not by_reference({"result": ref}, "act_2")
     assert not by_reference({"result": ref}, None)
     assert not by_reference({"result": {"body": "by_reference"}}, "act_1")
+
+
+@pytest.mark.parametrize("carried", ["by_reference", "inline"])
+async def test_a_linked_answer_carrying_the_result_by_reference_records_no_delivery(
+    tmp_path: Path, token: str, carried: str
+) -> None:
+    """``deliver_linked`` (a poll's or a reconciliation query's answer, which carries the
+    linked call's envelope): written whole, it records channel ``deliver`` only when it
+    carried the result itself; by reference (under ``poll``, as a poll's answer nests it) it
+    transferred none of it and records nothing."""
+    from affidavit.engine.delivery import deliver_linked
+
+    async def answer_linked(broker: Broker, iid: str) -> None:
+        env = await broker.fetch_result(iid, from_chunk=0, chunks=1)  # a page: nothing
+        assert env is not None
+        if carried == "by_reference":
+            ref = {"fetch": {"invocation_id": iid, "from_chunk": 0}}
+            env = {**env, "result": {"by_reference": ref}}
+        answer = {"operation": {"id": "op_x"}, "poll": env}
+        written = await deliver_linked(broker._engine, answer, iid, _written)
+        assert written is answer
+
+    _env, channels = await _by_reference_then(tmp_path, answer_linked)
+    assert channels == ([] if carried == "by_reference" else ["deliver"])
