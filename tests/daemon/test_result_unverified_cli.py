@@ -50,3 +50,31 @@ async def test_a_corrupted_chunk_is_result_unverified_embedded_and_through_the_d
         assert b"chunk 0" in run.stderr and b"stored body" not in run.stderr
     assert raw.returncode == 2 and raw.stdout == b""
     assert raw.stderr.startswith(b"affidavit: RESULT_UNVERIFIED: "), raw.stderr
+
+
+async def test_result_raw_of_a_result_by_reference_records_its_delivery_once_written(
+    tmp_path: Path, token: str
+) -> None:
+    """``affidavit result ID --raw`` writes the only stream whole: once its last byte is out,
+    it is a whole fetch -- RESULT_DELIVERED channel ``fetch`` (review 53c: the bytes were all
+    read and the record stayed ``stored_committed`` for ever)."""
+    import json
+
+    body = b"z" * (1024 * 1024 + 3)  # over the inline limit: answered by reference
+    async with serving(tmp_path, scripts.serve(Reply(200, body=body)), token=token) as (
+        _srv,
+        daemon,
+    ):
+        called = await cli(daemon, "call", "-", stdin=action_bytes("/r"))
+        assert called.returncode == 0, called.stderr
+        iid = called.json()["invocation_id"]
+        assert "by_reference" in called.json()["result"]
+    stop(daemon)
+    config = str(daemon.config)
+    before = await embedded("record", iid, "--json", "--config", config, token=token)
+    assert json.loads(before.stdout)["record"]["state"] == "stored_committed", before.stdout
+    raw = await embedded("result", iid, "--raw", "--config", config, token=token)
+    assert raw.returncode == 0 and raw.stdout == body, raw.stderr
+    shown = await embedded("record", iid, "--json", "--config", config, token=token)
+    after = json.loads(shown.stdout)
+    assert after["record"]["state"] == "delivered_committed", after["record"]
