@@ -263,7 +263,10 @@ class Client:
         ``from_chunk=N`` resumes (as ``Broker.fetch_result``): to the end, read a page of
         ``MAX_RESULT_PAGE_CHUNKS`` at a time and put together (``pages.read_pages``); with
         ``chunks=M``, one page of at most M chunks of each stream (1 to
-        ``MAX_RESULT_PAGE_CHUNKS``), whose ``result.resume.next_chunk`` names the next."""
+        ``MAX_RESULT_PAGE_CHUNKS``), whose ``result.resume.next_chunk`` names the next.
+        Only the whole fetch (no ``from_chunk``) records the result delivered to this uid (the
+        daemon records it once it wrote the answer to its socket); a page, or pages
+        put together -- from chunk 0 too, the by-reference pointer's form -- record nothing."""
         if from_chunk is not None and from_chunk < 0:
             raise NotSent("from_chunk must be >= 0")
         if chunks is not None and not 1 <= chunks <= MAX_RESULT_PAGE_CHUNKS:
@@ -275,13 +278,10 @@ class Client:
 
         if chunks is not None:
             envelope: dict[str, Any] | None = await page(from_chunk or 0)
-        elif from_chunk:
+        elif from_chunk is not None:
             envelope = await read_pages(page, from_chunk)
         else:
-            # Whole -- from chunk 0 too, the reference's pointer: one answer, which the daemon
-            # records delivered once written (never pages, which record nothing).
-            query = {} if from_chunk is None else {"from_chunk": 0}
-            envelope = await self._get_or_none(target(path, query))
+            envelope = await self._get_or_none(path)
         return envelope
 
     async def poll_operation(

@@ -264,9 +264,8 @@ def _result(args: argparse.Namespace) -> int:
                 "--raw",
             )
         path = invocation_path(args.invocation_id, "/result")
-        if not args.from_chunk:  # whole (from 0 too): one answer, recorded delivered
-            query = {} if args.from_chunk is None else {"from_chunk": 0}
-            return _print_answer(daemon_json(ask_daemon(socket, "GET", target(path, query))))
+        if args.from_chunk is None:
+            return _print_answer(daemon_json(ask_daemon(socket, "GET", path)))
 
         async def page(at: int) -> Any:  # the daemon answers a page at a time: to the end
             page = {"from_chunk": at, "chunks": MAX_RESULT_PAGE_CHUNKS}
@@ -454,9 +453,10 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
                 f"({index - start} verified chunks, {written} bytes written from chunk {start})",
                 stopped.code,
             ) from None
-        if start == 0 and names == [name]:
-            # Every stream written whole, its last byte out: a whole fetch, recorded as the
-            # daemon's is (delivered to this uid if it asked, else a read recording nothing).
+        if args.from_chunk is None and names == [name]:
+            # The only stream written whole (no --from-chunk), its last byte out: a whole
+            # fetch, recorded as the daemon's is (delivered to this uid if it asked, else a
+            # read recording nothing).  A read from any chunk is a page: it records nothing.
             await broker.fetch_result(
                 iid, as_operator=True, reader=os.getuid(), deliver=_written, defer=True
             )

@@ -396,9 +396,7 @@ class Api:
         chunks = _page_param(req)
         if chunks is not None and from_chunk is None:
             from_chunk = 0
-        elif from_chunk and chunks is None:
-            # (From chunk 0 with no ``chunks``: the whole result, a whole fetch -- the
-            # reference's own pointer -- streamed as one, recorded as one.)
+        elif from_chunk is not None and chunks is None:
             chunks = RESULT_PAGE_CHUNKS
         what = f"the result of {invocation_id}"
         try:

@@ -52,7 +52,7 @@ from .approval import ApprovalBoard
 from .asker import asker
 from .control import CallControl
 from .delivery import deliver_stored
-from .recorder import Recorder, resume_table
+from .recorder import Recorder
 from .recovery import (
     CallNotRecorded,
     carries_key,
@@ -271,13 +271,6 @@ class Engine:
         # A whole read's reader, before anything is read or written: a host naming every asker
         # refuses one naming none (``NoAsker``) before recovery may close a stale record.  A
         # page (``from_chunk``) delivers nothing and reads as no one.
-        # A read from chunk 0 that is no page (no ``chunks``) is the whole result: the
-        # reference's own pointer (``fetch: {from_chunk: 0}``) names it so.  It is a whole
-        # fetch -- delivered, as one with no ``from_chunk`` -- answered with its ``resume``
-        # table, as asked (audit 53c).
-        from_zero = from_chunk == 0 and chunks is None
-        if from_zero:
-            from_chunk = None
         whole_reader = asker(reader, self.settings) if from_chunk is None else None
         # Its in-process return's delivery, if still queued, first: never a second one here.
         await self.recorder.delivered(invocation_id)
@@ -310,35 +303,9 @@ class Engine:
                     record, from_chunk=from_chunk, to_chunk=to_chunk, defer=defer
                 )
             assert whole_reader is not None  # (set whenever from_chunk is None)
-            if not from_zero:
-                return await deliver_stored(self, record, deliver, defer=defer, reader=whole_reader)
-            return await self._from_zero(record, deliver, defer, whole_reader)
+            return await deliver_stored(self, record, deliver, defer=defer, reader=whole_reader)
         finally:
             self.recorder.done()  # as a call's: nothing kept for this task once it is over
-
-    async def _from_zero(
-        self, record: Record, deliver: Deliver | None, defer: bool, reader: int
-    ) -> dict[str, Any]:
-        """A whole fetch asked as ``from_chunk=0``: ``deliver_stored``, its answer carrying
-        the ``resume`` table a read from chunk 0 shows (``resume_table``) -- added before it
-        is handed over, so the delivery is recorded after the answer as asked."""
-        stream = self.journal.result_stream(record.invocation_id)
-
-        def resumable(envelope: dict[str, Any]) -> dict[str, Any]:
-            result = envelope.get("result")
-            if stream is not None and isinstance(result, dict) and "resume" not in result:
-                result["resume"] = resume_table(stream, 0)
-            return envelope
-
-        handed = None
-        if deliver is not None:
-            given = deliver
-
-            async def handed(envelope: dict[str, Any]) -> None:
-                await given(resumable(envelope))
-
-        envelope = await deliver_stored(self, record, handed, defer=defer, reader=reader)
-        return resumable(envelope)
 
     def callable_by_caller(self, record: Record) -> bool:
         """A caller reads an invocation only on a target it may call: one this broker's

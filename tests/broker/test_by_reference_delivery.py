@@ -68,52 +68,6 @@ async def test_an_answer_by_reference_records_no_delivery_until_a_whole_fetch(
     assert channels == ["fetch"]
 
 
-@pytest.mark.parametrize("deliver", [None, _written], ids=["returned", "written"])
-async def test_following_the_references_own_pointer_is_a_whole_fetch(
-    tmp_path: Path, token: str, deliver: Any
-) -> None:
-    """The reference says ``fetch: {invocation_id, from_chunk: 0}``: read as it says (no
-    ``chunks``), it is the whole result -- delivered, channel ``fetch``, once -- answered
-    with its ``resume`` table (audit 53c: every byte read, the record stored for ever)."""
-    answered: list[dict[str, Any]] = []
-
-    async def handed(envelope: dict[str, Any]) -> None:
-        answered.append(envelope)
-
-    async def follow(broker: Broker, iid: str) -> None:
-        pointer = await broker.fetch_result(iid, from_chunk=0, chunks=1)  # a page: nothing
-        assert pointer is not None and pointer["result"]["resume"]["next_chunk"] == 1
-        fetch = {"invocation_id": iid, "from_chunk": 0}  # as reference_payload writes it
-        got = await broker.fetch_result(fetch["invocation_id"], from_chunk=fetch["from_chunk"])
-        assert got is not None and got["result"]["body"].encode() == BODY
-        assert got["result"]["resume"]["from_chunk"] == 0
-        assert got["result"]["resume"]["next_chunk"] is None
-        if deliver is not None:  # a surface's answer: resume is in what it hands over
-            again = await broker.fetch_result(iid, from_chunk=0, deliver=handed)
-            assert again is not None and answered == []  # delivered already: a read
-
-    env, channels = await _by_reference_then(tmp_path, follow, deliver)
-    assert env["result"]["by_reference"]["fetch"]["from_chunk"] == 0
-    assert channels == ["fetch"]
-
-
-async def test_a_pointer_followed_through_a_deliver_hands_over_the_resume_table(
-    tmp_path: Path, token: str
-) -> None:
-    answered: list[dict[str, Any]] = []
-
-    async def handed(envelope: dict[str, Any]) -> None:
-        answered.append(envelope)
-
-    async def follow(broker: Broker, iid: str) -> None:
-        got = await broker.fetch_result(iid, from_chunk=0, deliver=handed)
-        assert got is answered[0] and got["result"]["resume"]["from_chunk"] == 0
-        assert got["result"]["body"].encode() == BODY
-
-    _env, channels = await _by_reference_then(tmp_path, follow)
-    assert channels == ["fetch"] and len(answered) == 1
-
-
 async def test_every_page_of_a_result_by_reference_records_nothing(
     tmp_path: Path, token: str
 ) -> None:

@@ -240,40 +240,39 @@ def fake_daemon(path: Path, answer: Callable[[int], tuple[int, bytes]]) -> Itera
 def test_the_command_line_says_pages_that_do_not_fit_together_answer_lost(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``affidavit result ID --from-chunk 2 --socket S`` against a daemon whose second page
-    is a byte short: exit 2, ``ANSWER_LOST`` ("ask again") -- never the stream cut short.
-    (From chunk 0 is a whole read, one answer: no pages.)"""
+    """``affidavit result ID --from-chunk 0 --socket S`` against a daemon whose second page
+    lacks a stream: exit 2, ``ANSWER_LOST`` ("ask again") -- never the stream half empty."""
     sock = tmp_path / "d.sock"
-    bad = _altered(_one_byte_short, at=3)
+    bad = _altered(_drop_stream)
 
     def answer(at: int) -> tuple[int, bytes]:
         return 200, json.dumps(bad[at]).encode()
 
     with fake_daemon(sock, answer):
-        code = main(["result", "act_x", "--from-chunk", "2", "--socket", str(sock)])
+        code = main(["result", "act_x", "--from-chunk", "0", "--socket", str(sock)])
     err = capsys.readouterr().err
-    assert code == 2 and "ANSWER_LOST" in err and "page at chunk 3 holds" in err, err
+    assert code == 2 and "ANSWER_LOST" in err and "lacks stream 'stderr'" in err, err
 
 
 async def test_the_client_reads_the_retry_after_of_a_503_and_asks_again(tmp_path: Path) -> None:
-    """``Client.fetch_result(from_chunk=2)`` and the command line: a page answered 503 with
+    """``Client.fetch_result(from_chunk=0)`` and the command line: a page answered 503 with
     ``Retry-After`` once, then whole -- both read the header and put the result together."""
     sock = tmp_path / "d.sock"
     refused: list[int] = []
 
     def answer(at: int) -> tuple[int, bytes]:
-        if at == 3 and len(refused) % 2 == 0:
+        if at == 1 and len(refused) % 2 == 0:
             refused.append(at)
             error = {"api_error": {"code": "ANSWERS_IN_FLIGHT", "message": "busy"}}
             return 503, json.dumps(error).encode()
-        refused.append(-1) if at == 3 else None
+        refused.append(-1) if at == 1 else None
         return 200, json.dumps(_honest(at)).encode()
 
     with fake_daemon(sock, answer), trio.fail_after(10):
         async with Client.open(sock) as client:
-            merged = await client.fetch_result("act_x", from_chunk=2)
+            merged = await client.fetch_result("act_x", from_chunk=0)
         code = await trio.to_thread.run_sync(
-            main, ["result", "act_x", "--from-chunk", "2", "--socket", str(sock)]
+            main, ["result", "act_x", "--from-chunk", "0", "--socket", str(sock)]
         )
-    assert merged is not None and merged["result"]["stdout"] == TEXT[2 * CH :].decode()
-    assert refused == [3, -1, 3, -1] and code == 0
+    assert merged is not None and merged["result"]["stdout"] == TEXT.decode()
+    assert refused == [1, -1, 1, -1] and code == 0

@@ -57,7 +57,8 @@ async def test_result_raw_of_a_result_by_reference_records_its_delivery_once_wri
 ) -> None:
     """``affidavit result ID --raw`` writes the only stream whole: once its last byte is out,
     it is a whole fetch -- RESULT_DELIVERED channel ``fetch`` (review 53c: the bytes were all
-    read and the record stayed ``stored_committed`` for ever)."""
+    read and the record stayed ``stored_committed`` for ever).  With ``--from-chunk`` (even 0)
+    it is a page and records nothing."""
     import json
 
     body = b"z" * (1024 * 1024 + 3)  # over the inline limit: answered by reference
@@ -73,6 +74,12 @@ async def test_result_raw_of_a_result_by_reference_records_its_delivery_once_wri
     config = str(daemon.config)
     before = await embedded("record", iid, "--json", "--config", config, token=token)
     assert json.loads(before.stdout)["record"]["state"] == "stored_committed", before.stdout
+    paged = await embedded(
+        "result", iid, "--raw", "--from-chunk", "0", "--config", config, token=token
+    )
+    assert paged.returncode == 0 and paged.stdout == body, paged.stderr  # a page: nothing
+    still = await embedded("record", iid, "--json", "--config", config, token=token)
+    assert json.loads(still.stdout)["record"]["state"] == "stored_committed", still.stdout
     raw = await embedded("result", iid, "--raw", "--config", config, token=token)
     assert raw.returncode == 0 and raw.stdout == body, raw.stderr
     shown = await embedded("record", iid, "--json", "--config", config, token=token)
