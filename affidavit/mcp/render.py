@@ -28,6 +28,8 @@ from typing import Any
 
 from affidavit.text import json_escape, pieces, shown_as_is, shown_outcome
 
+from .tools import WHOLE_FETCH_MOST
+
 __all__ = ["ID", "ITEMS", "PREVIEW", "render"]
 
 ID = 200
@@ -252,7 +254,10 @@ def _marks(envelope: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"by_reference: {ref.get('bytes')} bytes ({sizes}), sha256 {result.get('sha256')}, "
             f"{ref.get('reason')}: not shown -- fetch_result invocation_id "
-            f"{fetch.get('invocation_id')} from_chunk {fetch.get('from_chunk')}"
+            f"{fetch.get('invocation_id')} pages it with from_chunk "
+            f"{fetch.get('from_chunk')} and chunks (a page records nothing); without "
+            f"from_chunk it is fetched whole and recorded delivered (over "
+            f"{WHOLE_FETCH_MOST} bytes refused ANSWER_TOO_LARGE: page it)"
         )
     delivery = envelope.get("delivery")
     if isinstance(delivery, Mapping):

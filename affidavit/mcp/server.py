@@ -64,6 +64,7 @@ from .render import render
 from .tools import (
     CONTRACT,
     READ_TOOLS,
+    WHOLE_FETCH_MOST,
     ArgumentError,
     action_tool_doc,
     api_error,
@@ -229,15 +230,15 @@ class McpSession:
         backend = self.backend
         if name == "fetch_result":
             # A resumed read is a page (``chunks``, by default ``RESULT_PAGE_CHUNKS``), from
-            # either backend alike.  From chunk 0 with no ``chunks`` -- the reference's own
-            # pointer -- it is the whole result, a whole fetch: delivered, as one without
-            # ``from_chunk`` (its answer with the ``resume`` table a read from 0 shows).
+            # either backend alike, and records nothing.  A whole fetch (no ``from_chunk``)
+            # records delivery -- within ``WHOLE_FETCH_MOST``, else refused (``_whole``).
             iid, chunk, size = args["invocation_id"], args["from_chunk"], args["chunks"]
-            if chunk or size is not None:
+            if chunk is not None or size is not None:
                 chunk, size = chunk or 0, size or RESULT_PAGE_CHUNKS
-            return await self._run(
-                request_id, lambda ex: backend.fetch_result(iid, chunk, size, ex)
-            )
+                return await self._run(
+                    request_id, lambda ex: backend.fetch_result(iid, chunk, size, ex)
+                )
+            return await self._run(request_id, lambda ex: _whole(backend, iid, ex))
         if name == "poll_operation":
             op_id = args["operation_id"]
             return await self._run(request_id, lambda ex: backend.poll_operation(op_id, ex))
@@ -484,3 +485,25 @@ async def _stop_on_signal(session: McpSession) -> None:
         async for signum in signals:
             log.info("signal %d: stopping (%d call(s) running)", signum, session.running)
             session.end()
+
+
+async def _whole(backend: Backend, iid: str, exchange: Exchange) -> dict[str, Any]:
+    """A whole ``fetch_result``: its size read first from a one-chunk page (which records
+    nothing); a result over ``WHOLE_FETCH_MOST`` bytes is refused ``ANSWER_TOO_LARGE`` at
+    ``from_chunk`` -- nothing recorded, its line never built -- else fetched whole (recorded
+    delivered once written).  No stored result (an error, a record still open): fetched as is."""
+    head = await backend.fetch_result(iid, 0, 1, exchange)
+    result = head.get("result")
+    resume = result.get("resume") if isinstance(result, dict) else None
+    streams = resume.get("streams") if isinstance(resume, dict) else None
+    if isinstance(streams, dict):
+        size = sum(int(info.get("bytes") or 0) for info in streams.values())
+        if size > WHOLE_FETCH_MOST:
+            return refusal(
+                "ANSWER_TOO_LARGE",
+                "from_chunk",
+                f"the result is {size} bytes, more than a whole fetch answers over MCP "
+                f"({WHOLE_FETCH_MOST} bytes): page it with from_chunk and chunks (pages "
+                "record nothing; its delivery stays unconfirmed)",
+            )
+    return await backend.fetch_result(iid, None, None, exchange)

@@ -290,6 +290,12 @@ class ReadTool:
 _ID = Param("invocation_id", "the envelope's invocation_id", required=True)
 OUTCOMES = ("not_attempted", "rejected", "committed", "unknown")
 
+WHOLE_FETCH_MOST = 16 * 1024 * 1024
+"""The most result bytes a whole ``fetch_result`` answers in one JSON-RPC line: past it the
+fetch is refused ``ANSWER_TOO_LARGE`` at ``from_chunk`` (page it; nothing recorded, the line
+never built).  Review 53c: a 24 MiB body made a 25 MB line in 9 s, and ``max_result`` allows
+1 GiB."""
+
 READ_TOOLS: dict[str, ReadTool] = {
     t.name: t
     for t in (
@@ -301,8 +307,9 @@ READ_TOOLS: dict[str, ReadTool] = {
             f"page at a time: `chunks` (default {RESULT_PAGE_CHUNKS}, at most "
             f"{MAX_RESULT_PAGE_CHUNKS}) of each stream from that chunk on, with "
             "`result.resume` -- its `next_chunk` is where the next page starts (null: none). "
-            "Whole, or from_chunk 0 with no chunks (a by_reference answer's `fetch`), it is "
-            "the whole result and records its delivery; a page records nothing.",
+            "Only a whole fetch (no `from_chunk`) records the result delivered; a page never "
+            f"does. A whole fetch of a result over {WHOLE_FETCH_MOST // (1024 * 1024)} MiB is "
+            "refused (ANSWER_TOO_LARGE at from_chunk): page it.",
             (
                 _ID,
                 Param("from_chunk", "resume from this chunk", type="integer", maximum=MAX_COUNT),

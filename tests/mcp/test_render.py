@@ -351,7 +351,9 @@ ROWS = [
             "invocation_id i-3",
             "by_reference: 5000000 bytes (body 5000000 bytes in 77 chunks), sha256 ab12, "
             "larger than the inline limit of 1048576 bytes: not shown -- fetch_result "
-            "invocation_id i-3 from_chunk 0",
+            "invocation_id i-3 pages it with from_chunk 0 and chunks (a page records "
+            "nothing); without from_chunk it is fetched whole and recorded delivered (over "
+            "16777216 bytes refused ANSWER_TOO_LARGE: page it)",
         ],
         id="by_reference",
     ),
