@@ -257,7 +257,7 @@ def _marks(envelope: Mapping[str, Any]) -> list[str]:
             f"{fetch.get('invocation_id')} pages it with from_chunk "
             f"{fetch.get('from_chunk')} and chunks (a page records nothing); without "
             f"from_chunk it is fetched whole and recorded delivered (over "
-            f"{WHOLE_FETCH_MOST} bytes refused ANSWER_TOO_LARGE: page it)"
+            f"{WHOLE_FETCH_MOST} bytes refused WHOLE_FETCH_TOO_LARGE: page it)"
         )
     delivery = envelope.get("delivery")
     if isinstance(delivery, Mapping):

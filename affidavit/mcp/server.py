@@ -489,7 +489,7 @@ async def _stop_on_signal(session: McpSession) -> None:
 
 async def _whole(backend: Backend, iid: str, exchange: Exchange) -> dict[str, Any]:
     """A whole ``fetch_result``: its size read first from a one-chunk page (which records
-    nothing); a result over ``WHOLE_FETCH_MOST`` bytes is refused ``ANSWER_TOO_LARGE`` at
+    nothing); a result over ``WHOLE_FETCH_MOST`` bytes is refused ``WHOLE_FETCH_TOO_LARGE`` at
     ``from_chunk`` -- nothing recorded, its line never built -- else fetched whole (recorded
     delivered once written).  No stored result (an error, a record still open): fetched as is."""
     head = await backend.fetch_result(iid, 0, 1, exchange)
@@ -500,7 +500,7 @@ async def _whole(backend: Backend, iid: str, exchange: Exchange) -> dict[str, An
         size = sum(int(info.get("bytes") or 0) for info in streams.values())
         if size > WHOLE_FETCH_MOST:
             return refusal(
-                "ANSWER_TOO_LARGE",
+                "WHOLE_FETCH_TOO_LARGE",
                 "from_chunk",
                 f"the result is {size} bytes, more than a whole fetch answers over MCP "
                 f"({WHOLE_FETCH_MOST} bytes): page it with from_chunk and chunks (pages "

@@ -290,11 +290,18 @@ class ReadTool:
 _ID = Param("invocation_id", "the envelope's invocation_id", required=True)
 OUTCOMES = ("not_attempted", "rejected", "committed", "unknown")
 
-WHOLE_FETCH_MOST = 16 * 1024 * 1024
-"""The most result bytes a whole ``fetch_result`` answers in one JSON-RPC line: past it the
-fetch is refused ``ANSWER_TOO_LARGE`` at ``from_chunk`` (page it; nothing recorded, the line
-never built).  Review 53c: a 24 MiB body made a 25 MB line in 9 s, and ``max_result`` allows
-1 GiB."""
+LINE_MOST = 64 * 1024 * 1024
+"""The transport's own bound on a JSON-RPC line (``transport.MAX_LINE``, on input): the one a
+whole fetch's answer line is kept under (tests/mcp/test_fetch_pointer.py checks they agree)."""
+
+WHOLE_FETCH_MOST = (LINE_MOST - 1024 * 1024) // 6
+"""The most stored result bytes a whole ``fetch_result`` answers (10.5 MiB): a stored byte
+costs at most 6 bytes of the JSON-RPC line (a control character is escaped ``\\u0001``), and
+1 MiB is left for the rest of the answer (the envelope's other fields, the text's 2000-character
+preview), so the line stays under ``LINE_MOST`` whatever the body holds.  Past it the fetch is
+refused ``WHOLE_FETCH_TOO_LARGE`` at ``from_chunk`` (page it; nothing recorded, the line never
+built).  Review 53c: a 24 MiB body made a 25 MB line in 9 s, ``max_result`` allows 1 GiB, and
+16 MiB - 1 of ``\\x01`` counted by stored bytes made a 100,663,484-byte line."""
 
 READ_TOOLS: dict[str, ReadTool] = {
     t.name: t
@@ -308,8 +315,8 @@ READ_TOOLS: dict[str, ReadTool] = {
             f"{MAX_RESULT_PAGE_CHUNKS}) of each stream from that chunk on, with "
             "`result.resume` -- its `next_chunk` is where the next page starts (null: none). "
             "Only a whole fetch (no `from_chunk`) records the result delivered; a page never "
-            f"does. A whole fetch of a result over {WHOLE_FETCH_MOST // (1024 * 1024)} MiB is "
-            "refused (ANSWER_TOO_LARGE at from_chunk): page it.",
+            f"does. A whole fetch of a result over {WHOLE_FETCH_MOST} bytes is refused "
+            "(WHOLE_FETCH_TOO_LARGE at from_chunk): page it.",
             (
                 _ID,
                 Param("from_chunk", "resume from this chunk", type="integer", maximum=MAX_COUNT),

@@ -3,8 +3,9 @@
 pointer (``fetch: {invocation_id, from_chunk: 0}``) pages it -- every byte, recording nothing,
 the record stays ``stored_*`` -- on MCP (embedded and through the daemon) and on the daemon's
 route (``Client.fetch_result``).  MCP's whole fetch is bounded (``WHOLE_FETCH_MOST``): past
-it, ``ANSWER_TOO_LARGE`` at ``from_chunk``, nothing recorded, the whole never read (review 53c:
-a 24 MiB body made a 25 MB JSON-RPC line)."""
+it, ``WHOLE_FETCH_TOO_LARGE`` at ``from_chunk``, nothing recorded, the whole never read (review
+53c: a 24 MiB body made a 25 MB JSON-RPC line) -- and the cap bounds the line, not the stored
+bytes: a body of control characters just under it serializes under the transport's MAX_LINE."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import pytest
 import trio
+import trio.testing
 
 from affidavit.api import Client
-from affidavit.mcp import server
+from affidavit.mcp import server, tools, transport
 from affidavit.mcp.backends import Daemon, Embedded, Exchange
+from affidavit.mcp.render import render
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
 from tests.daemon.kit import running_daemon
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -128,8 +132,9 @@ async def _backend(mode: str, tmp: Path, url: str, token: str) -> AsyncIterator[
 async def test_a_whole_fetch_over_the_cap_is_refused_unread_and_unrecorded(
     tmp_path: Path, token: str, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The cap lowered to 1 MiB (the 16 MiB one read the same way): the whole fetch of a
-    1 MiB + 7 result is refused naming ``from_chunk`` -- only its one-chunk head was read."""
+    """The cap lowered to 1 MiB (the real one read the same way): the whole fetch of a
+    1 MiB + 7 result, asked through the tool dispatch, is refused ``WHOLE_FETCH_TOO_LARGE``
+    naming ``from_chunk`` -- only its one-chunk head was read."""
     monkeypatch.setenv(TOKEN_ENV, token)
     monkeypatch.setattr(server, "WHOLE_FETCH_MOST", 1024 * 1024)
     asked: list[tuple[Any, Any]] = []
@@ -148,11 +153,37 @@ async def test_a_whole_fetch_over_the_cap_is_refused_unread_and_unrecorded(
 
             monkeypatch.setattr(backend, "fetch_result", counted)
             before = (await backend.record(iid))["record"]
-            refused = await server._whole(backend, iid, Exchange())
+            ours, _theirs = trio.testing.memory_stream_pair()
+            session = server.McpSession(backend, transport.StdioTransport(ours, ours), "s1")
+            async with trio.open_nursery() as nursery:
+                session.nursery = nursery  # as serve() gives it one for the calls
+                refused = await session.answer(1, "fetch_result", {"invocation_id": iid})
             after = await backend.record(iid)
     error = refused["error"]
-    assert error["code"] == "ANSWER_TOO_LARGE" and error["field"] == "from_chunk", refused
+    assert error["code"] == "WHOLE_FETCH_TOO_LARGE" and error["field"] == "from_chunk", refused
+    assert error["retry"] == "after_correction", refused
     assert str(len(BODY)) in error["message"] and "chunks" in error["message"], refused
     assert asked == [(0, 1)]  # the head page alone: the whole never read, no line built
     assert after["record"] == before, after  # the record as it was: nothing recorded
     assert "RESULT_DELIVERED" not in _kinds(after["events"])  # nothing recorded
+
+
+def test_a_whole_fetch_at_the_cap_of_control_characters_makes_a_line_under_max_line() -> None:
+    """The cap bounds the JSON-RPC line, not the stored bytes: a body of ``WHOLE_FETCH_MOST``
+    bytes of ``\\x01`` (each escaped ``\\u0001``, 6 bytes) answered as the server answers it --
+    the text and the structured content -- is a line under the transport's own MAX_LINE.
+    Review 53c round 3: at 16 MiB - 1 the line was 100,663,484 bytes."""
+    assert tools.LINE_MOST == transport.MAX_LINE
+    env = {
+        "invocation_id": "x" * 64,
+        "outcome": "committed",
+        "result": {"status": 200, "headers": {"content-type": "text/plain"}, "body": ""},
+    }
+    env["result"]["body"] = "\x01" * tools.WHOLE_FETCH_MOST
+    text = types.TextContent(type="text", text=render(env))
+    called = types.CallToolResult(content=[text], structured_content=env)
+    result = called.model_dump(by_alias=True, mode="json", exclude_none=True)
+    line = types.JSONRPCResponse(jsonrpc="2.0", id=1, result=result).model_dump_json(
+        by_alias=True, exclude_unset=True
+    )
+    assert 6 * tools.WHOLE_FETCH_MOST < len(line) < transport.MAX_LINE

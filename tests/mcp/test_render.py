@@ -353,7 +353,7 @@ ROWS = [
             "larger than the inline limit of 1048576 bytes: not shown -- fetch_result "
             "invocation_id i-3 pages it with from_chunk 0 and chunks (a page records "
             "nothing); without from_chunk it is fetched whole and recorded delivered (over "
-            "16777216 bytes refused ANSWER_TOO_LARGE: page it)",
+            "11010048 bytes refused WHOLE_FETCH_TOO_LARGE: page it)",
         ],
         id="by_reference",
     ),
