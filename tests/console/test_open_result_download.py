@@ -47,6 +47,11 @@ async def test_an_open_records_result_downloads_through_the_daemon_recording_not
 async def test_an_open_records_result_downloads_embedded_recording_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A regression guard, not a test of the fix: it passes with the read from chunk 0 made a
+    whole fetch too -- an open record has no stored result, so no delivery is recorded either
+    way and the answer carries nothing (no ``result.resume``) only a page shows.  It pins what
+    the embedded console answers and records; the daemon variant above is the one that met the
+    bug (review 53c round 2: 500 ``NoAsker``)."""
     target = http_target("http://127.0.0.1:9", approval={"methods": ["POST"], "wait": "0s"})
     path = operator_config(tmp_path, monkeypatch, {"pay": target})
     with trio.fail_after(WAIT):
