@@ -184,6 +184,29 @@ BUILD_TIMEOUT = 60.0
 """Seconds a shim's build may take (gcc on a loaded machine builds one in well under one)."""
 
 
+@contextlib.contextmanager
+def tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``mount -o size=``, e.g. ``4m``) mounted at ``where`` (made 0700)
+    for the block -- a disk that really fills (ENOSPC) -- unmounted after.  Mounting needs root
+    and the capability to mount: elsewhere skipped with the reason ``needs root to mount a
+    tmpfs``, a failure when ``AFFIDAVIT_REQUIRE_PROGRAMS=1`` (CI runs as root)."""
+    if os.geteuid() != 0:
+        _skip_or_fail("needs root to mount a tmpfs", f"running as uid {os.geteuid()}")
+    where.mkdir(mode=0o700)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    if made.returncode != 0:
+        _skip_or_fail("needs root to mount a tmpfs", made.stderr.decode(errors="replace").strip())
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], capture_output=True, timeout=30, check=True)
+
+
 def build_shim(source: Path, out: Path) -> Path:
     """``source`` (C, Linux and glibc: ``dlsym(RTLD_NEXT)``, ``/proc/self/fd``) built with gcc
     into the ``LD_PRELOAD`` shim ``out``.  Skipped -- a failure when

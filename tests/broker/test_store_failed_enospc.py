@@ -10,41 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import trio
 
 from affidavit.engine.recovery import _AFTER_DISPATCH
 from affidavit.statemachine import EventKind
+from tests.external import tmpfs
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import assert_closed_as_rendered, assert_error, http_target, open_broker, write_config
 
 LIMIT = 30
 POST = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
-
-
-@contextlib.contextmanager
-def _tmpfs(where: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    where.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
-        capture_output=True,
-        timeout=LIMIT,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", str(where)], timeout=LIMIT, check=True)
 
 
 def _fill(path: Path) -> None:
@@ -64,7 +42,7 @@ def _fill(path: Path) -> None:
 async def test_a_disk_full_after_dispatch_answers_what_recovery_writes(
     tmp_path: Path, token: str
 ) -> None:
-    with _tmpfs(tmp_path / "mnt") as mnt:
+    with tmpfs(tmp_path / "mnt", "4m") as mnt:
         fill = mnt / "fill"
 
         def reply(_: Received) -> Reply:

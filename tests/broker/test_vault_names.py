@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +36,7 @@ from affidavit.secrets.vault import (
     VaultUnreadable,
     VaultWriteFailed,
 )
+from tests.external import tmpfs
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .helpers import http_target, open_broker, write_config
@@ -161,7 +161,7 @@ def test_a_bad_entry_names_its_field(tmp_path: Path) -> None:
 def test_a_write_that_fails_keeps_the_old_vault(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ENOSPC at the write of the new file's bytes (injected: ``_tmpfs`` below fills a real
+    """ENOSPC at the write of the new file's bytes (injected: ``tests.external.tmpfs`` fills a real
     file system where it may mount one): VAULT_WRITE_FAILED, the old vault whole, no temp."""
     vault = Vault.init(tmp_path / "v.vault", PASS, n_log2=10)
     vault.unlock(PASS)
@@ -183,26 +183,9 @@ def test_a_write_that_fails_keeps_the_old_vault(
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
-@contextlib.contextmanager
-def _tmpfs(where: Path, size: str) -> Iterator[None]:
-    where.mkdir(mode=0o700)
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
-        capture_output=True,
-        timeout=10,
-        check=False,
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.decode().strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", str(where)], timeout=10, check=True)
-
-
 def test_a_write_on_a_full_file_system_keeps_the_old_vault(tmp_path: Path) -> None:
     where = tmp_path / "mnt"
-    with _tmpfs(where, "64k"):
+    with tmpfs(where, "64k"):
         vault = Vault.init(where / "v.vault", PASS, n_log2=10)
         vault.unlock(PASS)
         vault.put("tok", OLD)
