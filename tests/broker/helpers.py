@@ -470,3 +470,35 @@ def assert_closed_as_rendered(rendered: Mapping[str, Any], recovered: Mapping[st
         theirs,
     )
     assert rendered["evidence"]["outcome"] == recovered["evidence"]["outcome"]
+
+
+UNKNOWN_AFTER_DISPATCH = ("REMOTE_OUTCOME_UNKNOWN", "remote_execution", "unknown", "reconcile")
+"""``CLOSING_AGREES`` of a dispatched call whose complete response is not on record: what its
+refused result store answers and what recovery closes its record with."""
+
+
+def assert_unknown_after_dispatch(env: Mapping[str, Any]) -> None:
+    """``env`` is ``UNKNOWN_AFTER_DISPATCH``, its message the journal's refusal."""
+    from affidavit.engine.recovery import _AFTER_DISPATCH
+
+    err = env["error"]
+    assert tuple(err[k] for k in CLOSING_AGREES) == UNKNOWN_AFTER_DISPATCH, err
+    assert err["message"] == _AFTER_DISPATCH["journal"], err
+
+
+async def assert_recovered_as_rendered(config_path: Path, env: Mapping[str, Any]) -> None:
+    """The disk free again and the broker gone: recovery at a daemon's start-up (which knows
+    the holder is gone) closes ``env``'s record as ``env`` said -- ``CLOSING_AGREES``, the
+    evidence's outcome, ATTEMPT_INTERRUPTED last -- with recovery's own message."""
+    from affidavit.engine.recovery import _AFTER_DISPATCH
+
+    iid = env["invocation_id"]
+    async with open_broker(config_path) as broker:
+        await broker._engine.recover_orphans()
+        recovered = await broker.fetch_result(iid)
+        assert recovered is not None
+        assert_closed_as_rendered(env, recovered)
+        assert recovered["error"]["message"] == _AFTER_DISPATCH["broker_stopped"]
+        code, phase, outcome, retry = UNKNOWN_AFTER_DISPATCH
+        assert_error(broker, env, phase=phase, outcome=outcome, retry=retry, code=code)
+        assert [e.kind for e in broker.events(iid)][-1] is EventKind.ATTEMPT_INTERRUPTED

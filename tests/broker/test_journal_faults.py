@@ -26,7 +26,6 @@ import pytest
 import trio
 
 from affidavit.engine import CallNotRecorded
-from affidavit.engine.recovery import _AFTER_DISPATCH
 from affidavit.journal import Batch, Journal, JournalWriteError, segments
 from affidavit.journal.sqlite_wal import SQLITE_FULL
 from affidavit.statemachine import CODES, NOTHING_SENT_YET, Code, EventKind
@@ -35,8 +34,9 @@ from tests.http.hostile import HostileServer, Reply, scripts
 
 from .helpers import (
     FakeResolver,
-    assert_closed_as_rendered,
     assert_error,
+    assert_recovered_as_rendered,
+    assert_unknown_after_dispatch,
     custom_resolver,
     http_target,
     open_broker,
@@ -244,13 +244,7 @@ async def test_when_nothing_more_fits_the_envelope_is_what_recovery_writes(
                 full = DiskFull(broker.journal, lambda kinds, chunks: chunks > 0, stays_full=True)
                 broker.journal.before_commit = full
                 env = await broker.call(POST)
-                err = env["error"]
-                assert (err["code"], err["phase"], err["outcome"], err["retry"]) == (
-                    "REMOTE_OUTCOME_UNKNOWN",
-                    "remote_execution",
-                    "unknown",
-                    "reconcile",
-                )
+                assert_unknown_after_dispatch(env)
                 assert env["evidence"]["dispatch_started"] is True
                 iid = env["invocation_id"]
                 kinds = _kinds(broker, iid)
@@ -260,24 +254,7 @@ async def test_when_nothing_more_fits_the_envelope_is_what_recovery_writes(
                 # journal is unusable, said as such (the CLI turns it into exit 2).
                 with pytest.raises(JournalWriteError, match="full"):
                     await broker.call(POST)
-            # The disk is free again and the broker gone: recovery (the daemon's at start-up,
-            # which knows the holder is gone) closes the record with what the envelope said.
-            async with open_broker(cfg) as broker:
-                await broker._engine.recover_orphans()
-                recovered = await broker.fetch_result(iid)
-                assert recovered is not None
-                assert_closed_as_rendered(env, recovered)  # code, phase, outcome, retry
-                assert env["error"]["message"] == _AFTER_DISPATCH["journal"]
-                assert recovered["error"]["message"] == _AFTER_DISPATCH["broker_stopped"]
-                assert_error(
-                    broker,
-                    env,
-                    phase="remote_execution",
-                    outcome="unknown",
-                    retry="reconcile",
-                    code="REMOTE_OUTCOME_UNKNOWN",
-                )
-                assert _kinds(broker, iid)[-1] is EventKind.ATTEMPT_INTERRUPTED
+            await assert_recovered_as_rendered(cfg, env)
         assert len(srv.requests) == 1
 
 

@@ -24,20 +24,16 @@ from affidavit.journal import JournalWriteError
 from affidavit.statemachine import Event, EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .helpers import assert_closed_as_rendered, http_target, until_lease_lapsed, write_config
+from .helpers import (
+    assert_closed_as_rendered,
+    assert_unknown_after_dispatch,
+    http_target,
+    until_lease_lapsed,
+    write_config,
+)
 from .test_journal_faults import BIG, POST, DiskFull
 
 LIMIT = 30
-
-
-def _unknown(env: dict[str, Any]) -> None:
-    err = env["error"]
-    assert (err["code"], err["phase"], err["outcome"], err["retry"]) == (
-        "REMOTE_OUTCOME_UNKNOWN",
-        "remote_execution",
-        "unknown",
-        "reconcile",
-    ), err
 
 
 async def test_an_embedded_read_after_the_lease_lapsed_closes_it_as_answered(
@@ -55,8 +51,7 @@ async def test_an_embedded_read_after_the_lease_lapsed_closes_it_as_answered(
                 full = DiskFull(b.journal, lambda kinds, chunks: chunks > 0, stays_full=True)
                 b.journal.before_commit = full
                 env = await b.call(POST)
-                _unknown(env)
-                assert env["error"]["message"] == _AFTER_DISPATCH["journal"]
+                assert_unknown_after_dispatch(env)  # its message the journal's
                 iid = env["invocation_id"]
                 b.journal.before_commit = None  # the disk is free again
                 assert full.failed >= 2  # the chunks, then the first small event

@@ -14,12 +14,17 @@ from pathlib import Path
 
 import trio
 
-from affidavit.engine.recovery import _AFTER_DISPATCH
 from affidavit.statemachine import EventKind
 from tests.external import tmpfs
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
-from .helpers import assert_closed_as_rendered, assert_error, http_target, open_broker, write_config
+from .helpers import (
+    assert_recovered_as_rendered,
+    assert_unknown_after_dispatch,
+    http_target,
+    open_broker,
+    write_config,
+)
 
 LIMIT = 30
 POST = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
@@ -58,28 +63,7 @@ async def test_a_disk_full_after_dispatch_answers_what_recovery_writes(
                     iid = env["invocation_id"]
                     kinds = [e.kind for e in broker.events(iid)]
                 fill.unlink()
-                err = env["error"]
-                assert (err["code"], err["phase"], err["outcome"], err["retry"]) == (
-                    "REMOTE_OUTCOME_UNKNOWN",
-                    "remote_execution",
-                    "unknown",
-                    "reconcile",
-                ), (err, kinds)
-                assert EventKind.REMOTE_RESPONSE_COMPLETE not in kinds
-                async with open_broker(cfg) as broker:
-                    await broker._engine.recover_orphans()  # the daemon's, at start-up
-                    recovered = await broker.fetch_result(iid)
-                    assert recovered is not None
-                    assert_closed_as_rendered(env, recovered)  # code, phase, outcome, retry
-                    assert env["error"]["message"] == _AFTER_DISPATCH["journal"]
-                    assert recovered["error"]["message"] == _AFTER_DISPATCH["broker_stopped"]
-                    assert_error(
-                        broker,
-                        env,
-                        phase="remote_execution",
-                        outcome="unknown",
-                        retry="reconcile",
-                        code="REMOTE_OUTCOME_UNKNOWN",
-                    )
-                    assert [e.kind for e in broker.events(iid)][-1] is EventKind.ATTEMPT_INTERRUPTED
+                assert_unknown_after_dispatch(env)
+                assert EventKind.REMOTE_RESPONSE_COMPLETE not in kinds, kinds
+                await assert_recovered_as_rendered(cfg, env)
             assert len(srv.requests) == 1
