@@ -101,15 +101,31 @@ def by_reference(answer: Any, iid: str | None) -> bool:
     rule every surface's delivery applies (``conclude``, ``deliver_linked``)."""
     if iid is None:
         return False
+    if isinstance(answer, Mapping) and answer.get("invocation_id") == iid and "evidence" in answer:
+        # ``iid``'s own envelope (every call's answer): the reference is its result's, if any
+        # -- the walk below would read every header and evidence field to find the same (65 us
+        # a call, issue 15).
+        result = answer.get("result")
+        return isinstance(result, Mapping) and _names(result.get("by_reference"), iid)
+    return _refers(answer, iid)
+
+
+def _names(ref: Any, iid: str) -> bool:
+    """``ref`` is a ``by_reference`` naming ``iid``'s result."""
+    if not isinstance(ref, Mapping):
+        return False
+    fetch = ref.get("fetch")
+    return isinstance(fetch, Mapping) and fetch.get("invocation_id") == iid
+
+
+def _refers(answer: Any, iid: str) -> bool:
+    """An answer nesting envelopes (a poll's, a query's): ``by_reference`` of ``iid`` anywhere."""
     if isinstance(answer, Mapping):
-        ref = answer.get("by_reference")
-        if isinstance(ref, Mapping):
-            fetch = ref.get("fetch")
-            if isinstance(fetch, Mapping) and fetch.get("invocation_id") == iid:
-                return True
-        return any(by_reference(value, iid) for value in answer.values())
+        if _names(answer.get("by_reference"), iid):
+            return True
+        return any(_refers(value, iid) for value in answer.values())
     if isinstance(answer, list):
-        return any(by_reference(value, iid) for value in answer)
+        return any(_refers(value, iid) for value in answer)
     return False
 
 

@@ -99,6 +99,15 @@ def test_by_reference_names_only_the_referenced_invocation() -> None:
     assert not by_reference({"result": ref}, "act_2")
     assert not by_reference({"result": ref}, None)
     assert not by_reference({"result": {"body": "by_reference"}}, "act_1")
+    # The invocation's own envelope is judged by its result alone (no walk of its evidence).
+    own = {"invocation_id": "act_1", "evidence": {}, "result": ref}
+    assert by_reference(own, "act_1")
+    assert not by_reference({**own, "result": {"body": "x"}}, "act_1")
+    assert not by_reference({**own, "result": None, "error": {"code": "X"}}, "act_1")
+    # Another invocation's envelope nesting act_1's answer (a poll's): walked.
+    assert by_reference(
+        {"invocation_id": "act_9", "evidence": {}, "result": {"linked": own}}, "act_1"
+    )
 
 
 @pytest.mark.parametrize("carried", ["by_reference", "inline"])
