@@ -98,29 +98,30 @@ def by_reference(answer: Any, iid: str | None) -> bool:
     has confirmed complete transfer": an answer that names where the result is has transferred
     none of it, so writing it records no delivery -- the result stays stored, awaiting
     delivery (``fetch_result``), until a fetch that transfers it whole records it.  The one
-    rule every surface's delivery applies (``conclude``, ``deliver_linked``)."""
+    rule every surface's delivery applies (``conclude``, ``deliver_linked``).  Answers are
+    JSON-shaped: ``dict`` and ``list`` (no ABC check on a call's path: test_loop_frames)."""
     if iid is None:
         return False
-    if isinstance(answer, Mapping) and answer.get("invocation_id") == iid and "evidence" in answer:
+    if isinstance(answer, dict) and answer.get("invocation_id") == iid and "evidence" in answer:
         # ``iid``'s own envelope (every call's answer): the reference is its result's, if any
         # -- the walk below would read every header and evidence field to find the same (65 us
         # a call, issue 15).
         result = answer.get("result")
-        return isinstance(result, Mapping) and _names(result.get("by_reference"), iid)
+        return isinstance(result, dict) and _names(result.get("by_reference"), iid)
     return _refers(answer, iid)
 
 
 def _names(ref: Any, iid: str) -> bool:
     """``ref`` is a ``by_reference`` naming ``iid``'s result."""
-    if not isinstance(ref, Mapping):
+    if not isinstance(ref, dict):
         return False
     fetch = ref.get("fetch")
-    return isinstance(fetch, Mapping) and fetch.get("invocation_id") == iid
+    return isinstance(fetch, dict) and fetch.get("invocation_id") == iid
 
 
 def _refers(answer: Any, iid: str) -> bool:
     """An answer nesting envelopes (a poll's, a query's): ``by_reference`` of ``iid`` anywhere."""
-    if isinstance(answer, Mapping):
+    if isinstance(answer, dict):
         if _names(answer.get("by_reference"), iid):
             return True
         return any(_refers(value, iid) for value in answer.values())
