@@ -94,6 +94,38 @@ async def test_help_loads_no_command_implementation(argv: list[str]) -> None:
     assert _heavy(_loaded(done.stderr)) == []
 
 
+async def test_top_level_help_imports_no_command_module_and_says_what_they_declare() -> None:
+    """``affidavit --help`` (and a command line naming no command) is built from
+    ``cli.COMMAND_HELP`` alone: its text is the full parser's, byte for byte, and no command's
+    module is imported to print it (issue 15: ``--help`` <= 150 ms)."""
+    from affidavit.cli import COMMAND_MODULES, build_parser
+
+    done = await run(
+        [sys.executable, "-c", MODULES_AFTER, "--help"], env={**client_env(), "COLUMNS": "100"}
+    )
+    assert done.returncode == 0, done.stderr
+    assert set(_loaded(done.stderr)).isdisjoint(COMMAND_MODULES)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "100")
+        assert done.stdout.decode() == build_parser().format_help()
+    typo = await run([sys.executable, "-c", MODULES_AFTER, "cal"], env=client_env())
+    assert typo.returncode == 2
+    assert b"INVALID_ARGUMENT: COMMAND: invalid choice: 'cal'" in typo.stderr, typo.stderr
+    assert set(_loaded(typo.stderr)).isdisjoint(COMMAND_MODULES)
+
+
+def test_the_help_list_is_what_the_command_modules_declare() -> None:
+    """``COMMAND_HELP``, which ``affidavit --help`` prints without importing the modules, names
+    every command in the order and with the words its module declares."""
+    import argparse
+
+    from affidavit.cli import COMMAND_HELP, build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {a.dest: a.help for a in sub._choices_actions} == COMMAND_HELP
+    assert [a.dest for a in sub._choices_actions] == list(COMMAND_HELP)
+
+
 def test_the_parser_spells_the_contract_and_vault_names_as_their_sources_do() -> None:
     """The command line writes these out rather than import them (module docstrings say why);
     they must not drift from the enums and the vault."""
