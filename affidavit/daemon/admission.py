@@ -376,39 +376,6 @@ class Server:
                     ended,
                 )
 
-    # The answer budget's limits, as set (tests change them on a server made).
-    @property
-    def answer_budget(self) -> int:
-        return self.answer_shares.budget
-
-    @answer_budget.setter
-    def answer_budget(self, value: int) -> None:
-        self.answer_shares.budget = value
-
-    @property
-    def answer_per_uid(self) -> int:
-        return self.answer_shares.per_uid
-
-    @answer_per_uid.setter
-    def answer_per_uid(self, value: int) -> None:
-        self.answer_shares.per_uid = value
-
-    @property
-    def answer_others(self) -> int:
-        return self.answer_shares.others
-
-    @answer_others.setter
-    def answer_others(self, value: int) -> None:
-        self.answer_shares.others = value
-
-    @property
-    def answer_per_other(self) -> int:
-        return self.answer_shares.per_other
-
-    @answer_per_other.setter
-    def answer_per_other(self, value: int) -> None:
-        self.answer_shares.per_other = value
-
     @property
     def answers(self) -> int:
         """The bytes of answers held now (``hold_answer``)."""

@@ -147,7 +147,7 @@ async def respond_delivered(req: Request, value: dict[str, Any]) -> None:
                 n,
                 req.peer.describe(),
                 why,
-                server.answer_budget,
+                server.answer_shares.budget,
                 server.answer_share(other),
                 server.write_wait,
             )

@@ -105,9 +105,12 @@ def held(req: Request, n: int, parts: str = PARTS) -> Iterator[None]:
     full = server.hold_answer(n, uid, other)
     if full is not None:
         most, whose = {
-            "all": (server.answer_budget, "others fill it"),
+            "all": (server.answer_shares.budget, "others fill it"),
             "uid": (server.answer_share(other), f"for uid {uid}, and its other answers fill it"),
-            "others": (server.answer_others, "for peers who are not operators, and theirs fill it"),
+            "others": (
+                server.answer_shares.others,
+                "for peers who are not operators, and theirs fill it",
+            ),
         }[full]
         raise AnswersInFlight(
             503,

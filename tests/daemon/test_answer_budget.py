@@ -79,14 +79,16 @@ async def test_a_fetch_refused_answers_in_flight_records_no_delivery_failure(
                 before = [e["kind"] for e in await client.events(iid)]
                 never = await ask(socket, "GET", f"/v1/invocations/{iid}/result")
                 for server in servers:  # room for it, all of it held by another uid's answers
-                    server.answer_budget = server.answer_per_uid = room
+                    server.answer_shares.budget = server.answer_shares.per_uid = room
                     assert server.hold_answer(room - results.PIECE_HOLD, other_uid, False) is None
                 refused = await ask(socket, "GET", f"/v1/invocations/{iid}/result")
                 after = [e["kind"] for e in await client.events(iid)]
                 state = (await client.record(iid))["state"]
                 for server in servers:
                     server.drop_answer(room - results.PIECE_HOLD, other_uid, False)
-                    server.answer_budget = server.answer_per_uid = admission.ANSWER_BUDGET
+                    server.answer_shares.budget = server.answer_shares.per_uid = (
+                        admission.ANSWER_BUDGET
+                    )
                 status, _h, payload = await ask(socket, "GET", f"/v1/invocations/{iid}/result")
                 delivered = [e["kind"] for e in await client.events(iid)]
     assert (never[0], "retry-after" in never[1]) == (413, False), never

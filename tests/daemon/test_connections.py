@@ -336,7 +336,7 @@ async def test_one_uid_or_the_agents_together_hold_their_share_of_the_answer_bud
     """An answer holds its piece of the answer budget for as long as its reader takes: slow
     readers of one uid (~164 at 52 KB/s, within its connection share) held all of it, and
     every other fetch -- and ``/v1/actions`` -- was 503 ``ANSWERS_IN_FLIGHT`` for as long.
-    Now one uid holds half the budget at most (``Server.answer_per_uid``), and the peers who
+    Now one uid holds half the budget at most (``Server.answer_shares.per_uid``), and the peers who
     are not operators half together (``answer_others``), as they hold the connections: with
     an agent's answer stalled, the ``second``'s is refused naming the share it is past, while
     this process's uid (an operator's, when there are operators) has its answer written.  One
@@ -363,7 +363,7 @@ async def test_one_uid_or_the_agents_together_hold_their_share_of_the_answer_bud
             **({"answer_per_other": answers * one // 2} if whole_half else {}),
         ) as (server, strangers),
     ):
-        assert server.answer_per_uid == server.answer_others == answers * one // 2
+        assert server.answer_shares.per_uid == server.answer_shares.others == answers * one // 2
         with trio.fail_after(WAIT):
             async with Client.open(strangers.path) as client:
                 envelope = await client.call({"target": "api", "method": "GET", "path": "/r"})

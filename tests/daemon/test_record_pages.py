@@ -27,7 +27,7 @@ from .test_answer_budget import _servers
 
 def _shrink(servers: list[Any], most: int) -> None:
     for server in servers:
-        server.answer_budget = server.answer_per_uid = most
+        server.answer_shares.budget = server.answer_shares.per_uid = most
 
 
 async def test_a_record_over_the_share_is_413_and_is_read_in_pages(

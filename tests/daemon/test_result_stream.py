@@ -325,12 +325,14 @@ async def test_a_view_page_counts_against_the_answer_budget_while_it_is_written(
         with trio.fail_after(WAIT):
             await _stored(socket)  # its envelope is held in the budget too: stored first
             server = made[0]
-            full = server.answer_budget - 200  # two other uids' answers fill all but 200 bytes
+            # two other uids' answers fill all but 200 bytes
+            full = server.answer_shares.budget - 200
             for uid, n in ((os.geteuid() + 1, full // 2), (os.geteuid() + 2, full - full // 2)):
                 assert server.hold_answer(n, uid, False) is None
             empty = await ask(socket, "GET", "/v1/actions?limit=0")
             status, headers, payload = await ask(socket, "GET", "/v1/actions")
-            server.answer_budget = 200  # less than one record's JSON, ever: not worth a retry
+            # less than one record's JSON, ever: not worth a retry
+            server.answer_shares.budget = 200
             never = await ask(socket, "GET", "/v1/actions")
     assert empty[0] == 200
     assert status == 503 and headers["retry-after"] == "5"

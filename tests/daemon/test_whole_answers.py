@@ -110,7 +110,7 @@ async def test_a_view_past_the_budget_is_answers_in_flight(
 def _filled(server: Server, room: int) -> Callable[[], None]:
     """Hold all but ``room`` bytes of ``server``'s budget for two other uids (pages not read,
     each within its share): what drops them."""
-    n = server.answer_budget - room
+    n = server.answer_shares.budget - room
     held = [(n // 2, OTHER_UID), (n - n // 2, OTHER_UID + 1)]
     for size, uid in held:
         assert server.hold_answer(size, uid, False) is None
@@ -629,7 +629,7 @@ async def test_an_envelope_waits_for_room_in_the_budget_then_is_held_or_given_up
     assert await server.wait_answer(60, 3, False, 0.05, link) == "timed out"  # no room came
     assert server.answers == 50
     with trio.fail_after(WAIT / 2):
-        too_large = await server.wait_answer(server.answer_per_uid + 1, 3, False, WAIT, link)
+        too_large = await server.wait_answer(server.answer_shares.per_uid + 1, 3, False, WAIT, link)
     assert too_large == "larger than its share"
     server.drop_answer(50, 2, False)
     assert server.answers == 0
@@ -649,7 +649,7 @@ async def test_a_waiting_envelope_gets_the_room_that_frees_before_new_pages(
         keep_alive=WAIT, answer_budget=budget, answer_per_uid=per_uid, answer_others=others
     )
     server.reserved = lambda peer: False  # every uid here is an agent's (``other``)
-    server.answer_per_other = per_uid
+    server.answer_shares.per_other = per_uid
     link, _client = links()
     filler = 1 if full != "uid" else 2  # the uid whose page fills the share
     assert server.hold_answer(80, filler, True) is None
