@@ -470,8 +470,19 @@ class Writer:
         if not req.finished:
             req.parked = True
             await trio.lowlevel.wait_task_rescheduled(cannot_abort)
-        if req.error is not None:
-            raise req.error
+        error = req.error
+        if error is not None:
+            # Nothing reads this request again (it is named by no later one's ``after``); the
+            # writer thread may still hold it a moment.  Let go of the caller's op and args
+            # here, and of the error -- it names, through its cause's traceback, the writer
+            # thread's frames, which name the batch and so this request: a cycle -- else what
+            # the call holds (a result's writer, and so its retired segment, locked) outlives
+            # the call until a full collection, not until the caller lets the error go.
+            req.error = req.op = req.args = None
+            try:
+                raise error
+            finally:
+                del error, req, op, args  # (this frame is in the error's traceback)
         return req.result  # type: ignore[return-value]
 
     # -- what a stop that ran out of time left ------------------------------------------------
