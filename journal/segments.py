@@ -389,8 +389,11 @@ class SegmentStore:
                     self._close_if_idle(seg)
             with self._lock:
                 waiting = list(self._flushing)
-            for writer in waiting:
-                writer._poke()
+            # Not kept while this thread waits for the next round (as ``_fill`` does not keep
+            # its batch): a writer whose call ended stayed alive until then, and with it the
+            # retired segment its bytes are in, locked.
+            while waiting:
+                waiting.pop()._poke()
 
 
 def _datasync(fd: int) -> None:

@@ -81,3 +81,21 @@ async def test_a_doubted_segment_is_let_go_with_no_collection(
             await after.flush()  # its sync round looks at the retired segment again
         got = await _reclaim(db)
         assert (got.segments, got.busy) == (2, 1)  # the writer's current segment alone
+
+
+@pytest.mark.usefixtures("refcount_only")
+async def test_the_sync_thread_keeps_no_flushed_writer(tmp_path: Path) -> None:
+    """A writer flushed, then dropped: the sync thread, waiting for its next round, does not
+    keep it (it did until that round, which a quiet journal may never have)."""
+    db = tmp_path / "j.db"
+    async with Journal.open(db) as live:
+        for ev in happy("inv-done"):
+            await live.append(ev)
+        done = await kit.put_all(live, "inv-done", kit.DONE)
+        with trio.fail_after(kit.LIMIT):
+            await done.flush()
+        gone = weakref.ref(done)
+        del done
+        with trio.fail_after(kit.LIMIT):  # the round may still be poking the writer
+            while gone() is not None:
+                await trio.sleep(0.01)
