@@ -661,9 +661,11 @@ async def deliver_stored(
     requests as reads" -- nothing is sent to the remote.  A result not yet delivered (never, or
     its first answer failed) is delivered by this read: RESULT_DELIVERED (channel ``fetch``) is
     recorded once the envelope was handed over whole (seed: "Mark RESULT_DELIVERED only after
-    the protocol has confirmed complete transfer"); an in-process return is that transfer.  An
-    already delivered result is only read (no event per read).  ``defer``: its streams
-    ``Deferred`` (``stored_payload``), for a ``deliver`` that reads them as it writes.
+    the protocol has confirmed complete transfer"); an in-process return is that transfer, its
+    result read whole and verified before anything is recorded -- a read that fails records
+    nothing, whatever the surface.  An already delivered result is only read (no event per
+    read).  ``defer``: its streams ``Deferred`` (``stored_payload``), for a ``deliver`` that
+    reads them as it writes.
     ``reader``: the uid that reads it (the daemon's peer) -- delivered means answered whole to
     the requesting uid: another uid's read (``requested_by``) records nothing and is answered
     ``read_by_another``; the requester's own read records its uid (``reader``)."""
@@ -678,8 +680,15 @@ async def deliver_stored(
         attrs["reader"] = {"uid": reader}
     delivered = Event(E.RESULT_DELIVERED, iid, attrs)
     if deliver is None:
+        # The in-process return: the result read whole and verified first (as the ``deliver``
+        # branch renders it), RESULT_DELIVERED only once that succeeded -- a read that fails (a
+        # chunk that differs, a segment file missing: ``JournalError``) raises and records
+        # nothing: the result stays stored, undelivered, fetched again later.  Audit 54a: the
+        # event was appended first, for a result nobody received.
+        stream = engine.journal.result_stream(iid)  # the marker and summary, verified
+        payload = stored_payload(stream) if stream is not None else None  # every chunk too
         await recorder.append(delivered)
-        return recorder.envelope(await recorder.record(iid), whole=True)
+        return recorder.render(await recorder.record(iid), payload)
     # Rendered as the record will stand once delivered (as _commit renders a store failure):
     # the caller is told what the journal will say, and the journal says it only afterwards.
     stored = engine.journal.result_stream(iid)  # the marker and summary, verified
