@@ -243,21 +243,30 @@ CURRENT_RESULT_ATTRS = ("marker_sha256", "sealed_summary_sha256", "summary_sha25
 def load_marker(
     store: Store, invocation_id: str, *, covered: Callable[[int], Checkpoint]
 ) -> Marker | None:
-    """The invocation's marker, checked against its chained event, or None if it has none.
+    """The invocation's marker, checked against its chained event, or None if it has none --
+    and no RESULT_COMMITTED event either: one without its marker (its results row removed;
+    both are written in one transaction) is ``ResultUnverified``, in ``verify``'s words, never
+    "no result" (audit 54a: rendered ``result: null`` and recorded RESULT_DELIVERED).
     ``covered(seq)`` returns the signed checkpoint covering the event row at ``seq`` -- the row
     re-hashed from its columns -- or raises: every read proves the event row itself, whatever
     its attrs hold, before they are trusted."""
     with store.snapshot():
         marker = store.tables.marker(invocation_id)
-        if marker is None:
+        # Its event, or -- no marker -- whether it has one, read in the same snapshot (a result
+        # being committed has both or neither).
+        committed = store.tables.committed_at(invocation_id) if marker is None else None
+        seq = None if marker is None else marker[0]
+        ev = store.tables.event_at(seq) if type(seq) is int else None
+    if marker is None:
+        if committed is None:
             return None
-        seq, sha, streams_json, summary_blob = marker
-        if type(seq) is not int:  # not a row the broker wrote
-            raise ResultUnverified(
-                f"stored result of invocation {invocation_id} fails verification: its results "
-                "row was altered (its seq is not a number)"
-            )
-        ev = store.tables.event_at(seq)
+        raise _unmarked(invocation_id, committed, covered)
+    seq, sha, streams_json, summary_blob = marker
+    if type(seq) is not int:  # not a row the broker wrote
+        raise ResultUnverified(
+            f"stored result of invocation {invocation_id} fails verification: its results "
+            "row was altered (its seq is not a number)"
+        )
     bad = f"stored result of invocation {invocation_id} (seq {seq}) fails verification"
     if ev is None or ev[0] != EventKind.RESULT_COMMITTED.value or ev[1] != invocation_id:
         raise ResultUnverified(f"{bad}: no RESULT_COMMITTED event at its seq")
@@ -293,6 +302,26 @@ def load_marker(
         if _sha(summary_blob) != chained["sealed_summary_sha256"]:
             raise ResultUnverified(f"{bad}: sealed summary differs from the chained event")
     return Marker(invocation_id, int(seq), sha, streams, chained, summary_blob)
+
+
+def _unmarked(
+    invocation_id: str, seq: int, covered: Callable[[int], Checkpoint]
+) -> ResultUnverified:
+    """A RESULT_COMMITTED event (at ``seq``) whose completeness marker is missing, as ``verify``
+    says it -- once its row is proven; an event row that is not is said so instead."""
+    try:
+        covered(seq)
+    except JournalError as exc:
+        if type(exc) is not JournalError:  # the journal could not be read (not a verdict)
+            raise
+        return ResultUnverified(
+            f"stored result of invocation {invocation_id} (seq {seq}) fails verification: "
+            f"its RESULT_COMMITTED event row: {exc}"
+        )
+    return ResultUnverified(
+        f"the result of invocation {invocation_id} (seq {seq}) has no completeness marker "
+        "(its results row was removed)"
+    )
 
 
 def _opened_summary(marker: Marker, plain: bytes) -> Mapping[str, Any]:

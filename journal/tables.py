@@ -156,6 +156,9 @@ SQL: dict[str, str] = {
     "all_idempotency": f"SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency ORDER BY scope, key",
     # -- results -----------------------------------------------------------------------------
     "marker": "SELECT seq, sha256, streams, summary FROM results WHERE invocation_id = ?",
+    # A range of ``events_invocation``, then the kind: asked only when the marker is missing.
+    "committed_at": "SELECT seq FROM events WHERE invocation_id = ? AND kind = "
+    "'RESULT_COMMITTED' ORDER BY seq LIMIT 1",
     "markers": "SELECT invocation_id, seq, sha256, streams, summary FROM results ORDER BY seq",
     "has_result": "SELECT 1 FROM results WHERE invocation_id = ?",
     "insert_result": "INSERT INTO results (invocation_id, seq, sha256, streams, summary) "
@@ -527,6 +530,11 @@ class Tables:
         if row is None:
             return None
         return row[0], row[1], _bytes(row[2]), bytes(row[3])
+
+    def committed_at(self, iid: str) -> int | None:
+        """The seq of the invocation's RESULT_COMMITTED event, or None if it has none."""
+        row = self.one("committed_at", (iid,))
+        return None if row is None else row[0]
 
     def markers(self) -> Iterator[tuple[str, int, str, str, bytes]]:
         for iid, seq, sha, streams, summary in self.rows("markers"):

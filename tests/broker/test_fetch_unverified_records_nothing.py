@@ -21,12 +21,13 @@ from affidavit.journal import ResultUnverified
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .helpers import assert_ok, http_target, write_config
+from .helpers import affidavit_cli, assert_ok, http_target, write_config
 
 LIMIT = 30
 GET = {"target": "api", "method": "GET", "path": "/thing"}
 BODY = b"z" * (RESULT_CHUNK * 6 + 5)
 """Seven chunks: past the four a stream holds in memory, so its first ones go to a segment."""
+REMOVED = "has no completeness marker (its results row was removed)"
 
 
 def _delivered(broker: Broker, iid: str) -> list[str]:
@@ -50,6 +51,14 @@ def _flip_a_segment_byte(db: Path, iid: str) -> None:
         byte = f.read(1)
         f.seek(row[1] + 40)
         f.write(bytes([byte[0] ^ 1]))
+
+
+def _remove_marker(db: Path, iid: str) -> None:
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        assert conn.execute("DELETE FROM results WHERE invocation_id = ?", (iid,)).rowcount == 1
+    finally:
+        conn.close()
 
 
 async def _stored_undelivered(tmp_path: Path) -> tuple[Path, str]:
@@ -110,3 +119,22 @@ async def test_the_segment_directory_missing_then_restored(tmp_path: Path, token
     await _fetch_fails(cfg, iid, token)
     shutil.move(aside, results)
     await _fetch_delivers(cfg, iid)
+
+
+async def test_a_removed_marker_is_unverified_never_no_result(tmp_path: Path, token: str) -> None:
+    """Its RESULT_COMMITTED chained, its ``results`` row deleted: the SDK's fetch and
+    ``affidavit result`` both answer RESULT_UNVERIFIED in ``verify``'s words -- never
+    ``result: null`` -- and nothing is recorded."""
+    cfg, iid = await _stored_undelivered(tmp_path)
+    _remove_marker(tmp_path / "journal.db", iid)
+    exc = await _fetch_fails(cfg, iid, token)
+    assert REMOVED in str(exc) and iid in str(exc)
+    for args in ((), ("--raw",)):
+        done = await affidavit_cli("result", iid, *args, "--config", str(cfg))
+        said = done.stderr.decode()
+        assert done.returncode == 2, (args, said)
+        assert done.stdout == b"", args
+        assert "RESULT_UNVERIFIED" in said and REMOVED in said, said
+        assert token not in said
+    async with Broker.open(config=load_config(cfg)) as broker:
+        assert _delivered(broker, iid) == []

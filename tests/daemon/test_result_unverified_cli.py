@@ -85,3 +85,38 @@ async def test_result_raw_of_a_result_by_reference_records_its_delivery_once_wri
     shown = await embedded("record", iid, "--json", "--config", config, token=token)
     after = json.loads(shown.stdout)
     assert after["record"]["state"] == "delivered_committed", after["record"]
+
+
+async def test_a_removed_marker_is_result_unverified_through_the_daemon(
+    tmp_path: Path, token: str
+) -> None:
+    """Its ``results`` row deleted, its RESULT_COMMITTED chained: the daemon's whole answer and
+    its page both say RESULT_UNVERIFIED in ``verify``'s words, never ``result: null``, and
+    the result stays undelivered (audit 54a: the whole read recorded RESULT_DELIVERED)."""
+    import json
+    import sqlite3
+
+    body = b"z" * (1024 * 1024 + 3)  # over the inline limit: answered by reference
+    async with serving(tmp_path, scripts.serve(Reply(200, body=body)), token=token) as (
+        _srv,
+        daemon,
+    ):
+        called = await cli(daemon, "call", "-", stdin=action_bytes("/r"))
+        assert called.returncode == 0, called.stderr
+        iid = called.json()["invocation_id"]
+        conn = sqlite3.connect(daemon.journal, isolation_level=None)
+        try:
+            conn.execute("DELETE FROM results WHERE invocation_id = ?", (iid,))
+        finally:
+            conn.close()
+        through = [
+            await cli(daemon, "result", iid, *extra) for extra in ([], ["--from-chunk", "0"])
+        ]
+    stop(daemon)
+    for run in through:
+        assert _refusal(run) == (2, "RESULT_UNVERIFIED", None), run
+        assert b"has no completeness marker (its results row was removed)" in run.stderr
+        assert token.encode() not in run.stderr
+    config = str(daemon.config)
+    shown = await embedded("record", iid, "--json", "--config", config, token=token)
+    assert json.loads(shown.stdout)["record"]["state"] == "stored_committed", shown.stdout
