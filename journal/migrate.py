@@ -14,6 +14,15 @@ never with the key the file records: whoever could write the file could re-sign 
 history with a key of their own and record it there -- a file the broker itself refuses to open
 (its signing key does not match), which migrate would otherwise copy, registering the forger's
 key as a trusted signer of the shared journal.  Only the given keys are registered.
+
+The source is held under its exclusive writer lock (``lock.WriterLock``, as a daemon holds it)
+from before its verify until the copy has verified: a daemon that owns it, or an embedded
+writer (``affidavit call``, ``Broker.open``) that has it open, refuses the migrate
+(``JournalLocked``: ``JOURNAL_LOCKED``, naming the daemon), and none can start while it runs.
+Without it a broker went on appending to the file after the copy was taken -- a call in flight
+was left open in the copy (recovered ``unknown`` there, its stored result absent) while migrate
+reported "both verify".  The source is a SQLite file: a shared journal is refused (its brokers
+take no lock a migrate could hold, and it is shared already).
 """
 
 from __future__ import annotations
@@ -23,11 +32,13 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from .backend import Backend, open_backend
+from .backend import Backend, is_url, open_backend
 from .connect import REGISTERED
 from .errors import JournalError, VerifyReport
+from .lock import JournalLocked, WriterLock
 from .reader import JournalReader
 from .signing import key_id_of
 from .tables import Tables
@@ -64,23 +75,53 @@ def migrate(
             "migrate verifies the source with its signing public key kept apart from it (the "
             "key the file records is whoever wrote it last); nothing was copied"
         )
+    if is_url(os.fspath(source)):
+        raise JournalError("the source is already a shared journal: migrate copies a SQLite file")
     keys = {key_id_of(raw): bytes(raw) for raw in public_keys}
-    with JournalReader.open(source) as src:
-        before = src.verify(public_keys=list(keys.values()), accept_unsigned=accept_unsigned)
-        if not before.ok:
-            raise JournalError(
-                f"the source journal {src.where} does not verify with the given signing key"
-                f"{'s' if len(keys) > 1 else ''} (first bad seq {before.first_bad_seq}: "
-                f"{before.reason}); nothing was copied"
-            )
-        backend = open_backend(target)
-        if not backend.multi_signer:
-            raise JournalError("migrate copies into a shared (postgresql://) journal")
-        conn = backend.connect("writer")
+    with JournalReader.open(source) as src:  # (none there: "no journal at", no lock made)
+        lock = _sole_writer(Path(source))
         try:
-            counts = _copy(src, backend, conn, keys)
+            return _migrate(src, target, keys, accept_unsigned)
         finally:
-            backend.close(conn)
+            lock.release()
+
+
+def _sole_writer(source: Path) -> WriterLock:
+    """The source's writer lock, taken exclusive: refused (``JournalLocked``, nothing copied)
+    while a daemon owns the journal or an embedded writer has it open."""
+    try:
+        return WriterLock.acquire(
+            source, f"affidavit journal migrate (pid {os.getpid()}), copying it to a shared journal"
+        )
+    except JournalLocked as exc:
+        who = exc.owner or "another process (an embedded broker: `affidavit call`, Broker.open)"
+        raise JournalLocked(
+            f"journal {source} is being written by {who}: stop every broker writing it before "
+            "migrating (what it appended during the copy would be missing from the copy); "
+            "nothing was copied",
+            exc.owner,
+        ) from None
+
+
+def _migrate(
+    src: JournalReader, target: str, keys: dict[str, bytes], accept_unsigned: bool
+) -> Migration:
+    """``migrate`` with the source open and held: verify it, copy it, verify the copy."""
+    before = src.verify(public_keys=list(keys.values()), accept_unsigned=accept_unsigned)
+    if not before.ok:
+        raise JournalError(
+            f"the source journal {src.where} does not verify with the given signing key"
+            f"{'s' if len(keys) > 1 else ''} (first bad seq {before.first_bad_seq}: "
+            f"{before.reason}); nothing was copied"
+        )
+    backend = open_backend(target)
+    if not backend.multi_signer:
+        raise JournalError("migrate copies into a shared (postgresql://) journal")
+    conn = backend.connect("writer")
+    try:
+        counts = _copy(src, backend, conn, keys)
+    finally:
+        backend.close(conn)
     with JournalReader.open(target) as dst:
         after = dst.verify(public_keys=list(keys.values()), accept_unsigned=accept_unsigned)
     if not after.ok or after.count != counts["events"] or after.count < before.count:
@@ -108,7 +149,7 @@ def _copy(
                 f"the target {backend.where} already holds a journal ({seq} events): migrate "
                 "copies only into an empty one"
             )
-        with src.snapshot():  # one consistent view of the source (stop its brokers first)
+        with src.snapshot():  # one consistent view of the source (no writer: ``_sole_writer``)
             _copy_tables(src.tables, out, keys, counts)
         backend.commit(conn)
     except backend.errors as exc:

@@ -3,11 +3,14 @@ one, verified end to end on both sides (``affidavit.journal.migrate``).
 
 The source is verified with its signing public key kept apart from it -- ``--public-key``, else
 the public half of the config's ``[journal] signing_key`` (the broker's own, as the broker itself
-checks the file) -- never with the key the file records.  Stop the brokers writing the source
-first: the copy is taken from one consistent view of it, and what they append afterwards would
-not be in the copy.  Exit 0 when both sides verify to the same
-head; 2 (one line, never a traceback) when the source does not verify, the target is not empty or
-unreachable, or the copy does not verify.
+checks the file) -- never with the key the file records.  The source is held under its
+exclusive writer lock from its verify until the copy has verified: a daemon that owns it, or an
+embedded broker that has it open, refuses the migrate (``JOURNAL_LOCKED``, naming the daemon;
+nothing copied) -- what they appended afterwards would not be in the copy.
+
+Exit 0 when both sides verify to the same head; 2 (one line, never a traceback) when the source
+is being written or does not verify, the target is not empty or unreachable, or the copy does
+not verify.
 """
 
 from __future__ import annotations
