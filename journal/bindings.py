@@ -36,6 +36,7 @@ from affidavit.statemachine import EventKind, Record
 
 from .errors import IdempotencyRecord
 from .rows import AlteredRow
+from .verify_codes import BINDING_ALTERED, BINDING_MISSING
 
 __all__ = ["ACCEPTED", "Claim", "check", "claim_of", "mismatch", "removed", "unbound"]
 
@@ -91,11 +92,12 @@ def claim_of(attrs_json: Any) -> Claim | None:
 def check(
     rows: Iterable[tuple[Any, ...]],
     accepted: Mapping[str, tuple[int, Claim | None]],
-    add: Callable[[int | None, str], None],
+    add: Callable[[int | None, str, str], None],
 ) -> int:
     """Each binding row (``rows``, as ``IDEMPOTENCY_COLUMNS``) against ``accepted`` (invocation
     -> (seq, claim) of each chained ACTION_ACCEPTED the walk reached), and each claim against
-    its row; ``add(seq, reason)`` for every mismatch.  Returns the bindings found proven."""
+    its row; ``add(seq, reason, code)`` for every mismatch (``verify_codes``).  Returns the
+    bindings found proven."""
     claims: dict[tuple[Any, Any], tuple[str, int, Any]] = {}
     for iid, (seq, c) in accepted.items():
         if c is None:
@@ -103,13 +105,16 @@ def check(
         other = claims.setdefault((c[0], c[1]), (iid, seq, c[2]))
         if other[0] != iid:
             add(max(seq, other[1]), f"invocations {other[0]} and {iid} both name one "
-                f"idempotency key in scope {c[0]!r}: an ACTION_ACCEPTED was altered")  # fmt: skip
+                f"idempotency key in scope {c[0]!r}: an ACTION_ACCEPTED was altered",
+                BINDING_ALTERED)  # fmt: skip
     proven = 0
     seen: set[tuple[str, str]] = set()
     for row in rows:
         scope, key, fp, iid = row[0], row[1], row[2], row[3]
         if not all(type(v) is str for v in (scope, key, fp, iid)):
-            add(None, "an idempotency row was altered: a column is not of its type")
+            add(
+                None, "an idempotency row was altered: a column is not of its type", BINDING_ALTERED
+            )
             continue
         seen.add((scope, key))
         named = accepted.get(iid)
@@ -117,20 +122,20 @@ def check(
         if claimed is not None and claimed[0] != iid:
             add(claimed[1], f"the idempotency binding in scope {scope!r} names invocation {iid}, "
                 f"but the key is invocation {claimed[0]}'s (seq {claimed[1]}): the binding "
-                "was altered")  # fmt: skip
+                "was altered", BINDING_ALTERED)  # fmt: skip
         elif named is not None and (named[1] is None or named[1][:2] != (scope, key)):
             add(named[0], f"the idempotency binding in scope {scope!r} names invocation {iid}, "
                 f"whose ACTION_ACCEPTED (seq {named[0]}) names another key: the binding was "
-                "altered")  # fmt: skip
+                "altered", BINDING_ALTERED)  # fmt: skip
         elif claimed is not None and claimed[2] != fp:
             add(claimed[1], f"the idempotency binding in scope {scope!r} of invocation {iid} "
                 f"names another fingerprint than its ACTION_ACCEPTED (seq {claimed[1]}): the "
-                "binding was altered")  # fmt: skip
+                "binding was altered", BINDING_ALTERED)  # fmt: skip
         elif named is not None:
             proven += 1
     for (scope, _key), (iid, seq, _fp) in claims.items():
         if (scope, _key) not in seen:
             add(seq, f"invocation {iid}'s ACTION_ACCEPTED (seq {seq}) names an idempotency key in "
                 f"scope {scope!r} that has no binding row (it was removed: a retry with that key "
-                "would be sent again)")  # fmt: skip
+                "would be sent again)", BINDING_MISSING)  # fmt: skip
     return proven

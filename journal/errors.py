@@ -115,9 +115,10 @@ class VerifyReport:
     which is signed: only an anchor kept elsewhere shows rows were there -- and only up to its
     own seq (rows after it, back to a checkpoint, could have been removed unseen)."""
     code: str | None = None
-    """A stable code for the first problem when a caller must tell it apart:
-    ``SIGNING_RECORDS_REMOVED`` (rows that look from before signing were written by a signing
-    broker; ``--accept-unsigned`` does not accept them)."""
+    """The first problem's stable code (None: intact): one per kind of break -- ``ROW_ALTERED``,
+    ``CHUNK_MISSING``, ... (``verify_codes``, listed in docs/journal.md), ``ANCHOR_*``
+    (``verify``), ``SIGNING_RECORDS_REMOVED`` (rows that look from before signing were written
+    by a signing broker; ``--accept-unsigned`` does not accept them)."""
 
 
 class JournalError(Exception):

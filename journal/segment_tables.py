@@ -11,9 +11,12 @@ What a reference can make a reader do is bounded, whoever edited the row:
 * only a file named ``<32 hex>.seg`` in the segment directory is opened -- no other path, not
   through a symlink (``O_NOFOLLOW``), only a regular file (a FIFO would block), never
   ``size`` past ``MAX_BLOB``;
-* a segment that is missing or too short, a name or numbers out of those bounds, or a chunk
-  stored twice (a row and a reference for one index) read as an empty blob: *altered*, which
-  no chained hash matches;
+* a segment file that is not there (removed, or its directory missing) leaves its chunks out:
+  they read as *missing* (``verify``'s ``CHUNK_MISSING``, a result "incomplete: chunk N is
+  missing"), a loss told apart from an edit;
+* a segment that is too short or not a plain file (a symlink, a FIFO), a name or numbers out of
+  those bounds, or a chunk stored twice (a row and a reference for one index) read as an empty
+  blob: *altered*, which no chained hash matches;
 * a segment that exists but cannot be read (permissions, too many open files, an I/O error) is
   a ``JournalError`` saying so -- never reported as tampering, never silently empty.
 """
@@ -48,6 +51,9 @@ MAX_BLOB = 1 << 20
 _NAME = re.compile(r"[0-9a-f]{32}\.seg")
 _MISSING = (errno.ENOENT, errno.ELOOP, errno.ENXIO, errno.ENOTDIR)
 """``open`` errors that mean "no segment file there" (a symlink is refused: ``ELOOP``)."""
+_ABSENT = (errno.ENOENT, errno.ENOTDIR)
+"""Of those, the ones where nothing is there at all (the file or its directory gone): its
+chunks are missing, not altered."""
 _OPEN_FILES = 8
 """Segment files one scan keeps open at once (least recently used closed first)."""
 
@@ -182,7 +188,8 @@ class SegmentTables(Tables):
 def _resolved(rows: Iterator[Any], directory: Path | None) -> Iterator[tuple[str, str, int, bytes]]:
     """(invocation, stream, idx, blob) of rows ordered by those keys, references read.  A key
     that comes twice (a row and a reference for one chunk) is yielded again as an empty blob,
-    so that whoever keeps the last one per key -- ``verify`` -- sees the chunk as altered."""
+    so that whoever keeps the last one per key -- ``verify`` -- sees the chunk as altered.  A
+    chunk whose segment file is not there is left out: missing (``_Files.blob``)."""
     files = _Files(directory)
     last: tuple[str, str, int] | None = None
     try:
@@ -190,7 +197,8 @@ def _resolved(rows: Iterator[Any], directory: Path | None) -> Iterator[tuple[str
             key = (iid, stream, idx)
             blob = b"" if key == last else files.blob(data, seg, pos, size)
             last = key
-            yield iid, stream, idx, blob
+            if blob is not None:
+                yield iid, stream, idx, blob
     finally:
         files.close()
         # The rows' cursor too, now -- while its connection is open -- rather than when a
@@ -206,6 +214,8 @@ class _Files:
     def __init__(self, directory: Path | None) -> None:
         self._dir = directory
         self._fds: collections.OrderedDict[str, int | None] = collections.OrderedDict()
+        self._absent: set[str] = set()
+        """Segments not there at all (``_ABSENT``)."""
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -213,7 +223,9 @@ class _Files:
                 os.close(fd)
         self._fds.clear()
 
-    def blob(self, data: Any, segment: Any, pos: Any, size: Any) -> bytes:
+    def blob(self, data: Any, segment: Any, pos: Any, size: Any) -> bytes | None:
+        """The chunk's stored bytes; empty when the reference is altered (no chained hash
+        matches); None when its segment file is not there (the chunk is missing)."""
         if data is not None:
             return bytes(data)
         if not (isinstance(segment, str) and is_segment_name(segment)) or self._dir is None:
@@ -222,7 +234,7 @@ class _Files:
             return b""
         fd = self._open(segment)
         if fd is None:
-            return b""
+            return None if segment in self._absent else b""
         try:
             out = os.pread(fd, size, pos)
         except OSError as exc:
@@ -241,6 +253,8 @@ class _Files:
         except OSError as exc:
             if exc.errno not in _MISSING:
                 raise self._unreadable(segment, exc) from None
+            if exc.errno in _ABSENT:
+                self._absent.add(segment)
             fd = None
         if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)

@@ -42,6 +42,29 @@ from .chain import GENESIS, canonical_json, check_row
 from .checkpoints import signing_era, signing_era_row
 from .errors import SigningRecordsRemoved, VerifyReport
 from .signing import Anchor, Checkpoint, key_id_of, verify_signature
+from .verify_codes import (
+    AUDIT_COPY_DIFFERS,
+    AUDIT_COPY_MISSING,
+    AUDIT_COPY_TWICE,
+    CHAIN_BROKEN,
+    CHECKPOINT_INVALID,
+    CHECKPOINT_MISMATCH,
+    CHECKPOINT_MISSING,
+    CHECKPOINT_OUT_OF_PLACE,
+    CHECKPOINT_UNCHECKED,
+    CHUNK_DIFFERS,
+    CHUNK_MISSING,
+    CHUNK_TWICE,
+    MARKER_DIFFERS,
+    MARKER_MISPLACED,
+    MARKER_MISSING,
+    ROW_ALTERED,
+    ROW_MISSING,
+    ROWS_REMOVED,
+    ROWS_UNSIGNED,
+    ROWS_UNSIGNED_BEFORE_SIGNING,
+    SUMMARY_DIFFERS,
+)
 from .verify_linked import LinkedCheck
 
 __all__ = [
@@ -132,9 +155,10 @@ class _Problems:
     reason: str = ""
     extra: list[str] = field(default_factory=list)
     code: str | None = None
-    """The first problem's stable code, when it has one (``VerifyReport.code``)."""
+    """The first problem's stable code (``VerifyReport.code``, ``verify_codes``)."""
 
-    def add(self, seq: int | None, reason: str, code: str | None = None) -> None:
+    def add(self, seq: int | None, reason: str, code: str | None) -> None:
+        """``code``: the problem's stable code (``verify_codes``); every check passes one."""
         if seq is None:
             if self.seq is None and not self.reason:
                 self.reason, self.code = reason, code
@@ -275,7 +299,8 @@ def verify_after(
     cp = next(later, None)
     if cp is not None and cp.seq <= base.count:
         problems.add(cp.seq, f"a checkpoint at seq {cp.seq} appeared among rows already "
-                     f"verified (through seq {base.count}): verify the whole journal")  # fmt: skip
+                     f"verified (through seq {base.count}): verify the whole journal",
+                     CHECKPOINT_OUT_OF_PLACE)  # fmt: skip
     else:
         _extend(walk, rows, later, cp, trust, problems)
     _unsigned(walk, trust, problems)
@@ -305,16 +330,16 @@ def _check_new_results(
         found = marker(iid)
         if found is None:
             problems.add(seq, f"the result of invocation {iid} (seq {seq}) has no completeness "
-                         "marker (its results row was removed)")  # fmt: skip
+                         "marker (its results row was removed)", MARKER_MISSING)  # fmt: skip
             continue
         mseq, sha, streams, summary = found
         if mseq != seq:
             problems.add(seq, f"results row of invocation {iid} names seq {mseq}, which is "
-                         "not its RESULT_COMMITTED event")  # fmt: skip
+                         "not its RESULT_COMMITTED event", MARKER_MISPLACED)  # fmt: skip
             continue
-        why, marker_only = _check_result(source, iid, sha, streams, bytes(summary), attrs)
+        why, code, marker_only = _check_result(source, iid, sha, streams, bytes(summary), attrs)
         if why is not None:
-            problems.add(seq, f"stored result of invocation {iid} (seq {seq}): {why}")
+            problems.add(seq, f"stored result of invocation {iid} (seq {seq}): {why}", code)
         checked += 1
         only += marker_only
     return checked, only
@@ -332,7 +357,9 @@ def _extend(
     for row in rows:
         digest, why = check_row(row, expected, walk.head, prev_digest)
         if digest is None:
-            problems.add(expected, why or f"row {expected} was altered")
+            problems.add(
+                expected, why or f"row {expected} was altered", _row_code(row, expected, walk.head)
+            )
             return
         walk.head, prev_digest, walk.rows = row[12], digest, expected
         if row[4] == _RESULT_COMMITTED:
@@ -348,6 +375,7 @@ def _extend(
             walk.rows + 1,
             f"the journal ends at seq {walk.rows} but a checkpoint covers seq {cp.seq}: rows "
             f"{walk.rows + 1}..{cp.seq} were removed",
+            ROWS_REMOVED,
         )
 
 
@@ -378,7 +406,9 @@ def _walk(
     for row in source.event_rows():
         digest, why = check_row(row, expected, walk.head, prev_digest)
         if digest is None:
-            problems.add(expected, why or f"row {expected} was altered")
+            problems.add(
+                expected, why or f"row {expected} was altered", _row_code(row, expected, walk.head)
+            )
             return walk
         seq = expected
         walk.head, prev_digest = row[12], digest
@@ -406,6 +436,7 @@ def _walk(
             walk.rows + 1,
             f"the journal ends at seq {walk.rows} but a checkpoint covers seq {cp.seq}: rows "
             f"{walk.rows + 1}..{cp.seq} were removed",
+            ROWS_REMOVED,
         )
     return walk
 
@@ -413,7 +444,11 @@ def _walk(
 def _check_checkpoint(walk: _Walk, trust: Trust, cp: Checkpoint, problems: _Problems) -> bool:
     first = walk.signed_seq + 1
     if not trust.keys:
-        problems.add(first, f"checkpoint at seq {cp.seq}: no public key to check it with")
+        problems.add(
+            first,
+            f"checkpoint at seq {cp.seq}: no public key to check it with",
+            CHECKPOINT_UNCHECKED,
+        )
         return False
     raw = trust.keys.get(cp.key_id)
     if raw is None or not verify_signature(cp, raw):
@@ -421,6 +456,7 @@ def _check_checkpoint(walk: _Walk, trust: Trust, cp: Checkpoint, problems: _Prob
             first,
             f"checkpoint at seq {cp.seq} is not signed by {_named(trust)}; it names key "
             f"{cp.key_id}: rows {first}..{cp.seq} are not authenticated",
+            CHECKPOINT_INVALID,
         )
         return False
     if cp.prev != walk.last_checkpoint:
@@ -429,6 +465,7 @@ def _check_checkpoint(walk: _Walk, trust: Trust, cp: Checkpoint, problems: _Prob
             missing,
             f"checkpoint at seq {cp.seq} follows the one at seq {cp.prev}, but the checkpoint "
             f"before it is at seq {walk.last_checkpoint}: a checkpoint was removed",
+            CHECKPOINT_MISSING,
         )
         return False
     if cp.hash != walk.head:
@@ -436,11 +473,14 @@ def _check_checkpoint(walk: _Walk, trust: Trust, cp: Checkpoint, problems: _Prob
             first,
             f"rows {first}..{cp.seq} differ from the signed checkpoint at seq {cp.seq} "
             "(altered and re-chained)",
+            CHECKPOINT_MISMATCH,
         )
         return False
     if cp.adopted:
         if cp.prev != 0:
-            problems.add(first, f"checkpoint at seq {cp.seq} claims adoption mid-journal")
+            problems.add(
+                first, f"checkpoint at seq {cp.seq} claims adoption mid-journal", CHECKPOINT_INVALID
+            )
             return False
         walk.unsigned_through, walk.unsigned_at = cp.seq, cp.at
     walk.signed_seq, walk.signed_at, walk.last_checkpoint = cp.seq, cp.at, cp.seq
@@ -467,6 +507,7 @@ def _unsigned(
                 else "(it has no checkpoint)"
             )
             + "; they rest on the hash chain alone -- pass --accept-unsigned to accept them",
+            ROWS_UNSIGNED_BEFORE_SIGNING,
         )
 
 
@@ -500,6 +541,7 @@ def _unsigned_tail(walk: _Walk, trust: Trust, problems: _Problems) -> None:
         first,
         f"rows {first}..{walk.rows} are not covered by a signed checkpoint (appended without the "
         "signing key, or their checkpoints were removed)",
+        ROWS_UNSIGNED,
     )
 
 
@@ -539,6 +581,7 @@ def _check_results(source: Source, walk: _Walk, limit: int, problems: _Problems)
             problems.add(
                 None if chained is None else chained[0],
                 f"the results row of {named} was altered: a column is not of its type",
+                MARKER_MISPLACED,
             )
             continue
         if chained is None or chained[0] != seq:
@@ -546,15 +589,17 @@ def _check_results(source: Source, walk: _Walk, limit: int, problems: _Problems)
             continue
         if seq >= limit:
             continue
-        why, marker_only = _check_result(source, iid, sha, streams_json, bytes(summary), chained[1])
+        why, code, marker_only = _check_result(
+            source, iid, sha, streams_json, bytes(summary), chained[1]
+        )
         if why is not None:
-            problems.add(seq, f"stored result of invocation {iid} (seq {seq}): {why}")
+            problems.add(seq, f"stored result of invocation {iid} (seq {seq}): {why}", code)
         checked += 1
         only += marker_only
     for iid, (seq, _) in walk.committed.items():
         if iid not in seen and seq < limit:
             problems.add(seq, f"the result of invocation {iid} (seq {seq}) has no completeness "
-                         "marker (its results row was removed)")  # fmt: skip
+                         "marker (its results row was removed)", MARKER_MISSING)  # fmt: skip
     return checked, only
 
 
@@ -579,19 +624,30 @@ def _misplaced(
                 chained[0],
                 f"results row of invocation {iid} names seq {seq}, not its RESULT_COMMITTED "
                 f"event (seq {chained[0]})",
+                MARKER_MISPLACED,
             )
         return
     why = f"results row of invocation {iid} names seq {seq}, but the invocation has no "
     if seq < 1:
-        problems.add(None, why + "RESULT_COMMITTED event, and no row has that seq")
+        problems.add(
+            None, why + "RESULT_COMMITTED event, and no row has that seq", MARKER_MISPLACED
+        )
     elif seq <= walk.rows:
-        problems.add(seq, why + "RESULT_COMMITTED event")
+        problems.add(seq, why + "RESULT_COMMITTED event", MARKER_MISPLACED)
     elif walk.complete:
         problems.add(
             walk.rows + 1,
             why + f"RESULT_COMMITTED event, and the journal ends at seq {walk.rows}: rows from "
             f"{walk.rows + 1} on were removed, or the row was altered",
+            MARKER_MISPLACED,
         )
+
+
+def _row_code(row: tuple[Any, ...], seq: int, head: str) -> str:
+    """The code of a row ``chain.check_row`` refused, by its first failed check."""
+    if row[0] != seq:
+        return ROW_MISSING
+    return CHAIN_BROKEN if row[11] != head else ROW_ALTERED
 
 
 def _sha(data: bytes) -> str:
@@ -605,52 +661,61 @@ its chained event lists no chunk hash to check the stored chunks against."""
 
 def _check_result(
     source: Source, iid: str, sha: str, streams_json: str, summary: bytes, attrs_json: str
-) -> tuple[str | None, bool]:
-    """Why the stored result differs from its chained event (None: it does not), and whether
-    only its marker could be checked (stored before per-chunk hashes)."""
+) -> tuple[str | None, str | None, bool]:
+    """Why the stored result differs from its chained event and its code (None: it does
+    not), and whether only its marker could be checked (stored before per-chunk hashes)."""
     try:
-        why = _check_result_fields(source, iid, sha, streams_json, summary, attrs_json)
+        found = _check_result_fields(source, iid, sha, streams_json, summary, attrs_json)
     except (TypeError, ValueError, KeyError, AttributeError):  # rows not as the broker writes them
-        return "its marker is not readable", False
-    if why is _MARKER_ONLY:
-        return None, True
-    return why, False
+        return "its marker is not readable", MARKER_DIFFERS, False
+    if found is None:
+        return None, None, False
+    if found[0] is _MARKER_ONLY:
+        return None, None, True
+    return found[0], found[1], False
 
 
 def _check_result_fields(
     source: Source, iid: str, sha: str, streams_json: str, summary: bytes, attrs_json: str
-) -> str | None:
+) -> tuple[str, str] | None:
     attrs = json.loads(attrs_json)
     declared = json.loads(streams_json)
     whole = _sha(canonical_json({s: v["sha256"] for s, v in declared.items()}).encode())
     if attrs.get("sha256") != sha or whole != sha:
-        return "marker hash differs from the chained event"
+        return "marker hash differs from the chained event", MARKER_DIFFERS
     if "marker_sha256" not in attrs:
-        return _MARKER_ONLY  # opening it with the broker key checks its stream's hash
+        return _MARKER_ONLY, ""  # opening it with the broker key checks its stream's hash
     if _sha(canonical_json(declared).encode("utf-8")) != attrs["marker_sha256"]:
-        return "marker differs from the chained event"
+        return "marker differs from the chained event", MARKER_DIFFERS
     if _sha(summary) != attrs.get("sealed_summary_sha256"):
-        return "sealed summary differs from the chained event"
-    why = _check_blobs(source.digests(iid, False), declared, "sealed", "chunk")
+        return "sealed summary differs from the chained event", SUMMARY_DIFFERS
+    why = _check_blobs(source.digests(iid, False), declared, "sealed", _CHUNK)
     if why is not None:
         return why
     if "audit_summary_sha256" in attrs:
         audit = list(source.digests(iid, True))
         summary_copy = [d for s, i, d in audit if s == "" and i == 0]
         if summary_copy != [attrs["audit_summary_sha256"]]:
-            return "the summary's auditor copy differs from the chained event"
+            return "the summary's auditor copy differs from the chained event", SUMMARY_DIFFERS
         return _check_blobs(
-            ((s, i, d) for s, i, d in audit if s != ""), declared, "audit", "auditor copy"
+            ((s, i, d) for s, i, d in audit if s != ""), declared, "audit", _AUDIT_COPY
         )
     return None
+
+
+_CHUNK = ("chunk", CHUNK_TWICE, CHUNK_MISSING, CHUNK_DIFFERS)
+_AUDIT_COPY = ("auditor copy", AUDIT_COPY_TWICE, AUDIT_COPY_MISSING, AUDIT_COPY_DIFFERS)
+"""What ``_check_blobs`` checks: its name, and the codes of a blob stored twice, missing, and
+differing."""
 
 
 def _check_blobs(
     digests: Iterable[tuple[str, int, str]],
     declared: Mapping[str, Any],
     which: str,
-    what: str,
-) -> str | None:
+    kind: tuple[str, str, str, str],
+) -> tuple[str, str] | None:
+    what, twice_code, missing_code, differs_code = kind
     stored: dict[str, dict[int, str]] = {}
     twice: set[tuple[str, int]] = set()
     for stream, idx, digest in digests:
@@ -663,10 +728,10 @@ def _check_blobs(
         have = stored.get(stream, {})
         for idx, want in enumerate(listed):
             if (stream, idx) in twice:
-                return f"stream {stream!r} {what} {idx} is stored twice"
+                return f"stream {stream!r} {what} {idx} is stored twice", twice_code
             got = have.get(idx)
             if got is None:
-                return f"stream {stream!r} {what} {idx} is missing"
+                return f"stream {stream!r} {what} {idx} is missing", missing_code
             if got != want:
-                return f"stream {stream!r} {what} {idx} differs from its chained hash"
+                return f"stream {stream!r} {what} {idx} differs from its chained hash", differs_code
     return None

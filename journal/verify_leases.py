@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .rows import AlteredRow, lease_from_row
+from .verify_codes import LEASE_ALTERED, LEASE_MISSING
 
 __all__ = ["check"]
 
@@ -34,11 +35,12 @@ def check(
     leased: Mapping[str, tuple[int, str]],
     limit: int,
     end: int | None,
-    add: Callable[[int | None, str], None],
+    add: Callable[[int | None, str, str], None],
 ) -> int:
     """Each lease row (``rows``: invocation_id, holder, generation, expires_at, seq) against
     ``leased`` (invocation -> (seq, attrs JSON) of its last chained lease event the walk read),
-    and each of those against its row; ``add(seq, reason)`` for every mismatch.  Nothing whose
+    and each of those against its row; ``add(seq, reason, code)`` for every mismatch
+    (``verify_codes``).  Nothing whose
     event is at ``limit`` (the first bad row) or after is judged -- except a row whose
     invocation has no lease event at all once the walk read every row (``end``: the last seq,
     None when the walk stopped early): no later row can be its event, whatever seq it names
@@ -51,7 +53,11 @@ def check(
         try:
             lease = lease_from_row(iid, tuple(row[1:]))
         except AlteredRow:
-            add(None, f"the lease row of invocation {iid} was altered: a column is not of its type")
+            add(
+                None,
+                f"the lease row of invocation {iid} was altered: a column is not of its type",
+                LEASE_ALTERED,
+            )
             continue
         assert lease is not None and lease.seq is not None  # (a row's seq is an int)
         seen.add(iid)
@@ -64,23 +70,23 @@ def check(
             continue
         if lease.seq != seq:
             add(seq, f"the lease row of invocation {iid} names seq {lease.seq}, not its last "
-                f"lease event (seq {seq}): the row was altered")  # fmt: skip
+                f"lease event (seq {seq}): the row was altered", LEASE_ALTERED)  # fmt: skip
             continue
         differ = _differ(attrs, (lease.holder, lease.generation, lease.expires_at))
         if differ:
             add(seq, f"the lease row of invocation {iid} differs from its lease event at seq "
-                f"{seq} ({', '.join(differ)}): the row was altered")  # fmt: skip
+                f"{seq} ({', '.join(differ)}): the row was altered", LEASE_ALTERED)  # fmt: skip
             continue
         proven += 1
     for iid, (seq, _) in leased.items():
         if iid not in seen and seq < limit:
             add(seq, f"invocation {iid} has a lease event at seq {seq} but no lease row: the "
-                "row was removed")  # fmt: skip
+                "row was removed", LEASE_MISSING)  # fmt: skip
     return proven
 
 
 def _eventless(
-    iid: str, seq: int, limit: int, end: int | None, add: Callable[[int | None, str], None]
+    iid: str, seq: int, limit: int, end: int | None, add: Callable[[int | None, str, str], None]
 ) -> None:
     """A lease row whose invocation has no chained lease event: at the seq it names if the walk
     judged that row, at journal level if no row can have it (0 or less), and past the rows read
@@ -90,12 +96,12 @@ def _eventless(
     why = f"the lease row of invocation {iid} names seq {seq}, but the invocation has no lease "
     why += "event"
     if seq < 1:
-        add(None, why + ", and no row has that seq: the row was altered")
+        add(None, why + ", and no row has that seq: the row was altered", LEASE_ALTERED)
     elif end is not None and seq > end:
         add(end + 1, why + f", and the journal ends at seq {end}: rows from {end + 1} on were "
-            "removed, or the row was altered")  # fmt: skip
+            "removed, or the row was altered", LEASE_ALTERED)  # fmt: skip
     elif seq < limit:
-        add(seq, why + ": the row was altered")
+        add(seq, why + ": the row was altered", LEASE_ALTERED)
 
 
 def _differ(attrs_json: str, row: tuple[str, int, float]) -> list[str]:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .rows import index_keys
+from .verify_codes import LINKED_CALL_MISSING, LINKED_CALLS_ALTERED
 
 __all__ = ["LinkedCheck"]
 
@@ -65,7 +66,7 @@ class LinkedCheck:
         if self.extra is None:
             self.extra = seq
 
-    def finish(self, limit: int | None, add: Callable[[int, str], None]) -> None:
+    def finish(self, limit: int | None, add: Callable[[int, str, str], None]) -> None:
         """Report what was found before ``limit`` (the rows from it on are not intact, or not
         proven: nothing about them is claimed), stored rows past the walk included; None: the
         walk found every row intact -- every stored row past it is reported, as far as any."""
@@ -78,7 +79,8 @@ class LinkedCheck:
             seq, iid = self.missing
             add(seq, f"row {seq} names a linked call that linked_calls does not hold (removed, "
                 "or written by a broker of the schema before the upgrade: a claim on "
-                f"{iid}'s record naming that call would be written)")  # fmt: skip
+                f"{iid}'s record naming that call would be written)",
+                LINKED_CALL_MISSING)  # fmt: skip
         if self.extra is not None and self.extra < limit:
             add(self.extra, f"linked_calls holds a row for seq {self.extra} that the event "
-                "does not name (the table was altered)")  # fmt: skip
+                "does not name (the table was altered)", LINKED_CALLS_ALTERED)  # fmt: skip

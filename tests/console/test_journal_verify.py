@@ -101,7 +101,7 @@ async def test_the_journal_page_extends_its_verify_and_verifies_whole_on_request
         await settled(console)
         assert calls["verify"] == 2
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
-        assert _verify_line(page).startswith("BROKEN at seq 2: row 2 was altered")
+        assert _verify_line(page).startswith("BROKEN at seq 2 (ROW_ALTERED): row 2 was altered")
         # Broken: kept as it is, with when it ran; not read past.
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
         assert _verify_line(page).startswith("BROKEN at seq 2") and calls["verify"] == 2
@@ -122,7 +122,7 @@ async def test_a_new_row_altered_is_reported_by_the_next_request(
         for _ in range(2):  # reported while it is there, request after request
             _, _, page = await get(f"{origin}/journal", cookie=cookie)
             assert _verify_line(page).startswith(
-                f"BROKEN at seq {whole + 1}: row {whole + 1} was altered"
+                f"BROKEN at seq {whole + 1} (ROW_ALTERED): row {whole + 1} was altered"
             )
             # The rows before it were not read again: intact as of their check, not now.
             assert _verify_line(page).endswith(
@@ -236,7 +236,9 @@ async def test_a_result_stored_after_the_whole_verify_is_checked_by_the_next_vis
                 conn.close()
             _, _, page = await get(f"{origin}/journal", cookie=cookie)
             line = _verify_line(page)
-            assert line.startswith(f"BROKEN at seq {bad}: stored result of invocation"), line
+            assert line.startswith(
+                f"BROKEN at seq {bad} (MARKER_DIFFERS): stored result of invocation"
+            ), line
 
 
 async def test_presses_queued_while_a_whole_verify_runs_cost_one_more_not_one_each(

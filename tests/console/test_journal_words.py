@@ -95,5 +95,7 @@ async def test_a_journal_level_problem_names_no_seq(
             conn.close()
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
     line = _verify_line(page.decode())
-    assert line.startswith("BROKEN: the lease row of invocation inv-none names seq 0"), line
+    assert line.startswith(
+        "BROKEN (LEASE_ALTERED): the lease row of invocation inv-none names seq 0"
+    ), line
     assert "None" not in line

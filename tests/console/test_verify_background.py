@@ -152,7 +152,7 @@ async def test_a_whole_verify_that_finds_a_row_altered_is_shown_broken_after_the
         for _ in range(2):  # kept until the next whole verify
             _, _, page = await get(f"{origin}/journal", cookie=cookie)
             line = page_line(page, "verify") or ""
-            assert line.startswith("BROKEN at seq 2: row 2 was altered"), line
+            assert line.startswith("BROKEN at seq 2 (ROW_ALTERED): row 2 was altered"), line
             assert "(broken)" in (page_line(page, "verify-when") or "")
 
 

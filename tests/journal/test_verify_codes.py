@@ -1,0 +1,143 @@
+"""Every break ``verify`` finds answers a stable code (``journal/verify_codes.py``), in
+``journal verify --json``'s ``code`` and on its text line -- not ``null`` for all but the anchor
+and signing-record ones, which left a monitor parsing sentences.  A segment file that is gone
+reads as a missing chunk (``CHUNK_MISSING``; a result "incomplete: chunk N is missing"), never
+as an edit ("differs from its chained hash")."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.cli import main as cli_main
+from affidavit.journal import Journal, JournalError, JournalReader, verify_codes
+
+from . import segkit as kit
+from .helpers import flip_stored_byte
+
+_CANARY = b"CANARY-verify-codes-7d3a"
+_DOCS = Path(__file__).resolve().parents[2] / "docs" / "journal.md"
+
+
+async def _build(db: Path) -> None:
+    async with Journal.open(db) as j:
+        await kit.store(j, "inv-long", kit.body(12, 5))  # in a segment file
+        await kit.store(j, "inv-short", _CANARY * 10)  # inline chunk rows
+
+
+def _seq(db: Path, sql: str) -> int:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        got = conn.execute(sql).fetchone()[0]
+    conn.close()
+    assert isinstance(got, int)
+    return got
+
+
+def _segment_gone(db: Path) -> None:
+    [segment] = kit.segments(db)
+    segment.unlink()
+
+
+def _first_checkpoint_gone(db: Path) -> None:
+    kit.tamper(
+        db,
+        "DROP TRIGGER checkpoints_no_delete",
+        "DELETE FROM checkpoints WHERE seq = (SELECT min(seq) FROM checkpoints)",
+    )
+
+
+_BREAKS: dict[str, tuple[Callable[[Path], None], str]] = {
+    "row-edited": (
+        lambda db: kit.tamper(
+            db, "DROP TRIGGER events_no_update", "UPDATE events SET attrs = '{}' WHERE seq = 2"
+        ),
+        verify_codes.ROW_ALTERED,
+    ),
+    "row-deleted": (
+        lambda db: kit.tamper(
+            db, "DROP TRIGGER events_no_delete", "DELETE FROM events WHERE seq = 3"
+        ),
+        verify_codes.ROW_MISSING,
+    ),
+    "row-relinked": (
+        lambda db: kit.tamper(
+            db,
+            "DROP TRIGGER events_no_update",
+            f"UPDATE events SET prev_hash = '{'0' * 64}' WHERE seq = 4",
+        ),
+        verify_codes.CHAIN_BROKEN,
+    ),
+    "checkpoint-forged": (
+        lambda db: kit.tamper(
+            db,
+            "DROP TRIGGER checkpoints_no_update",
+            "UPDATE checkpoints SET signature = zeroblob(64) "
+            "WHERE seq = (SELECT min(seq) FROM checkpoints)",
+        ),
+        verify_codes.CHECKPOINT_INVALID,
+    ),
+    "checkpoint-removed": (_first_checkpoint_gone, verify_codes.CHECKPOINT_MISSING),
+    "marker-removed": (
+        lambda db: kit.tamper(db, "DELETE FROM results WHERE invocation_id = 'inv-short'"),
+        verify_codes.MARKER_MISSING,
+    ),
+    "chunk-row-removed": (
+        lambda db: kit.tamper(db, "DELETE FROM result_chunks WHERE invocation_id = 'inv-short'"),
+        verify_codes.CHUNK_MISSING,
+    ),
+    "chunk-flipped": (
+        lambda db: flip_stored_byte(db, "inv-long", "body", 1),
+        verify_codes.CHUNK_DIFFERS,
+    ),
+    "segment-file-removed": (_segment_gone, verify_codes.CHUNK_MISSING),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BREAKS))
+def test_each_break_answers_its_code(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "j.db"
+    trio.run(_build, db)
+    damage, code = _BREAKS[name]
+    damage(db)
+    argv = ["journal", "verify", "--journal", str(db)]
+    assert cli_main([*argv, "--json"]) == 1
+    out = capsys.readouterr().out
+    report = json.loads(out)
+    assert not report["ok"] and report["code"] == code, report
+    assert cli_main(argv) == 1
+    text = capsys.readouterr().out
+    assert re.search(rf"journal BROKEN at seq \d+ \({code}\): ", text), text
+    for said in (out, text):
+        assert _CANARY.decode() not in said
+
+
+def test_a_removed_segment_file_reads_as_missing_not_altered(tmp_path: Path) -> None:
+    """The file gone, its directory there: verify and a read say "missing"; an edit of the
+    same file still says "differs"."""
+    db = tmp_path / "j.db"
+    trio.run(_build, db)
+    _segment_gone(db)
+    with JournalReader.open(db) as r:
+        report = r.verify()
+        assert report.code == verify_codes.CHUNK_MISSING
+        assert "stream 'body' chunk 0 is missing" in report.reason, report.reason
+        assert "differs" not in report.reason
+        with pytest.raises(JournalError, match="incomplete: chunk 0 is missing"):
+            r.read_result("inv-long")
+        short = r.read_result("inv-short")
+        assert short is not None and short.streams["body"] == _CANARY * 10
+
+
+def test_every_code_is_listed_in_the_docs() -> None:
+    text = _DOCS.read_text(encoding="utf-8")
+    for code in verify_codes.__all__:
+        assert f"`{code}`" in text, code
