@@ -6,7 +6,9 @@ it is opened under (``lock_path``).  Embedded writers (``affidavit call``,
 serialises their transactions).  An owner -- ``affidavit serve`` -- takes it exclusive: it
 starts only when no embedded writer has the journal open, and while it runs every embedded
 writer is refused with ``JournalLocked``, whose message is the owner's own description (the
-socket to use instead).  Never two writers racing, one of them unaware.  Readers take no lock:
+socket to use instead) -- or, from an owner holding it for one job (``affidavit journal
+migrate``: ``JOB``), that it is busy with that job until it finishes.  Never two writers racing,
+one of them unaware.  Readers take no lock:
 the views may still read a journal a daemon owns.
 
 A flock belongs to the open file description, so it is released however the holder exits,
@@ -40,11 +42,28 @@ the one at the path (removed or replaced between the open and the flock)."""
 
 
 class JournalLocked(JournalError):
-    """The journal is owned by another process (``owner`` describes it when it said)."""
+    """The journal is owned by another process (``owner`` describes it when it said; ``job``:
+    it holds the journal for one job -- ``affidavit journal migrate`` -- not as a daemon)."""
 
-    def __init__(self, message: str, owner: str | None) -> None:
+    def __init__(self, message: str, owner: str | None, *, job: bool = False) -> None:
         self.owner = owner
+        self.job = job
         super().__init__(message)
+
+
+JOB = "job: "
+"""Before the description in the lock of an owner that holds it for one job and then lets go
+(``affidavit journal migrate``; ``WriterLock.acquire(job=True)``): a writer it refuses is told
+to wait for that job, not to ask a daemon -- there is none.  A description without it -- a
+daemon's, and every one an earlier affidavit wrote -- is an owner's that serves."""
+
+
+def _holder(text: str) -> tuple[str, bool]:
+    """A lock's description read (``_read_owner``): the holder it names, and whether it holds
+    the journal for one job (``JOB``)."""
+    if text.startswith(JOB) and text[len(JOB) :].strip():
+        return text[len(JOB) :].strip(), True
+    return text, False
 
 
 def lock_path(journal: Path) -> Path:
@@ -206,9 +225,11 @@ class WriterLock:
         *,
         keys: Sequence[Path] = (),
         real: Path | None = None,
+        job: bool = False,
     ) -> WriterLock:
         """Shared for an embedded writer (``owner=None``); exclusive for an owner, which then
-        writes ``owner`` into the lock file for the writers it refuses.  ``keys``: the
+        writes ``owner`` into the lock file for the writers it refuses (after ``JOB`` with
+        ``job``: an owner holding it for one job, whom they are told to wait for).  ``keys``: the
         journal's key files, which a root writer's refusal names (``refuse_root_on_theirs``).
         ``real``: the file ``journal`` names, resolved once by the caller, which opens that
         same file (``SqliteBackend``); else resolved here."""
@@ -249,7 +270,7 @@ class WriterLock:
             raise
         for held_fd in (fd, beside_name):
             if held_fd is not None:
-                _describe(held_fd, owner)
+                _describe(held_fd, None if owner is None else (JOB if job else "") + owner)
         return cls(fd, path, exclusive=owner is not None, beside_name=beside_name)
 
     def in_place(self) -> bool:
@@ -388,6 +409,14 @@ def _read_owner(fd: int) -> str | None:
 
 def _refusal(journal: Path, held_by: str | None, as_owner: bool) -> JournalLocked:
     if held_by is not None:
+        holder, job = _holder(held_by)
+        if job:
+            return JournalLocked(
+                f"journal {journal} is busy: {holder} holds it for that one job; wait for it "
+                "to finish, then try again",
+                holder,
+                job=True,
+            )
         return JournalLocked(
             f"journal {journal} is owned by {held_by}: ask the daemon on its socket "
             "(--socket or $AFFIDAVIT_SOCKET) instead of opening the journal",

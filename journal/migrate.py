@@ -21,8 +21,10 @@ writer (``affidavit call``, ``Broker.open``) that has it open, refuses the migra
 (``JournalLocked``: ``JOURNAL_LOCKED``, naming the daemon), and none can start while it runs.
 Without it a broker went on appending to the file after the copy was taken -- a call in flight
 was left open in the copy (recovered ``unknown`` there, its stored result absent) while migrate
-reported "both verify".  The source is a SQLite file: a shared journal is refused (its brokers
-take no lock a migrate could hold, and it is shared already).
+reported "both verify".  The lock says it is held for this one job (``lock.JOB``): a writer
+refused meanwhile is told to wait for the migrate, not to ask a daemon.  The source is a SQLite
+file: a shared journal is refused (its brokers take no lock a migrate could hold, and it is
+shared already).
 """
 
 from __future__ import annotations
@@ -87,14 +89,19 @@ def migrate(
 
 
 def _sole_writer(source: Path) -> WriterLock:
-    """The source's writer lock, taken exclusive: refused (``JournalLocked``, nothing copied)
-    while a daemon owns the journal or an embedded writer has it open."""
+    """The source's writer lock, taken exclusive for this one job: refused (``JournalLocked``,
+    nothing copied) while a daemon owns the journal, an embedded writer has it open or another
+    job holds it."""
     try:
         return WriterLock.acquire(
-            source, f"affidavit journal migrate (pid {os.getpid()}), copying it to a shared journal"
+            source,
+            f"affidavit journal migrate (pid {os.getpid()}, copying it to a shared journal)",
+            job=True,
         )
     except JournalLocked as exc:
-        who = exc.owner or "another process (an embedded broker: `affidavit call`, Broker.open)"
+        if exc.job:
+            raise JournalLocked(f"{exc}; nothing was copied", exc.owner, job=True) from None
+        who = exc.owner or "another writer (an embedded broker, or an earlier affidavit)"
         raise JournalLocked(
             f"journal {source} is being written by {who}: stop every broker writing it before "
             "migrating (what it appended during the copy would be missing from the copy); "

@@ -77,7 +77,7 @@ def test_migrate_is_refused_while_an_embedded_broker_has_the_journal_open(
     db = tmp_path / "j.db"
     trio.run(_fill, db)
     err = _refused_while(db, pg, pg_url, cli_url, None, capsys)
-    assert "embedded broker" in err, err
+    assert "another writer (an embedded broker, or an earlier affidavit)" in err, err
     # Once the writer is gone, the same journal migrates.
     assert cli_main(["journal", "migrate", "--journal", str(db), "--to", cli_url, "--json"]) == 0
     done = json.loads(capsys.readouterr().out)
@@ -91,7 +91,8 @@ def test_no_writer_opens_the_source_while_migrate_copies_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     """Held until the copy has verified: a writer starting mid-copy (embedded, or a daemon) is
-    refused, naming the migrate; after it, the lock is let go."""
+    refused, told the journal is busy with the migrate -- never to ask a daemon, there is none
+    -- and a second migrate likewise; after it, the lock is let go."""
     db = tmp_path / "j.db"
     trio.run(_fill, db)
     copy, tried = migrate_module._copy, []
@@ -101,9 +102,16 @@ def test_no_writer_opens_the_source_while_migrate_copies_it(
             with pytest.raises(JournalLocked, match="affidavit journal migrate") as exc:
                 WriterLock.acquire(db, owner)
             tried.append(exc.value)
+        with pytest.raises(JournalLocked, match="affidavit journal migrate") as exc:
+            migrate_module._sole_writer(db)  # (a second migrate)
+        tried.append(exc.value)
         return copy(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(migrate_module, "_copy", copying)
     assert cli_main(["journal", "migrate", "--journal", str(db), "--to", cli_url]) == 0
-    assert len(tried) == 2 and "both verify" in capsys.readouterr().out
+    assert len(tried) == 3 and "both verify" in capsys.readouterr().out
+    for refused in tried:
+        assert refused.job and "holds it for that one job; wait for it to finish" in str(refused)
+        assert "daemon" not in str(refused) and "socket" not in str(refused), refused
+    assert str(tried[2]).endswith("; nothing was copied"), tried[2]
     WriterLock.acquire(db, _DAEMON).release()  # let go once done
