@@ -39,7 +39,7 @@ file's owner can rename it, and the file's own owner is checked), this user's or
 file system mounted read-only as a whole no one writes: a write bit or another owner there is no
 exposure (nor could a ``chmod`` mend it); a read bit still is -- and a credential's or key
 file's every bit is, as its read refuses them (``CREDENTIAL``).  A read-only *bind* mount is
-judged as any other: its source stays writable to whoever its modes let (``_read_only``).
+judged as any other: its source stays writable to whoever its modes let (``read_only``).
 
 With a POSIX access ACL the group bits ``stat`` shows are the ACL's mask: then its entries are
 judged instead (``affidavit.acl``) -- a named user other than this user and root, a named group,
@@ -104,6 +104,7 @@ __all__ = [
     "journal_exposures",
     "journal_files",
     "opened_exposures",
+    "read_only",
     "serving",
     "summarised",
     "walk",
@@ -240,7 +241,7 @@ def _judged(
     )
     # (A file the broker reads as a secret is refused for a write bit wherever it is mounted:
     # start-up judges it as the read will.)
-    if (foreign or mode & bits & _WRITE) and not link and not rule.as_read and _read_only(path):
+    if (foreign or mode & bits & _WRITE) and not link and not rule.as_read and read_only(path):
         bits &= ~_WRITE  # no one writes here; another owner could only read, if others may not
         foreign = foreign and bool(rule.bits & _READ)
     granted: list[Grant] = []
@@ -314,7 +315,7 @@ MOUNTINFO = Path("/proc/self/mountinfo")
 """Where this process's mounts and their file systems' super block options are listed."""
 
 
-def _read_only(path: Path) -> bool:
+def read_only(path: Path) -> bool:
     """Whether ``path`` is on a file system mounted read-only as a whole (a squashfs, a tmpfs
     remounted ``ro``, a container's read-only root), so that no mount of it anywhere writes.
     Not a read-only *bind* mount (``ProtectSystem=strict``, ``docker -v src:dst:ro``): that

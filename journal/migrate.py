@@ -22,9 +22,10 @@ writer (``affidavit call``, ``Broker.open``) that has it open, refuses the migra
 Without it a broker went on appending to the file after the copy was taken -- a call in flight
 was left open in the copy (recovered ``unknown`` there, its stored result absent) while migrate
 reported "both verify".  The lock says it is held for this one job (``lock.JOB``): a writer
-refused meanwhile is told to wait for the migrate, not to ask a daemon.  The source is a SQLite
-file: a shared journal is refused (its brokers take no lock a migrate could hold, and it is
-shared already).
+refused meanwhile is told to wait for the migrate, not to ask a daemon.  A source on a file
+system mounted read-only as a whole is copied without it (``Migration.read_only``): none can be
+made there, and nothing can write the journal.  The source is a SQLite file: a shared journal
+is refused (its brokers take no lock a migrate could hold, and it is shared already).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ from typing import Any
 from .backend import Backend, is_url, open_backend
 from .connect import REGISTERED
 from .errors import JournalError, VerifyReport
+from .exposure import read_only
 from .lock import JournalLocked, WriterLock
+from .names import journal_file
 from .reader import JournalReader
 from .signing import key_id_of
 from .tables import Tables
@@ -57,6 +60,9 @@ class Migration:
     source: VerifyReport
     target: VerifyReport
     counts: dict[str, int] = field(default_factory=dict)
+    read_only: bool = False
+    """The source is on a file system mounted read-only as a whole: copied without its writer
+    lock (none can be made there, and no writer can be appending to it)."""
 
 
 def migrate(
@@ -83,15 +89,23 @@ def migrate(
     with JournalReader.open(source) as src:  # (none there: "no journal at", no lock made)
         lock = _sole_writer(Path(source))
         try:
-            return _migrate(src, target, keys, accept_unsigned)
+            done = _migrate(src, target, keys, accept_unsigned)
         finally:
-            lock.release()
+            if lock is not None:
+                lock.release()
+    done.read_only = lock is None
+    return done
 
 
-def _sole_writer(source: Path) -> WriterLock:
+def _sole_writer(source: Path) -> WriterLock | None:
     """The source's writer lock, taken exclusive for this one job: refused (``JournalLocked``,
     nothing copied) while a daemon owns the journal, an embedded writer has it open or another
-    job holds it."""
+    job holds it.  None on a file system mounted read-only as a whole (a backup snapshot, a
+    tmpfs remounted ``ro``): no lock can be made there, and nothing can write the journal.  A
+    read-only *bind* mount is not that -- its source may be written through another mount --
+    and is refused as the lock's open says (``JOURNAL_UNUSABLE``, read-only)."""
+    if read_only(journal_file(source)):
+        return None
     try:
         return WriterLock.acquire(
             source,

@@ -6,7 +6,10 @@ the public half of the config's ``[journal] signing_key`` (the broker's own, as 
 checks the file) -- never with the key the file records.  The source is held under its
 exclusive writer lock from its verify until the copy has verified: a daemon that owns it, or an
 embedded broker that has it open, refuses the migrate (``JOURNAL_LOCKED``, naming the daemon;
-nothing copied) -- what they appended afterwards would not be in the copy.
+nothing copied) -- what they appended afterwards would not be in the copy.  A source on a file
+system mounted read-only as a whole (a backup snapshot) is copied without it, and the output
+says so (``source_read_only`` in ``--json``): no lock can be made there, and no writer can be
+appending to it.
 
 Exit 0 when both sides verify to the same head; 2 (one line, never a traceback) when the source
 is being written or does not verify, the target is not empty or unreachable, or the copy does
@@ -60,10 +63,16 @@ def run(args: argparse.Namespace, source: str | Path, public_keys: Sequence[byte
                 "head_hash": done.target.head_hash,
                 "source_ok": done.source.ok,
                 "target_ok": done.target.ok,
+                "source_read_only": done.read_only,
             }
         )
         return 0
     c = done.counts
+    if done.read_only:
+        print(
+            f"the source {source} is on a read-only file system, so no writer can be appending "
+            "to it: copied without taking its writer lock"
+        )
     print(
         f"copied {c['events']} events, {c['checkpoints']} checkpoints, {c['results']} results "
         f"({c['chunks']} chunks, {c['auditor_copies']} auditor copies), {c['leases']} leases and "
