@@ -108,6 +108,8 @@ class VerifyReport:
     expires_at): the rows the writer decides "busy" from."""
     also: tuple[str, ...] = ()
     """Further problems found after the first."""
+    also_codes: tuple[str | None, ...] = ()
+    """``also``'s stable codes, one each, in the same order (``code``'s kinds)."""
     complete_through: int | None = None
     """The last seq the journal is proven *complete* through: an intact verify's anchor seq
     (the journal still reaches it, with its hash); None without an anchor.  A tail cut back

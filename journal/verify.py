@@ -154,6 +154,8 @@ class _Problems:
     seq: int | None = None
     reason: str = ""
     extra: list[str] = field(default_factory=list)
+    extra_codes: list[str | None] = field(default_factory=list)
+    """``extra``'s codes, one each (``VerifyReport.also_codes``)."""
     code: str | None = None
     """The first problem's stable code (``VerifyReport.code``, ``verify_codes``)."""
 
@@ -163,14 +165,18 @@ class _Problems:
             if self.seq is None and not self.reason:
                 self.reason, self.code = reason, code
             else:
-                self.extra.append(reason)
+                self._also(reason, code)
             return
         if self.seq is None or seq < self.seq:
             if self.reason:
-                self.extra.append(self.reason)
+                self._also(self.reason, self.code)
             self.seq, self.reason, self.code = seq, reason, code
         else:
-            self.extra.append(reason)
+            self._also(reason, code)
+
+    def _also(self, reason: str, code: str | None) -> None:
+        self.extra.append(reason)
+        self.extra_codes.append(code)
 
     @property
     def found(self) -> bool:
@@ -251,6 +257,7 @@ def _verdict(walk: _Walk, problems: _Problems) -> dict[str, Any]:
         "signed_at": walk.signed_at,
         "unsigned_through": walk.unsigned_through,
         "also": tuple(problems.extra),
+        "also_codes": tuple(problems.extra_codes),
         "code": problems.code,
     }
 

@@ -266,8 +266,8 @@ def _verify(args: argparse.Namespace) -> int:
             )
     else:
         _out(f"{_broken(report)} ({report.count} events before it are intact; checked with {key})")
-        for more in report.also:
-            _out(f"  also: {more}")
+        for more, more_code in zip(report.also, report.also_codes, strict=True):
+            _out(f"  also{f' ({more_code})' if more_code else ''}: {more}")
     return 0 if report.ok else 1
 
 

@@ -141,3 +141,28 @@ def test_every_code_is_listed_in_the_docs() -> None:
     text = _DOCS.read_text(encoding="utf-8")
     for code in verify_codes.__all__:
         assert f"`{code}`" in text, code
+
+
+def test_every_further_problem_answers_its_code_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``also``'s problems carry codes as the first does: ``also_codes`` in ``--json``, one per
+    entry, and ``also (CODE): ...`` on the text lines -- not sentences alone."""
+    db = tmp_path / "j.db"
+    trio.run(_build, db)
+    flip_stored_byte(db, "inv-long", "body", 1)
+    kit.tamper(db, "DELETE FROM result_chunks WHERE invocation_id = 'inv-short'")
+    argv = ["journal", "verify", "--journal", str(db)]
+    assert cli_main([*argv, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["also"] and len(report["also_codes"]) == len(report["also"]), report
+    assert None not in report["also_codes"], report
+    found = {report["code"], *report["also_codes"]}
+    assert {verify_codes.CHUNK_DIFFERS, verify_codes.CHUNK_MISSING} <= found, report
+    assert found <= set(verify_codes.__all__), report
+    assert cli_main(argv) == 1
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  also")]
+    assert lines == [
+        f"  also ({code}): {said}"
+        for said, code in zip(report["also"], report["also_codes"], strict=True)
+    ]
