@@ -33,7 +33,7 @@ from .errors import JournalError
 from .exposure import is_serving, journal_files
 from .names import beside, journal_file
 
-__all__ = ["JournalLocked", "WriterLock", "lock_path", "refuse_root_on_theirs"]
+__all__ = ["JournalLocked", "NoLockToHold", "WriterLock", "lock_path", "refuse_root_on_theirs"]
 
 _MAX_OWNER = 4096
 _TRIES = 3
@@ -49,6 +49,11 @@ class JournalLocked(JournalError):
         self.owner = owner
         self.job = job
         super().__init__(message)
+
+
+class NoLockToHold(JournalError):
+    """A lock taken ``reads_only`` on a read-only mount where no lock file is there to hold
+    (none can be made): nothing keeps a writer through another mount out."""
 
 
 JOB = "job: "
@@ -226,13 +231,19 @@ class WriterLock:
         keys: Sequence[Path] = (),
         real: Path | None = None,
         job: bool = False,
+        reads_only: bool = False,
     ) -> WriterLock:
         """Shared for an embedded writer (``owner=None``); exclusive for an owner, which then
         writes ``owner`` into the lock file for the writers it refuses (after ``JOB`` with
         ``job``: an owner holding it for one job, whom they are told to wait for).  ``keys``: the
         journal's key files, which a root writer's refusal names (``refuse_root_on_theirs``).
         ``real``: the file ``journal`` names, resolved once by the caller, which opens that
-        same file (``SqliteBackend``); else resolved here."""
+        same file (``SqliteBackend``); else resolved here.  ``reads_only``: an owner that
+        only reads the journal (``affidavit journal migrate``), which on a read-only mount -- a
+        read-only bind mount of a writable directory, through whose other mount a writer may
+        append -- holds the lock file there opened read-only (a flock needs no write; its
+        description cannot be written, so a writer it refuses is told only that another
+        process owns the journal), and is refused ``NoLockToHold`` when there is none."""
         real = journal_file(journal) if real is None else real
         if owner is None or not is_serving():  # an ``owner`` outside a daemon: a one-off
             refuse_root_on_theirs(Path(journal), keys, real)
@@ -240,7 +251,7 @@ class WriterLock:
         path = lock_path(real)
         mode = fcntl.LOCK_EX if owner is not None else fcntl.LOCK_SH
         for _ in range(_TRIES):
-            fd = _open_lock(path)
+            fd = _open_lock(path, reads_only)
             try:
                 fcntl.flock(fd, mode | fcntl.LOCK_NB)
             except OSError as exc:
@@ -300,10 +311,18 @@ class WriterLock:
             os.close(fd)
 
 
-def _open_lock(path: Path) -> int:
+def _open_lock(path: Path, reads_only: bool = False) -> int:
+    """The lock file open (made when not there).  ``reads_only``: on a read-only mount
+    (``EROFS``) the file there is opened as it may be (``_open_existing``: read-only, a flock
+    needs no write) -- ``NoLockToHold`` when there is none."""
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
+        if reads_only and exc.errno == errno.EROFS:
+            fd = _open_existing(path)
+            if fd is None:
+                raise NoLockToHold(f"no lock file {path} on a read-only mount") from None
+            return fd
         raise JournalError(
             f"cannot open the journal's lock {path}: {exc.strerror} (its directory must "
             "exist and be writable by this user: fix that, or name another journal with "

@@ -24,7 +24,8 @@ was left open in the copy (recovered ``unknown`` there, its stored result absent
 reported "both verify".  The lock says it is held for this one job (``lock.JOB``): a writer
 refused meanwhile is told to wait for the migrate, not to ask a daemon.  A source on a file
 system mounted read-only as a whole is copied without it (``Migration.read_only``): none can be
-made there, and nothing can write the journal.  The source is a SQLite file: a shared journal
+made there, and nothing can write the journal; on a read-only *bind* mount the lock file
+there is held opened read-only (none there: refused).  The source is a SQLite file: a shared journal
 is refused (its brokers take no lock a migrate could hold, and it is shared already).
 """
 
@@ -42,7 +43,7 @@ from .backend import Backend, is_url, open_backend
 from .connect import REGISTERED
 from .errors import JournalError, VerifyReport
 from .exposure import read_only
-from .lock import JournalLocked, WriterLock
+from .lock import JournalLocked, NoLockToHold, WriterLock
 from .names import journal_file
 from .reader import JournalReader
 from .signing import key_id_of
@@ -103,7 +104,9 @@ def _sole_writer(source: Path) -> WriterLock | None:
     job holds it.  None on a file system mounted read-only as a whole (a backup snapshot, a
     tmpfs remounted ``ro``): no lock can be made there, and nothing can write the journal.  A
     read-only *bind* mount is not that -- its source may be written through another mount --
-    and is refused as the lock's open says (``JOURNAL_UNUSABLE``, read-only)."""
+    so the lock file there is held, opened read-only (a flock needs no write access, and keeps
+    out a writer through the writable mount; ``WriterLock.acquire(reads_only=True)``), and with
+    none there to hold the migrate is refused."""
     if read_only(journal_file(source)):
         return None
     try:
@@ -111,7 +114,14 @@ def _sole_writer(source: Path) -> WriterLock | None:
             source,
             f"affidavit journal migrate (pid {os.getpid()}, copying it to a shared journal)",
             job=True,
+            reads_only=True,
         )
+    except NoLockToHold:
+        raise JournalError(
+            f"the source {source} is on a read-only mount and has no lock file to hold (a "
+            "writer may be appending to it through a writable mount, and nothing here keeps it "
+            "out): migrate from the writable mount, or from a copy; nothing was copied"
+        ) from None
     except JournalLocked as exc:
         if exc.job:
             raise JournalLocked(f"{exc}; nothing was copied", exc.owner, job=True) from None

@@ -9,7 +9,8 @@ embedded broker that has it open, refuses the migrate (``JOURNAL_LOCKED``, namin
 nothing copied) -- what they appended afterwards would not be in the copy.  A source on a file
 system mounted read-only as a whole (a backup snapshot) is copied without it, and the output
 says so (``source_read_only`` in ``--json``): no lock can be made there, and no writer can be
-appending to it.
+appending to it.  On a read-only *bind* mount the lock file there is held, opened read-only
+(none there: refused, nothing copied).
 
 Exit 0 when both sides verify to the same head; 2 (one line, never a traceback) when the source
 is being written or does not verify, the target is not empty or unreachable, or the copy does
