@@ -226,8 +226,9 @@ def _verify(args: argparse.Namespace) -> int:
         report = j.verify(
             public_keys=public_keys, anchor=anchor, accept_unsigned=args.accept_unsigned
         )
+    codes = _also_codes(report)
     if args.json:
-        print_json(dataclasses.asdict(report))
+        print_json(dict(dataclasses.asdict(report), also_codes=list(codes)))
         return 0 if report.ok else 1
     key = _keys_text(report.key_ids, report.key_source)
     if report.ok:
@@ -266,9 +267,15 @@ def _verify(args: argparse.Namespace) -> int:
             )
     else:
         _out(f"{_broken(report)} ({report.count} events before it are intact; checked with {key})")
-        for more, more_code in zip(report.also, report.also_codes, strict=True):
+        for more, more_code in zip(report.also, codes, strict=True):
             _out(f"  also{f' ({more_code})' if more_code else ''}: {more}")
     return 0 if report.ok else 1
+
+
+def _also_codes(report: Any) -> tuple[str | None, ...]:
+    """One code per ``also`` entry, in order: ``also_codes`` padded with None (no code) or cut
+    to ``also``'s length -- never a traceback should the two ever differ."""
+    return (*report.also_codes, *[None] * len(report.also))[: len(report.also)]
 
 
 def _broken(report: Any) -> str:

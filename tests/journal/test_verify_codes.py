@@ -6,6 +6,7 @@ as an edit ("differs from its chained hash")."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -166,3 +167,30 @@ def test_every_further_problem_answers_its_code_too(
         f"  also ({code}): {said}"
         for said, code in zip(report["also"], report["also_codes"], strict=True)
     ]
+
+
+def test_further_problems_without_their_codes_are_said_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Should ``also_codes`` ever be shorter than ``also``, the entries without one are said
+    with no code (``null`` in ``--json``, one per entry still) -- never a traceback."""
+    db = tmp_path / "j.db"
+    trio.run(_build, db)
+    flip_stored_byte(db, "inv-long", "body", 1)
+    kit.tamper(db, "DELETE FROM result_chunks WHERE invocation_id = 'inv-short'")
+    verify = JournalReader.verify
+
+    def codeless(self: JournalReader, **kwargs: object) -> object:
+        got = verify(self, **kwargs)  # type: ignore[arg-type]
+        return dataclasses.replace(got, also_codes=())
+
+    monkeypatch.setattr(JournalReader, "verify", codeless)
+    argv = ["journal", "verify", "--journal", str(db)]
+    assert cli_main([*argv, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["also"] and report["also_codes"] == [None] * len(report["also"]), report
+    assert cli_main(argv) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err, err
+    lines = [x for x in out.splitlines() if x.startswith("  also")]
+    assert lines == [f"  also: {said}" for said in report["also"]], out
