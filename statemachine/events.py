@@ -175,11 +175,11 @@ class EventKind(StrEnum):
     BROKER_SHUTDOWN), generation; with RESULT_SIZE_LIMIT, result_size_limit {limit,
     received_bytes, decoded_bytes?}: the target's ``max_result`` and what had arrived when the
     broker stopped reading -- {limit, received_withheld} (redacted | tail_redacted | unscanned),
-    and a message without counts, when the result echoed a secret, ended with a form's
-    beginning, or was not scanned whole (docs/redaction.md: its counts would measure the
-    secret); boot ({id, at}: the attempt's end by the boot clock, as DISPATCH_STARTED's -- a
-    wall clock stepped forward cannot cut a reconciliation's settle window short on that boot;
-    absent from older records)."""
+    and a message without counts, when the result echoed a secret, was not scanned whole, or
+    had its end withheld (any answer cut short, of a target with a secret: docs/redaction.md,
+    its counts would measure the secret); boot ({id, at}: the attempt's end by the boot clock,
+    as DISPATCH_STARTED's -- a wall clock stepped forward cannot cut a reconciliation's settle
+    window short on that boot; absent from older records)."""
     RESULT_STORE_FAILED = "RESULT_STORE_FAILED"
     """Storing the result failed; rendered from what the durable record proves.  attrs: stage,
     generation."""

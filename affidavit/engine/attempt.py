@@ -546,8 +546,8 @@ def _interrupted(iid: str, code: Code, facts: Mapping[str, Any] | None = None) -
 _WITHHELD_WHY = {
     "redacted": "the result echoed a secret",
     # Nothing of such a result is returned: its end is withheld with the rest, not redacted.
-    "tail_redacted": "the last bytes that arrived began a form of a secret (they may be ordinary "
-    "text)",
+    "tail_redacted": "the result was cut short, and the last bytes of an answer cut short are "
+    "withheld whatever they are",
     "unscanned": "the result was not scanned whole",
 }
 

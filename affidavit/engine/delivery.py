@@ -228,7 +228,8 @@ async def _commit(
     ``superseded``)."""
     journal, recorder = engine.journal, engine.recorder
     iid, generation = attempt.iid, attempt.generation
-    streams = await sink.finish()
+    # A stream stored cut short (``stream_cut``) withholds its end; a complete one does not.
+    streams = await sink.finish(lambda name: stream_cut(result.summary, name))
     digest = sink.digest()
     # The summary holds what the remote wrote besides the streams (header names and values,
     # the reason phrase): the same forms go (docs/redaction.md, "Surfaces").  Scrubbed first:
@@ -342,7 +343,7 @@ def received_evidence(
     bytes holding a secret (echoed, or compressed where no scan saw it) would let whoever reads
     the record test guesses of that secret offline, and their count would give its length.
     Otherwise ``<stream>_received_withheld`` says why (``redacted``, ``tail_redacted`` --
-    only its end was replaced, as the beginning of a form: ``Redactor.flush`` -- or
+    cut short, its last bytes were withheld whatever they were: ``Redactor.flush`` -- or
     ``unscanned``), never weaker than the head's or the driver's word; the
     ``unscanned`` streams' names are appended to ``cut``."""
     out: dict[str, Any] = {}

@@ -57,16 +57,16 @@ __all__ = [
 ]
 
 _STRENGTH: Final = {None: 0, "tail_redacted": 1, "redacted": 2, "unscanned": 3}
-"""The reasons for withholding, weakest first: ``tail_redacted`` (only an end was replaced as
-a form's beginning: it may be ordinary text), ``redacted`` (an echo was proven), ``unscanned``
-(no scan saw all of it: anything may be in it)."""
+"""The reasons for withholding, weakest first: ``tail_redacted`` (the answer was cut short and
+its last bytes withheld, whatever they were: ``Redactor.flush``), ``redacted`` (an echo was
+proven), ``unscanned`` (no scan saw all of it: anything may be in it)."""
 
 
 def stronger(*reasons: Any) -> Any:
     """The strongest of ``reasons`` (``_STRENGTH``): two sayers of why the counts went -- the
     driver's head (HTTP's ``progress``), the sink's streams -- combine without one lowering
     the other's word (a head that echoed the whole credential, a body that only ends inside
-    it: the record says ``redacted``, never "may be ordinary text")."""
+    it: the record says ``redacted``, never the weaker ``tail_redacted``)."""
     return max(reasons, key=lambda r: _STRENGTH.get(r, 0))
 
 

@@ -17,7 +17,7 @@ still scanned (``_scan``): the count the evidence would tell includes it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,7 +160,10 @@ class StreamSink:
 
     def redacted_streams(self) -> list[str]:
         """The streams in which redaction replaced something, or would replace something in
-        the bytes it still holds back (an answer cut right after an echo: never flushed)."""
+        the bytes it still holds back (an answer cut right after an echo: never flushed), or
+        would withhold those bytes: an answer that ends without a result was cut short, so
+        every stream holding bytes back withholds them (``Redactor.ending``) -- whatever
+        they are, so its counts go whatever the bytes were."""
         return [name for name, st in self._streams.items() if any(st["redactor"].ending())]
 
     @property
@@ -173,8 +176,8 @@ class StreamSink:
 
     def _why(self) -> str:
         """``redacted`` if a stream echoed a secret (or would in its held-back bytes) or the
-        head did (``head_echoed``), else ``tail_redacted``: only a stream's end was replaced
-        as a form's beginning."""
+        head did (``head_echoed``), else ``tail_redacted``: a stream cut short had its last
+        bytes withheld, whatever they were (``Redactor.flush``)."""
         endings = [st["redactor"].ending() for st in self._streams.values()]
         echoed, cut = (any(e[i] for e in endings) for i in (0, 1))
         return "tail_redacted" if cut and not (echoed or self.head_echoed) else "redacted"
@@ -201,8 +204,8 @@ class StreamSink:
 
     def why(self, name: str) -> str:
         """After ``finish``, of a ``redacted`` stream: ``redacted`` if it echoed a secret,
-        ``tail_redacted`` if only its end was replaced as the beginning of a form (it may be
-        ordinary text: ``Redactor.flush``)."""
+        ``tail_redacted`` if it was cut short and only its last bytes were withheld, whatever
+        they were (``Redactor.flush``)."""
         return "redacted" if self._streams[name]["redactor"].echoed else "tail_redacted"
 
     async def _put(
@@ -244,14 +247,17 @@ class StreamSink:
         """{stream: hex SHA-256 of the redacted bytes written}, for ``commit_result(expect=)``."""
         return {name: st["sha"].hexdigest() for name, st in self._streams.items()}
 
-    async def finish(self) -> dict[str, dict[str, Any]]:
+    async def finish(self, cut: Callable[[str], bool] | None = None) -> dict[str, dict[str, Any]]:
         """Flush every stream and the writer; return per-stream {sha256, bytes, chunks}
-        (redacted bytes).  ``store_failed`` afterwards: the result cannot be committed."""
+        (redacted bytes).  ``cut``: whether a stream was stored cut short (a body truncated
+        or withheld: ``readable.stream_cut``) -- its last bytes are withheld whatever they
+        were; every other stream of a result ended complete, and has no end cut
+        (``Redactor.flush``).  ``store_failed`` afterwards: the result cannot be committed."""
         out: dict[str, dict[str, Any]] = {}
         await self.drain()
         for name, st in sorted(self._streams.items()):
             held = st["redactor"].pending
-            tail = st["redactor"].flush()
+            tail = st["redactor"].flush(complete=cut is None or not cut(name))
             self._fork(st, st["redactor"], held)
             st["sha"].update(tail)
             # What the redactor held back can be more than what fills the chunk being cut

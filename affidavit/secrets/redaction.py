@@ -69,19 +69,18 @@ from .redaction_scan import REDACTED, _scan
 from .redaction_scan import _escape_hits as _escape_hits
 
 __all__ = [
-    "CUT_FORM",
-    "CUT_FORM_MIN",
     "LEAVES",
     "LONG_VALUE",
     "MIN_ANY_CASE",
     "REDACTED",
+    "TAIL_MIN",
     "Redactor",
     "clear_plans",
-    "cut_floor",
     "redactor",
     "release",
     "retain",
     "secret_forms",
+    "tail_window",
 ]
 
 _LEAVES = frozenset({int, float, bool, type(None)})
@@ -112,10 +111,10 @@ class Redactor:
         self.echoed = False
         """True once they replaced a whole form: the stream echoed a secret; or once
         ``scrub_text`` did (or replaced a text whole: ``holds``) -- a remote's short text
-        echoed one (the sink's ``head_echoed``).  An end replaced alone is not an echo."""
+        echoed one (the sink's ``head_echoed``)."""
         self.tail_redacted = False
-        """True once ``flush`` replaced the stream's end as the beginning of a form
-        (``cut_floor``): a secret's first bytes, or ordinary text that ends like them."""
+        """True once ``flush`` withheld the end of a stream that ended cut short (``complete``
+        False): its last ``tail_window`` bytes, whatever they were."""
 
     def fresh(self) -> Redactor:
         """A new redactor (no input held) of the same values, sharing this one's plan: a
@@ -153,7 +152,9 @@ class Redactor:
         if plan is None:
             return [data]
         buf = self._buf + data if self._buf else bytes(data)
-        out, pos = _scan(plan, buf, max(0, len(buf) - plan.widest + 1), memoryview(buf))
+        # ``tail_window`` bytes held back (at least ``widest - 1``, where a match may still
+        # start): a stream cut short withholds them (``flush``), whatever they are.
+        out, pos = _scan(plan, buf, max(0, len(buf) - tail_window(plan)), memoryview(buf))
         self._buf = buf[pos:]
         self._note(out)
         return out
@@ -162,29 +163,39 @@ class Redactor:
         if not self.echoed and any(piece is REDACTED for piece in out):
             self.changed = self.echoed = True
 
-    def flush(self) -> bytes:
+    def flush(self, complete: bool = True) -> bytes:
+        """The held-back bytes, every whole form in them replaced.  ``complete`` False: the
+        stream was cut short (closed or stalled mid-answer, cut at ``max_result``, a decoding
+        that failed, an attempt abandoned), so it may end inside an echo -- its last
+        ``tail_window`` bytes (all of it if shorter) are withheld, replaced by one
+        ``[REDACTED]``, whatever they were.  The decision never depends on the bytes: whether
+        an end looked like a secret's beginning would tell a caller who wrote that end itself
+        (a path a 404 page echoes) whether its guess is a prefix of the secret (the prefix
+        oracle, docs/redaction.md).  A complete stream has no end cut at all."""
         plan = self._plan
         if plan is None:
             return b""
         buf, self._buf = self._buf, b""
-        out = b"".join(_scan(plan, buf, len(buf))[0])
-        if out != buf:
+        whole = _scan(plan, buf, len(buf))[0]
+        if any(piece is REDACTED for piece in whole):
             self.changed = self.echoed = True
-        cut = _form_begun(plan, out)
-        if cut < len(out):
-            self.changed = self.tail_redacted = True
-            return out[:cut] + REDACTED
-        return out
+        if complete or not buf:
+            return b"".join(whole)
+        # Cut short: what is held back is the tail (fewer bytes only where a whole form's
+        # match ran into it, already replaced), withheld; a form in it is still an echo.
+        pieces, pos = _scan(plan, buf, max(0, len(buf) - tail_window(plan)))
+        self.changed = self.tail_redacted = True
+        return b"".join(pieces) + REDACTED if pos < len(buf) else b"".join(pieces)
 
     def ending(self) -> tuple[bool, bool]:
-        """(``echoed``, ``tail_redacted``) as they would be after ``flush``, which is not
-        done: what an answer cut now, its held-back bytes never flushed, would have had
-        replaced."""
+        """(``echoed``, ``tail_redacted``) as they would be after ``flush(complete=False)``,
+        which is not done: an answer cut now, its held-back bytes never flushed -- every one
+        of them scanned for whole forms, and any held back at all withheld."""
         plan, buf = self._plan, self._buf
         if plan is None or not buf:
             return self.echoed, self.tail_redacted
-        out = b"".join(_scan(plan, buf, len(buf))[0])
-        return self.echoed or out != buf, self.tail_redacted or _form_begun(plan, out) < len(out)
+        whole = _scan(plan, buf, len(buf))[0]
+        return self.echoed or any(piece is REDACTED for piece in whole), True
 
     def sub(self, data: bytes) -> bytes:
         """``data`` with every form replaced (not streaming; ``feed``'s state is untouched)."""
@@ -193,12 +204,13 @@ class Redactor:
 
     def scrub_text(self, text: str) -> str:
         """``text`` with every form replaced, its letters in either case (``pattern_any_case``:
-        this is a remote's short text, never a body), and its end where it is a form's
-        beginning (``cut_floor`` secret-derived bytes or more, as at a stream's end: a header
-        value, a reason phrase cut inside an echo); replaced whole when a form shows only
-        after percent-decoding it up to three times (``holds``).  Text is matched as the bytes
-        it was received as: latin-1 when it fits (header fields arrive as bytes decoded
-        latin-1), else UTF-8."""
+        this is a remote's short text, never a body); replaced whole when a form shows only
+        after percent-decoding it up to three times (``holds``).  Its end is never cut: a
+        header value or reason phrase that ends inside an echo keeps that end, as a complete
+        stream does (``flush``) -- a cut decided by whether the end is a secret's beginning
+        is a prefix oracle on a text the caller can have written (a ``Location`` echoing the
+        request path).  Text is matched as the bytes it was received as: latin-1 when it fits
+        (header fields arrive as bytes decoded latin-1), else UTF-8."""
         plan = self._plan
         if plan is None:
             return text
@@ -209,11 +221,6 @@ class Redactor:
         out = plan.pattern_any_case.sub(REDACTED, raw) if plan.may_hold_any_case(raw) else raw
         if out != raw:
             self.echoed = True  # a whole form: an echo (the sink's ``head_echoed``)
-        cut = _form_begun(plan, out, True)
-        if cut < len(out):
-            # A value cut inside an echo (a header that shows the first 20 bytes of the
-            # request's Authorization): its end goes as a stream's does (``flush``).
-            out = out[:cut] + REDACTED
         if b"%" in out and _decoded_hold(plan, {out}):
             # A form only percent-decoding shows (a URL quoted inside a quoted parameter: a
             # token's "/" as %252F): no span of the text is the form, so the text goes whole.
@@ -303,88 +310,19 @@ class Redactor:
         return value
 
 
-CUT_FORM = 8
-"""A stream that ends with this many or more secret-derived bytes of a form's beginning ends
-with them redacted (``flush``): an answer that ends inside an echo -- closed mid-echo, or
-nothing but the echo's first bytes -- would otherwise hand out the credential's first bytes,
-and, cut at other places, the rest.  Only the very end: an echo cut short and then followed by
-other bytes (a closing quote, a newline, a preview's ``...``) is not redacted
-(docs/security.md, "What this does not protect").
-Eight, not fewer, because an ordinary ending must not match by chance: eight hex digits of a
-random secret are 32 bits (one ending in four billion), eight base64 characters 48; four hex
-digits were one in 65536.  A shorter form lowers it (``cut_floor``): eight of an 8-byte
-password would leave seven of them to a cut end.  A vendor's fixed prefix on
-``redaction_plan.VENDOR_PREFIXES`` (``sk_live_``, ``ghp_``) counts as public, like the OpenSSH
-format's first characters; any other public prefix is secret-derived to the redactor, which
-cannot tell it apart: an ending of the floor's worth of such bytes is redacted, and the record
-says so for what it is (``tail_redacted``), never as an echo."""
-CUT_FORM_MIN = 2
-"""The floor of ``cut_floor``: one byte at an end is any text's last byte.  A short form's floor
-is low (two of a 4-byte password), so ordinary text ends like it by chance more often: such an
-end goes as ``tail_redacted`` ("may be ordinary text"), never called an echo."""
+TAIL_MIN = 256
+"""The fewest bytes ``tail_window`` withholds at the end of a stream cut short."""
 
 
-def cut_floor(derived: int) -> int:
-    """How many secret-derived bytes of the beginning of a form of ``derived`` such bytes (past
-    its public ones) end a stream redacted: ``min(CUT_FORM, max(CUT_FORM_MIN, ceil(derived /
-    2)))``.  A cut end shows at most one byte fewer: ``min(7, max(1, ceil(derived / 2) - 1))``
-    of them, fewer than half for 3 or more (an 8-byte password's raw form: three of eight; of
-    4, 5, 6 bytes: one, two, two; a 32-byte token's: seven of 32), one of a 2-byte form: half."""
-    return min(CUT_FORM, max(CUT_FORM_MIN, -(-derived // 2)))
-
-
-def _form_begun(plan: Any, data: bytes, any_case_all: bool = False) -> int:
-    """Where ``data``'s tail that is the beginning of a form written without escapes (letters
-    in either case where the form's count so; ``any_case_all``: every form's, for a remote's
-    short text, as ``pattern_any_case``) starts, with ``cut_floor`` or more of the form's
-    secret-derived bytes (``_Plan.starts``: past its public ones); ``len(data)`` if none.  The
-    held-back bytes cover it: a form is at most ``widest`` bytes long.  A text whose last byte
-    no cut could end on (``_end_bytes``) is answered at once: most bodies and header values end
-    with a byte no form holds (a JSON body's ``}``, a newline; issue 15)."""
-    if not data:
-        return 0
-    ends = plan.ends
-    if ends is None:
-        ends = _end_bytes(plan)
-    if data[-1] not in ends:
-        return len(data)
-    return _form_begun_scan(plan, data, any_case_all)
-
-
-def _end_bytes(plan: Any) -> frozenset[int]:
-    """``_Plan.ends``: every byte a cut text can end with.  A cut at ``i`` needs the text's
-    tail from ``i`` -- as written or lower-cased -- to be the first ``need`` (public bytes and
-    ``cut_floor``) or more bytes of a form in ``starts``, so its last byte is, or lower-cases
-    to, one of a form's bytes from its ``need``-th on: those bytes, and the upper case of
-    each lower-case letter among them."""
-    found: set[int] = set()
-    for form, _, public in plan.starts:
-        found.update(form[public + cut_floor(len(form) - public) - 1 :])
-    found |= {b - 32 for b in found if 0x61 <= b <= 0x7A}
-    plan.ends = ends = frozenset(found)
-    return ends
-
-
-def _form_begun_scan(plan: Any, data: bytes, any_case_all: bool = False) -> int:
-    """``_form_begun`` without its first-look answer: every form's beginning looked for."""
-    tail = data[-plan.widest :]
-    low = tail.lower()
-    best = len(tail)
-    for form, any_case, public in plan.starts:
-        # Each form not counted in either case is there lower-cased too (hex's two cases; a
-        # base64 one is whole once ``cut_floor`` bytes of it are: its core): ``low`` finds it.
-        text = low if any_case or any_case_all else tail
-        # A strict beginning (a whole form was replaced already, in the case it counts in) of
-        # at least its public bytes and the floor: found by those bytes (``find``, no copy per
-        # candidate), the rest of the text compared with the form's next bytes.
-        need = public + cut_floor(len(form) - public)
-        i = text.find(form[:need], max(0, len(text) - len(form) + 1), len(text))
-        while 0 <= i < best:
-            if text.startswith(form[need : len(text) - i], i + need):
-                best = i
-                break
-            i = text.find(form[:need], i + 1)
-    return len(data) - len(tail) + best
+def tail_window(plan: Any) -> int:
+    """The bytes a stream cut short withholds at its end (``Redactor.flush``): ``plan``'s
+    widest match rounded up to a power of two, ``TAIL_MIN`` at least -- from the plan alone,
+    so a caller learns at most the size class of the longest form configured, never anything
+    of the bytes withheld.  Cached on the plan (``_Plan.tail``)."""
+    tail: int | None = plan.tail
+    if tail is None:
+        tail = plan.tail = max(TAIL_MIN, 1 << (plan.widest - 1).bit_length())
+    return tail
 
 
 def _decoded_hold(plan: Any, round_: set[bytes]) -> bool:

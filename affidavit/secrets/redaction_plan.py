@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import os
@@ -62,15 +61,9 @@ class _Plan:
         encoded_forms = {f for _, f in by_value}
         forms |= encoded_forms
         self._literal_groups = groups
-        self.starts = _starts(values, literal, by_value)
-        """Per form written without escapes whose first bytes derive from a secret alone:
-        (the form -- lower-cased if its letters count in either case, as ``pattern`` matches
-        it --, whether they do, how many of its first bytes are public): a stream that ends
-        with ``cut_floor`` or more secret-derived bytes of one's beginning ends with them
-        redacted (``Redactor.flush``, ``_starts``)."""
-        self.ends: frozenset[int] | None = None
-        """The bytes a text may end with where ``starts`` cuts it, either case (built on first
-        use: ``redaction._end_bytes``): a text ending with any other byte is not cut."""
+        self.tail: int | None = None
+        """The bytes a stream cut short withholds at its end (``redaction.tail_window``,
+        built on first use)."""
         self._encoded = [(slots, _any_case(v)) for v in encoded for slots in _value_slots(v)]
         self._exact = not all(map(_any_case, encoded))
         """Whether a value is short enough for bodies to match it in its forms' case only."""
@@ -183,107 +176,6 @@ class _Plan:
             alts = sorted(groups[first].items(), key=lambda kv: (-kv[1], kv[0]))
             parts.append(_any_case_literal(bytes([first])) + _alternation(a for a, _ in alts))
         return b"|".join(parts)
-
-
-_OPENSSH_HEAD = base64.b64encode(
-    b"openssh-key-v1\0" + b"\0\0\0\4none" * 2 + b"\0\0\0\0" + b"\0\0\0\1"
-)[:52]
-"""The base64 characters every unencrypted OpenSSH private key's body begins with (the magic,
-cipher and KDF ``none``, no KDF options, one key: 39 bytes, 52 whole characters): the
-format's, shared by every such key, so no sign of this one (``_public``)."""
-
-VENDOR_PREFIXES = (
-    b"github_pat_",
-    b"ghp_",
-    b"gho_",
-    b"ghu_",
-    b"ghs_",
-    b"ghr_",
-    b"glpat-",
-    b"sk-proj-",
-    b"sk-ant-",
-    b"sk_live_",
-    b"sk_test_",
-    b"rk_live_",
-    b"rk_test_",
-    b"xoxb-",
-    b"xoxp-",
-    b"xapp-",
-    b"npm_",
-    b"pypi-",
-    b"hf_",
-)
-"""Fixed prefixes vendors write their tokens with (GitHub, GitLab, OpenAI, Anthropic, Stripe,
-Slack, npm, PyPI, Hugging Face), lower-cased: every token of its kind starts with them, so they
-are no sign of this one.  Of a value that starts with one, its raw form's prefix counts as
-public (``_public``), like ``_OPENSSH_HEAD``: a text ending ``ghp_`` or ``sk_live_`` is no
-beginning of a form, and the floor counts the bytes after the prefix.  A short list, not every
-vendor's: a prefix not on it counts as secret-derived (a cut end of it alone, at the floor,
-is redacted and recorded ``tail_redacted``)."""
-
-
-def _starts(
-    values: tuple[bytes, ...], literal: set[bytes], by_value: list[tuple[bytes, bytes]]
-) -> tuple[tuple[bytes, bool, int], ...]:
-    """``_Plan.starts``.  Only the forms of a value that holds no other value (nor its whole
-    base64): ``Bearer <token>`` holds the token, ``Basic <base64>`` the base64 of
-    ``user:password``, which holds the password -- a cut inside the outer value ends inside
-    the inner one's forms, and only there is what was cut secret: ``Bearer``, the user name,
-    a PEM's armour are not.  So every form left starts with a byte that depends on the secret
-    (raw, hex, whole base64, a base64 core: ``redaction_forms``), but a PEM key's armoured
-    forms, left out (its body lines and whole body stand for them), and the OpenSSH format's
-    first characters of its body (``_OPENSSH_HEAD``) and a token's vendor prefix
-    (``VENDOR_PREFIXES``), counted public."""
-    inner = {
-        v for v in values if not any(w != v and _holds(v, w) for w in values if len(w) < len(v))
-    }
-    out: set[tuple[bytes, bool, int]] = set()
-    for v in sorted(inner & literal):
-        pem = _pem_lines(v)
-        for form in pem or _literal_forms(v):
-            out.add((form.lower(), True, max(_public(form), _vendor(v, form))))
-    for v, f in by_value:
-        if v in inner:
-            public = _vendor(v, f)
-            out.add((f.lower(), True, public) if _any_case(v) else (f, False, public))
-    return tuple(sorted(out))
-
-
-def _holds(outer: bytes, value: bytes) -> bool:
-    """Whether ``outer`` holds ``value`` as written or whole-base64'd (``Basic``)."""
-    return any(f in outer for f in _literal_forms(value))
-
-
-def _vendor(value: bytes, form: bytes) -> int:
-    """How many of ``form``'s first bytes are ``value``'s vendor prefix (``VENDOR_PREFIXES``)
-    written in that form: the prefix itself (the raw form), its hex, or the base64 characters
-    it alone decides (standard or URL-safe); compared in either case.  0 if ``value`` starts
-    with none, or ``form`` is none of those (a base64 core of it at another alignment counts
-    from its first character: those of the prefix are secret-derived to the rule)."""
-    low = value.lower()
-    start = form[:24].lower()
-    for prefix in VENDOR_PREFIXES:
-        if not low.startswith(prefix):
-            continue
-        whole = base64.b64encode(value[: len(prefix)])[: len(prefix) * 8 // 6]
-        for written in (prefix, prefix.hex().encode(), whole, whole.translate(_URLSAFE)):
-            if start.startswith(written.lower()):
-                return len(written)
-        return 0
-    return 0
-
-
-_URLSAFE = bytes.maketrans(b"+/", b"-_")
-
-
-def _public(form: bytes) -> int:
-    """How many of ``form``'s first bytes are the OpenSSH format's own (``_OPENSSH_HEAD``)."""
-    n = 0
-    for a, b in zip(form, _OPENSSH_HEAD, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 _COMMON = b' etaoinsrhl"0123456789dcum:,.fpgwyb/-_vk=xj+qz'

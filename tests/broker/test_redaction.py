@@ -27,6 +27,7 @@ from affidavit.secrets.redaction import (
     _plan,
     _plan_for,
     secret_forms,
+    tail_window,
 )
 
 from .encoders import ENCODERS, SECRETS
@@ -171,13 +172,17 @@ def test_no_secret_is_the_identity() -> None:
     assert r.scrub({"a": ["b"]}) == {"a": ["b"]}
 
 
-def test_a_position_is_held_back_only_while_a_match_could_still_start_there() -> None:
+def test_the_bytes_held_back_are_the_tail_window_a_cut_stream_withholds() -> None:
+    """``feed`` holds back ``tail_window`` bytes -- more than a match needs (``widest - 1``),
+    a power of two of at least 256 -- and a complete stream's ``flush`` gives them back."""
     r = Redactor([b"secret"])
-    widest = r._plan.widest if r._plan else 0
-    data = os.urandom(4 * widest).replace(b"%", b"_").replace(b"\\", b"_")
+    assert r._plan is not None
+    tail = tail_window(r._plan)
+    assert tail >= max(256, r._plan.widest) and tail & (tail - 1) == 0
+    data = os.urandom(4 * tail).replace(b"%", b"_").replace(b"\\", b"_")
     out = r.feed(data)
-    assert out == data[: len(data) - widest + 1]
-    assert out + r.flush() == data
+    assert out == data[: len(data) - tail]
+    assert out + r.flush() == data and not r.changed
 
 
 def test_scrub_redacts_header_names_values_the_reason_and_mapping_keys() -> None:

@@ -58,8 +58,8 @@ async def _evidence(tmp: Path, body: bytes, pieces: int) -> dict[str, Any]:
 async def test_one_write_or_many_the_abort_is_recorded_alike(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, echo: bool
 ) -> None:
-    # ``echo``: the body holds the credential, so the stream is redacted and its counts are
-    # withheld -- in the exchange's fact as in the record's (engine/echoed.py).
+    # ``echo``: the body holds the credential, so the stream is redacted; either way its counts
+    # are withheld -- in the exchange's fact as in the record's (engine/echoed.py).
     token = "tok-boundaries-" + "q" * 16
     monkeypatch.setenv(TOKEN_ENV, token)
     body = token.encode() + BODY if echo else BODY
@@ -71,10 +71,9 @@ async def test_one_write_or_many_the_abort_is_recorded_alike(
         assert "framing_complete" not in ev["http"]["path"]
         assert ev["http"]["result_size_limit"] == over
         assert ev["response_complete"] is False
-        if echo:
-            assert over == {"limit": LIMIT, "received_withheld": "redacted"}
-        else:
-            assert over["limit"] == LIMIT and over["received_bytes"] > LIMIT
+        # Cut short: its end is withheld whatever it was, so its counts go either way.
+        why = "redacted" if echo else "tail_redacted"
+        assert over == {"limit": LIMIT, "received_withheld": why}
     assert one["http"]["path"][-2:] == many["http"]["path"][-2:] == ["body", "closed_early"]
     assert set(one["http"]["result_size_limit"]) == set(many["http"]["result_size_limit"])
 

@@ -1,9 +1,9 @@
 """An SSH command's output is bounded by its target's ``max_result`` -- stdout and stderr
 together (docs/configuration.md): past it the driver stops reading, the channel and the
-connection are closed, and the attempt ends ``unknown`` / ``RESULT_SIZE_LIMIT`` with the limit and
-the bytes received in the evidence; nothing of the output is a result, and the journal holds no
-more than about the limit of it.  Against the real sshd (``head -c`` of /dev/zero) and the
-scripted server."""
+connection are closed, and the attempt ends ``unknown`` / ``RESULT_SIZE_LIMIT`` with the limit in
+the evidence (the bytes received withheld: ``tail_redacted``, as any answer cut short); nothing
+of the output is a result, and the journal holds no more than about the limit of it.  Against
+the real sshd (``head -c`` of /dev/zero) and the scripted server."""
 
 from __future__ import annotations
 
@@ -53,7 +53,9 @@ async def _cut(tmp_path: Path, target: dict[str, Any], command: str) -> dict[str
         assert "result" not in env and b.journal.read_result(iid) is None
         evidence = env["evidence"]
         over = evidence["result_size_limit"]
-        assert over["limit"] == LIMIT and over["received_bytes"] > LIMIT
+        # Cut short: each stream's last bytes are withheld whatever they were, and with them
+        # every count and hash of what was received (docs/redaction.md, "Partial answers").
+        assert over == {"limit": LIMIT, "received_withheld": "tail_redacted"}
         assert evidence["response_complete"] is False
         assert evidence["ssh"]["path"][-1] == "interrupted"
         assert evidence["ssh"]["result_size_limit"] == over
@@ -61,9 +63,9 @@ async def _cut(tmp_path: Path, target: dict[str, Any], command: str) -> dict[str
         assert EventKind.RESULT_COMMITTED not in [e.kind for e in events]
         [ended] = [e for e in events if e.kind is EventKind.ATTEMPT_INTERRUPTED]
         assert ended.attrs["result_size_limit"] == over
-        # Both streams count: what each received is in the facts beside the limit.
         facts = ended.attrs["facts"]
-        assert facts["stdout_bytes"] + facts["stderr_bytes"] == over["received_bytes"]
+        assert facts["received_withheld"] == "tail_redacted"
+        assert facts["stdout_bytes"] is None and facts.get("stdout_sha256") is None
         grown = _footprint(tmp_path) - before
     # Stopped at the limit, well before the 10 s total; about the limit stored, not the rest.
     assert took < 5.0
@@ -80,7 +82,8 @@ async def test_stdout_and_stderr_together_past_max_result_end_unknown(
     command = f"head -c {half} /dev/zero; head -c {half} /dev/zero >&2"
     target = ssh_target(sshd.port, sshd.user, sshd.host_pin, max_result=LIMIT)
     facts = await _cut(tmp_path, target, command)
-    assert facts["stderr_bytes"] > 0 and facts["stdout_bytes"] <= half
+    # Both streams count: each received bytes, so each one's count is withheld (null).
+    assert "stderr_bytes" in facts and facts["stderr_bytes"] is None
 
 
 async def test_endless_output_is_cut_at_max_result_in_time(tmp_path: Path, sshd: Sshd) -> None:
