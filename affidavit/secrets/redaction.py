@@ -49,6 +49,10 @@ are matched as written only, in their raw and whole-base64 forms (letters in eit
 unit encodings, hex and shifted base64, a 3 KiB key would be megabytes of regex for forms
 nobody echoes a key in.
 
+A stream's end is never cut for what it holds (``flush``): a complete stream keeps it, one cut
+short withholds its last ``tail_window`` bytes whatever they are -- a cut decided by whether an
+end begins a form was a prefix oracle on text a caller can make a remote echo (audit 54b, F1).
+
 The modules: ``redaction_forms`` (the forms and their regex), ``redaction_plan`` (a set of
 values' needles and patterns, and the plan cache), ``redaction_scan`` (the windowed scan);
 this one is the ``Redactor`` that streams, substitutes and scrubs with them.
@@ -130,8 +134,9 @@ class Redactor:
 
     @property
     def pending(self) -> bytes:
-        """The input ``feed`` holds back (a match may still start there): unless ``changed``,
-        the output so far plus these bytes is exactly the input so far."""
+        """The input ``feed`` holds back (``tail_window`` bytes: a match may still start
+        there, and a stream cut short withholds them): unless ``changed``, the output so far
+        plus these bytes is exactly the input so far."""
         return self._buf
 
     @property
