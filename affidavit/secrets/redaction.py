@@ -44,10 +44,13 @@ A remote's short text (header fields, the reason phrase, a redirect's origin: ``
 and a redirect's Location (``holds``) are matched with ``pattern_any_case``: the same forms, ASCII
 letters in either case however short the value (a URL parser lower-cases a host name).
 
-A value longer than ``LONG_VALUE`` (a private key, a JWT) and each base64 line of a PEM value
-are matched as written only, in their raw and whole-base64 forms (letters in either case): with
-unit encodings, hex and shifted base64, a 3 KiB key would be megabytes of regex for forms
-nobody echoes a key in.
+A value longer than ``LONG_VALUE`` (a private key, a JWT, an AWS session token) and each base64
+line of a PEM value are matched in their raw and whole-base64 forms (letters in either case),
+each byte but a letter or digit literal or escaped (``long_alts``: ``%2F``, PHP's ``\\/``):
+with every unit encoding, hex and shifted base64, a 3 KiB key would be megabytes of regex.
+
+A non-ASCII value is also matched read as latin-1 (``mojibake``: a WSGI server's view of a
+Basic password).
 
 A stream's end is never cut for what it holds (``flush``): a complete stream keeps it, one cut
 short withholds its last ``tail_window`` bytes whatever they are -- a cut decided by whether an

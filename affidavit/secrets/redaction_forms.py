@@ -14,8 +14,9 @@ import re
 from collections.abc import Iterable, Sequence
 
 LONG_VALUE = 128
-"""Values longer than this are matched as written, raw and whole base64 (module docstring):
-compiling the pattern of a 128-byte value with every encoding takes a few hundred ms."""
+"""Values longer than this are matched raw and whole base64, only their bytes other than
+letters and digits also escaped (``long_alts``): compiling the pattern of a 128-byte value
+with every encoding takes a few hundred ms."""
 MIN_CORE = 8
 """A shifted base64 core shorter than this would match unrelated base64 text."""
 BREAK = rb"(?:\n|\r\n|\\n|\\r\\n|%0[aA]|%0[dD]%0[aA])"
@@ -133,11 +134,25 @@ def joined(data: bytes) -> bytes:
     return data.replace(b"\r", b"").replace(b"\n", b"")  # each ``data`` itself if absent
 
 
+def mojibake(value: bytes) -> bytes | None:
+    """``value``'s UTF-8 bytes read as latin-1 and written as UTF-8 again, if it has non-ASCII
+    bytes: how Python's http.server and WSGI servers hand a Basic password (header bytes decoded
+    as latin-1, RFC 7617 leaving the charset unset) to an application that echoes it -- ``ä``
+    comes back ``Ã¤``, or in JSON ``\\u00c3\\u00a4``.  Matched in every unit encoding like the
+    value itself (``_value_slots``)."""
+    if value.isascii():
+        return None
+    return value.decode("latin-1").encode("utf-8")
+
+
 def secret_forms(value: bytes) -> set[bytes]:
     """The whole-value forms of ``value`` as concrete byte strings; each is matched in every
     unit encoding (and the base64 alphabets and hex cases may mix: see ``_value_slots``)."""
     forms = _literal_forms(value)
     if value and len(value) <= LONG_VALUE:
+        misread = mojibake(value)
+        if misread is not None:
+            forms.add(misread)
         if _case_free(value):
             forms |= {value.lower(), value.upper()}
         for shift in (0, 1, 2):
@@ -192,6 +207,9 @@ def _value_slots(value: bytes) -> list[list[Slot]]:
     optional_from = core0 if core0 >= MIN_CORE else len(plain[0])
     forms.append(_merge(plain, optional_from, wrapped=True))
     if len(value) <= LONG_VALUE:
+        misread = mojibake(value)
+        if misread is not None:
+            forms.append(_merge([misread]))
         for shift in (1, 2):
             cores = _cores(value, shift)
             if len(cores[0]) >= MIN_CORE:
@@ -290,6 +308,56 @@ def _any_case_literal(data: bytes) -> bytes:
         b"[" + bytes([c, c ^ 0x20]) + b"]" if bytes([c]).isalpha() else re.escape(bytes([c]))
         for c in data
     )
+
+
+def _long_byte(b: int) -> bytes:
+    """A long value's byte (``long_alts``): a letter in either case, a digit as written, any
+    other ASCII byte also as ``%XX`` (either hex case), its JSON escapes (``\\/`` from PHP's
+    ``json_encode``, ``\\uXXXX``) and, a space, ``+``."""
+    one = bytes([b])
+    if one.isalnum() or b >= 0x80:
+        return _any_case_literal(one)
+    alts = [re.escape(one), b"%" + _hex2(b), rb"\\u00" + _hex2(b)]
+    short = _JSON_SHORT.get(b)
+    if short is not None:
+        alts.append(rb"\\" + re.escape(short))
+    if one == b" ":
+        alts.append(rb"\+")
+    return b"(?:" + b"|".join(alts) + b")"
+
+
+def long_alts(form: bytes) -> list[tuple[int, bytes]]:
+    """A long value's literal ``form`` (``LONG_VALUE``) as (first byte, regex for the rest)
+    alternatives: its letters in either case, each other ASCII byte literal or escaped
+    (``_long_byte``) -- an AWS session token is ~800 base64 characters, echoed URL-encoded
+    (``%2F %2B %3D``) or by PHP's ``json_encode`` (``\\/``).  No unit encoding of its letters
+    and digits (no encoder escapes those unasked), nor hex or shifted base64: the pattern of a
+    3 KiB key stays a few KiB.  A first byte that may be escaped gives one alternative per
+    way of writing it."""
+    rest = b"".join(_long_byte(b) for b in form[1:])
+    first = form[0]
+    if bytes([first]).isalnum() or first >= 0x80:
+        return [(_fold(first), rest)]
+    out = [(first, rest), (0x25, _hex2(first) + rest), (0x5C, b"u00" + _hex2(first) + rest)]
+    short = _JSON_SHORT.get(first)
+    if short is not None:
+        out.append((0x5C, re.escape(short) + rest))
+    if first == 0x20:
+        out.append((0x2B, rest))
+    return out
+
+
+def long_width(form: bytes) -> int:
+    """The widest match of ``long_alts(form)``: six bytes (``\\u00XX``) per escapable byte."""
+    return sum(1 if bytes([b]).isalnum() or b >= 0x80 else 6 for b in form)
+
+
+def long_needle(form: bytes) -> bytes:
+    """The longest run of ``form``'s letters, digits and non-ASCII bytes: every match of
+    ``long_alts(form)`` holds it as written (in either case), so it is the form's needle."""
+    runs = re.split(rb"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]", form)
+    best = max(runs, key=len)
+    return best or form
 
 
 def _width(form: list[Slot]) -> int:

@@ -31,6 +31,9 @@ from .redaction_forms import (
     base64_forms,
     compile_secret,
     joined,
+    long_alts,
+    long_needle,
+    long_width,
     secret_forms,
 )
 
@@ -41,9 +44,10 @@ class _Plan:
     def __init__(self, values: tuple[bytes, ...]) -> None:
         self.values = values
         """The sorted values (``_plan``'s key)."""
-        # A long value (a private key) and the body lines of a PEM value are matched as written,
-        # in their raw and whole-base64 forms: their patterns with unit encodings would take
-        # seconds to compile, for encodings nobody echoes a key in.
+        # A long value (a private key, a session token) and the body lines of a PEM value are
+        # matched in their raw and whole-base64 forms, each byte but a letter or digit also
+        # escaped (``long_alts``): with every unit encoding, hex and shifted base64 their
+        # patterns would take seconds to compile.
         literal = {v for v in values if len(v) > LONG_VALUE}
         for v in values:
             literal |= _pem_lines(v)
@@ -52,10 +56,12 @@ class _Plan:
         widest = 0
         for v in sorted(literal):  # longer than MIN_ANY_CASE: matched in any case
             for form in _literal_forms(v):
-                branch = groups.setdefault(_fold(form[0]), {})
-                branch[_any_case_literal(form[1:])] = len(form)
-                forms.add(form)
-                widest = max(widest, len(form))
+                width = long_width(form)
+                for first, rest in long_alts(form):
+                    branch = groups.setdefault(first, {})
+                    branch[rest] = max(branch.get(rest, 0), width)
+                forms.add(long_needle(form))
+                widest = max(widest, width)
         encoded = sorted(set(values) - literal)
         by_value = [(v, f) for v in encoded for f in secret_forms(v)]
         encoded_forms = {f for _, f in by_value}
