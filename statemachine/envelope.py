@@ -462,7 +462,8 @@ def envelope_schema() -> dict[str, Any]:
                         "max_result and the bytes of the result received when the broker stopped "
                         "reading (decoded_bytes: what a compressed body had decoded to); for a "
                         "result that echoed a secret or was not scanned whole, received_withheld "
-                        "(redacted | tail_redacted | unscanned) instead of the counts "
+                        "(redacted | short_redacted | tail_redacted | unscanned) instead of the "
+                        "counts "
                         "(docs/redaction.md).",
                         "required": ["limit"],
                         "oneOf": [
@@ -485,7 +486,7 @@ def envelope_schema() -> dict[str, Any]:
                             "received_bytes": {"type": "integer", "minimum": 0},
                             "decoded_bytes": {"type": "integer", "minimum": 0},
                             "received_withheld": {
-                                "enum": ["redacted", "tail_redacted", "unscanned"]
+                                "enum": ["redacted", "short_redacted", "tail_redacted", "unscanned"]
                             },
                         },
                     },

@@ -174,7 +174,8 @@ class EventKind(StrEnum):
     (REMOTE_OUTCOME_UNKNOWN | REMOTE_RESULT_INCOMPLETE | RESULT_SIZE_LIMIT | CALLER_CANCELLED |
     BROKER_SHUTDOWN), generation; with RESULT_SIZE_LIMIT, result_size_limit {limit,
     received_bytes, decoded_bytes?}: the target's ``max_result`` and what had arrived when the
-    broker stopped reading -- {limit, received_withheld} (redacted | tail_redacted | unscanned),
+    broker stopped reading -- {limit, received_withheld} (redacted | short_redacted |
+    tail_redacted | unscanned),
     and a message without counts, when the result echoed a secret, was not scanned whole, or
     had its end withheld (any answer cut short, of a target with a secret: docs/redaction.md,
     its counts would measure the secret); boot ({id, at}: the attempt's end by the boot clock,

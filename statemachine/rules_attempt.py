@@ -209,8 +209,8 @@ def _result_size_limit(p: Projector, event: Event, code: Code | None) -> Mapping
     """attrs.result_size_limit: the evidence RESULT_SIZE_LIMIT stands on, and only it -- the
     target's ``max_result`` and the bytes received past it (``decoded_bytes`` too when a body
     was decoded before it was stored), or, for a result that echoed a secret or was not
-    scanned whole, ``received_withheld`` ("redacted" | "tail_redacted" | "unscanned") instead
-    of the counts."""
+    scanned whole, ``received_withheld`` ("redacted" | "short_redacted" | "tail_redacted" |
+    "unscanned") instead of the counts."""
     value = event.attrs.get("result_size_limit")
     if code is not Code.RESULT_SIZE_LIMIT:
         if value is not None:
@@ -221,12 +221,13 @@ def _result_size_limit(p: Projector, event: Event, code: Code | None) -> Mapping
             p,
             event,
             "RESULT_SIZE_LIMIT needs attrs.result_size_limit {limit, received_bytes} or "
-            '{limit, received_withheld: "redacted" | "tail_redacted" | "unscanned"}',
+            '{limit, received_withheld: "redacted" | "short_redacted" | "tail_redacted" | '
+            '"unscanned"}',
         )
     return value
 
 
-_RECEIVED_WITHHELD = frozenset({"redacted", "tail_redacted", "unscanned"})
+_RECEIVED_WITHHELD = frozenset({"redacted", "short_redacted", "tail_redacted", "unscanned"})
 _COUNTED = frozenset({"received_bytes", "decoded_bytes"})
 
 

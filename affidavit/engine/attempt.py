@@ -548,6 +548,8 @@ _WITHHELD_WHY = {
     # Nothing of such a result is returned: its end is withheld with the rest, not redacted.
     "tail_redacted": "the result was cut short, and the last bytes of an answer cut short are "
     "withheld whatever they are",
+    "short_redacted": "the result held a form of a credential value under 8 bytes (it may be "
+    "ordinary text)",
     "unscanned": "the result was not scanned whole",
 }
 

@@ -17,7 +17,7 @@ import trio
 
 from affidavit.protocols import Binding, Prepared
 from affidavit.secrets.credentials import Credential, CredentialError, resolve
-from affidavit.secrets.redaction import retain
+from affidavit.secrets.redaction import MIN_ANY_CASE, retain
 from affidavit.statemachine import Event, EventKind, ImpossibleEvent
 
 from .snapshot import first_validated
@@ -58,7 +58,39 @@ def prepare_request(
     # A rotated credential's old value leaves the redaction cache now, not when it ages out.
     # (Scoped by the engine: ``release(id(engine))`` when its broker closes.)
     retain((id(engine), target.credential), credential.version, prepared.secrets)
+    if any(len(v) < MIN_ANY_CASE for v in prepared.secrets):
+        warn_short(getattr(target, "name", "?"), credential.version)
     return credential, prepared
+
+
+_SHORT_WARNED: set[tuple[str, str]] = set()
+"""(target, credential version) pairs this process warned of (``warn_short``)."""
+
+
+def warn_short(name: str, version: str) -> None:
+    """CREDENTIAL_SHORT on the operator's log, once per target and credential version (a
+    rotation to another short value is told again) per process: the credential of
+    target ``name`` injects a value under ``MIN_ANY_CASE`` bytes (a short Basic password, a
+    PIN).  Known only here: a credential is resolved per call, never when the config is read
+    (an ``env:`` or ``vault:`` one may not be there yet).  Every occurrence of such a value in
+    an answer is replaced, so one echoed request tests as many guesses as it carries, and
+    ordinary text (a year, an id) is rewritten (recorded ``short_redacted``,
+    docs/redaction.md).  The value, and its length, are never said."""
+    if (name, version) in _SHORT_WARNED:
+        return
+    if len(_SHORT_WARNED) >= 4096:
+        _SHORT_WARNED.clear()  # a bound: at worst a warning said again
+    _SHORT_WARNED.add((name, version))
+    log.warning(
+        "CREDENTIAL_SHORT: targets.%s.credential injects a value under %d bytes (a short "
+        "password or PIN): an agent can test guesses of it through a remote that echoes its "
+        "requests (the guess an answer shows replaced by [REDACTED] is the value), and any "
+        "text in answers that matches it (a year, an id) is replaced too; use a credential of "
+        "%d bytes or more",
+        name,
+        MIN_ANY_CASE,
+        MIN_ANY_CASE,
+    )
 
 
 async def prepare_after(

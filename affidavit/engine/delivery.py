@@ -243,8 +243,8 @@ async def _commit(
     cut: list[str] = []
     received = received_evidence(result, sink, cut)
     redacted = [name for name in streams if sink.redacted(name)]
-    echoed = sink.head_echoed or any(sink.why(name) == "redacted" for name in redacted)
-    why = "redacted" if echoed or not redacted else "tail_redacted"
+    # The strongest stream's word (``short_redacted``, ``tail_redacted``: may be ordinary text).
+    why = "redacted" if sink.head_echoed or not redacted else stronger(*map(sink.why, redacted))
     # The driver's word (HTTP: its head echoed a secret) is never lowered (``stronger``).
     why = stronger(why, result.facts.get("received_withheld"))
     if cut:

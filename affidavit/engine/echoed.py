@@ -56,10 +56,18 @@ __all__ = [
     "without_size_headers",
 ]
 
-_STRENGTH: Final = {None: 0, "tail_redacted": 1, "redacted": 2, "unscanned": 3}
+_STRENGTH: Final = {
+    None: 0,
+    "tail_redacted": 1,
+    "short_redacted": 2,
+    "redacted": 3,
+    "unscanned": 4,
+}
 """The reasons for withholding, weakest first: ``tail_redacted`` (the answer was cut short and
-its last bytes withheld, whatever they were: ``Redactor.flush``), ``redacted`` (an echo was
-proven), ``unscanned`` (no scan saw all of it: anything may be in it)."""
+its last bytes withheld, whatever they were: ``Redactor.flush``), ``short_redacted`` (only whole
+forms of a value under 8 bytes were replaced -- a short password's digits in a date: it may be
+ordinary text), ``redacted`` (an echo was proven), ``unscanned`` (no scan saw all of it: anything
+may be in it)."""
 
 
 def stronger(*reasons: Any) -> Any:

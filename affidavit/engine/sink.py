@@ -179,8 +179,10 @@ class StreamSink:
         head did (``head_echoed``), else ``tail_redacted``: a stream cut short had its last
         bytes withheld, whatever they were (``Redactor.flush``)."""
         endings = [st["redactor"].ending() for st in self._streams.values()]
-        echoed, cut = (any(e[i] for e in endings) for i in (0, 1))
-        return "tail_redacted" if cut and not (echoed or self.head_echoed) else "redacted"
+        echoed, cut, short = (any(e[i] for e in endings) for i in (0, 1, 2))
+        if echoed or self.head_echoed:
+            return "redacted"
+        return "short_redacted" if short else "tail_redacted" if cut else "redacted"
 
     def withhold(self, name: str) -> None:
         """``AttemptContext.withhold``: stream ``name`` was not scanned whole -- it may echo a
@@ -205,8 +207,11 @@ class StreamSink:
     def why(self, name: str) -> str:
         """After ``finish``, of a ``redacted`` stream: ``redacted`` if it echoed a secret,
         ``tail_redacted`` if it was cut short and only its last bytes were withheld, whatever
-        they were (``Redactor.flush``)."""
-        return "redacted" if self._streams[name]["redactor"].echoed else "tail_redacted"
+        they were (``Redactor.flush``), ``short_redacted`` if what was replaced besides were
+        only forms of a value under 8 bytes (``Redactor.short_echoed``: ordinary text may be
+        one)."""
+        r = self._streams[name]["redactor"]
+        return "redacted" if r.echoed else "short_redacted" if r.short_echoed else "tail_redacted"
 
     async def _put(
         self, name: str, st: dict[str, Any], chunk: bytes, *, last: bool = False

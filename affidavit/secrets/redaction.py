@@ -50,7 +50,8 @@ each byte but a letter or digit literal or escaped (``long_alts``: ``%2F``, PHP'
 with every unit encoding, hex and shifted base64, a 3 KiB key would be megabytes of regex.
 
 A non-ASCII value is also matched read as latin-1 (``mojibake``: a WSGI server's view of a
-Basic password).
+Basic password), and a match of a value under ``MIN_ANY_CASE`` bytes alone is told apart
+(``SHORT_REDACTED``, ``short_echoed``): ordinary text may be one.
 
 A stream's end is never cut for what it holds (``flush``): a complete stream keeps it, one cut
 short withholds its last ``tail_window`` bytes whatever they are -- a cut decided by whether an
@@ -72,7 +73,7 @@ from .redaction_plan import _plan as _plan
 from .redaction_plan import _plan_for as _plan_for
 from .redaction_plan import _plans as _plans
 from .redaction_plan import clear_plans, release, retain
-from .redaction_scan import REDACTED, _scan
+from .redaction_scan import REDACTED, SHORT_REDACTED, _scan
 from .redaction_scan import _escape_hits as _escape_hits
 
 __all__ = [
@@ -116,9 +117,14 @@ class Redactor:
         """True once ``feed``/``flush`` replaced anything: until then their output is their
         input, only held back by ``pending``."""
         self.echoed = False
-        """True once they replaced a whole form: the stream echoed a secret; or once
-        ``scrub_text`` did (or replaced a text whole: ``holds``) -- a remote's short text
-        echoed one (the sink's ``head_echoed``)."""
+        """True once they replaced a whole form of a value of ``MIN_ANY_CASE`` bytes or more:
+        the stream echoed a secret; or once ``scrub_text`` did (or replaced a text whole:
+        ``holds``) -- a remote's short text echoed one (the sink's ``head_echoed``).  An end
+        withheld alone (``tail_redacted``) is not an echo."""
+        self.short_echoed = False
+        """True once they replaced a whole form of a value under ``MIN_ANY_CASE`` bytes (a
+        short password, a PIN): ordinary text (``2024`` in a date) may be one, so it is no
+        proof of an echo -- the record says ``short_redacted``."""
         self.tail_redacted = False
         """True once ``flush`` withheld the end of a stream that ended cut short (``complete``
         False): its last ``tail_window`` bytes, whatever they were."""
@@ -132,7 +138,7 @@ class Redactor:
         other: Redactor = _new(Redactor)
         other._plan = self._plan
         other._buf = b""
-        other.changed = other.echoed = other.tail_redacted = False
+        other.changed = other.echoed = other.tail_redacted = other.short_echoed = False
         return other
 
     @property
@@ -170,6 +176,8 @@ class Redactor:
     def _note(self, out: list[bytes | memoryview]) -> None:
         if not self.echoed and any(piece is REDACTED for piece in out):
             self.changed = self.echoed = True
+        if not self.short_echoed and any(piece is SHORT_REDACTED for piece in out):
+            self.changed = self.short_echoed = True
 
     def flush(self, complete: bool = True) -> bytes:
         """The held-back bytes, every whole form in them replaced.  ``complete`` False: the
@@ -185,8 +193,7 @@ class Redactor:
             return b""
         buf, self._buf = self._buf, b""
         whole = _scan(plan, buf, len(buf))[0]
-        if any(piece is REDACTED for piece in whole):
-            self.changed = self.echoed = True
+        self._note(whole)
         if complete or not buf:
             return b"".join(whole)
         # Cut short: what is held back is the tail (fewer bytes only where a whole form's
@@ -195,15 +202,20 @@ class Redactor:
         self.changed = self.tail_redacted = True
         return b"".join(pieces) + REDACTED if pos < len(buf) else b"".join(pieces)
 
-    def ending(self) -> tuple[bool, bool]:
-        """(``echoed``, ``tail_redacted``) as they would be after ``flush(complete=False)``,
-        which is not done: an answer cut now, its held-back bytes never flushed -- every one
-        of them scanned for whole forms, and any held back at all withheld."""
+    def ending(self) -> tuple[bool, bool, bool]:
+        """(``echoed``, ``tail_redacted``, ``short_echoed``) as they would be after
+        ``flush(complete=False)``, which is not done: an answer cut now, its held-back bytes
+        never flushed -- every one of them scanned for whole forms, and any held back at all
+        withheld."""
         plan, buf = self._plan, self._buf
         if plan is None or not buf:
-            return self.echoed, self.tail_redacted
+            return self.echoed, self.tail_redacted, self.short_echoed
         whole = _scan(plan, buf, len(buf))[0]
-        return self.echoed or any(piece is REDACTED for piece in whole), True
+        return (
+            self.echoed or any(piece is REDACTED for piece in whole),
+            True,
+            self.short_echoed or any(piece is SHORT_REDACTED for piece in whole),
+        )
 
     def sub(self, data: bytes) -> bytes:
         """``data`` with every form replaced (not streaming; ``feed``'s state is untouched)."""

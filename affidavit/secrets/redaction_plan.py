@@ -172,6 +172,8 @@ class _Plan:
                 # is checked behind it.
                 exact = not any_case and bytes([f]).isalpha()
                 alt = (b"(?<=" + bytes([f]) + b")" if exact else b"") + frag + rest_re
+                if not own_case:
+                    alt += b"()"  # a short value's: ``m.lastindex`` says so (``SHORT_REDACTED``)
                 branch = groups.setdefault(_fold(f), {})
                 branch[alt] = max(branch.get(alt, 0), w + rest_w)
         # One top-level branch per first byte (a letter in either case), each starting with that

@@ -14,6 +14,10 @@ from .redaction_forms import RAW_BREAK, joined
 from .redaction_plan import Anchors, _Plan
 
 REDACTED = b"[REDACTED]"
+SHORT_REDACTED = bytes(bytearray(REDACTED))
+"""``REDACTED``'s bytes, another object: ``_scan`` puts it where the match was a form of a
+value under ``MIN_ANY_CASE`` bytes only (``_Plan`` marks those alternatives with an empty
+group), so the redactor can tell "an echo" from "may be ordinary text" (``short_echoed``)."""
 
 _ANCHORED_MIN = 65536
 """Inputs at least this long are first searched for anchors (``_anchor_hits``); a shorter one
@@ -239,7 +243,7 @@ def _scan(
             if m.start() > last or m.start() >= decided:
                 break
             out.append(view[pos : m.start()])
-            out.append(REDACTED)
+            out.append(REDACTED if m.lastindex is None else SHORT_REDACTED)
             pos = m.end()
     if decided > pos:
         out.append(view[pos:decided])

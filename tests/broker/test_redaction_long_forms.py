@@ -3,7 +3,8 @@
 F4: a value over ``LONG_VALUE`` bytes -- an AWS session token, ~800 base64 characters with
 ``/ + =`` -- echoed by PHP's ``json_encode`` (``\\/``), URL-encoded (``%2F %2B %3D``, either hex
 case) or ``quote_plus``'d.  F3: a non-ASCII value's UTF-8 bytes read as latin-1 (Python's
-http.server, WSGI) and written as UTF-8, as JSON ``\\u00c3`` escapes or percent-encoded.
+http.server, WSGI) and written as UTF-8, as JSON ``\\u00c3`` escapes or percent-encoded.  And
+F2's distinction: a form of a value under 8 bytes alone is ``short_echoed``, never ``echoed``.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def test_a_long_token_echoed_escaped_is_redacted(name: str) -> None:
     out, r = _redact([TOKEN.encode(), b"Bearer " + TOKEN.encode()], b'{"echo": ' + echo + b"}")
     assert b"CANARY" not in out and TOKEN[:20].encode() not in out, out[:80]
     assert out.startswith(b'{"echo": ') and b"[REDACTED]" in out
-    assert r.echoed
+    assert r.echoed and not r.short_echoed
 
 
 def test_a_long_token_echo_split_across_feeds_is_redacted() -> None:
@@ -84,3 +85,13 @@ def test_a_non_ascii_password_read_as_latin1_is_redacted(name: str) -> None:
     out, r = _redact(values, b'{"password": ' + echo + b"}")
     assert b"CANARY" not in out.upper() and b"[REDACTED]" in out, out
     assert r.echoed
+
+
+def test_a_short_value_alone_is_no_proven_echo() -> None:
+    values = [b"alice:2024", b"2024", b"Basic " + base64.b64encode(b"alice:2024")]
+    out, r = _redact(values, b'{"date": "2024-12-07"}')
+    assert out == b'{"date": "[REDACTED]-12-07"}'
+    assert r.short_echoed and not r.echoed
+    out, r = _redact(values, b'{"user": "alice:2024", "year": 2024}')
+    assert out == b'{"user": "[REDACTED]", "year": [REDACTED]}'
+    assert r.echoed and r.short_echoed
