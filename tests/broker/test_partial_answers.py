@@ -121,7 +121,7 @@ def test_a_stream_cut_short_withholds_the_same_tail_whatever_it_is(
         assert out == data[: max(0, len(data) - tail_window(r._plan))] + REDACTED
         outs.append(out)
     assert outs[0] == outs[1]
-    assert r.ending() == (False, True)  # flushed: nothing held back, its word kept
+    assert r.ending() == (False, True, False)  # flushed: nothing held back, its word kept
 
 
 def test_the_tail_window_depends_on_the_plan_alone() -> None:
@@ -146,7 +146,7 @@ def test_a_whole_form_is_replaced_at_any_end_complete_or_cut() -> None:
     assert cut.tail_redacted
     held = Redactor(_TOKEN)
     held.feed(data)
-    assert held.ending() == (True, True)  # an echo in the held-back bytes is an echo
+    assert held.ending() == (True, True, False)  # an echo in the held-back bytes is an echo
 
 
 @pytest.mark.parametrize(
