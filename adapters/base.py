@@ -83,6 +83,11 @@ class AttemptContext:
     what
     a driver asks of a response head before it calls the bytes received an echo or not (HTTP's
     ``_head_echoed``)."""
+    head_word: Callable[[Iterable[str]], str] | None = None
+    """If set, ``head_word(texts)``: the record's word for texts ``holds`` found a form in --
+    ``short_redacted`` when scrubbing them replaces only whole forms of a value under 8 bytes
+    (ordinary text, a year in ``Date``, may be one), else ``redacted`` (the sink's
+    ``head_word``).  Unset, a driver says ``redacted``."""
     deadline: float | None = None
     """If set, the trio time at which the target's own total timeout ends the attempt (the
     engine's deadline for it, which began before connection setup): an adapter whose own

@@ -258,7 +258,7 @@ async def _result(
         **redactor.scrub(dict(extra)),
     }
     if res.head_echoed:  # the word ``progress`` says on an early end; ``delivery._commit``
-        facts["received_withheld"] = "redacted"
+        facts["received_withheld"] = res.head_echoed
     if cls.reason is not None:  # a 3xx result with no redirect reason of its own (a 304)
         facts["redirect_not_followed"] = {"reason": cls.reason}
     assert cls.outcome is not None

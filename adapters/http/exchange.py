@@ -127,9 +127,10 @@ class HopResult:
     conditional: bool
     """The request this hop wrote is one a 304 may answer (``classify.is_conditional``), judged
     on the method and headers as sent."""
-    head_echoed: bool = False
-    """A head of this hop held a secret (``_head_echoed``): the result's record calls the
-    bytes received an echo (``received_withheld: "redacted"``), whatever its body ends with."""
+    head_echoed: str | None = None
+    """A head of this hop held a secret (``_head_echoed``): the result's record's word for the
+    bytes received -- ``redacted`` (an echo), whatever its body ends with, or
+    ``short_redacted`` when it held only a value under 8 bytes' forms (may be ordinary text)."""
 
 
 async def exchange(
@@ -698,26 +699,31 @@ class _Hop:
         out = self.interruption(exc.detail)
         return AttemptInterrupted(exc.code, exc.detail, {**out.facts, **exc.facts})
 
-    def _head_echoed(self) -> bool:
+    def _head_echoed(self) -> str | None:
         """Whether a response head of this hop holds a secret: one parsed (``ex.heads``: every
         interim and final head, kept before any abort -- its reason, its header fields), the
         bytes received before a final head was parsed (``ex.head_bytes``: a head h11 refused
         has left its buffer), or the bytes received and not parsed yet (a head cut short) --
-        as sent or in any form the streams are redacted of (``AttemptContext.holds``)."""
+        as sent or in any form the streams are redacted of (``AttemptContext.holds``).  Its
+        word: ``redacted``, or ``short_redacted`` when what held one held only a short value's
+        forms (``AttemptContext.head_word``); None when no head held any."""
         red, ex, holds = self.redactor, self.ex, self.ctx.holds
 
-        def seen(text: str) -> bool:  # as sent, or any other form (a base64 of it: ``holds``)
-            return red.contains(text) or (holds is not None and holds((text,)))
-
-        for reason, fields_ in ex.heads:
-            lines = [reason, *(f"{n}: {v}" for n, v in fields_)]
+        def seen(lines: list[str]) -> bool:  # as sent, or another form (a base64: ``holds``)
             # One ``holds`` per head (``holds_any``: each line's bytes alone, one search).
-            if any(map(red.contains, lines)) or (holds is not None and holds(lines)):
-                return True
-        if ex.head_bytes and seen(bytes(ex.head_bytes).decode("latin-1")):
-            return True
+            return any(map(red.contains, lines)) or (holds is not None and holds(lines))
+
+        held = [[reason, *(f"{n}: {v}" for n, v in fields_)] for reason, fields_ in ex.heads]
+        if ex.head_bytes:
+            held.append([bytes(ex.head_bytes).decode("latin-1")])
         unparsed = self.conn.h11.trailing_data[0]
-        return bool(unparsed) and seen(bytes(unparsed).decode("latin-1"))
+        if unparsed:
+            held.append([bytes(unparsed).decode("latin-1")])
+        held = [lines for lines in held if seen(lines)]
+        if not held:
+            return None
+        word = self.ctx.head_word
+        return "redacted" if word is None else word(t for lines in held for t in lines)
 
     def interruption(self, detail: str) -> AttemptInterrupted:
         ex, conn = self.ex, self.conn

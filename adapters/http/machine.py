@@ -375,7 +375,7 @@ class HttpExchange:
     proxy_judge: Callable[[int, tuple[tuple[str, str], ...]], bool] | None = None
     """Set by the driver: does this final response head come from a proxy about its own
     attempt?  Then the proxy_* events fire and the exchange can never complete."""
-    head_echoed: Callable[[], bool] | None = None
+    head_echoed: Callable[[], str | None] | None = None
     """Set by the driver: does a response head received on this exchange (parsed, or bytes
     still unparsed) hold a secret?  Then ``response_bytes``, which counts the head, would
     measure it (docs/redaction.md, "What was received"): ``progress`` withholds it."""
@@ -708,10 +708,11 @@ class HttpExchange:
             "informational": list(self.informational_seen),
             "body_bytes": self.body_bytes_received,
         }
-        if self.head_echoed is not None and self.head_echoed():
+        word = self.head_echoed() if self.head_echoed is not None else None
+        if word:
             # Null, not absent: the record merges a retry's summary over the last one's.
             facts["response_bytes"] = None
-            facts["received_withheld"] = "redacted"
+            facts["received_withheld"] = word
         return facts
 
     @property

@@ -392,6 +392,7 @@ async def _try_once(
         result_limit=sink.max_result,
         withhold=sink.withhold,
         holds=sink.holds,
+        head_word=sink.head_word,
         deadline=deadline,
     )
     try:

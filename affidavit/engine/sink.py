@@ -17,7 +17,7 @@ still scanned (``_scan``): the count the evidence would tell includes it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,15 +174,36 @@ class StreamSink:
         ``redacted`` whatever the streams only end with (``_why``, ``delivery._commit``)."""
         return self._scrubber.echoed
 
+    def head_word(self, texts: Iterable[str]) -> str:
+        """``AttemptContext.head_word``: ``short_redacted`` if scrubbing ``texts`` (a head that
+        ``holds`` a form) replaces only whole forms of a value under 8 bytes, else ``redacted``
+        -- also when the scrub replaced nothing: never a weaker word than the proof allows.
+        A fresh scrubber: this head's flags are not the summary's (``head_echoed``)."""
+        r = self._scrubber.fresh()
+        for text in texts:
+            r.scrub_text(text)
+        return "short_redacted" if r.short_echoed and not r.echoed else "redacted"
+
+    @property
+    def head_short(self) -> bool:
+        """Whether ``scrub`` replaced, besides the streams, only whole forms of a value under
+        8 bytes (``Redactor.short_echoed``): ordinary text may be one -- a password ``2026``
+        in every answer's ``Date`` -- so the record's word for it is ``short_redacted``, never
+        ``redacted`` (``_why``, ``delivery._commit``)."""
+        return self._scrubber.short_echoed
+
     def _why(self) -> str:
         """``redacted`` if a stream echoed a secret (or would in its held-back bytes) or the
-        head did (``head_echoed``), else ``tail_redacted``: a stream cut short had its last
-        bytes withheld, whatever they were (``Redactor.flush``)."""
+        head did (``head_echoed``), else ``short_redacted`` if a stream or the head had only a
+        short value's forms replaced (``head_short``), else ``tail_redacted``: a stream cut
+        short had its last bytes withheld, whatever they were (``Redactor.flush``)."""
         endings = [st["redactor"].ending() for st in self._streams.values()]
         echoed, cut, short = (any(e[i] for e in endings) for i in (0, 1, 2))
         if echoed or self.head_echoed:
             return "redacted"
-        return "short_redacted" if short else "tail_redacted" if cut else "redacted"
+        if short or self.head_short:
+            return "short_redacted"
+        return "tail_redacted" if cut else "redacted"
 
     def withhold(self, name: str) -> None:
         """``AttemptContext.withhold``: stream ``name`` was not scanned whole -- it may echo a

@@ -64,6 +64,7 @@ this one is the ``Redactor`` that streams, substitutes and scrubs with them.
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from collections.abc import Iterable
 from typing import Any
@@ -238,9 +239,17 @@ class Redactor:
         if text in clean:
             return text
         raw, codec = _text_bytes(text)
-        out = plan.pattern_any_case.sub(REDACTED, raw) if plan.may_hold_any_case(raw) else raw
-        if out != raw:
-            self.echoed = True  # a whole form: an echo (the sink's ``head_echoed``)
+        out = raw
+        if plan.may_hold_any_case(raw):
+            # A short value's form (``m.lastindex``: its alternatives end in an empty group) may
+            # be ordinary text -- a password ``2026`` in every answer's ``Date`` -- so it is no
+            # proof of an echo: ``short_echoed`` (the sink's ``head_short``), not ``echoed``.
+            kinds: set[bool] = set()
+            out = plan.pattern_any_case.sub(lambda m: _replaced(m, kinds), raw)
+            if False in kinds:
+                self.echoed = True  # a long value's whole form: an echo (``head_echoed``)
+            elif kinds:
+                self.short_echoed = True
         if b"%" in out and _decoded_hold(plan, {out}):
             # A form only percent-decoding shows (a URL quoted inside a quoted parameter: a
             # token's "/" as %252F): no span of the text is the form, so the text goes whole.
@@ -379,3 +388,10 @@ def _text_bytes(text: str) -> tuple[bytes, str]:
 
 def redactor(secret_values: Iterable[bytes]) -> Redactor:
     return Redactor(secret_values)
+
+
+def _replaced(m: re.Match[bytes], kinds: set[bool]) -> bytes:
+    """``scrub_text``'s replacement of one match, noting in ``kinds`` whether it was a short
+    value's form (True: ``m.lastindex`` set by the short alternatives' empty group)."""
+    kinds.add(m.lastindex is not None)
+    return REDACTED

@@ -130,3 +130,29 @@ async def test_a_short_value_in_an_answer_past_max_result_is_recorded_as_such(
     over = env["evidence"]["result_size_limit"]
     assert over == {"limit": 4096, "received_withheld": "short_redacted"}, over
     assert env["evidence"]["http"]["received_withheld"] == "short_redacted"
+
+
+def _year_header(req: Received) -> Reply:
+    """Ordinary data, a header among it, holding the short password's digits (no echo)."""
+    return Reply(
+        200,
+        headers=[("Content-Type", "application/json"), ("X-Report-Year", "2024")],
+        body=b'{"date": "2024-12-07"}',
+    )
+
+
+async def test_a_short_value_in_a_header_makes_no_echo_of_the_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A header holding a short value's form is no proof of an echo (every ``Date`` holds the
+    year): the record says ``short_redacted``, never ``redacted`` (review fixR2, F2 through the
+    head)."""
+    monkeypatch.setenv("BASIC_CRED", "alice:2024")
+    env, fetched, events = await _call(tmp_path, _year_header)
+    assert "error" not in env, env
+    assert env["result"]["body"] == '{"date": "[REDACTED]-12-07"}'
+    assert "'body_received_withheld': 'short_redacted'" in events, events
+    assert "'redacted'" not in events, events
+    assert env["evidence"]["http"]["received_withheld"] == "short_redacted", env["evidence"]
+    for text in (json.dumps(env), json.dumps(fetched), events):
+        assert "alice:2024" not in text

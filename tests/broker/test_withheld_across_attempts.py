@@ -53,7 +53,7 @@ def test_a_head_that_echoed_leaves_no_earlier_head_count_in_the_record() -> None
     the head, and its word stands though the engine's sink withheld nothing."""
     m, ex = _exchange()
     _send_get(m, ex)
-    ex.head_echoed = lambda: True
+    ex.head_echoed = lambda: "redacted"
     obs = ex.abort("timed_out")
     assert obs is not None
     p = projector_in("dispatched")

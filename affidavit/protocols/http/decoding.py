@@ -170,6 +170,7 @@ class BodyDecoding:
             result_limit=ctx.result_limit,
             withhold=ctx.withhold,
             holds=ctx.holds,
+            head_word=ctx.head_word,
         )
 
     def _observe(self, step: Step, facts: Mapping[str, Any]) -> None:
