@@ -58,7 +58,8 @@ def prepare_request(
     # A rotated credential's old value leaves the redaction cache now, not when it ages out.
     # (Scoped by the engine: ``release(id(engine))`` when its broker closes.)
     retain((id(engine), target.credential), credential.version, prepared.secrets)
-    if any(len(v) < MIN_ANY_CASE for v in prepared.secrets):
+    # An empty value (``alice:``'s password) is no form: nothing is replaced, nothing to warn.
+    if any(0 < len(v) < MIN_ANY_CASE for v in prepared.secrets):
         warn_short(getattr(target, "name", "?"), credential.version)
     return credential, prepared
 

@@ -92,6 +92,19 @@ async def test_an_eight_byte_password_is_not_warned_of(
     assert not [w for w in _warnings(caplog) if "CREDENTIAL_SHORT" in w], _warnings(caplog)
 
 
+async def test_an_empty_password_is_not_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``alice-admin:``: an empty password is no form, nothing of it is replaced -- no
+    CREDENTIAL_SHORT (the whole value, 12 bytes, is no short one either)."""
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setenv("BASIC_CRED", "alice-admin:")
+    env, _, _ = await _call(tmp_path, _invoices)
+    assert "error" not in env, env
+    assert '"date": "2024-12-07"' in env["result"]["body"]
+    assert not [w for w in _warnings(caplog) if "CREDENTIAL_SHORT" in w], _warnings(caplog)
+
+
 async def test_a_non_ascii_password_echoed_as_wsgi_reads_it_is_redacted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
