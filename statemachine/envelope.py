@@ -461,10 +461,10 @@ def envelope_schema() -> dict[str, Any]:
                         "description": "Why the attempt ended RESULT_SIZE_LIMIT: the target's "
                         "max_result and the bytes of the result received when the broker stopped "
                         "reading (decoded_bytes: what a compressed body had decoded to); for a "
-                        "result that echoed a secret or was not scanned whole, received_withheld "
+                        "result that echoed a secret, was not scanned whole, or (a target with "
+                        "a secret) was cut short, its end withheld, received_withheld "
                         "(redacted | short_redacted | tail_redacted | unscanned) instead of the "
-                        "counts "
-                        "(docs/redaction.md).",
+                        "counts (docs/redaction.md).",
                         "required": ["limit"],
                         "oneOf": [
                             {

@@ -208,9 +208,9 @@ def _on_interrupted(p: Projector, event: Event) -> None:
 def _result_size_limit(p: Projector, event: Event, code: Code | None) -> Mapping[str, Any] | None:
     """attrs.result_size_limit: the evidence RESULT_SIZE_LIMIT stands on, and only it -- the
     target's ``max_result`` and the bytes received past it (``decoded_bytes`` too when a body
-    was decoded before it was stored), or, for a result that echoed a secret or was not
-    scanned whole, ``received_withheld`` ("redacted" | "short_redacted" | "tail_redacted" |
-    "unscanned") instead of the counts."""
+    was decoded before it was stored), or, for a result that echoed a secret, was not scanned
+    whole, or (a target with a secret) was cut short, its end withheld, ``received_withheld``
+    ("redacted" | "short_redacted" | "tail_redacted" | "unscanned") instead of the counts."""
     value = event.attrs.get("result_size_limit")
     if code is not Code.RESULT_SIZE_LIMIT:
         if value is not None:
