@@ -27,6 +27,7 @@ from affidavit.journal import (
     Journal,
     JournalError,
     JournalReader,
+    ResultUnverified,
     SigningKey,
     VerifyReport,
     load_public_key,
@@ -353,7 +354,10 @@ def test_a_corrupted_result_row_is_caught_at_its_result_committed(
     assert iid in report.reason
     with JournalReader.open(j.db) as r:
         if edit == "marker removed":
-            assert r.read_result("inv-r") is None  # no marker: no result, never a partial one
+            # Its RESULT_COMMITTED is on record: unverified in verify's words, never "no result"
+            # (a fetch then recorded a delivery of nothing).
+            with pytest.raises(ResultUnverified, match="no completeness marker"):
+                r.read_result("inv-r")
         else:
             with pytest.raises(JournalError, match=iid):
                 r.read_result(iid)
