@@ -244,8 +244,8 @@ async def _commit(
     received = received_evidence(result, sink, cut)
     redacted = [name for name in streams if sink.redacted(name)]
     # The strongest stream's word (``short_redacted``, ``tail_redacted``: may be ordinary text).
-    # A head that held only a short value's forms says ``short_redacted`` (``head_short``).
-    head = "redacted" if sink.head_echoed else "short_redacted" if sink.head_short else None
+    # A head that held only a short value's forms says ``short_redacted`` (``head_why``).
+    head = sink.head_why
     why = "redacted" if not (redacted or head) else stronger(head, *map(sink.why, redacted))
     # The driver's word (HTTP: its head echoed a secret) is never lowered (``stronger``).
     why = stronger(why, result.facts.get("received_withheld"))
@@ -364,8 +364,7 @@ def received_evidence(
             # never sees, e.g. a hex Link) is never lowered by a stream that only ended inside a
             # form (``stronger``), nor the summary's scrub (``head_echoed``: SSH has no driver
             # word), which ``why`` -- this stream's redactor alone -- does not see.
-            head = "redacted" if sink.head_echoed else "short_redacted" if sink.head_short else None
-            why = stronger(sink.why(name), result.facts.get("received_withheld"), head)
+            why = stronger(sink.why(name), result.facts.get("received_withheld"), sink.head_why)
             out[f"{name}_received_withheld"] = why
         else:
             out[key] = "sha256:" + str(result.facts[key])

@@ -192,6 +192,14 @@ class StreamSink:
         ``redacted`` (``_why``, ``delivery._commit``)."""
         return self._scrubber.short_echoed
 
+    @property
+    def head_why(self) -> str | None:
+        """The record's word for what ``scrub`` replaced besides the streams: ``redacted``
+        (``head_echoed``), ``short_redacted`` (``head_short``), or None (nothing)."""
+        if self.head_echoed:
+            return "redacted"
+        return "short_redacted" if self.head_short else None
+
     def _why(self) -> str:
         """``redacted`` if a stream echoed a secret (or would in its held-back bytes) or the
         head did (``head_echoed``), else ``short_redacted`` if a stream or the head had only a
@@ -199,9 +207,10 @@ class StreamSink:
         short had its last bytes withheld, whatever they were (``Redactor.flush``)."""
         endings = [st["redactor"].ending() for st in self._streams.values()]
         echoed, cut, short = (any(e[i] for e in endings) for i in (0, 1, 2))
-        if echoed or self.head_echoed:
+        head = self.head_why
+        if echoed or head == "redacted":
             return "redacted"
-        if short or self.head_short:
+        if short or head is not None:
             return "short_redacted"
         return "tail_redacted" if cut else "redacted"
 

@@ -197,11 +197,11 @@ class Redactor:
         self._note(whole)
         if complete or not buf:
             return b"".join(whole)
-        # Cut short: what is held back is the tail (fewer bytes only where a whole form's
-        # match ran into it, already replaced), withheld; a form in it is still an echo.
-        pieces, pos = _scan(plan, buf, max(0, len(buf) - tail_window(plan)))
+        # Cut short: everything held back is the tail -- ``feed`` keeps at most
+        # ``tail_window`` bytes (fewer only where a whole form's match ran into them) --
+        # withheld whatever it is; a whole form in it is still an echo (``_note`` above).
         self.changed = self.tail_redacted = True
-        return b"".join(pieces) + REDACTED if pos < len(buf) else b"".join(pieces)
+        return REDACTED
 
     def ending(self) -> tuple[bool, bool, bool]:
         """(``echoed``, ``tail_redacted``, ``short_echoed``) as they would be after
