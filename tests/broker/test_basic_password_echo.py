@@ -20,6 +20,23 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import http_target, open_broker, write_config
 
+
+async def call_basic(tmp_path: Path, handler: object) -> tuple[dict, dict, str]:
+    """One GET through a broker injecting ``$BASIC_CRED`` as Basic into a loopback server
+    answering with ``handler``: (envelope, the result fetched whole, the events' repr)."""
+    async with HostileServer.running(scripts.serve(handler)) as srv:  # type: ignore[arg-type]
+        cfg = write_config(
+            tmp_path, {"t": http_target(srv.url, credential="env:BASIC_CRED", inject="basic")}
+        )
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(10):
+                env = await broker.call({"target": "t", "method": "GET", "path": "/"})
+                fetched = await broker.fetch_result(env["invocation_id"])
+            events = repr(broker.events(env["invocation_id"]))
+    assert srv.requests, "the server was reached"
+    return env, fetched, events
+
+
 USER = "svc"
 
 
@@ -39,16 +56,7 @@ async def test_basic_password_echoed_alone_is_redacted(
 ) -> None:
     password = "pw-" + secrets.token_urlsafe(18)
     monkeypatch.setenv("BASIC_CRED", f"{USER}:{password}")
-    async with HostileServer.running(scripts.serve(_decode_and_echo)) as srv:
-        cfg = write_config(
-            tmp_path, {"t": http_target(srv.url, credential="env:BASIC_CRED", inject="basic")}
-        )
-        async with open_broker(cfg) as broker:
-            with trio.fail_after(10):
-                env = await broker.call({"target": "t", "method": "GET", "path": "/"})
-                fetched = await broker.fetch_result(env["invocation_id"])
-            events = repr(broker.events(env["invocation_id"]))
-    assert srv.requests, "the server was reached"
+    env, fetched, events = await call_basic(tmp_path, _decode_and_echo)
     assert "error" not in env, env
     assert "[REDACTED]" in env["result"]["body"]
     for where, text in (

@@ -21,6 +21,7 @@ import trio
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import http_target, open_broker, write_config
+from .test_basic_password_echo import call_basic
 
 
 def _invoices(req: Received) -> Reply:
@@ -39,20 +40,6 @@ def _wsgi_echo(req: Received) -> Reply:
     return Reply(200, headers=[("Content-Type", "application/json")], body=body.encode())
 
 
-async def _call(tmp_path: Path, handler: object) -> tuple[dict, dict, str]:
-    async with HostileServer.running(scripts.serve(handler)) as srv:  # type: ignore[arg-type]
-        cfg = write_config(
-            tmp_path, {"t": http_target(srv.url, credential="env:BASIC_CRED", inject="basic")}
-        )
-        async with open_broker(cfg) as broker:
-            with trio.fail_after(10):
-                env = await broker.call({"target": "t", "method": "GET", "path": "/"})
-                fetched = await broker.fetch_result(env["invocation_id"])
-            events = repr(broker.events(env["invocation_id"]))
-    assert srv.requests, "the server was reached"
-    return env, fetched, events
-
-
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
@@ -62,7 +49,7 @@ async def test_a_short_password_in_ordinary_data_is_recorded_as_maybe_ordinary_t
 ) -> None:
     caplog.set_level(logging.WARNING)
     monkeypatch.setenv("BASIC_CRED", "alice:2024")
-    env, fetched, events = await _call(tmp_path, _invoices)
+    env, fetched, events = await call_basic(tmp_path, _invoices)
     assert "error" not in env, env
     assert '"date": "[REDACTED]-12-07"' in env["result"]["body"]
     # The record does not say the remote echoed a secret: it may be ordinary text.
@@ -87,7 +74,7 @@ async def test_an_eight_byte_password_is_not_warned_of(
 ) -> None:
     caplog.set_level(logging.WARNING)
     monkeypatch.setenv("BASIC_CRED", "alice:q7Wp3xN9")
-    env, _, _ = await _call(tmp_path, _invoices)
+    env, _, _ = await call_basic(tmp_path, _invoices)
     assert "error" not in env, env
     assert not [w for w in _warnings(caplog) if "CREDENTIAL_SHORT" in w], _warnings(caplog)
 
@@ -99,7 +86,7 @@ async def test_an_empty_password_is_not_warned_of(
     CREDENTIAL_SHORT (the whole value, 12 bytes, is no short one either)."""
     caplog.set_level(logging.WARNING)
     monkeypatch.setenv("BASIC_CRED", "alice-admin:")
-    env, _, _ = await _call(tmp_path, _invoices)
+    env, _, _ = await call_basic(tmp_path, _invoices)
     assert "error" not in env, env
     assert '"date": "2024-12-07"' in env["result"]["body"]
     assert not [w for w in _warnings(caplog) if "CREDENTIAL_SHORT" in w], _warnings(caplog)
@@ -110,7 +97,7 @@ async def test_a_non_ascii_password_echoed_as_wsgi_reads_it_is_redacted(
 ) -> None:
     password = "pässwörd-Ünïcode-CANARYzz9Q"
     monkeypatch.setenv("BASIC_CRED", f"alice:{password}")
-    env, fetched, events = await _call(tmp_path, _wsgi_echo)
+    env, fetched, events = await call_basic(tmp_path, _wsgi_echo)
     assert "error" not in env, env
     body = env["result"]["body"]
     assert json.loads(body) == {"user": "alice", "password": "[REDACTED]"}, body
@@ -161,7 +148,7 @@ async def test_a_short_value_in_a_header_makes_no_echo_of_the_answer(
     year): the record says ``short_redacted``, never ``redacted`` (review fixR2, F2 through the
     head)."""
     monkeypatch.setenv("BASIC_CRED", "alice:2024")
-    env, fetched, events = await _call(tmp_path, _year_header)
+    env, fetched, events = await call_basic(tmp_path, _year_header)
     assert "error" not in env, env
     assert env["result"]["body"] == '{"date": "[REDACTED]-12-07"}'
     assert "'body_received_withheld': 'short_redacted'" in events, events
