@@ -107,12 +107,14 @@ def _sole_writer(source: Path) -> WriterLock | None:
     so the lock file there is held, opened read-only (a flock needs no write access, and keeps
     out a writer through the writable mount; ``WriterLock.acquire(reads_only=True)``), and with
     none there to hold the migrate is refused."""
-    if read_only(journal_file(source)):
+    real = journal_file(source)
+    if read_only(real):
         return None
     try:
         return WriterLock.acquire(
             source,
             f"affidavit journal migrate (pid {os.getpid()}, copying it to a shared journal)",
+            real=real,  # (resolved once)
             job=True,
             reads_only=True,
         )
